@@ -1,0 +1,164 @@
+package bucket
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"time"
+)
+
+// Bounds on what a Request may carry. They keep bad or hostile input away from Redis.
+const (
+	// MaxLimits is the most buckets one request may take from at once.
+	MaxLimits = 8
+	// MaxIdentityLen is the longest identity, in bytes.
+	MaxIdentityLen = 512
+	// MaxNameLen is the longest bucket name, in bytes.
+	MaxNameLen = 128
+	// MaxRate is the highest refill rate, tokens per second.
+	MaxRate = 1e9
+	// MaxBurst is the largest capacity, in tokens.
+	MaxBurst = 1e12
+)
+
+// ErrInvalid is wrapped by every validation error: the request never reached a store.
+var ErrInvalid = errors.New("bucket: invalid request")
+
+// Source says where a decision came from, for metrics and decision logs.
+type Source uint8
+
+// The sources of a decision. Each layer stamps its own.
+const (
+	SourceUnknown      Source = iota
+	SourceMemory              // the in-memory store
+	SourceRedis               // one script on the key's Redis shard
+	SourceLease               // tokens leased earlier and spent from memory
+	SourceRefusalCache        // refused from memory until a known retry time
+	SourceFallback            // local degraded limits while Redis is unavailable
+	SourceFailClosed          // refused because the store is unavailable and the rule fails closed
+)
+
+var sourceNames = [...]string{"unknown", "memory", "redis", "lease", "refusal-cache", "fallback", "fail-closed"}
+
+func (s Source) String() string {
+	if int(s) < len(sourceNames) {
+		return sourceNames[s]
+	}
+	return "unknown"
+}
+
+// Request asks a Store to take tokens from every bucket of one identity at once.
+type Request struct {
+	// Identity names whose buckets these are ("key:abc", "ip:2001:db8::/64"). All buckets of
+	// one identity live together (one Redis slot), so one atomic step sees them all.
+	Identity string
+	// Limits are the buckets to take from; names are unique within the request.
+	Limits []Limit
+	// Want is the most tokens to take (request cost, or a lease batch); >= 1.
+	Want int64
+	// Min is the fewest tokens worth taking; 0 means Want (all or nothing). A request of
+	// cost c sets Min = Want = c; a lease asks for a batch with Min = the cost.
+	Min int64
+}
+
+// MinGrant returns the effective minimum grant.
+func (r *Request) MinGrant() int64 {
+	if r.Min <= 0 {
+		return r.Want
+	}
+	return r.Min
+}
+
+// Result is a Store's answer. It holds no slices, so returning it allocates nothing.
+type Result struct {
+	// Granted is how many tokens were taken: 0 means refused.
+	Granted int64
+	// Limiting is the index in Request.Limits of the bucket that decided (see Decision).
+	Limiting int
+	// Remaining is the whole tokens left in the limiting bucket.
+	Remaining int64
+	// RetryAfter, when refused, is the wait until Min tokens can be taken.
+	RetryAfter time.Duration
+	// Reset is the wait until the limiting bucket is full again.
+	Reset time.Duration
+	// Source says which layer answered.
+	Source Source
+}
+
+// Allowed reports whether any tokens were granted.
+func (r Result) Allowed() bool { return r.Granted > 0 }
+
+// ResultOf turns a Decision into a Result from source.
+func ResultOf(d Decision, source Source) Result {
+	return Result{
+		Granted:    d.Granted,
+		Limiting:   d.Limiting,
+		Remaining:  d.Remaining,
+		RetryAfter: time.Duration(d.RetryAfterMicros) * time.Microsecond,
+		Reset:      time.Duration(d.ResetMicros) * time.Microsecond,
+		Source:     source,
+	}
+}
+
+// Store takes tokens. Implementations are safe for concurrent use. Take validates the
+// request (ErrInvalid) before doing anything; other errors mean the store could not
+// answer (e.g. Redis unreachable) and nothing is known to have been taken.
+type Store interface {
+	Take(ctx context.Context, req *Request) (Result, error)
+}
+
+// Validate checks a request against the bounds above and returns an error wrapping
+// ErrInvalid that names the field and value at fault.
+func (r *Request) Validate() error {
+	if r.Identity == "" {
+		return fmt.Errorf("%w: empty identity", ErrInvalid)
+	}
+	if len(r.Identity) > MaxIdentityLen {
+		return fmt.Errorf("%w: identity is %d bytes, more than %d", ErrInvalid, len(r.Identity), MaxIdentityLen)
+	}
+	if len(r.Limits) == 0 {
+		return fmt.Errorf("%w: identity %.64q: no limits", ErrInvalid, r.Identity)
+	}
+	if len(r.Limits) > MaxLimits {
+		return fmt.Errorf("%w: identity %.64q: %d limits, more than %d", ErrInvalid, r.Identity, len(r.Limits), MaxLimits)
+	}
+	if r.Want < 1 {
+		return fmt.Errorf("%w: want %d, must be >= 1", ErrInvalid, r.Want)
+	}
+	if r.Min < 0 || r.Min > r.Want {
+		return fmt.Errorf("%w: min %d, must be in [0, want=%d]", ErrInvalid, r.Min, r.Want)
+	}
+	for i, l := range r.Limits {
+		if err := l.validate(); err != nil {
+			return fmt.Errorf("%w: limit %d %q: %v", ErrInvalid, i, l.Name, err)
+		}
+		if float64(r.Want) > l.Burst {
+			return fmt.Errorf("%w: limit %q: want %d is above burst %g and could never be granted", ErrInvalid, l.Name, r.Want, l.Burst)
+		}
+		for _, o := range r.Limits[:i] {
+			if o.Name == l.Name {
+				return fmt.Errorf("%w: limit name %q appears twice", ErrInvalid, l.Name)
+			}
+		}
+	}
+	return nil
+}
+
+func (l Limit) validate() error {
+	switch {
+	case l.Name == "":
+		return errors.New("empty name")
+	case len(l.Name) > MaxNameLen:
+		return fmt.Errorf("name is %d bytes, more than %d", len(l.Name), MaxNameLen)
+	case math.IsNaN(l.Rate) || math.IsInf(l.Rate, 0) || l.Rate <= 0:
+		return fmt.Errorf("rate %g, must be finite and > 0", l.Rate)
+	case l.Rate > MaxRate:
+		return fmt.Errorf("rate %g, more than %g", l.Rate, float64(MaxRate))
+	case math.IsNaN(l.Burst) || math.IsInf(l.Burst, 0) || l.Burst < 1:
+		return fmt.Errorf("burst %g, must be finite and >= 1", l.Burst)
+	case l.Burst > MaxBurst:
+		return fmt.Errorf("burst %g, more than %g", l.Burst, float64(MaxBurst))
+	}
+	return nil
+}
