@@ -60,6 +60,10 @@ type Request struct {
 	// Min is the fewest tokens worth taking; 0 means Want (all or nothing). A request of
 	// cost c sets Min = Want = c; a lease asks for a batch with Min = the cost.
 	Min int64
+	// FailClosed asks layers that answer while the store is unavailable (pkg/fallback) to
+	// refuse instead of enforcing local limits: for security rules (login, OTP) an outage
+	// must not become a brute-force window. Stores themselves ignore it.
+	FailClosed bool
 }
 
 // MinGrant returns the effective minimum grant.
