@@ -1,0 +1,159 @@
+// Package loadgen drives bounded load at a check function and measures it: closed loop
+// (C callers as fast as they can, for throughput) and open loop (a fixed offered rate,
+// latency counted from each request's intended send time, so a stalled server cannot hide
+// its queueing — no coordinated omission).
+//
+// Every run is bounded in both count and time and stops by itself.
+package loadgen
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// CheckFunc performs one check for key index k. It returns an error only for a failed call
+// (not for a refusal).
+type CheckFunc func(ctx context.Context, k int) error
+
+// Keys draws key indexes in [0, N) with a Zipf distribution (s > 1): a few keys carry most
+// of the traffic, as real API traffic does. Not safe for concurrent use: one per caller.
+type Keys struct{ z *rand.Zipf }
+
+// NewKeys returns a Zipf key source over n keys with exponent s (e.g. 1.1), seeded.
+func NewKeys(n int, s float64, seed uint64) *Keys {
+	r := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
+	return &Keys{z: rand.NewZipf(r, s, 1, uint64(n-1))}
+}
+
+// Next returns the next key index.
+func (k *Keys) Next() int { return int(k.z.Uint64()) }
+
+// Result summarises a run.
+type Result struct {
+	Calls    int64
+	Errors   int64
+	Elapsed  time.Duration
+	Latency  []time.Duration // sorted; open loop: from intended send time
+	Dropped  int64           // open loop: sends that could not start because every worker was busy past the bound
+	FirstErr error
+}
+
+// PerSecond is the completed calls per second.
+func (r *Result) PerSecond() float64 { return float64(r.Calls) / r.Elapsed.Seconds() }
+
+// Quantile returns the q-quantile (0..1) of the recorded latencies.
+func (r *Result) Quantile(q float64) time.Duration {
+	if len(r.Latency) == 0 {
+		return 0
+	}
+	i := int(q * float64(len(r.Latency)-1))
+	return r.Latency[i]
+}
+
+// ClosedLoop runs callers goroutines, each calling check back to back, until maxCalls
+// calls in total or d has passed, whichever comes first.
+func ClosedLoop(ctx context.Context, callers int, d time.Duration, maxCalls int64, keys func(worker int) *Keys, check CheckFunc) *Result {
+	ctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	var calls, errs atomic.Int64
+	var firstErr atomic.Value
+	var wg sync.WaitGroup
+	start := time.Now()
+	for w := 0; w < callers; w++ {
+		wg.Add(1)
+		go func(w int) {
+			defer wg.Done()
+			ks := keys(w)
+			for ctx.Err() == nil && calls.Add(1) <= maxCalls {
+				if err := check(ctx, ks.Next()); err != nil && ctx.Err() == nil {
+					errs.Add(1)
+					firstErr.CompareAndSwap(nil, err)
+				}
+			}
+		}(w)
+	}
+	wg.Wait()
+	res := &Result{Calls: min(calls.Load(), maxCalls), Errors: errs.Load(), Elapsed: time.Since(start)}
+	if e, ok := firstErr.Load().(error); ok {
+		res.FirstErr = e
+	}
+	return res
+}
+
+// ErrBadRate is returned for a non-positive rate or duration.
+var ErrBadRate = errors.New("loadgen: rate and duration must be > 0")
+
+// OpenLoop offers rate calls per second for d (at most rate×d calls), spread over workers
+// goroutines. Each call's latency is measured from the moment it was due to be sent, so
+// time spent waiting for a free worker counts against the server.
+func OpenLoop(ctx context.Context, rate float64, d time.Duration, workers int, keys *Keys, check CheckFunc) (*Result, error) {
+	if rate <= 0 || d <= 0 {
+		return nil, ErrBadRate
+	}
+	total := int64(rate * d.Seconds())
+	interval := time.Duration(float64(time.Second) / rate)
+	type job struct {
+		due time.Time
+		key int
+	}
+	jobs := make(chan job, workers*4)
+	lat := make([][]time.Duration, workers)
+	var errs atomic.Int64
+	var firstErr atomic.Value
+	var wg sync.WaitGroup
+	// The deadline bounds the run even if the server stalls: calls still queued then are
+	// abandoned and counted as dropped.
+	ctx, cancel := context.WithTimeout(ctx, d+5*time.Second)
+	defer cancel()
+	for w := 0; w < workers; w++ {
+		wg.Add(1)
+		go func(w int) {
+			defer wg.Done()
+			for j := range jobs {
+				if ctx.Err() != nil {
+					continue
+				}
+				if err := check(ctx, j.key); err != nil {
+					errs.Add(1)
+					firstErr.CompareAndSwap(nil, err)
+				}
+				lat[w] = append(lat[w], time.Since(j.due))
+			}
+		}(w)
+	}
+	start := time.Now()
+	var dropped int64
+	for i := int64(0); i < total && ctx.Err() == nil; i++ {
+		due := start.Add(time.Duration(i) * interval)
+		if wait := time.Until(due); wait > 0 {
+			t := time.NewTimer(wait)
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+				t.Stop()
+			}
+		}
+		select {
+		case jobs <- job{due: due, key: keys.Next()}:
+		case <-ctx.Done():
+			dropped = total - i
+		}
+	}
+	close(jobs)
+	wg.Wait()
+	res := &Result{Errors: errs.Load(), Elapsed: time.Since(start), Dropped: dropped}
+	for _, l := range lat {
+		res.Latency = append(res.Latency, l...)
+	}
+	slices.Sort(res.Latency)
+	res.Calls = int64(len(res.Latency))
+	if e, ok := firstErr.Load().(error); ok {
+		res.FirstErr = e
+	}
+	return res, nil
+}
