@@ -38,3 +38,18 @@ demo:
 
 clean:
 	rm -rf bin
+
+# Regenerate proto/ (generated code is committed). Installs its own tools: protoc from Debian
+# when missing, protoc-gen-go and protoc-gen-go-grpc at pinned versions into bin/tools.
+PROTOC_GEN_GO_VERSION      ?= v1.36.12
+PROTOC_GEN_GO_GRPC_VERSION ?= v1.6.2
+TOOLS := $(CURDIR)/bin/tools
+
+proto:
+	@command -v protoc >/dev/null || (apt-get update && apt-get install -y protobuf-compiler)
+	GOBIN=$(TOOLS) $(GO) install google.golang.org/protobuf/cmd/protoc-gen-go@$(PROTOC_GEN_GO_VERSION)
+	GOBIN=$(TOOLS) $(GO) install google.golang.org/grpc/cmd/protoc-gen-go-grpc@$(PROTOC_GEN_GO_GRPC_VERSION)
+	PATH=$(TOOLS):$$PATH protoc -I proto \
+		--go_out=proto --go_opt=paths=source_relative \
+		--go-grpc_out=proto --go-grpc_opt=paths=source_relative \
+		$$(find proto -name '*.proto')
