@@ -1,0 +1,130 @@
+// Package rules holds allot's rule schema, its strict parser and validator, the compiled
+// immutable Snapshot that the enforcer matches every request against, and the sources
+// (a YAML file, an etcd prefix) that keep a Holder up to date.
+//
+// A rule says which requests it applies to (Match), what one bucket counts (By), the limits
+// of that bucket (Limits), what a request costs (Cost), whether it is enforced or only
+// evaluated (Mode) and what happens when the store is down (FailMode). Rules are parsed into
+// a Set, validated as a whole and compiled into a Snapshot; a set with any error is rejected
+// whole and the previous snapshot keeps serving.
+//
+// Most specific wins, per By-dimension: see Specificity.
+package rules
+
+import (
+	"net/netip"
+	"time"
+)
+
+// Attrs are what a gateway tells about one request. Empty strings and the zero IP mean
+// "unknown": a rule that matches on an unknown attribute does not match, and a rule that
+// counts by an unknown attribute (by: api_key without a key) does not apply.
+type Attrs struct {
+	APIKey   string
+	Plan     string
+	Org      string
+	Endpoint string // the route, e.g. "GET /v1/search"
+	IP       netip.Addr
+}
+
+// Mode says whether a rule is enforced or only evaluated. The zero value is ModeEnforce.
+type Mode uint8
+
+const (
+	// ModeEnforce rules refuse requests over their limits.
+	ModeEnforce Mode = iota
+	// ModeShadow rules are evaluated and counted ("would have refused"), never enforced.
+	ModeShadow
+)
+
+// FailMode says what a rule does when its store cannot answer. The zero value is FailOpen.
+type FailMode uint8
+
+const (
+	// FailOpen rules admit (under degraded local limits) when the store is down.
+	FailOpen FailMode = iota
+	// FailClosed rules refuse when the store is down (login, OTP, SMS).
+	FailClosed
+)
+
+// By says what one bucket counts: whose requests share the rule's buckets. The zero value
+// is ByAPIKey, the default when a rule does not say.
+type By uint8
+
+const (
+	// ByAPIKey: one bucket set per API key ("key:<api key>").
+	ByAPIKey By = iota
+	// ByIP: one bucket set per client address; IPv6 per prefix ("ip:<addr>", "ip6:<prefix>/64").
+	ByIP
+	// ByOrg: one bucket set per organisation ("org:<org>").
+	ByOrg
+	// ByEndpoint: one bucket set per route, shared by all callers ("ep:<endpoint>").
+	ByEndpoint
+	// ByGlobal: one bucket set for every matching request ("global").
+	ByGlobal
+
+	numBy = iota
+)
+
+// Rule is one rule as written (in a YAML file, or as a YAML/JSON value in etcd). It is plain
+// data: ParseYAML fills it, Compile validates it. Not safe for concurrent mutation.
+type Rule struct {
+	// ID names the rule; unique in a set, non-empty. It prefixes bucket names and is what
+	// RateLimit-Policy and refusals name.
+	ID string
+	// Match selects the requests the rule applies to; all set fields must match. An empty
+	// Match is a default rule.
+	Match Match
+	// By says what one bucket counts (default ByAPIKey).
+	By By
+	// Limits are the buckets every matching request takes from, all or nothing.
+	Limits []LimitSpec
+	// Cost maps an endpoint to the tokens a request to it takes; absent endpoints cost 1.
+	Cost map[string]int64
+	// Mode is enforce (default) or shadow.
+	Mode Mode
+	// FailMode is open (default) or closed.
+	FailMode FailMode
+	// ExpiresAt, if set, is when the rule stops applying. Mandatory when Match.APIKey is set
+	// (per-key overrides must expire).
+	ExpiresAt time.Time
+	// Reason says why the rule exists (for operators; shown in logs).
+	Reason string
+	// Shares maps a region to its share of the global limit, in [0, 1]. A region not listed
+	// gets CompileOptions.DefaultShare.
+	Shares map[string]float64
+
+	pos *rulePos // where the rule was written, for error messages; nil when built in Go
+}
+
+// Match selects requests. Empty fields match anything; set fields must all match.
+type Match struct {
+	APIKey   string
+	Plan     string
+	Org      string
+	Endpoint string
+	// IP is an address ("192.0.2.7", "2001:db8::1") or a prefix ("10.0.0.0/8",
+	// "2001:db8::/48"). IPv4-mapped IPv6 forms are treated as IPv4.
+	IP string
+}
+
+// LimitSpec is one limit as written: Rate tokens per Per, holding up to Burst tokens.
+type LimitSpec struct {
+	// Name tells the limits of one rule apart ("second", "minute"); unique within the rule.
+	Name string
+	// Rate is the tokens added per Per; finite and > 0.
+	Rate float64
+	// Per is the period of Rate ("1s", "1m"); > 0.
+	Per time.Duration
+	// Burst is the bucket capacity in tokens; 0 means Rate.
+	Burst float64
+}
+
+// Set is a parsed, not yet compiled rule set. Version, when set, names the snapshot it
+// compiles into; when empty the snapshot is named by a hash of the content.
+type Set struct {
+	Version string
+	Rules   []Rule
+
+	file string // the file it came from, for error messages
+}
