@@ -3,61 +3,11 @@ package rules
 import (
 	"context"
 	"errors"
-	"sync/atomic"
 	"time"
 
-	"github.com/allot-dev/allot/pkg/bucket"
 	"github.com/allot-dev/allot/pkg/clock"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
-
-type rulePos struct{}
-
-// ErrInvalid is wrapped by every parse and validation error.
-var ErrInvalid = errors.New("rules: invalid rule set")
-
-func ParseYAML(data []byte) (*Set, error) { return nil, errors.New("TODO") }
-func LoadFile(path string) (*Set, error)  { return nil, errors.New("TODO") }
-func CheckFile(path string) error         { return errors.New("TODO") }
-
-type CompileOptions struct {
-	Region       string
-	DefaultShare float64
-	IPv6Prefix   int
-	Now          time.Time
-}
-
-func Compile(s *Set, opt CompileOptions) (*Snapshot, error) { return nil, errors.New("TODO") }
-
-type Compiled struct {
-	ID        string
-	Mode      Mode
-	FailMode  FailMode
-	By        By
-	Limits    []bucket.Limit
-	ExpiresAt time.Time
-	Reason    string
-	Policy    string
-}
-
-type Matched struct {
-	Rule     *Compiled
-	Identity string
-	Cost     int64
-}
-
-type Snapshot struct{ version string }
-
-func (s *Snapshot) Version() string                                        { return s.version }
-func (s *Snapshot) Created() time.Time                                     { return time.Time{} }
-func (s *Snapshot) Len() int                                               { return 0 }
-func (s *Snapshot) Match(a *Attrs, now time.Time, dst []Matched) []Matched { return dst }
-
-type Holder struct{ cur atomic.Pointer[Snapshot] }
-
-func NewHolder(initial *Snapshot) *Holder { h := &Holder{}; h.cur.Store(initial); return h }
-func (h *Holder) Current() *Snapshot      { return h.cur.Load() }
-func (h *Holder) Store(s *Snapshot)       { h.cur.Store(s) }
 
 type Option func(*sourceConfig)
 type sourceConfig struct{}
@@ -95,6 +45,4 @@ func (e *EtcdSource) Run(ctx context.Context) error { return errors.New("TODO") 
 func (e *EtcdSource) Close() error                  { return nil }
 func (e *EtcdSource) Status() Status                { return Status{} }
 
-func (e *EtcdSource) Load(ctx context.Context) error    { return errors.New("TODO") }
-func (h *Holder) Subscribe() (<-chan *Snapshot, func()) { return nil, func() {} }
-func ParseRule(data []byte) (*Rule, error)              { return nil, errors.New("TODO") }
+func (e *EtcdSource) Load(ctx context.Context) error { return errors.New("TODO") }

@@ -1,0 +1,193 @@
+package rules
+
+import (
+	"net/netip"
+	"time"
+)
+
+// Matched is one rule that applies to a request: the rule, the identity whose buckets it
+// takes from ("key:<api key>", "ip:<addr>", "ip6:<prefix>/64", "org:<org>",
+// "ep:<endpoint>", "global") and what this request costs under it (>= 1).
+type Matched struct {
+	Rule     *Compiled
+	Identity string
+	Cost     int64
+}
+
+// Snapshot is a compiled rule set. It is immutable once Compile returns it and safe for
+// concurrent use; matching takes no lock. The zero value is an empty set that matches
+// nothing (Version "").
+type Snapshot struct {
+	version  string
+	created  time.Time
+	ipv6Bits int
+	rules    []crule
+	byID     map[string]*Compiled
+	lanes    [numBy][2]*lane // [by][mode]; nil when no rule of that kind
+	dims     []By            // the Bys that have a lane, in order
+}
+
+// Version names the rule set: Set.Version, or "sha256:<16 hex>" of the content.
+func (s *Snapshot) Version() string { return s.version }
+
+// Created is when the snapshot was compiled (CompileOptions.Now).
+func (s *Snapshot) Created() time.Time { return s.created }
+
+// Len is the number of rules, expired ones included.
+func (s *Snapshot) Len() int { return len(s.rules) }
+
+// Rule returns the rule with the given id, or nil.
+func (s *Snapshot) Rule(id string) *Compiled { return s.byID[id] }
+
+// Rules returns every rule in set order. The caller must not modify them.
+func (s *Snapshot) Rules() []*Compiled {
+	out := make([]*Compiled, len(s.rules))
+	for i := range s.rules {
+		out[i] = &s.rules[i].c
+	}
+	return out
+}
+
+// NextExpiry returns the earliest expires_at after now, or the zero time if no rule will
+// expire; a source or metric can use it to say when the effective rules change next.
+func (s *Snapshot) NextExpiry(now time.Time) time.Time {
+	var next time.Time
+	for i := range s.rules {
+		e := s.rules[i].c.ExpiresAt
+		if e.After(now) && (next.IsZero() || e.Before(next)) {
+			next = e
+		}
+	}
+	return next
+}
+
+// Match appends to dst the rules that apply to a at now and returns the extended slice:
+// for each By-dimension, the most specific enforcing rule that matches (see Specificity),
+// and the most specific shadow rule that matches (evaluated, never enforced; Rule.Mode
+// says which). A rule whose ExpiresAt is not after now is skipped, so an override stops
+// applying on time without a new push, and the next most specific rule takes over.
+//
+// A dimension whose identity is unknown (by: api_key without a key, by: ip without a valid
+// IP, ...) yields nothing. IPv4-mapped IPv6 addresses are treated as IPv4; IPv6 clients are
+// counted per prefix (CompileOptions.IPv6Prefix).
+//
+// Match allocates only the identity strings (one per dimension that matched, none for
+// "global"), and nothing else if dst has room. It does not check identity length against
+// bucket.MaxIdentityLen: callers bound their inputs.
+func (s *Snapshot) Match(a *Attrs, now time.Time, dst []Matched) []Matched {
+	if len(s.dims) == 0 {
+		return dst
+	}
+	ip := a.IP.Unmap().WithZone("")
+	for _, by := range s.dims {
+		var win [2]*crule
+		for mode, ln := range s.lanes[by] {
+			if ln != nil {
+				win[mode] = ln.match(a, ip, now)
+			}
+		}
+		if win[0] == nil && win[1] == nil {
+			continue
+		}
+		id, ok := s.identity(by, a, ip)
+		if !ok {
+			continue
+		}
+		for _, r := range win {
+			if r != nil {
+				dst = append(dst, Matched{Rule: &r.c, Identity: id, Cost: r.costOf(a.Endpoint)})
+			}
+		}
+	}
+	return dst
+}
+
+// identity names the buckets a request takes from under dimension by.
+func (s *Snapshot) identity(by By, a *Attrs, ip netip.Addr) (string, bool) {
+	switch by {
+	case ByAPIKey:
+		return "key:" + a.APIKey, a.APIKey != ""
+	case ByOrg:
+		return "org:" + a.Org, a.Org != ""
+	case ByEndpoint:
+		return "ep:" + a.Endpoint, a.Endpoint != ""
+	case ByGlobal:
+		return "global", true
+	case ByIP:
+		if !ip.IsValid() {
+			return "", false
+		}
+		var buf [64]byte
+		b := buf[:0]
+		if ip.Is4() {
+			b = append(b, "ip:"...)
+			b = ip.AppendTo(b)
+		} else {
+			p, _ := ip.Prefix(s.ipv6Bits) // bits validated at compile
+			b = append(b, "ip6:"...)
+			b = p.AppendTo(b)
+		}
+		return string(b), true
+	}
+	return "", false
+}
+
+func (l *lane) match(a *Attrs, ip netip.Addr, now time.Time) *crule {
+	if a.APIKey != "" && l.byKey != nil {
+		if r := first(l.byKey[a.APIKey], a, ip, now); r != nil {
+			return r
+		}
+	}
+	if a.Org != "" && l.byOrg != nil {
+		if r := first(l.byOrg[a.Org], a, ip, now); r != nil {
+			return r
+		}
+	}
+	if a.Plan != "" && l.byPlan != nil {
+		if r := first(l.byPlan[a.Plan], a, ip, now); r != nil {
+			return r
+		}
+	}
+	if a.Endpoint != "" && l.byEndpoint != nil {
+		if r := first(l.byEndpoint[a.Endpoint], a, ip, now); r != nil {
+			return r
+		}
+	}
+	return first(l.rest, a, ip, now)
+}
+
+// first returns the first rule of rs (sorted best first) that matches and has not expired.
+func first(rs []*crule, a *Attrs, ip netip.Addr, now time.Time) *crule {
+	for _, r := range rs {
+		if r.matches(a, ip, now) {
+			return r
+		}
+	}
+	return nil
+}
+
+func (r *crule) matches(a *Attrs, ip netip.Addr, now time.Time) bool {
+	m := &r.m
+	switch {
+	case !r.c.ExpiresAt.IsZero() && !now.Before(r.c.ExpiresAt):
+		return false
+	case m.APIKey != "" && m.APIKey != a.APIKey,
+		m.Org != "" && m.Org != a.Org,
+		m.Plan != "" && m.Plan != a.Plan,
+		m.Endpoint != "" && m.Endpoint != a.Endpoint:
+		return false
+	case m.IP != "" && !r.prefix.Contains(ip): // Contains is false for an invalid ip
+		return false
+	}
+	return true
+}
+
+func (r *crule) costOf(endpoint string) int64 {
+	if len(r.cost) == 0 {
+		return 1
+	}
+	if c, ok := r.cost[endpoint]; ok {
+		return c
+	}
+	return 1
+}

@@ -1,0 +1,173 @@
+package rules
+
+import (
+	"fmt"
+	"math"
+	"regexp"
+	"time"
+
+	"github.com/allot-dev/allot/pkg/bucket"
+)
+
+// Bounds on the values of a rule, checked by Validate.
+const (
+	// MaxPer is the longest limit period.
+	MaxPer = 366 * 24 * time.Hour
+	// MaxRefill bounds how long an empty bucket takes to fill (burst / per-second rate), so
+	// every wait and expiry a store computes stays far inside int64 microseconds.
+	MaxRefill = 400 * 24 * time.Hour
+	// MaxMatchLen is the longest match value, in bytes.
+	MaxMatchLen = 256
+)
+
+var (
+	idRE     = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._:@-]{0,79}$`)
+	nameRE   = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,39}$`)
+	regionRE = regexp.MustCompile(`^[a-z][a-z0-9-]{0,62}$`)
+)
+
+// Validate checks every rule of the set, whatever region it will be compiled for, and
+// returns all problems found (at most 20 listed), each an *Error wrapping ErrInvalid that
+// names the rule, the field and, when the set was parsed, the line. nil means Compile will
+// succeed for any valid CompileOptions.
+//
+// An override whose expires_at has passed is not an error: it simply no longer applies, so
+// a set never becomes invalid with time.
+func (s *Set) Validate() error {
+	var errs errList
+	if len(s.Rules) > MaxRules {
+		errs.add(&Error{File: s.file, Msg: fmt.Sprintf("%d rules, more than %d", len(s.Rules), MaxRules)})
+		return errs.err()
+	}
+	seen := make(map[string]int, len(s.Rules))
+	for i := range s.Rules {
+		r := &s.Rules[i]
+		validateRule(r, i, s.file, &errs)
+		if r.ID != "" {
+			if j, dup := seen[r.ID]; dup {
+				errs.add(ruleErr(r, i, s.file, "id", "%q is also the id of rule #%d; ids must be unique", r.ID, j+1))
+			} else {
+				seen[r.ID] = i
+			}
+		}
+	}
+	return errs.err()
+}
+
+func ruleErr(r *Rule, index int, file, field, format string, a ...any) *Error {
+	if r.pos != nil && r.pos.file != "" {
+		file = r.pos.file
+	}
+	return &Error{File: file, Line: r.pos.lineOf(field), Rule: r.ID, Index: index, Field: field, Msg: fmt.Sprintf(format, a...)}
+}
+
+func finite(f float64) bool { return !math.IsNaN(f) && !math.IsInf(f, 0) }
+
+func validateRule(r *Rule, i int, file string, errs *errList) {
+	bad := func(field, format string, a ...any) { errs.add(ruleErr(r, i, file, field, format, a...)) }
+
+	if r.ID == "" {
+		bad("id", "missing; every rule needs a unique id")
+	} else if !idRE.MatchString(r.ID) {
+		bad("id", "%.100q: want 1-80 of A-Z a-z 0-9 . _ : @ - (starting with a letter or digit)", r.ID)
+	}
+	m := r.Match
+	for _, f := range [...]struct{ name, v string }{
+		{"match.api_key", m.APIKey}, {"match.plan", m.Plan}, {"match.org", m.Org},
+		{"match.endpoint", m.Endpoint}, {"match.ip", m.IP},
+	} {
+		if len(f.v) > MaxMatchLen {
+			bad(f.name, "%d bytes, more than %d", len(f.v), MaxMatchLen)
+		}
+	}
+	if m.IP != "" {
+		if _, err := parseIPMatch(m.IP); err != nil {
+			bad("match.ip", "%v", err)
+		}
+	}
+	if m.APIKey != "" && r.ExpiresAt.IsZero() {
+		bad("expires_at", "missing; a per-key override (match.api_key %.40q) must expire", m.APIKey)
+	}
+	if r.Mode > ModeShadow {
+		bad("mode", "%d is not enforce or shadow", r.Mode)
+	}
+	if r.FailMode > FailClosed {
+		bad("fail_mode", "%d is not open or closed", r.FailMode)
+	}
+	if r.By >= numBy {
+		bad("by", "%d is not api_key, ip, org, endpoint or global", r.By)
+	}
+
+	switch n := len(r.Limits); {
+	case n == 0:
+		bad("limits", "missing; a rule needs at least one limit")
+	case n > bucket.MaxLimits:
+		bad("limits", "%d limits, more than %d", n, bucket.MaxLimits)
+	}
+	minBurst := math.Inf(1)
+	names := make(map[string]bool, len(r.Limits))
+	for j, l := range r.Limits {
+		f := func(s string) string { return fmt.Sprintf("limits[%d].%s", j, s) }
+		switch {
+		case l.Name == "":
+			bad(f("name"), "missing")
+		case !nameRE.MatchString(l.Name):
+			bad(f("name"), "%.60q: want 1-40 of A-Z a-z 0-9 . _ - (starting with a letter or digit)", l.Name)
+		case names[l.Name]:
+			bad(f("name"), "%q appears twice in the rule; limit names must be unique", l.Name)
+		}
+		names[l.Name] = true
+		okRate := finite(l.Rate) && l.Rate > 0
+		if !okRate {
+			bad(f("rate"), "%g, must be finite and > 0", l.Rate)
+		}
+		okPer := l.Per > 0 && l.Per <= MaxPer
+		if !okPer {
+			bad(f("per"), "%v, must be > 0 and <= %v", l.Per, MaxPer)
+		}
+		burst := l.Burst
+		if burst == 0 {
+			burst = l.Rate
+		}
+		okBurst := finite(burst) && burst >= 1 && burst <= bucket.MaxBurst
+		if !okBurst {
+			if l.Burst == 0 {
+				bad(f("burst"), "missing, and rate %g is not a valid burst (want >= 1 and <= %g)", l.Rate, float64(bucket.MaxBurst))
+			} else {
+				bad(f("burst"), "%g, must be finite, >= 1 and <= %g", l.Burst, float64(bucket.MaxBurst))
+			}
+		} else if burst < minBurst {
+			minBurst = burst
+		}
+		if okRate && okPer {
+			perSec := l.Rate / l.Per.Seconds()
+			switch {
+			case perSec > bucket.MaxRate:
+				bad(f("rate"), "%g per %v is %g a second, more than %g", l.Rate, l.Per, perSec, float64(bucket.MaxRate))
+			case okBurst && burst/perSec > MaxRefill.Seconds():
+				bad(f("rate"), "%g per %v refills burst %g in %.0fh, longer than %v", l.Rate, l.Per, burst, burst/perSec/3600, MaxRefill)
+			}
+		}
+	}
+	for _, ep := range sortedKeys(r.Cost) {
+		c := r.Cost[ep]
+		switch {
+		case c < 1:
+			bad("cost", "endpoint %q: %d, must be >= 1", ep, c)
+		case !math.IsInf(minBurst, 1) && float64(c) > minBurst:
+			bad("cost", "endpoint %q: %d is more than the smallest burst %g, so such a request could never pass", ep, c, minBurst)
+		}
+		if len(ep) > MaxMatchLen {
+			bad("cost", "endpoint is %d bytes, more than %d", len(ep), MaxMatchLen)
+		}
+	}
+	for _, region := range sortedKeys(r.Shares) {
+		sh := r.Shares[region]
+		if !regionRE.MatchString(region) {
+			bad("shares", "region %.60q: want a name like us-east (a-z, 0-9, -)", region)
+		}
+		if !finite(sh) || sh < 0 || sh > 1 {
+			bad("shares", "region %q: %g, must be in [0, 1]", region, sh)
+		}
+	}
+}
