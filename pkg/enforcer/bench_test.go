@@ -1,0 +1,83 @@
+package enforcer
+
+import (
+	"context"
+	"strconv"
+	"testing"
+
+	"github.com/allot-dev/allot/pkg/rules"
+)
+
+const benchRules = `
+rules:
+  - id: default
+    limits:
+      - {name: second, rate: 1000000, per: 1s}
+      - {name: minute, rate: 60000000, per: 1m}
+  - id: pro-search
+    match: {plan: pro, endpoint: "GET /v1/search"}
+    limits: [{name: second, rate: 1000000, per: 1s}]
+  - id: per-ip
+    by: ip
+    limits: [{name: second, rate: 1000000, per: 1s}]
+`
+
+func benchKeys(n int) []Request {
+	reqs := make([]Request, n)
+	for i := range reqs {
+		reqs[i] = Request{Attrs: rules.Attrs{APIKey: "key-" + strconv.Itoa(i), Plan: "pro", Endpoint: "GET /v1/search"}}
+	}
+	return reqs
+}
+
+// BenchmarkCheck is the hot path with the exact in-memory store: match, one take per
+// enforcing rule, metrics. It allocates the identity strings Match builds (one per rule
+// that applies) and nothing else.
+func BenchmarkCheck(b *testing.B) {
+	r := newRig(b, benchRules, nil)
+	reqs := benchKeys(1024)
+	ctx := context.Background()
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if _, err := r.e.Check(ctx, &reqs[i&1023]); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkCheckParallel(b *testing.B) {
+	r := newRig(b, benchRules, nil)
+	reqs := benchKeys(1024)
+	ctx := context.Background()
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		i := 0
+		for pb.Next() {
+			if _, err := r.e.Check(ctx, &reqs[i&1023]); err != nil {
+				b.Error(err)
+				return
+			}
+			i++
+		}
+	})
+}
+
+func TestCheckAllocations(t *testing.T) {
+	if testing.Short() {
+		t.Skip("allocation count is measured in full runs")
+	}
+	r := newRig(t, benchRules, nil)
+	req := Request{Attrs: rules.Attrs{APIKey: "k", Plan: "pro", Endpoint: "GET /v1/search"}}
+	ctx := context.Background()
+	allocs := testing.AllocsPerRun(1000, func() {
+		if _, err := r.e.Check(ctx, &req); err != nil {
+			t.Fatal(err)
+		}
+	})
+	// One identity string from Match ("key:k"); the memory store and the rest allocate nothing.
+	if allocs > 1 {
+		t.Fatalf("Check allocates %v times per call, want <= 1", allocs)
+	}
+}

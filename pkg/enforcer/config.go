@@ -1,0 +1,140 @@
+package enforcer
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/allot-dev/allot/pkg/bucket"
+	"github.com/allot-dev/allot/pkg/clock"
+	"github.com/allot-dev/allot/pkg/rules"
+	"github.com/hashicorp/go-hclog"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// InputLimits bound what one check may carry. Front ends check them before anything else
+// and answer InvalidArgument (gRPC) or 400 (HTTP) with a message naming the field and the
+// bound; nothing over them reaches the rules or the store.
+type InputLimits struct {
+	// MaxDescriptors is the most descriptors one Envoy RLS request may carry.
+	MaxDescriptors int
+	// MaxEntries is the most entries one descriptor may carry.
+	MaxEntries int
+	// MaxKeyLen is the longest descriptor entry key, in bytes.
+	MaxKeyLen int
+	// MaxValueLen is the longest attribute or descriptor value (API key, endpoint, ...),
+	// in bytes. It keeps identities ("key:<api key>") under bucket.MaxIdentityLen.
+	MaxValueLen int
+	// MaxDomainLen is the longest Envoy RLS domain, in bytes.
+	MaxDomainLen int
+	// MaxHits is the most hits one check may stand for.
+	MaxHits int64
+}
+
+// DefaultInputLimits are generous for real gateways and small enough that a hostile
+// caller cannot make a check expensive.
+func DefaultInputLimits() InputLimits {
+	return InputLimits{
+		MaxDescriptors: 8,
+		MaxEntries:     8,
+		MaxKeyLen:      64,
+		MaxValueLen:    256,
+		MaxDomainLen:   128,
+		MaxHits:        1000,
+	}
+}
+
+// Validate names the first bad bound.
+func (l InputLimits) Validate() error {
+	switch {
+	case l.MaxDescriptors < 1 || l.MaxDescriptors > 64:
+		return fmt.Errorf("enforcer: input limits: max descriptors %d, must be in [1, 64]", l.MaxDescriptors)
+	case l.MaxEntries < 1 || l.MaxEntries > 64:
+		return fmt.Errorf("enforcer: input limits: max entries %d, must be in [1, 64]", l.MaxEntries)
+	case l.MaxKeyLen < 1 || l.MaxKeyLen > 1024:
+		return fmt.Errorf("enforcer: input limits: max key length %d, must be in [1, 1024]", l.MaxKeyLen)
+	case l.MaxValueLen < 1 || l.MaxValueLen > bucket.MaxIdentityLen-16:
+		return fmt.Errorf("enforcer: input limits: max value length %d, must be in [1, %d]", l.MaxValueLen, bucket.MaxIdentityLen-16)
+	case l.MaxDomainLen < 1 || l.MaxDomainLen > 1024:
+		return fmt.Errorf("enforcer: input limits: max domain length %d, must be in [1, 1024]", l.MaxDomainLen)
+	case l.MaxHits < 1 || l.MaxHits > 1e6:
+		return fmt.Errorf("enforcer: input limits: max hits %d, must be in [1, 1000000]", l.MaxHits)
+	}
+	return nil
+}
+
+// Config configures an Enforcer. Start from DefaultConfig and set the dependencies
+// (Rules, Store, Registerer); the zero value is not valid.
+type Config struct {
+	// Region names this enforcer's region (logs, decision logs). Required.
+	Region string
+	// Rules serves the current rules snapshot. Required.
+	Rules *rules.Holder
+	// Store takes tokens: in production the stack fallback → lease → redis, built by the
+	// caller. Required.
+	Store bucket.Store
+	// Clock tells the time rules are matched at (expiring overrides). Default clock.Real().
+	Clock clock.Clock
+	// Logger receives decision logs and store errors. Default hclog.NewNullLogger().
+	Logger hclog.Logger
+	// Registerer is where the enforcer's metrics are registered; never the global one by
+	// default. Required (use prometheus.NewRegistry() in tests).
+	Registerer prometheus.Registerer
+	// Usage, if set, is told the outcome of every enforcing take (milestone 2's usage
+	// reports). Nil means no one listens.
+	Usage UsageObserver
+
+	// Limits bound the input of one check.
+	Limits InputLimits
+
+	// ResetJitterMax and ResetJitterRatio bound the per-key jitter added to reset times:
+	// a key's reset is reported later by f × min(ResetJitterMax, ResetJitterRatio × reset),
+	// where f in [0, 1) is fixed per identity. Never earlier. Both 0 disable jitter.
+	ResetJitterMax   time.Duration
+	ResetJitterRatio float64
+
+	// FailClosedRetryAfter is the Retry-After given when a fail-closed rule refuses because
+	// the store could not answer.
+	FailClosedRetryAfter time.Duration
+
+	// DecisionLogEvery logs one decision in every N at debug level (0: none).
+	// RefusalLogEvery logs one refusal in every N at info level (0: none); shadow
+	// "would refuse" outcomes share this sampler.
+	DecisionLogEvery uint64
+	RefusalLogEvery  uint64
+}
+
+// DefaultConfig returns a Config with every tunable set; the dependencies (Region, Rules,
+// Store, Registerer) are left for the caller.
+func DefaultConfig() Config {
+	return Config{
+		Clock:                clock.Real(),
+		Limits:               DefaultInputLimits(),
+		ResetJitterMax:       time.Second,
+		ResetJitterRatio:     0.1,
+		FailClosedRetryAfter: time.Second,
+		DecisionLogEvery:     10000,
+		RefusalLogEvery:      100,
+	}
+}
+
+// Validate names the first missing dependency or bad value.
+func (c *Config) Validate() error {
+	switch {
+	case c.Region == "":
+		return errors.New("enforcer: config: region is empty")
+	case c.Rules == nil:
+		return errors.New("enforcer: config: rules holder is nil")
+	case c.Store == nil:
+		return errors.New("enforcer: config: store is nil")
+	case c.Registerer == nil:
+		return errors.New("enforcer: config: registerer is nil (pass prometheus.NewRegistry())")
+	case c.ResetJitterMax < 0 || c.ResetJitterMax > time.Minute:
+		return fmt.Errorf("enforcer: config: reset jitter max %v, must be in [0, 1m]", c.ResetJitterMax)
+	case !(c.ResetJitterRatio >= 0 && c.ResetJitterRatio <= 0.5):
+		return fmt.Errorf("enforcer: config: reset jitter ratio %g, must be in [0, 0.5]", c.ResetJitterRatio)
+	case c.FailClosedRetryAfter < 0 || c.FailClosedRetryAfter > time.Hour:
+		return fmt.Errorf("enforcer: config: fail-closed retry-after %v, must be in [0, 1h]", c.FailClosedRetryAfter)
+	}
+	return c.Limits.Validate()
+}

@@ -1,0 +1,161 @@
+package enforcer
+
+import (
+	"math"
+	"time"
+
+	"github.com/allot-dev/allot/pkg/bucket"
+)
+
+// Source says where a decision came from, for responses, metrics and decision logs.
+type Source uint8
+
+// The sources of a decision. The first ones mirror bucket.Source; the rest are the
+// enforcer's own.
+const (
+	SourceNone         Source = iota // no enforcing rule applied: allowed without a store
+	SourceMemory                     // the in-memory store
+	SourceRedis                      // one script on the key's Redis shard
+	SourceLease                      // tokens leased earlier, spent from memory
+	SourceRefusalCache               // refused from memory until a retry time Redis gave
+	SourceFallback                   // local degraded limits while Redis is unavailable
+	SourceFailClosed                 // refused: the store failed and the rule fails closed
+	SourceFailOpen                   // allowed: the store failed and the rule fails open
+	SourceTooLarge                   // refused: the request costs more than the rule's burst
+	SourceShadow                     // a shadow rule's evaluation (decision logs only)
+	numSources
+)
+
+var sourceNames = [numSources]string{"none", "memory", "redis", "lease", "refusal-cache", "fallback", "fail-closed", "fail-open", "too-large", "shadow"}
+
+func (s Source) String() string {
+	if s < numSources {
+		return sourceNames[s]
+	}
+	return "unknown"
+}
+
+// sourceOf maps a store's source to the enforcer's.
+func sourceOf(s bucket.Source) Source {
+	switch s {
+	case bucket.SourceMemory:
+		return SourceMemory
+	case bucket.SourceRedis:
+		return SourceRedis
+	case bucket.SourceLease:
+		return SourceLease
+	case bucket.SourceRefusalCache:
+		return SourceRefusalCache
+	case bucket.SourceFallback:
+		return SourceFallback
+	case bucket.SourceFailClosed:
+		return SourceFailClosed
+	}
+	return SourceNone
+}
+
+// maxShadowNames is how many refusing shadow rules a Decision names; more are counted.
+const maxShadowNames = 4
+
+// Decision is the answer to one check. Its budget fields describe one limit — the one
+// that refused, or when allowed the enforcing limit with the fewest whole tokens left —
+// and only the caller's own buckets. It holds no pointers into mutable state; strings
+// point into the immutable rules snapshot. The zero Decision is "allowed, no rule".
+type Decision struct {
+	// Allowed says whether the request may pass.
+	Allowed bool
+	// Rule is the deciding rule's id; "" when no enforcing rule applied.
+	Rule string
+	// Limit is the deciding limit's name ("<rule id>/<limit name>"); the IETF policy name.
+	Limit string
+	// Quota and Window state the deciding limit the way RateLimit-Policy does: for a token
+	// bucket the quota is its burst and the window the time it takes to refill from empty,
+	// in whole seconds rounded up.
+	Quota  int64
+	Window int64
+	// Remaining is the whole tokens left in the deciding bucket.
+	Remaining int64
+	// Reset is how long until the deciding bucket is full again, jittered per identity
+	// (later only; see Config.ResetJitterMax).
+	Reset time.Duration
+	// RetryAfter, when refused, is how long until the request could pass; 0 when allowed
+	// or when it never can (SourceTooLarge).
+	RetryAfter time.Duration
+	// Source says where the deciding answer came from.
+	Source Source
+
+	shadowN     int
+	shadowNames [maxShadowNames]string
+}
+
+// ShadowRefused returns the shadow rules that would have refused this request (at most
+// four are named; ShadowRefusedCount counts them all). The slice aliases d.
+func (d *Decision) ShadowRefused() []string {
+	n := d.shadowN
+	if n > maxShadowNames {
+		n = maxShadowNames
+	}
+	return d.shadowNames[:n]
+}
+
+// ShadowRefusedCount is how many shadow rules would have refused this request.
+func (d *Decision) ShadowRefusedCount() int { return d.shadowN }
+
+func (d *Decision) addShadow(id string) {
+	if d.shadowN < maxShadowNames {
+		d.shadowNames[d.shadowN] = id
+	}
+	d.shadowN++
+}
+
+// RetryAfterSeconds is RetryAfter in whole seconds rounded up, at least 1 on a refusal
+// that can be retried; 0 when allowed or when retrying cannot help.
+func (d *Decision) RetryAfterSeconds() int64 {
+	if d.Allowed || d.RetryAfter <= 0 {
+		return 0
+	}
+	return ceilSeconds(d.RetryAfter)
+}
+
+// ResetSeconds is Reset in whole seconds rounded up.
+func (d *Decision) ResetSeconds() int64 { return ceilSeconds(d.Reset) }
+
+func ceilSeconds(t time.Duration) int64 {
+	if t <= 0 {
+		return 0
+	}
+	return int64((t + time.Second - 1) / time.Second)
+}
+
+// quotaWindow states a token bucket as an IETF quota policy: q = burst (whole tokens),
+// w = burst / rate seconds rounded up (at least 1).
+func quotaWindow(l *bucket.Limit) (q, w int64) {
+	q = int64(math.Floor(l.Burst))
+	secs := math.Ceil(l.Burst/l.Rate - 1e-9)
+	if secs < 1 {
+		secs = 1
+	}
+	if secs > math.MaxInt32 {
+		secs = math.MaxInt32
+	}
+	return q, int64(secs)
+}
+
+// jitter returns the per-identity reset jitter: f × min(max, ratio × reset) with f in
+// [0, 1) from an FNV-1a hash of the identity, so every enforcer says the same for a key.
+func jitter(identity string, reset time.Duration, max time.Duration, ratio float64) time.Duration {
+	if max <= 0 || ratio <= 0 || reset <= 0 {
+		return 0
+	}
+	span := time.Duration(float64(reset) * ratio)
+	if span > max {
+		span = max
+	}
+	h := uint64(14695981039346656037)
+	for i := 0; i < len(identity); i++ {
+		h ^= uint64(identity[i])
+		h *= 1099511628211
+	}
+	f := float64(h>>11) / (1 << 53)
+	return time.Duration(f * float64(span))
+}

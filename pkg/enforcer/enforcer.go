@@ -1,0 +1,330 @@
+// Package enforcer decides whether one request may pass: it matches the request's
+// attributes against the current rules snapshot and takes tokens for every enforcing rule
+// that applies from a bucket.Store (in production fallback → lease → redis).
+//
+// The front ends (Envoy RLS and allot.v1 over gRPC in pkg/enforcer/grpcapi, JSON and
+// forward-auth over HTTP in pkg/enforcer/httpapi) turn their requests into a Request and
+// the Decision into their responses and the IETF RateLimit header fields (headers.go).
+package enforcer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/allot-dev/allot/pkg/bucket"
+	"github.com/allot-dev/allot/pkg/clock"
+	"github.com/allot-dev/allot/pkg/rules"
+	"github.com/hashicorp/go-hclog"
+)
+
+// ErrInvalid is wrapped by every error about a check's input; front ends answer it with
+// InvalidArgument (gRPC) or 400 (HTTP). The message names the field and the bound.
+var ErrInvalid = errors.New("enforcer: invalid check")
+
+// Request is one check: what a gateway knows about a request, and how many requests it
+// stands for.
+type Request struct {
+	Attrs rules.Attrs
+	// Hits is how many requests this check stands for; 0 means 1. Each rule takes
+	// Hits × its cost for the endpoint.
+	Hits int64
+}
+
+// UsageObserver is told the outcome of every enforcing take; it is the seam for
+// milestone 2's per-identity usage reports to the balancer. It is called synchronously on
+// the checking goroutine, once per enforcing rule that was taken from, so it must be
+// quick, must not block and must be safe for concurrent use. tokens is what the request
+// asked for (cost × hits); allowed says whether the store granted them.
+type UsageObserver interface {
+	ObserveTake(rule *rules.Compiled, identity string, tokens int64, allowed bool, source Source)
+}
+
+// Enforcer decides checks. Safe for concurrent use; it owns no goroutines, so it needs no
+// Close. Build it with New.
+//
+// Which way it errs: each enforcing rule is one Store.Take, all or nothing within that
+// rule's limits, but not across rules: when rule B refuses after rule A granted, A's
+// tokens are not returned. To keep that harm on the caller that caused it, takes run from
+// the narrowest identity to the broadest (api key, ip, org, endpoint, global) and stop at
+// the first refusal — so a refusal by a caller's own per-key rule never spends a shared
+// (org, endpoint, global) bucket, and only a refusal by a shared bucket costs the caller
+// tokens of its own buckets (at most cost × hits per refused check). The error is under,
+// never over: no rule ever admits more than its bucket allows.
+type Enforcer struct {
+	cfg     Config
+	clock   clock.Clock
+	log     hclog.Logger
+	metrics *metrics
+	scratch sync.Pool // *scratch
+
+	logTick    atomic.Uint64 // decisions seen, for DecisionLogEvery
+	refuseTick atomic.Uint64 // refusals seen, for RefusalLogEvery
+}
+
+type scratch struct {
+	matched []rules.Matched
+	req     bucket.Request
+}
+
+// New validates cfg and builds an Enforcer, registering its metrics with cfg.Registerer.
+func New(cfg Config) (*Enforcer, error) {
+	if cfg.Clock == nil {
+		cfg.Clock = clock.Real()
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = hclog.NewNullLogger()
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	m, err := newMetrics(cfg.Registerer, cfg.Rules, cfg.Clock)
+	if err != nil {
+		return nil, fmt.Errorf("enforcer: while registering metrics: %w", err)
+	}
+	e := &Enforcer{cfg: cfg, clock: cfg.Clock, log: cfg.Logger.Named("enforcer"), metrics: m}
+	e.scratch.New = func() any { return &scratch{matched: make([]rules.Matched, 0, 8)} }
+	return e, nil
+}
+
+// Limits returns the input limits front ends must apply.
+func (e *Enforcer) Limits() InputLimits { return e.cfg.Limits }
+
+// Rules returns the holder the enforcer matches against.
+func (e *Enforcer) Rules() *rules.Holder { return e.cfg.Rules }
+
+// CountInvalid counts a check a front end rejected as invalid input.
+func (e *Enforcer) CountInvalid(api API) {
+	if api < numAPIs {
+		e.metrics.invalid[api].Inc()
+	}
+}
+
+// Validate checks req against the input limits; the error wraps ErrInvalid and names the
+// field. Check calls it; front ends may call it earlier.
+func (e *Enforcer) Validate(req *Request) error {
+	l := &e.cfg.Limits
+	a := &req.Attrs
+	for _, f := range [...]struct {
+		name string
+		v    string
+	}{{"api_key", a.APIKey}, {"plan", a.Plan}, {"org", a.Org}, {"endpoint", a.Endpoint}} {
+		if len(f.v) > l.MaxValueLen {
+			return fmt.Errorf("%w: %s is %d bytes, more than %d", ErrInvalid, f.name, len(f.v), l.MaxValueLen)
+		}
+	}
+	if req.Hits < 0 || req.Hits > l.MaxHits {
+		return fmt.Errorf("%w: hits %d, must be in [0, %d]", ErrInvalid, req.Hits, l.MaxHits)
+	}
+	return nil
+}
+
+// Check decides one request. It returns an error only for invalid input (wrapping
+// ErrInvalid) or when ctx ended before the store answered (ctx.Err()); a refusal is a
+// Decision, not an error. A store failure is answered by the rule's fail mode: a
+// fail-open rule allows (SourceFailOpen), a fail-closed rule refuses (SourceFailClosed),
+// and both are counted in allot_enforcer_store_errors_total.
+//
+// Shadow rules are evaluated only for requests the enforcing rules allow — as if they were
+// one more rule taken last — and never change the decision.
+func (e *Enforcer) Check(ctx context.Context, req *Request) (Decision, error) {
+	start := time.Now()
+	if err := e.Validate(req); err != nil {
+		return Decision{}, err
+	}
+	hits := req.Hits
+	if hits == 0 {
+		hits = 1
+	}
+	snap := e.cfg.Rules.Current()
+	d := Decision{Allowed: true, Source: SourceNone}
+	if snap == nil {
+		e.finish(&d, req, start)
+		return d, nil
+	}
+	sc := e.scratch.Get().(*scratch)
+	defer e.putScratch(sc)
+	sc.matched = snap.Match(&req.Attrs, e.clock.Now(), sc.matched[:0])
+	orderTakes(sc.matched)
+
+	chosen := false // d holds an allowed rule's budget
+	for i := range sc.matched {
+		m := &sc.matched[i]
+		if m.Rule.Mode == rules.ModeShadow {
+			if d.Allowed {
+				e.shadow(ctx, sc, m, hits, &d)
+			}
+			continue
+		}
+		if !d.Allowed {
+			break
+		}
+		var res bucket.Result
+		want, ok := tokens(m.Cost, hits)
+		var err error
+		if ok {
+			err = e.take(ctx, sc, m, want, &res)
+		}
+		switch {
+		case !ok || errors.Is(err, bucket.ErrInvalid):
+			// Only the cost can make a compiled rule's request invalid: it can never fit.
+			e.fill(&d, m, 0, &bucket.Result{})
+			d.Allowed, d.Source, d.RetryAfter = false, SourceTooLarge, 0
+		case err != nil:
+			if ctxErr := ctx.Err(); ctxErr != nil {
+				return Decision{}, ctxErr
+			}
+			e.metrics.storeErrors[m.Rule.FailMode&1].Inc()
+			e.log.Warn("store could not answer", "rule", m.Rule.ID, "fail-mode", failModeName(m.Rule.FailMode), "error", err)
+			if m.Rule.FailMode == rules.FailClosed {
+				e.fill(&d, m, 0, &bucket.Result{Reset: e.cfg.FailClosedRetryAfter})
+				d.Allowed, d.Source, d.RetryAfter = false, SourceFailClosed, e.cfg.FailClosedRetryAfter
+			} else if !chosen && d.Rule == "" {
+				// Budget unknown: say the quota is whole rather than invent a shortage.
+				e.fill(&d, m, 0, &bucket.Result{})
+				d.Remaining, d.Source = d.Quota, SourceFailOpen
+			}
+			e.observeUsage(m, want, m.Rule.FailMode != rules.FailClosed, d.Source)
+			continue
+		case !res.Allowed():
+			e.fill(&d, m, res.Limiting, &res)
+			d.Allowed = false
+		case !chosen || res.Remaining < d.Remaining:
+			e.fill(&d, m, res.Limiting, &res)
+			d.RetryAfter = 0
+			chosen = true
+		}
+		if ok && err == nil {
+			e.observeUsage(m, want, res.Allowed(), sourceOf(res.Source))
+		}
+	}
+	e.finish(&d, req, start)
+	return d, nil
+}
+
+func (e *Enforcer) putScratch(sc *scratch) {
+	clear(sc.matched)
+	sc.matched = sc.matched[:0]
+	sc.req = bucket.Request{}
+	e.scratch.Put(sc)
+}
+
+// take asks the store for want tokens from every limit of m's rule, all or nothing.
+func (e *Enforcer) take(ctx context.Context, sc *scratch, m *rules.Matched, want int64, res *bucket.Result) error {
+	sc.req = bucket.Request{
+		Identity:   m.Identity,
+		Limits:     m.Rule.Limits,
+		Want:       want,
+		Min:        want,
+		FailClosed: m.Rule.FailMode == rules.FailClosed,
+	}
+	r, err := e.cfg.Store.Take(ctx, &sc.req)
+	*res = r
+	return err
+}
+
+// shadow evaluates one shadow rule and notes a "would refuse" in d; it never changes
+// whether d allows.
+func (e *Enforcer) shadow(ctx context.Context, sc *scratch, m *rules.Matched, hits int64, d *Decision) {
+	want, ok := tokens(m.Cost, hits)
+	var res bucket.Result
+	var err error
+	if ok {
+		err = e.take(ctx, sc, m, want, &res)
+	}
+	switch {
+	case ok && err != nil && !errors.Is(err, bucket.ErrInvalid):
+		e.metrics.shadow[shadowError].Inc()
+		return
+	case !ok || err != nil || !res.Allowed():
+		e.metrics.shadow[shadowRefuse].Inc()
+		d.addShadow(m.Rule.ID)
+		if n := e.cfg.RefusalLogEvery; n > 0 && e.refuseTick.Add(1)%n == 1%n {
+			e.log.Info("shadow rule would refuse", "region", e.cfg.Region, "rule", m.Rule.ID,
+				"source", SourceShadow.String(), "store-source", sourceOf(res.Source).String(),
+				"retry-after", res.RetryAfter)
+		}
+	default:
+		e.metrics.shadow[shadowAllow].Inc()
+	}
+}
+
+// fill makes m's rule, limit i and res the deciding budget of d.
+func (e *Enforcer) fill(d *Decision, m *rules.Matched, i int, res *bucket.Result) {
+	if i < 0 || i >= len(m.Rule.Limits) {
+		i = 0
+	}
+	l := &m.Rule.Limits[i]
+	d.Rule, d.Limit = m.Rule.ID, l.Name
+	d.Quota, d.Window = quotaWindow(l)
+	d.Remaining = res.Remaining
+	d.Reset = res.Reset + jitter(m.Identity, res.Reset, e.cfg.ResetJitterMax, e.cfg.ResetJitterRatio)
+	d.RetryAfter = res.RetryAfter
+	d.Source = sourceOf(res.Source)
+}
+
+func (e *Enforcer) observeUsage(m *rules.Matched, want int64, allowed bool, src Source) {
+	if e.cfg.Usage != nil {
+		e.cfg.Usage.ObserveTake(m.Rule, m.Identity, want, allowed, src)
+	}
+}
+
+// finish records metrics and the sampled decision logs.
+func (e *Enforcer) finish(d *Decision, req *Request, start time.Time) {
+	e.metrics.observe(d, time.Since(start))
+	if !d.Allowed {
+		if n := e.cfg.RefusalLogEvery; n > 0 && e.refuseTick.Add(1)%n == 1%n {
+			e.log.Info("refused", "region", e.cfg.Region, "rule", d.Rule, "limit", d.Limit,
+				"source", d.Source.String(), "endpoint", req.Attrs.Endpoint,
+				"retry-after", d.RetryAfter, "remaining", d.Remaining)
+		}
+		return
+	}
+	if n := e.cfg.DecisionLogEvery; n > 0 && e.log.IsDebug() && e.logTick.Add(1)%n == 1%n {
+		e.log.Debug("allowed", "region", e.cfg.Region, "rule", d.Rule, "limit", d.Limit,
+			"source", d.Source.String(), "endpoint", req.Attrs.Endpoint, "remaining", d.Remaining)
+	}
+}
+
+// tokens returns cost × hits, and false when that cannot be asked for (overflow or a
+// non-positive cost).
+func tokens(cost, hits int64) (int64, bool) {
+	if cost < 1 {
+		cost = 1
+	}
+	if cost > math.MaxInt64/hits {
+		return 0, false
+	}
+	return cost * hits, true
+}
+
+// orderTakes sorts matched rules so enforcing rules come first, narrowest identity first
+// (the order of rules.By: api key, ip, org, endpoint, global), shadow rules last; stable,
+// so the snapshot's order breaks ties. Insertion sort: a request matches a handful of
+// rules and this must not allocate.
+func orderTakes(ms []rules.Matched) {
+	for i := 1; i < len(ms); i++ {
+		for j := i; j > 0 && takeRank(&ms[j]) < takeRank(&ms[j-1]); j-- {
+			ms[j], ms[j-1] = ms[j-1], ms[j]
+		}
+	}
+}
+
+func takeRank(m *rules.Matched) int {
+	r := int(m.Rule.By)
+	if m.Rule.Mode == rules.ModeShadow {
+		r += 1 << 8
+	}
+	return r
+}
+
+func failModeName(f rules.FailMode) string {
+	if f == rules.FailClosed {
+		return "closed"
+	}
+	return "open"
+}

@@ -1,0 +1,94 @@
+package enforcer
+
+import "strconv"
+
+// Response header field names. The RateLimit fields follow
+// draft-ietf-httpapi-ratelimit-headers-10 (September 2025): both are Structured Field
+// Lists whose members are a quoted policy name with parameters —
+//
+//	RateLimit-Policy: "<policy>";q=<quota>;w=<window seconds>
+//	RateLimit:        "<policy>";r=<remaining>;t=<seconds until reset>
+//
+// The policy is the deciding limit ("<rule id>/<limit name>"). No partition key (pk) is
+// sent: a caller sees only its own budget and never another identity.
+const (
+	HeaderRateLimitPolicy = "RateLimit-Policy"
+	HeaderRateLimit       = "RateLimit"
+	HeaderRetryAfter      = "Retry-After"
+	// HeaderRule names the rule that refused (on refusals only).
+	HeaderRule = "X-RateLimit-Rule"
+)
+
+// Header is one HTTP response header field.
+type Header struct{ Name, Value string }
+
+// AppendHeaders appends the response header fields for d: RateLimit-Policy and RateLimit
+// when a rule decided, and on a refusal Retry-After (whole seconds, rounded up; absent
+// when retrying cannot help) and X-RateLimit-Rule. A decision with no rule adds nothing.
+func (d *Decision) AppendHeaders(dst []Header) []Header {
+	if d.Rule == "" {
+		return dst
+	}
+	var buf [160]byte
+	policy := string(d.AppendPolicy(buf[:0]))
+	current := string(d.AppendRateLimit(buf[:0]))
+	dst = append(dst, Header{HeaderRateLimitPolicy, policy}, Header{HeaderRateLimit, current})
+	if !d.Allowed {
+		if s := d.RetryAfterSeconds(); s > 0 {
+			dst = append(dst, Header{HeaderRetryAfter, strconv.FormatInt(s, 10)})
+		}
+		rule := string(appendToken(buf[:0], d.Rule))
+		dst = append(dst, Header{HeaderRule, rule})
+	}
+	return dst
+}
+
+// AppendPolicy appends the RateLimit-Policy member for d: "<policy>";q=<quota>;w=<window>.
+func (d *Decision) AppendPolicy(b []byte) []byte {
+	b = appendSFString(b, d.Limit)
+	b = append(b, ";q="...)
+	b = strconv.AppendInt(b, d.Quota, 10)
+	b = append(b, ";w="...)
+	return strconv.AppendInt(b, d.Window, 10)
+}
+
+// AppendRateLimit appends the RateLimit member for d: "<policy>";r=<remaining>;t=<reset>.
+func (d *Decision) AppendRateLimit(b []byte) []byte {
+	b = appendSFString(b, d.Limit)
+	b = append(b, ";r="...)
+	b = strconv.AppendInt(b, max(d.Remaining, 0), 10)
+	b = append(b, ";t="...)
+	return strconv.AppendInt(b, d.ResetSeconds(), 10)
+}
+
+// appendSFString appends s as a Structured Field String (RFC 9651 §3.3.3): quoted, with
+// '"' and '\' escaped. Bytes outside printable ASCII, which an sf-string cannot hold,
+// become '_'.
+func appendSFString(b []byte, s string) []byte {
+	b = append(b, '"')
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case c == '"' || c == '\\':
+			b = append(b, '\\', c)
+		case c < 0x20 || c > 0x7e:
+			b = append(b, '_')
+		default:
+			b = append(b, c)
+		}
+	}
+	return append(b, '"')
+}
+
+// appendToken appends s with every byte that is not printable ASCII replaced by '_', so a
+// rule id can never split or smuggle a header.
+func appendToken(b []byte, s string) []byte {
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c < 0x20 || c > 0x7e {
+			c = '_'
+		}
+		b = append(b, c)
+	}
+	return b
+}

@@ -1,0 +1,141 @@
+package enforcer
+
+import (
+	"time"
+
+	"github.com/allot-dev/allot/pkg/clock"
+	"github.com/allot-dev/allot/pkg/rules"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// API names a front end, for the bounded "api" label.
+type API uint8
+
+// The front ends.
+const (
+	APIEnvoyRLS  API = iota // envoy.service.ratelimit.v3 ShouldRateLimit
+	APIAllot                // allot.v1 Check
+	APIHTTPCheck            // POST /v1/check
+	APIHTTPAuth             // GET /v1/auth (forward auth)
+	numAPIs
+)
+
+var apiNames = [numAPIs]string{"envoy-rls", "allot", "http-check", "http-auth"}
+
+func (a API) String() string {
+	if a < numAPIs {
+		return apiNames[a]
+	}
+	return "unknown"
+}
+
+// metrics are the enforcer's Prometheus metrics, resolved once so the hot path only adds
+// to atomics. Label sets are bounded: results × sources, apis, fail modes.
+type metrics struct {
+	decisions   [2][numSources]prometheus.Counter // [allowed][source]
+	shadow      [3]prometheus.Counter             // would-allow, would-refuse, error
+	storeErrors [2]prometheus.Counter             // [fail mode]
+	invalid     [numAPIs]prometheus.Counter
+	latency     prometheus.Observer
+}
+
+const (
+	shadowAllow = iota
+	shadowRefuse
+	shadowError
+)
+
+func newMetrics(reg prometheus.Registerer, holder *rules.Holder, clk clock.Clock) (*metrics, error) {
+	m := &metrics{}
+	decisions := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "allot_enforcer_decisions_total",
+		Help: "Check decisions by result (allowed, refused) and by where the deciding answer came from.",
+	}, []string{"result", "source"})
+	for s := Source(0); s < numSources; s++ {
+		if s == SourceShadow {
+			continue
+		}
+		m.decisions[0][s] = decisions.WithLabelValues("refused", s.String())
+		m.decisions[1][s] = decisions.WithLabelValues("allowed", s.String())
+	}
+	m.decisions[0][SourceShadow] = m.decisions[0][SourceNone]
+	m.decisions[1][SourceShadow] = m.decisions[1][SourceNone]
+	shadow := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "allot_enforcer_shadow_decisions_total",
+		Help: "Shadow rule evaluations: would-allow, would-refuse, or error (store failed). Never enforced.",
+	}, []string{"result"})
+	m.shadow[shadowAllow] = shadow.WithLabelValues("would-allow")
+	m.shadow[shadowRefuse] = shadow.WithLabelValues("would-refuse")
+	m.shadow[shadowError] = shadow.WithLabelValues("error")
+	storeErrors := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "allot_enforcer_store_errors_total",
+		Help: "Takes the store could not answer even with the fallback layer, by the rule's fail mode (open: allowed, closed: refused).",
+	}, []string{"fail_mode"})
+	m.storeErrors[rules.FailOpen] = storeErrors.WithLabelValues("open")
+	m.storeErrors[rules.FailClosed] = storeErrors.WithLabelValues("closed")
+	invalid := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "allot_enforcer_invalid_requests_total",
+		Help: "Checks rejected as invalid input (InvalidArgument / 400), by front end.",
+	}, []string{"api"})
+	for a := API(0); a < numAPIs; a++ {
+		m.invalid[a] = invalid.WithLabelValues(a.String())
+	}
+	latency := prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "allot_enforcer_check_seconds",
+		Help:    "Time to decide one check (rules match and store takes), excluding transport.",
+		Buckets: []float64{25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2e-3, 5e-3, 10e-3, 25e-3, 50e-3, 100e-3, 250e-3, 1},
+	})
+	m.latency = latency
+	rulesAge := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "allot_enforcer_rules_age_seconds",
+		Help: "Seconds since the rules snapshot in use was compiled.",
+	}, func() float64 {
+		s := holder.Current()
+		if s == nil || s.Created().IsZero() {
+			return 0
+		}
+		return clk.Now().Sub(s.Created()).Seconds()
+	})
+	rulesCount := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "allot_enforcer_rules",
+		Help: "Rules in the snapshot in use.",
+	}, func() float64 {
+		if s := holder.Current(); s != nil {
+			return float64(s.Len())
+		}
+		return 0
+	})
+	for _, c := range []prometheus.Collector{decisions, shadow, storeErrors, invalid, latency, rulesAge, rulesCount, &rulesInfo{holder: holder}} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}
+
+// rulesInfo exports allot_enforcer_rules_info{version="..."} 1 for the snapshot in use,
+// at scrape time: one series at a time whatever the number of versions seen.
+type rulesInfo struct{ holder *rules.Holder }
+
+var rulesInfoDesc = prometheus.NewDesc("allot_enforcer_rules_info",
+	"The version of the rules snapshot in use (value always 1).", []string{"version"}, nil)
+
+func (r *rulesInfo) Describe(ch chan<- *prometheus.Desc) { ch <- rulesInfoDesc }
+
+func (r *rulesInfo) Collect(ch chan<- prometheus.Metric) {
+	v := ""
+	if s := r.holder.Current(); s != nil {
+		v = s.Version()
+	}
+	ch <- prometheus.MustNewConstMetric(rulesInfoDesc, prometheus.GaugeValue, 1, v)
+}
+
+// observe records one finished check.
+func (m *metrics) observe(d *Decision, took time.Duration) {
+	a := 0
+	if d.Allowed {
+		a = 1
+	}
+	m.decisions[a][d.Source].Inc()
+	m.latency.Observe(took.Seconds())
+}
