@@ -1,0 +1,136 @@
+package fallback
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/allot-dev/allot/pkg/clock"
+)
+
+type ctxKey struct{}
+
+func TestCallCtxDeadlineOnFakeClock(t *testing.T) {
+	clk := clock.NewFake(t0)
+	parent := context.WithValue(context.Background(), ctxKey{}, "v")
+	c := newCallCtx(parent, t0.Add(5*time.Millisecond), clk, false)
+	defer c.release()
+
+	if dl, ok := c.Deadline(); !ok || !dl.Equal(t0.Add(5*time.Millisecond)) {
+		t.Fatalf("Deadline() = %v, %v", dl, ok)
+	}
+	if v := c.Value(ctxKey{}); v != "v" {
+		t.Fatalf("Value = %v, want the parent's", v)
+	}
+	if err := c.Err(); err != nil {
+		t.Fatalf("Err before the deadline = %v", err)
+	}
+	done := c.Done()
+	clk.Advance(5*time.Millisecond - time.Microsecond)
+	select {
+	case <-done:
+		t.Fatal("done before the deadline")
+	default:
+	}
+	clk.Advance(time.Microsecond)
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("not done 10s after the deadline")
+	}
+	if err := c.Err(); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Err = %v, want DeadlineExceeded", err)
+	}
+}
+
+func TestCallCtxParentCancel(t *testing.T) {
+	clk := clock.NewFake(t0)
+	parent, cancel := context.WithCancel(context.Background())
+	c := newCallCtx(parent, t0.Add(time.Hour), clk, false)
+	defer c.release()
+	done := c.Done()
+	cancel()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("parent cancel did not reach the call context")
+	}
+	if err := c.Err(); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Err = %v, want Canceled", err)
+	}
+	// A context derived from the call context follows it.
+	child, stop := context.WithCancel(c)
+	defer stop()
+	if child.Err() == nil {
+		t.Fatal("child of a cancelled call context is not cancelled")
+	}
+}
+
+func TestCallCtxEarlierParentDeadline(t *testing.T) {
+	parentDL := time.Now().Add(time.Millisecond)
+	parent, cancel := context.WithDeadline(context.Background(), parentDL)
+	defer cancel()
+	c := newCallCtx(parent, parentDL.Add(time.Hour), clock.Real(), true)
+	defer c.release()
+	if dl, _ := c.Deadline(); !dl.Equal(parentDL) {
+		t.Fatalf("Deadline() = %v, want the parent's earlier %v", dl, parentDL)
+	}
+}
+
+func TestCallCtxAlreadyDone(t *testing.T) {
+	clk := clock.NewFake(t0)
+	c := newCallCtx(context.Background(), t0, clk, false) // deadline is now
+	defer c.release()
+	if err := c.Err(); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Err = %v, want DeadlineExceeded", err)
+	}
+	if clk.Timers() != 0 {
+		t.Fatal("a timer was started for a passed deadline")
+	}
+}
+
+func TestCallCtxRelease(t *testing.T) {
+	clk := clock.NewFake(t0)
+	// Watched: released means cancelled, and the timer is gone.
+	c := newCallCtx(context.Background(), t0.Add(time.Second), clk, false)
+	done := c.Done()
+	if clk.Timers() != 1 {
+		t.Fatalf("%d timers after Done, want 1", clk.Timers())
+	}
+	c.release()
+	<-done
+	if err := c.Err(); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Err after release = %v, want Canceled", err)
+	}
+	if clk.Timers() != 0 {
+		t.Fatal("release left the timer running")
+	}
+	// Never watched: a context kept past the call is cancelled when first asked.
+	c = newCallCtx(context.Background(), t0.Add(time.Second), clk, false)
+	c.release()
+	if err := c.Err(); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Err of a released, never-watched context = %v, want Canceled", err)
+	}
+	if clk.Timers() != 0 {
+		t.Fatal("a released context started a timer")
+	}
+	c.release() // twice is harmless
+}
+
+// TestCallCtxRealClock covers the time.AfterFunc branch with a 1 ms real deadline.
+func TestCallCtxRealClock(t *testing.T) {
+	if !isReal(clock.Real()) || isReal(clock.NewFake(t0)) {
+		t.Fatal("isReal misclassifies the clocks")
+	}
+	c := newCallCtx(context.Background(), time.Now().Add(time.Millisecond), clock.Real(), true)
+	defer c.release()
+	select {
+	case <-c.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("real deadline did not fire")
+	}
+	if err := c.Err(); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Err = %v, want DeadlineExceeded", err)
+	}
+}

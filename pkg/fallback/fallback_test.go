@@ -1,0 +1,529 @@
+package fallback
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/allot-dev/allot/pkg/bucket"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func TestConfigValidate(t *testing.T) {
+	if err := DefaultConfig().Validate(); err != nil {
+		t.Fatalf("DefaultConfig: %v", err)
+	}
+	for _, tc := range []struct {
+		edit func(*Config)
+		want string
+	}{
+		{func(c *Config) { c.Timeout = 0 }, "Timeout 0s"},
+		{func(c *Config) { c.Timeout = -time.Millisecond }, "Timeout -1ms"},
+		{func(c *Config) { c.TripAfter = 0 }, "TripAfter 0"},
+		{func(c *Config) { c.OpenFor = 0 }, "OpenFor 0s"},
+		{func(c *Config) { c.Slack = 0 }, "Slack 0"},
+		{func(c *Config) { c.Slack = -1 }, "Slack -1"},
+		{func(c *Config) { c.Slack = nan() }, "Slack NaN"},
+		{func(c *Config) { c.MaxLocalKeys = 0 }, "MaxLocalKeys 0"},
+	} {
+		c := DefaultConfig()
+		tc.edit(&c)
+		err := c.Validate()
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("Validate() = %v, want an error naming %q", err, tc.want)
+		}
+		if _, err := New(newFakeNext(), c); err == nil {
+			t.Errorf("New accepted a config with %s", tc.want)
+		}
+	}
+	if _, err := New(newFakeNext(), Config{}); err == nil || !strings.Contains(err.Error(), "Timeout") {
+		t.Errorf("New(zero Config) = %v, want an error naming Timeout", err)
+	}
+	if _, err := New(nil, DefaultConfig()); err == nil {
+		t.Error("New(nil next) succeeded")
+	}
+}
+
+func nan() float64 { z := 0.0; return z / z }
+
+func TestTripsAfterExactlyTripAfterFailures(t *testing.T) {
+	for _, trip := range []int{1, 2, 5} {
+		t.Run(fmt.Sprint(trip), func(t *testing.T) {
+			h := newHarness(t, func(c *Config) { c.TripAfter = trip })
+			h.next.set("a", down)
+			for i := 1; i <= trip; i++ {
+				res := h.take(t, req("a:k", 100, 100))
+				if res.Source != bucket.SourceFallback || res.Granted != 1 {
+					t.Fatalf("failure %d answered %+v, want granted locally", i, res)
+				}
+				want := Closed
+				if i == trip {
+					want = Open
+				}
+				if st := h.s.State("a"); st != want {
+					t.Fatalf("after %d failures: %v, want %v", i, st, want)
+				}
+			}
+			for i := 0; i < 10; i++ {
+				h.take(t, req("a:k", 100, 100))
+			}
+			if n := h.next.callsTo("a"); n != trip {
+				t.Fatalf("next was called %d times, want %d (none once open)", n, trip)
+			}
+		})
+	}
+}
+
+func TestSuccessResetsFailureCount(t *testing.T) {
+	h := newHarness(t, nil) // TripAfter 5
+	for round := 0; round < 3; round++ {
+		h.next.set("a", down)
+		for i := 0; i < 4; i++ {
+			h.take(t, req("a:k", 100, 100))
+		}
+		h.next.set("a", healthy)
+		if res := h.take(t, req("a:k", 100, 100)); res.Source != bucket.SourceRedis {
+			t.Fatalf("healthy call answered from %v", res.Source)
+		}
+	}
+	if st := h.s.State("a"); st != Closed {
+		t.Fatalf("4 failures between successes opened the breaker: %v", st)
+	}
+}
+
+func TestOpenForThenProbe(t *testing.T) {
+	h := newHarness(t, nil)
+	h.trip(t, "a")
+	calls := h.next.callsTo("a")
+
+	h.clk.Advance(DefaultOpenFor - time.Microsecond)
+	if res := h.take(t, req("a:k", 100, 100)); res.Source != bucket.SourceFallback {
+		t.Fatalf("1µs before OpenFor: source %v", res.Source)
+	}
+	if n := h.next.callsTo("a"); n != calls {
+		t.Fatalf("next called %d times before OpenFor passed", n-calls)
+	}
+
+	// The probe fails: open again for a full OpenFor from the failure.
+	h.clk.Advance(time.Microsecond)
+	if res := h.take(t, req("a:k", 100, 100)); res.Source != bucket.SourceFallback {
+		t.Fatalf("failed probe answered from %v", res.Source)
+	}
+	if n := h.next.callsTo("a"); n != calls+1 {
+		t.Fatalf("next called %d times at OpenFor, want exactly 1 probe", n-calls)
+	}
+	if st := h.s.State("a"); st != Open {
+		t.Fatalf("after a failed probe: %v, want open", st)
+	}
+	h.clk.Advance(DefaultOpenFor - time.Microsecond)
+	h.take(t, req("a:k", 100, 100))
+	if n := h.next.callsTo("a"); n != calls+1 {
+		t.Fatal("a re-opened breaker was probed before OpenFor passed again")
+	}
+
+	// The shard is back: the next probe closes the breaker and answers from next.
+	h.next.set("a", healthy)
+	h.clk.Advance(time.Microsecond)
+	if res := h.take(t, req("a:k", 100, 100)); res.Source != bucket.SourceRedis {
+		t.Fatalf("successful probe answered from %v", res.Source)
+	}
+	if st := h.s.State("a"); st != Closed {
+		t.Fatalf("after a successful probe: %v, want closed", st)
+	}
+	if res := h.take(t, req("a:k", 100, 100)); res.Source != bucket.SourceRedis {
+		t.Fatalf("closed breaker answered from %v", res.Source)
+	}
+}
+
+func TestExactlyOneProbeUnderConcurrency(t *testing.T) {
+	h := newHarness(t, nil)
+	for round := 0; round < 20; round++ {
+		h.trip(t, "a")
+		h.next.set("a", hold)
+		h.clk.Advance(DefaultOpenFor)
+		calls := h.next.callsTo("a")
+
+		const n = 50
+		// Every check reaches the point where it sees the probe is due before any claims it.
+		var lineUp sync.WaitGroup
+		lineUp.Add(n)
+		testHookProbeRace = func() { lineUp.Done(); lineUp.Wait() }
+		start := make(chan struct{})
+		results := make(chan bucket.Result, n)
+		var wg sync.WaitGroup
+		for i := 0; i < n; i++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-start
+				res, err := h.s.Take(context.Background(), req(fmt.Sprintf("a:k%d", i), 100, 100))
+				if err != nil {
+					t.Error(err)
+				}
+				results <- res
+			}()
+		}
+		close(start)
+		h.waitEntered(t)
+		for i := 0; i < n-1; i++ {
+			select {
+			case res := <-results:
+				if res.Source != bucket.SourceFallback {
+					t.Errorf("a check during the probe answered from %v", res.Source)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatalf("round %d: only %d of %d checks answered while one probe is held; %d calls reached next",
+					round, i, n-1, h.next.callsTo("a")-calls)
+			}
+		}
+		if st := h.s.State("a"); st != HalfOpen {
+			t.Errorf("during the probe: %v, want half-open", st)
+		}
+		if got := h.next.callsTo("a") - calls; got != 1 {
+			t.Errorf("%d calls reached next in half-open, want exactly 1", got)
+		}
+		h.next.release <- struct{}{}
+		wg.Wait()
+		testHookProbeRace = nil
+		if res := <-results; res.Source != bucket.SourceRedis {
+			t.Errorf("the probe answered from %v", res.Source)
+		}
+		if st := h.s.State("a"); st != Closed {
+			t.Fatalf("after the probe: %v, want closed", st)
+		}
+	}
+}
+
+func TestOneShardDoesNotAffectAnother(t *testing.T) {
+	h := newHarness(t, nil)
+	h.trip(t, "a")
+	for i := 0; i < 100; i++ {
+		if res := h.take(t, req(fmt.Sprintf("b:k%d", i%7), 1000, 1000)); res.Source != bucket.SourceRedis {
+			t.Fatalf("shard b answered from %v while shard a is down", res.Source)
+		}
+		if res := h.take(t, req(fmt.Sprintf("a:k%d", i%7), 1000, 1000)); res.Source != bucket.SourceFallback {
+			t.Fatalf("shard a answered from %v while down", res.Source)
+		}
+	}
+	if st := h.s.State("b"); st != Closed {
+		t.Fatalf("shard b: %v", st)
+	}
+	want := map[string]State{"a": Open, "b": Closed}
+	if got := h.s.States(); fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("States() = %v, want %v", got, want)
+	}
+}
+
+// TestLocalLimits offers a key at 100/s on a fake timeline while its shard is down and
+// checks the admitted count against limit × Slack / N: burst' + rate' × elapsed.
+func TestLocalLimits(t *testing.T) {
+	for _, tc := range []struct {
+		name         string
+		peers        int
+		slack        float64
+		rate, burst  float64
+		want, min    int64
+		seconds      int
+		wantAdmitted int64
+	}{
+		// rate' = 10×2/4 = 5/s, burst' = 20×2/4 = 10: 10 + 5×10 s.
+		{"N=4 slack 2", 4, 2, 10, 20, 1, 0, 10, 10 + 50},
+		// rate' = 20/s, burst' = 40 (still below the offered 100/s).
+		{"N=1 slack 2", 1, 2, 10, 20, 1, 0, 10, 40 + 200},
+		// rate' = 10×1/10 = 1/s, burst' = 2.
+		{"N=10 slack 1", 10, 1, 10, 20, 1, 0, 10, 2 + 10},
+		// burst' = 3×2/100 = 0.06 → at least 1; rate' = 0.2/s: 1 + 2.
+		{"burst at least 1", 100, 2, 10, 3, 1, 0, 10, 1 + 2},
+		// cost 5 (Min = Want = 5): burst' = max(20×2/100, 5) = 5, rate' = 0.2/s.
+		// Tokens: 5 at t=0, then 5 more after 25 s: two grants of 5 in 30 s.
+		{"burst at least the cost", 100, 2, 10, 20, 5, 0, 30, 10},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, func(c *Config) {
+				c.Peers = func() int { return tc.peers }
+				c.Slack = tc.slack
+				c.OpenFor = time.Hour // no probe during the timeline
+			})
+			h.trip(t, "a")
+			r := req("a:busy", tc.rate, tc.burst)
+			r.Want, r.Min = tc.want, tc.min
+			var admitted int64
+			for step := 0; step <= tc.seconds*100; step++ { // every 10 ms, both ends included
+				res := h.take(t, r)
+				if res.Source != bucket.SourceFallback {
+					t.Fatalf("step %d: source %v", step, res.Source)
+				}
+				if res.Granted == 0 && res.RetryAfter <= 0 {
+					t.Fatalf("step %d: refused with RetryAfter %v", step, res.RetryAfter)
+				}
+				admitted += res.Granted
+				h.clk.Advance(10 * time.Millisecond)
+			}
+			if admitted != tc.wantAdmitted {
+				t.Fatalf("admitted %d tokens over %d s, want %d", admitted, tc.seconds, tc.wantAdmitted)
+			}
+		})
+	}
+}
+
+func TestPeersBelowOneMeansOne(t *testing.T) {
+	h := newHarness(t, func(c *Config) { c.Peers = func() int { return 0 }; c.OpenFor = time.Hour })
+	h.trip(t, "a")
+	var admitted int64
+	for i := 0; i < 100; i++ {
+		admitted += h.take(t, req("a:k", 1, 10)).Granted
+	}
+	if admitted != 20 { // burst 10 × Slack 2 / 1
+		t.Fatalf("admitted %d, want 20", admitted)
+	}
+}
+
+func TestFailClosed(t *testing.T) {
+	h := newHarness(t, nil)
+	closedReq := req("a:login", 100, 100)
+	closedReq.FailClosed = true
+
+	if res := h.take(t, closedReq); res.Source != bucket.SourceRedis || res.Granted != 1 {
+		t.Fatalf("healthy shard: fail-closed request got %+v", res)
+	}
+
+	h.next.set("a", down)
+	for i := 1; i <= DefaultTripAfter; i++ {
+		res := h.take(t, closedReq)
+		want := DefaultTimeout // closed breaker: the next check tries the shard again
+		if i == DefaultTripAfter {
+			want = DefaultOpenFor // this failure opened it: until the probe
+		}
+		if res.Granted != 0 || res.Source != bucket.SourceFailClosed || res.RetryAfter != want {
+			t.Fatalf("failure %d: got %+v, want refused fail-closed, retry after %v", i, res, want)
+		}
+	}
+	h.clk.Advance(500 * time.Millisecond)
+	res := h.take(t, closedReq)
+	if res.Granted != 0 || res.Source != bucket.SourceFailClosed || res.RetryAfter != DefaultOpenFor-500*time.Millisecond {
+		t.Fatalf("open: got %+v, want refused until the probe in 1.5s", res)
+	}
+	// A fail-open key on the same shard is still admitted locally.
+	if res := h.take(t, req("a:search", 100, 100)); res.Source != bucket.SourceFallback || res.Granted != 1 {
+		t.Fatalf("open, fail-open key: %+v", res)
+	}
+
+	h.next.set("a", healthy)
+	h.clk.Advance(1500 * time.Millisecond)
+	if res := h.take(t, closedReq); res.Source != bucket.SourceRedis || res.Granted != 1 {
+		t.Fatalf("probe of a fail-closed request: %+v, want granted from redis", res)
+	}
+	if res := h.take(t, closedReq); res.Source != bucket.SourceRedis || res.Granted != 1 {
+		t.Fatalf("closed again: %+v", res)
+	}
+}
+
+func TestErrInvalidDoesNotTrip(t *testing.T) {
+	h := newHarness(t, nil)
+	h.next.set("a", invalid)
+	for i := 0; i < 3*DefaultTripAfter; i++ {
+		if _, err := h.s.Take(context.Background(), req("a:k", 1, 1)); !errors.Is(err, bucket.ErrInvalid) {
+			t.Fatalf("Take = %v, want ErrInvalid passed through", err)
+		}
+		bad := req("a:k", -1, 1) // the fake validates like every store
+		if _, err := h.s.Take(context.Background(), bad); !errors.Is(err, bucket.ErrInvalid) {
+			t.Fatalf("Take(rate -1) = %v, want ErrInvalid", err)
+		}
+	}
+	if st := h.s.State("a"); st != Closed {
+		t.Fatalf("ErrInvalid opened the breaker: %v", st)
+	}
+	// Invalid requests are refused as such while open too, not answered locally.
+	h.trip(t, "a")
+	if _, err := h.s.Take(context.Background(), req("a:k", 1, 0)); !errors.Is(err, bucket.ErrInvalid) {
+		t.Fatalf("open, burst 0: %v, want ErrInvalid", err)
+	}
+	if h.obs.failures != DefaultTripAfter {
+		t.Fatalf("observer saw %d failures, want %d", h.obs.failures, DefaultTripAfter)
+	}
+}
+
+func TestCallerCancellationDoesNotTrip(t *testing.T) {
+	h := newHarness(t, nil)
+	h.next.set("a", hang)
+
+	// Cancelled before the call.
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	for i := 0; i < 2*DefaultTripAfter; i++ {
+		if _, err := h.s.Take(ctx, req("a:k", 1, 1)); !errors.Is(err, context.Canceled) {
+			t.Fatalf("Take = %v, want context.Canceled", err)
+		}
+		h.waitEntered(t)
+	}
+	// Cancelled while the call waits on the shard.
+	for i := 0; i < 2*DefaultTripAfter; i++ {
+		ctx, cancel := context.WithCancel(context.Background())
+		errc := make(chan error, 1)
+		go func() {
+			_, err := h.s.Take(ctx, req("a:k", 1, 1))
+			errc <- err
+		}()
+		h.waitEntered(t)
+		cancel()
+		if err := <-errc; !errors.Is(err, context.Canceled) {
+			t.Fatalf("Take = %v, want context.Canceled", err)
+		}
+	}
+	if st := h.s.State("a"); st != Closed {
+		t.Fatalf("the caller's cancellations opened the breaker: %v", st)
+	}
+	if h.obs.failures != 0 {
+		t.Fatalf("observer counted %d failures", h.obs.failures)
+	}
+}
+
+// TestTimeoutTrips runs calls that hang until their context ends: each ends at the Store's
+// deadline (driven by the fake clock), counts as a failure and is answered locally.
+func TestTimeoutTrips(t *testing.T) {
+	h := newHarness(t, nil)
+	h.next.set("a", hang)
+	for i := 1; i <= DefaultTripAfter; i++ {
+		type out struct {
+			res bucket.Result
+			err error
+		}
+		done := make(chan out, 1)
+		go func() {
+			res, err := h.s.Take(context.Background(), req("a:k", 100, 100))
+			done <- out{res, err}
+		}()
+		h.waitEntered(t)
+		h.next.mu.Lock()
+		dl, ok := h.next.lastCtx.Deadline()
+		h.next.mu.Unlock()
+		if want := h.clk.Now().Add(DefaultTimeout); !ok || !dl.Equal(want) {
+			t.Fatalf("next saw deadline %v, %v; want %v", dl, ok, want)
+		}
+		h.clk.Advance(DefaultTimeout - time.Microsecond)
+		select {
+		case <-done:
+			t.Fatal("the call ended before its deadline")
+		default:
+		}
+		h.clk.Advance(time.Microsecond)
+		o := <-done
+		if o.err != nil || o.res.Source != bucket.SourceFallback {
+			t.Fatalf("timed-out call %d: %+v, %v; want answered locally", i, o.res, o.err)
+		}
+	}
+	if st := h.s.State("a"); st != Open {
+		t.Fatalf("after %d timeouts: %v, want open", DefaultTripAfter, st)
+	}
+}
+
+func TestTransitionsReportedOnce(t *testing.T) {
+	h := newHarness(t, nil)
+	h.next.set("a", down)
+	// Many concurrent failures: one transition to open.
+	var wg sync.WaitGroup
+	for g := 0; g < 8; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < 50; i++ {
+				if _, err := h.s.Take(context.Background(), req(fmt.Sprintf("a:k%d", i), 10, 10)); err != nil {
+					t.Error(err)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	h.clk.Advance(DefaultOpenFor) // probe fails
+	for i := 0; i < 10; i++ {
+		h.take(t, req("a:k", 10, 10))
+	}
+	h.next.set("a", healthy)
+	h.clk.Advance(DefaultOpenFor) // probe succeeds
+	for i := 0; i < 10; i++ {
+		h.take(t, req("a:k", 10, 10))
+	}
+	want := []string{"a:closed->open", "a:open->half-open", "a:half-open->open", "a:open->half-open", "a:half-open->closed"}
+	if got := h.obs.seen(); strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Fatalf("transitions %v, want %v", got, want)
+	}
+	lines := h.logs.lines()
+	if len(lines) != len(want) {
+		t.Fatalf("%d log lines, want one per transition (%d):\n%s", len(lines), len(want), strings.Join(lines, "\n"))
+	}
+	if !strings.Contains(lines[0], "shard=a") || !strings.Contains(lines[0], "open-for=2s") {
+		t.Fatalf("opening line lacks kebab-case keys: %s", lines[0])
+	}
+}
+
+func TestLocalTableIsBounded(t *testing.T) {
+	h := newHarness(t, func(c *Config) { c.MaxLocalKeys = 640; c.OpenFor = time.Hour })
+	h.trip(t, "a")
+	for i := 0; i < 20_000; i++ {
+		if res := h.take(t, req(fmt.Sprintf("a:invented-%d", i), 1, 5)); res.Granted != 1 {
+			t.Fatalf("new identity %d refused", i)
+		}
+	}
+	if n := h.s.LocalKeys(); n > 640 {
+		t.Fatalf("local table holds %d identities, bound 640", n)
+	}
+}
+
+func TestBreakerTableIsBounded(t *testing.T) {
+	h := newHarness(t, func(c *Config) { c.Shard = func(id string) string { return id } })
+	for i := 0; i < maxBreakers+500; i++ {
+		h.take(t, req(fmt.Sprint(i), 1, 1))
+	}
+	if n := len(*h.s.breakers.Load()); n != maxBreakers {
+		t.Fatalf("breaker table holds %d shards, want the bound %d", n, maxBreakers)
+	}
+}
+
+func TestOneShardWhenShardIsNil(t *testing.T) {
+	h := newHarness(t, func(c *Config) { c.Shard = nil })
+	h.next.set("a", down)
+	for i := 0; i < DefaultTripAfter; i++ {
+		h.take(t, req("a:k", 10, 10))
+	}
+	if st := h.s.State("anything"); st != Open {
+		t.Fatalf("single breaker: %v, want open", st)
+	}
+	if res := h.take(t, req("b:k", 10, 10)); res.Source != bucket.SourceFallback {
+		t.Fatalf("with one shard every key degrades: %v", res.Source)
+	}
+}
+
+func TestClose(t *testing.T) {
+	h := newHarness(t, nil)
+	if err := h.s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.s.Close(); err != nil {
+		t.Fatalf("second Close: %v", err)
+	}
+	if _, err := h.s.Take(context.Background(), req("a:k", 1, 1)); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Take after Close = %v, want ErrClosed", err)
+	}
+}
+
+// TestClosedPathAllocations pins the hot path's cost: the per-call context is the one
+// allocation (see callCtx); nothing else on a closed breaker allocates.
+func TestClosedPathAllocations(t *testing.T) {
+	h := newHarness(t, nil)
+	r := req("a:k", 1e6, 1e6)
+	ctx := context.Background()
+	allocs := testing.AllocsPerRun(1000, func() {
+		if _, err := h.s.Take(ctx, r); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if allocs > 1 {
+		t.Fatalf("closed path: %v allocations per check, want at most 1", allocs)
+	}
+}

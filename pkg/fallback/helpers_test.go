@@ -1,0 +1,224 @@
+package fallback
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/allot-dev/allot/pkg/bucket"
+	"github.com/allot-dev/allot/pkg/clock"
+	"github.com/hashicorp/go-hclog"
+)
+
+// mode is how the fake next store answers for one shard.
+type mode int
+
+const (
+	healthy mode = iota // grants Want, Source redis
+	down                // fails at once with errDown
+	hang                // waits for ctx.Done and returns ctx.Err()
+	invalid             // returns an error wrapping bucket.ErrInvalid
+	hold                // waits for release (then grants) or ctx.Done
+)
+
+var errDown = errors.New("fake: connection refused")
+
+// fakeNext is a next store that fails on command, per shard (the identity's prefix
+// before ':'). It counts calls per shard and reports calls that wait on entered.
+type fakeNext struct {
+	mu      sync.Mutex // mu guards modes and calls
+	modes   map[string]mode
+	calls   map[string]int
+	entered chan *bucket.Request // a hang/hold call has started waiting
+	release chan struct{}        // a hold call may answer
+	lastCtx context.Context
+}
+
+func newFakeNext() *fakeNext {
+	return &fakeNext{
+		modes:   map[string]mode{},
+		calls:   map[string]int{},
+		entered: make(chan *bucket.Request, 64),
+		release: make(chan struct{}),
+	}
+}
+
+func shardOf(identity string) string {
+	if i := strings.IndexByte(identity, ':'); i >= 0 {
+		return identity[:i]
+	}
+	return identity
+}
+
+func (f *fakeNext) set(shard string, m mode) {
+	f.mu.Lock()
+	f.modes[shard] = m
+	f.mu.Unlock()
+}
+
+func (f *fakeNext) callsTo(shard string) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.calls[shard]
+}
+
+func (f *fakeNext) Take(ctx context.Context, req *bucket.Request) (bucket.Result, error) {
+	if err := req.Validate(); err != nil {
+		return bucket.Result{}, err
+	}
+	shard := shardOf(req.Identity)
+	f.mu.Lock()
+	m := f.modes[shard]
+	f.calls[shard]++
+	f.lastCtx = ctx
+	f.mu.Unlock()
+	switch m {
+	case down:
+		return bucket.Result{}, fmt.Errorf("while taking %q: %w", req.Identity, errDown)
+	case invalid:
+		return bucket.Result{}, fmt.Errorf("%w: fake says no", bucket.ErrInvalid)
+	case hang:
+		done := ctx.Done()
+		f.entered <- req
+		<-done
+		return bucket.Result{}, ctx.Err()
+	case hold:
+		done := ctx.Done()
+		f.entered <- req
+		select {
+		case <-f.release:
+		case <-done:
+			return bucket.Result{}, ctx.Err()
+		}
+	}
+	return bucket.Result{Granted: req.Want, Remaining: 1, Source: bucket.SourceRedis}, nil
+}
+
+// recorder is an Observer that remembers everything.
+type recorder struct {
+	mu          sync.Mutex // mu guards all below
+	transitions []string
+	failures    int
+	decisions   map[bucket.Source]int
+}
+
+func (r *recorder) Transition(shard string, from, to State) {
+	r.mu.Lock()
+	r.transitions = append(r.transitions, fmt.Sprintf("%s:%v->%v", shard, from, to))
+	r.mu.Unlock()
+}
+
+func (r *recorder) Failure(string, error) {
+	r.mu.Lock()
+	r.failures++
+	r.mu.Unlock()
+}
+
+func (r *recorder) Decision(_ string, src bucket.Source, _ bool) {
+	r.mu.Lock()
+	if r.decisions == nil {
+		r.decisions = map[bucket.Source]int{}
+	}
+	r.decisions[src]++
+	r.mu.Unlock()
+}
+
+func (r *recorder) seen() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]string(nil), r.transitions...)
+}
+
+// syncBuffer is a log sink safe for concurrent writes.
+type syncBuffer struct {
+	mu  sync.Mutex // mu guards b
+	b   bytes.Buffer
+	tee testing.TB
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.tee.Log(strings.TrimSpace(string(p)))
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) lines() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return strings.Split(strings.TrimSpace(s.b.String()), "\n")
+}
+
+var t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+type harness struct {
+	s    *Store
+	next *fakeNext
+	clk  *clock.Fake
+	obs  *recorder
+	logs *syncBuffer
+}
+
+// newHarness builds a Store over a fakeNext, sharded by identity prefix, on a fake clock,
+// with config changes applied by edit.
+func newHarness(t *testing.T, edit func(*Config)) *harness {
+	t.Helper()
+	h := &harness{next: newFakeNext(), clk: clock.NewFake(t0), obs: &recorder{}, logs: &syncBuffer{tee: t}}
+	cfg := DefaultConfig()
+	cfg.Clock = h.clk
+	cfg.Shard = shardOf
+	cfg.Observer = h.obs
+	cfg.Logger = hclog.New(&hclog.LoggerOptions{Output: h.logs, Level: hclog.Info})
+	if edit != nil {
+		edit(&cfg)
+	}
+	s, err := New(h.next, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.s = s
+	t.Cleanup(func() { s.Close() })
+	return h
+}
+
+func req(identity string, rate, burst float64) *bucket.Request {
+	return &bucket.Request{Identity: identity, Limits: []bucket.Limit{{Name: "r", Rate: rate, Burst: burst}}, Want: 1}
+}
+
+func (h *harness) take(t *testing.T, r *bucket.Request) bucket.Result {
+	t.Helper()
+	res, err := h.s.Take(context.Background(), r)
+	if err != nil {
+		t.Fatalf("Take(%q): %v", r.Identity, err)
+	}
+	return res
+}
+
+// trip opens shard's breaker with TripAfter failing checks on a throwaway identity.
+func (h *harness) trip(t *testing.T, shard string) {
+	t.Helper()
+	h.next.set(shard, down)
+	for i := 0; i < h.s.cfg.TripAfter; i++ {
+		h.take(t, req(shard+":tripper", 1, 1))
+	}
+	if st := h.s.State(shard); st != Open {
+		t.Fatalf("after %d failures shard %q is %v, want open", h.s.cfg.TripAfter, shard, st)
+	}
+}
+
+// waitEntered waits (bounded) for a hang/hold call to reach the fake next store.
+func (h *harness) waitEntered(t *testing.T) *bucket.Request {
+	t.Helper()
+	select {
+	case r := <-h.next.entered:
+		return r
+	case <-time.After(10 * time.Second):
+		t.Fatal("no call reached the next store within 10s")
+		return nil
+	}
+}
