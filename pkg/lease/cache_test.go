@@ -1,0 +1,336 @@
+package lease
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/allot-dev/allot/pkg/bucket"
+)
+
+// storeFunc adapts a function to bucket.Store.
+type storeFunc func(ctx context.Context, req *bucket.Request) (bucket.Result, error)
+
+func (f storeFunc) Take(ctx context.Context, req *bucket.Request) (bucket.Result, error) {
+	return f(ctx, req)
+}
+
+// script answers call i (from 1) with answers[i-1], repeating the last one.
+func script(answers ...func(*bucket.Request) (bucket.Result, error)) (bucket.Store, *atomic.Int64) {
+	var n atomic.Int64
+	return storeFunc(func(_ context.Context, r *bucket.Request) (bucket.Result, error) {
+		i := min(int(n.Add(1)), len(answers))
+		return answers[i-1](r)
+	}), &n
+}
+
+func grantAll(r *bucket.Request) (bucket.Result, error) {
+	return bucket.Result{Granted: r.Want, Remaining: 1000, Source: bucket.SourceRedis}, nil
+}
+
+func refuse(after time.Duration) func(*bucket.Request) (bucket.Result, error) {
+	return func(*bucket.Request) (bucket.Result, error) {
+		return bucket.Result{RetryAfter: after, Reset: time.Second, Source: bucket.SourceRedis}, nil
+	}
+}
+
+func fail(err error) func(*bucket.Request) (bucket.Result, error) {
+	return func(*bucket.Request) (bucket.Result, error) { return bucket.Result{}, err }
+}
+
+// Leased tokens expire LeaseTTL after the call that took them was sent; they are dropped,
+// never revived, and the next check calls again.
+func TestLeaseExpires(t *testing.T) {
+	f := newFixture(t, func(c *Config) { c.BusyHits = 1 })
+	r := req("k", 1000, 1000, 1)
+	f.take(f.s, r) // lease of 2, 1 held
+	if h := f.s.heldFor("k"); h != 1 {
+		t.Fatalf("held %d, want 1", h)
+	}
+	f.clk.Advance(time.Second - time.Nanosecond)
+	if h := f.s.heldFor("k"); h != 1 {
+		t.Fatalf("held %d just before the TTL, want 1", h)
+	}
+	f.clk.Advance(time.Nanosecond)
+	calls := f.next.calls.Load()
+	res := f.take(f.s, r)
+	if res.Source != bucket.SourceMemory || f.next.calls.Load() != calls+1 {
+		t.Fatalf("check at the TTL: %+v, calls %d→%d; want a call", res, calls, f.next.calls.Load())
+	}
+	if n := f.rec.tokens[EventExpired].Load(); n != 1 {
+		t.Fatalf("expired tokens = %d, want 1", n)
+	}
+}
+
+// Two lots: the older expires on its own time, the newer lives on.
+func TestLotsExpireSeparately(t *testing.T) {
+	var e entry
+	e.add(5, 100)
+	e.add(7, 150)
+	if e.held() != 12 {
+		t.Fatalf("held %d", e.held())
+	}
+	e.spend(3) // from the older lot
+	if e.cur != 2 || e.nxt != 7 {
+		t.Fatalf("cur %d nxt %d, want 2 7", e.cur, e.nxt)
+	}
+	if d := e.expire(100); d != 2 || e.held() != 7 || e.curExp != 150 {
+		t.Fatalf("expire(100) dropped %d, held %d exp %d; want 2, 7, 150", d, e.held(), e.curExp)
+	}
+	e.add(1, 200)
+	e.add(1, 300) // three lots: the two older merge under the earlier expiry
+	if e.cur != 8 || e.curExp != 150 || e.nxt != 1 || e.nxtExp != 300 {
+		t.Fatalf("after merge: %d@%d %d@%d, want 8@150 1@300", e.cur, e.curExp, e.nxt, e.nxtExp)
+	}
+	if d := e.expire(150); d != 8 || e.held() != 1 {
+		t.Fatalf("expire(150) dropped %d, held %d; want 8, 1", d, e.held())
+	}
+}
+
+// After "refused, retry in T" the key is refused from memory until T, with no call.
+func TestRefusalCache(t *testing.T) {
+	f := newFixture(t, nil)
+	next, calls := script(refuse(50 * time.Millisecond))
+	s := f.store(next, nil, hooks{})
+	r := req("k", 10, 10, 2)
+	res := f.take(s, r)
+	if res.Granted != 0 || res.Source != bucket.SourceRedis || calls.Load() != 1 {
+		t.Fatalf("first check: %+v, calls %d", res, calls.Load())
+	}
+	f.clk.Advance(10 * time.Millisecond)
+	res = f.take(s, r)
+	if res.Source != bucket.SourceRefusalCache || res.RetryAfter != 40*time.Millisecond || res.Granted != 0 {
+		t.Fatalf("cached: %+v, want refusal-cache with 40ms left", res)
+	}
+	f.clk.Advance(39 * time.Millisecond)
+	if res = f.take(s, r); res.Source != bucket.SourceRefusalCache || res.RetryAfter != time.Millisecond {
+		t.Fatalf("1ms before T: %+v", res)
+	}
+	f.clk.Advance(time.Millisecond)
+	if res = f.take(s, r); res.Source != bucket.SourceRedis || calls.Load() != 2 {
+		t.Fatalf("at T: %+v calls %d, want a call", res, calls.Load())
+	}
+	// Refused again for cost 2; a cheaper check may fit where that did not: it is asked for.
+	if res = f.take(s, req("k", 10, 10, 1)); res.Source != bucket.SourceRedis || calls.Load() != 3 {
+		t.Fatalf("cheaper check: %+v calls %d, want a call", res, calls.Load())
+	}
+	if n := f.rec.n[EventRefusalHit].Load(); n != 2 {
+		t.Fatalf("refusal hits %d, want 2", n)
+	}
+}
+
+// Leased tokens are spent before the refusal cache answers.
+func TestRefusalCacheSpendsLeaseFirst(t *testing.T) {
+	f := newFixture(t, nil)
+	next, calls := script(grantAll, grantAll, refuse(500*time.Millisecond))
+	s := f.store(next, func(c *Config) { c.BusyHits = 1 }, hooks{})
+	r := req("k", 1000, 1000, 1)
+	want := []bucket.Source{
+		bucket.SourceRedis, // lease of 2, 1 held
+		bucket.SourceLease, // 0 held: refill of 4 (call 2)
+		bucket.SourceLease, // 3
+		bucket.SourceLease, // 2: refill refused, retry in 500ms (call 3)
+		bucket.SourceLease, // 1
+		bucket.SourceLease, // 0: no refill while refused
+		bucket.SourceRefusalCache,
+		bucket.SourceRefusalCache,
+	}
+	for i, src := range want {
+		res := f.take(s, r)
+		s.settle()
+		if res.Source != src {
+			t.Fatalf("check %d: %+v, want source %v", i+1, res, src)
+		}
+	}
+	if n := calls.Load(); n != 3 {
+		t.Fatalf("calls = %d, want 3", n)
+	}
+	f.clk.Advance(500 * time.Millisecond)
+	f.take(s, r)
+	if n := calls.Load(); n != 4 {
+		t.Fatalf("calls = %d after the retry time, want 4", n)
+	}
+}
+
+// A grant that leaves the bucket empty primes the refusal cache: the bucket provably cannot
+// give a token before (about) one token's time, so nobody asks before then.
+func TestRefusalCacheAfterEmptyingGrant(t *testing.T) {
+	f := newFixture(t, nil)
+	r := req("k", 10, 1, 1) // one token every 100ms
+	if res := f.take(f.s, r); res.Granted != 1 || res.Source != bucket.SourceMemory {
+		t.Fatalf("first: %+v", res)
+	}
+	res := f.take(f.s, r)
+	if res.Source != bucket.SourceRefusalCache || res.RetryAfter != 99*time.Millisecond {
+		t.Fatalf("second: %+v, want refused from the cache for 99ms", res)
+	}
+	f.clk.Advance(99 * time.Millisecond)
+	if res = f.take(f.s, r); res.Source != bucket.SourceMemory || res.Granted != 0 {
+		t.Fatalf("at 99ms: %+v, want a call the store refuses", res)
+	}
+	// The store rounds its retry-after up to the µs (here 1.001ms for 0.01 token at 10/s,
+	// float rounding): the cache keeps to what it was told.
+	f.clk.Advance(time.Millisecond + time.Microsecond)
+	if res = f.take(f.s, r); res.Granted != 1 {
+		t.Fatalf("at 100ms: %+v, want granted", res)
+	}
+	if n := f.next.calls.Load(); n != 3 {
+		t.Fatalf("calls = %d, want 3", n)
+	}
+}
+
+// A request with other limits (new rule set, new share) drops the lease and the refusal
+// cache taken under the old ones.
+func TestLimitChangeDropsLease(t *testing.T) {
+	f := newFixture(t, func(c *Config) { c.BusyHits = 1 })
+	old := req("k", 1000, 1000, 1)
+	f.take(f.s, old)
+	f.take(f.s, old)
+	f.s.settle()
+	if h := f.s.heldFor("k"); h != 4 {
+		t.Fatalf("held %d, want 4", h)
+	}
+	calls := f.next.calls.Load()
+	res := f.take(f.s, req("k", 500, 1000, 1))
+	if res.Source != bucket.SourceMemory || f.next.calls.Load() != calls+1 {
+		t.Fatalf("new limits: %+v, want a call", res)
+	}
+	if n := f.rec.tokens[EventLimitsChanged].Load(); n != 4 {
+		t.Fatalf("dropped %d tokens, want 4", n)
+	}
+	// Same rates, other name: other limits too.
+	renamed := req("k", 500, 1000, 1)
+	renamed.Limits[0].Name = "other"
+	f.take(f.s, renamed)
+	if n := f.rec.n[EventLimitsChanged].Load(); n < 2 {
+		t.Fatalf("a renamed limit kept the lease")
+	}
+}
+
+// A refusal cached under old limits does not refuse a request under new ones.
+func TestLimitChangeDropsRefusal(t *testing.T) {
+	f := newFixture(t, nil)
+	next, calls := script(refuse(time.Second), grantAll)
+	s := f.store(next, nil, hooks{})
+	f.take(s, req("k", 10, 10, 1))
+	if res := f.take(s, req("k", 20, 10, 1)); res.Granted != 1 || calls.Load() != 2 {
+		t.Fatalf("new limits: %+v, calls %d; want granted by a call", res, calls.Load())
+	}
+}
+
+// Clients inventing keys cannot grow the table past MaxKeys.
+func TestTableBound(t *testing.T) {
+	f := newFixture(t, nil)
+	next, _ := script(grantAll)
+	s := f.store(next, func(c *Config) { c.MaxKeys = 1000 }, hooks{})
+	if s.Cap() > 1000 {
+		t.Fatalf("Cap = %d > MaxKeys", s.Cap())
+	}
+	r := req("", 10, 10, 1)
+	for i := range 100_000 {
+		r.Identity = "invented:" + strconv.Itoa(i)
+		f.take(s, r)
+		if i%10_000 == 0 && s.Len() > 1000 {
+			t.Fatalf("after %d keys: Len = %d > 1000", i+1, s.Len())
+		}
+	}
+	if n := s.Len(); n > 1000 || n < 900 {
+		t.Fatalf("Len = %d, want in [900, 1000]", n)
+	}
+	if n := f.rec.n[EventEvicted].Load(); n != 100_000-int64(s.Len()) {
+		t.Fatalf("evicted %d, want %d", n, 100_000-s.Len())
+	}
+	// The most recently used keys survive; the oldest are gone.
+	sh := s.shardOf("invented:99999")
+	if sh.m["invented:99999"] == nil || s.shardOf("invented:0").m["invented:0"] != nil {
+		t.Fatal("eviction is not least-recently-used")
+	}
+}
+
+// A busy key's entry survives a flood of invented keys as long as it is used.
+func TestTableKeepsActiveKey(t *testing.T) {
+	f := newFixture(t, func(c *Config) { c.MaxKeys = 64; c.BusyHits = 1 })
+	hot := req("hot", 1e6, 1e6, 1)
+	r := req("", 10, 10, 1)
+	for i := range 10_000 {
+		r.Identity = "invented:" + strconv.Itoa(i)
+		f.take(f.s, r)
+		f.take(f.s, hot)
+	}
+	if n := f.rec.tokens[EventEvicted].Load(); n != 0 {
+		t.Fatalf("evicted %d leased tokens of the active key", n)
+	}
+}
+
+// A failed background refill is told to nobody; the check that finds the lease empty calls
+// the next store itself and sees the error.
+func TestRefillErrorSurfacesOnForegroundMiss(t *testing.T) {
+	f := newFixture(t, nil)
+	boom := errors.New("shard down")
+	next, calls := script(grantAll, fail(boom))
+	s := f.store(next, func(c *Config) { c.BusyHits = 1 }, hooks{})
+	r := req("k", 1000, 1000, 1)
+	f.take(s, r) // lease 2, hold 1
+	f.take(s, r) // spend the last: the refill fails in the background
+	s.settle()
+	if f.rec.n[EventRefillError].Load() != 1 || calls.Load() != 2 {
+		t.Fatalf("refill errors %d, calls %d", f.rec.n[EventRefillError].Load(), calls.Load())
+	}
+	if _, err := s.Take(context.Background(), r); !errors.Is(err, boom) {
+		t.Fatalf("foreground miss: %v, want %v", err, boom)
+	}
+}
+
+// Close cancels a refill in flight, waits for it, and is idempotent; Take then fails.
+func TestCloseWaits(t *testing.T) {
+	f := newFixture(t, nil)
+	b := newBlocking()
+	var returned atomic.Bool
+	next := storeFunc(func(ctx context.Context, r *bucket.Request) (bucket.Result, error) {
+		res, err := b.Take(ctx, r)
+		returned.Store(true)
+		return res, err
+	})
+	s := f.store(next, func(c *Config) { c.BusyHits = 1; c.RefillTimeout = time.Hour }, hooks{})
+	r := req("k", 1000, 1000, 1)
+	go func() { b.answers <- answer{res: bucket.Result{Granted: (<-b.calls).Want}} }()
+	f.take(s, r) // lease 2, hold 1
+	f.take(s, r) // the refill goes out and blocks
+	<-b.calls
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if !returned.Load() {
+		t.Fatal("Close returned while a refill was still in the next store")
+	}
+	if err := s.Close(); err != nil {
+		t.Fatalf("second Close: %v", err)
+	}
+	if _, err := s.Take(context.Background(), r); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Take after Close: %v, want ErrClosed", err)
+	}
+}
+
+// The leased fast path allocates nothing.
+func TestFastPathAllocs(t *testing.T) {
+	f := newFixture(t, nil)
+	r := req("k", 1e6, 1e6, 1)
+	f.take(f.s, r)
+	sh := f.s.shardOf("k")
+	sh.mu.Lock()
+	e := sh.m["k"]
+	e.cur, e.curExp, e.batch = 1<<40, int64(time.Hour), 2
+	sh.mu.Unlock()
+	ctx := context.Background()
+	allocs := testing.AllocsPerRun(1000, func() {
+		if res, _ := f.s.Take(ctx, r); res.Source != bucket.SourceLease {
+			t.Fatalf("not leased: %+v", res)
+		}
+	})
+	if allocs != 0 {
+		t.Fatalf("%v allocs per leased check, want 0", allocs)
+	}
+}

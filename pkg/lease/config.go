@@ -1,0 +1,146 @@
+package lease
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/allot-dev/allot/pkg/clock"
+)
+
+// ErrConfig is wrapped by every error Config.Validate returns.
+var ErrConfig = errors.New("lease: invalid config")
+
+// ErrClosed is returned by Take once the Store is closed.
+var ErrClosed = errors.New("lease: store closed")
+
+// Config tunes a Store. Start from DefaultConfig and change what you need; the zero Config
+// is not valid (New rejects it with an error naming the field).
+type Config struct {
+	// Clock is the time source; leases expire and refusal-cache entries run out by it.
+	// Default clock.Real(). Tests inject a *clock.Fake.
+	Clock clock.Clock
+
+	// Peers returns N, the number of enforcers in the region sharing each limit; a batch is
+	// this enforcer's 1/N part of a window of the limit. Called once per call to the next
+	// store (never on the leased fast path); it must be cheap and safe for concurrent use.
+	// nil, or a result below 1, means 1.
+	Peers func() int
+
+	// LeaseTTL is how long leased tokens may be spent, counted from when the call that took
+	// them was sent. It bounds how long unused tokens stay stranded and how long a lowered
+	// limit takes to bite. Expired tokens are dropped, never revived. Default 1s.
+	LeaseTTL time.Duration
+
+	// Window is the slice of the limit one batch covers (rate × Window / N), and the period
+	// over which busyness and demand are counted. Must be <= LeaseTTL. Default 100ms.
+	Window time.Duration
+
+	// BusyHits is the busyness threshold: a key is leased only once this enforcer has seen
+	// at least BusyHits checks for it within one Window (or a check arrived while a call
+	// for it was in flight). Below it every check is the exact per-request call to the next
+	// store. Default 3 (≈ 30 checks/s per enforcer at the default Window).
+	BusyHits int
+
+	// MaxKeys is the hard bound on the number of keys the table holds (leases, refusal
+	// cache entries and busyness counters alike). When full, inserting a key evicts the
+	// least recently used one in its shard, in O(1). Default 65536 (≈ 20 MiB at the
+	// ≈ 300 B an entry costs).
+	MaxKeys int
+
+	// Refillers is the number of goroutines making background refills; it bounds how many
+	// refill calls are in flight at once. Default 4.
+	Refillers int
+
+	// RefillQueue is how many refills may wait for a refiller. A refill that finds the queue
+	// full is skipped (counted as EventRefillSkipped); the key is refilled later or by a
+	// foreground call. Default 1024.
+	RefillQueue int
+
+	// RefillTimeout is the deadline for one background refill call. Default 100ms; it must
+	// be > 0 (a refill that hangs would hold the key's single flight).
+	RefillTimeout time.Duration
+
+	// Observer, if not nil, is told about every decision and every call to the next store
+	// (see Event). It is called synchronously, sometimes with a shard lock held: it must be
+	// fast, safe for concurrent use, and must not call back into the Store.
+	Observer Observer
+}
+
+// DefaultConfig returns the defaults described on each Config field.
+func DefaultConfig() Config {
+	return Config{
+		Clock:         clock.Real(),
+		LeaseTTL:      time.Second,
+		Window:        100 * time.Millisecond,
+		BusyHits:      3,
+		MaxKeys:       1 << 16,
+		Refillers:     4,
+		RefillQueue:   1024,
+		RefillTimeout: 100 * time.Millisecond,
+	}
+}
+
+// Bounds that keep the batch arithmetic in range (rate ≤ bucket.MaxRate, so
+// rate × Window fits an int64 comfortably).
+const (
+	maxWindow  = time.Minute
+	maxLeaseTT = time.Hour
+	maxKeys    = 1 << 26
+)
+
+// Validate reports the first bad field, naming it and its value.
+func (c Config) Validate() error {
+	switch {
+	case c.Clock == nil:
+		return fmt.Errorf("%w: Clock is nil", ErrConfig)
+	case c.LeaseTTL <= 0 || c.LeaseTTL > maxLeaseTT:
+		return fmt.Errorf("%w: LeaseTTL %v, must be in (0, %v]", ErrConfig, c.LeaseTTL, maxLeaseTT)
+	case c.Window <= 0 || c.Window > maxWindow:
+		return fmt.Errorf("%w: Window %v, must be in (0, %v]", ErrConfig, c.Window, maxWindow)
+	case c.Window > c.LeaseTTL:
+		return fmt.Errorf("%w: Window %v is longer than LeaseTTL %v: batches would outlive their leases", ErrConfig, c.Window, c.LeaseTTL)
+	case c.BusyHits < 1:
+		return fmt.Errorf("%w: BusyHits %d, must be >= 1", ErrConfig, c.BusyHits)
+	case c.MaxKeys < 1 || c.MaxKeys > maxKeys:
+		return fmt.Errorf("%w: MaxKeys %d, must be in [1, %d]", ErrConfig, c.MaxKeys, maxKeys)
+	case c.Refillers < 1 || c.Refillers > 1024:
+		return fmt.Errorf("%w: Refillers %d, must be in [1, 1024]", ErrConfig, c.Refillers)
+	case c.RefillQueue < 1 || c.RefillQueue > 1<<20:
+		return fmt.Errorf("%w: RefillQueue %d, must be in [1, %d]", ErrConfig, c.RefillQueue, 1<<20)
+	case c.RefillTimeout <= 0:
+		return fmt.Errorf("%w: RefillTimeout %v, must be > 0", ErrConfig, c.RefillTimeout)
+	}
+	return nil
+}
+
+// Event is something the layer did, reported to Config.Observer with a token count.
+type Event uint8
+
+// The events. The int64 passed with each is a token count where one makes sense, else 0.
+const (
+	EventLeaseHit      Event = iota // a check answered from leased tokens (tokens spent)
+	EventRefusalHit                 // a check refused from the refusal cache (0)
+	EventCall                       // a foreground call to the next store (tokens asked)
+	EventCallError                  // a foreground call failed (0)
+	EventRefill                     // a background refill call (tokens asked)
+	EventRefillError                // a background refill failed; nobody else is told (0)
+	EventRefillSkipped              // a refill was due but the queue was full (0)
+	EventGranted                    // the next store granted tokens to a lease (tokens)
+	EventExpired                    // leased tokens dropped unspent at LeaseTTL (tokens)
+	EventLimitsChanged              // a lease dropped because the request's limits changed (tokens)
+	EventEvicted                    // a key evicted from the full table (tokens it held)
+)
+
+var eventNames = [...]string{"lease-hit", "refusal-hit", "call", "call-error", "refill",
+	"refill-error", "refill-skipped", "granted", "expired", "limits-changed", "evicted"}
+
+func (e Event) String() string {
+	if int(e) < len(eventNames) {
+		return eventNames[e]
+	}
+	return "unknown"
+}
+
+// Observer receives Events; see Config.Observer for the rules it must follow.
+type Observer func(ev Event, tokens int64)

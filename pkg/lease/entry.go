@@ -1,0 +1,197 @@
+package lease
+
+import (
+	"math"
+	"time"
+
+	"github.com/allot-dev/allot/pkg/bucket"
+)
+
+// entry is what the table knows about one identity. Every field is guarded by the mutex of
+// the shard the entry lives in. Times are nanoseconds since Store.base.
+type entry struct {
+	key        string
+	prev, next *entry // the shard's LRU ring; most recently used right after the sentinel
+
+	// limits are the limits the lease, the refusal cache and the bucket view were taken
+	// under. Replaced (never written in place) when a request brings other limits, so a
+	// call in flight may keep using the old slice; gen counts the replacements.
+	limits []bucket.Limit
+	gen    uint32
+	gone   bool // evicted: a call landing here keeps nothing
+
+	// The lease: two lots of tokens, each expiring LeaseTTL after the call that took it
+	// was sent. cur is spent first; nxt moves up when cur is empty. Lots never merge into
+	// a later expiry: see add.
+	cur, nxt       int64
+	curExp, nxtExp int64
+
+	batch    int64 // lease size of the last lease call; refill when held <= batch/2
+	lastCost int64 // Min of the last check spent from the lease: a refill's Min
+
+	// Busyness and demand: checks and tokens asked in the current window and the last.
+	winStart       int64
+	hits, prevHits int64
+	asked, prevAsk int64
+	refillAfter    int64 // no background refill before this (back-off after a failure)
+	refusedUntil   int64 // refusal cache: the next store cannot give refusedMin tokens
+	refusedMin     int64 // before refusedUntil
+	limiting       int   // the bucket view from the last answer of the next store
+	remaining      int64
+	resetAt        int64
+	flight         *flight // the one call to the next store in flight for this key, if any
+}
+
+// flight is one call to the next store; checks that miss while it is in flight wait for it
+// instead of calling too (single flight).
+type flight struct {
+	done chan struct{} // closed when the call has landed
+	bg   bool          // a background refill: its error is told to nobody
+	err  error         // the call's error, set before done is closed
+	// shared: waiters return err too (the store failed, not the leader's context).
+	shared bool
+}
+
+// count records one check of cost tokens at now in the busyness window.
+func (e *entry) count(now, window, cost int64) {
+	if d := now - e.winStart; d >= window {
+		if d < 2*window {
+			e.prevHits, e.prevAsk = e.hits, e.asked
+		} else {
+			e.prevHits, e.prevAsk = 0, 0
+		}
+		e.winStart, e.hits, e.asked = now, 0, 0
+	}
+	e.hits++
+	e.asked += cost
+}
+
+// busy: at least minHits checks in the current window or in the one before it.
+func (e *entry) busy(minHits int64) bool { return e.hits >= minHits || e.prevHits >= minHits }
+
+// demand is the tokens asked in the current window or the last whole one, whichever is more.
+func (e *entry) demand() int64 { return max(e.asked, e.prevAsk) }
+
+// expire drops lots whose time is up and moves nxt up into an empty cur. It returns the
+// tokens dropped.
+func (e *entry) expire(now int64) (dropped int64) {
+	if e.cur > 0 && now >= e.curExp {
+		dropped += e.cur
+		e.cur = 0
+	}
+	if e.nxt > 0 && now >= e.nxtExp {
+		dropped += e.nxt
+		e.nxt = 0
+	}
+	if e.cur == 0 && e.nxt > 0 {
+		e.cur, e.curExp, e.nxt = e.nxt, e.nxtExp, 0
+	}
+	return dropped
+}
+
+func (e *entry) held() int64 { return e.cur + e.nxt }
+
+// spend takes n <= held() tokens, oldest lot first.
+func (e *entry) spend(n int64) {
+	if n <= e.cur {
+		e.cur -= n
+	} else {
+		e.nxt -= n - e.cur
+		e.cur = 0
+	}
+	if e.cur == 0 && e.nxt > 0 {
+		e.cur, e.curExp, e.nxt = e.nxt, e.nxtExp, 0
+	}
+}
+
+// add puts g newly taken tokens into the lease, expiring at exp. If both lots are in use,
+// the two older lots merge under the earlier expiry: a token may die earlier than its own
+// TTL (errs under), never later.
+func (e *entry) add(g, exp int64) {
+	if g <= 0 {
+		return
+	}
+	switch {
+	case e.cur == 0:
+		e.cur, e.curExp = g, exp
+	case e.nxt == 0:
+		e.nxt, e.nxtExp = g, exp
+	default:
+		e.cur += e.nxt
+		e.curExp = min(e.curExp, e.nxtExp)
+		e.nxt, e.nxtExp = g, exp
+	}
+}
+
+// dropLease forgets everything taken under the current limits and returns the tokens held.
+func (e *entry) dropLease() int64 {
+	d := e.cur + e.nxt
+	e.cur, e.nxt = 0, 0
+	e.refusedUntil, e.refusedMin = 0, 0
+	e.remaining, e.resetAt, e.limiting = 0, 0, 0
+	e.refillAfter = 0
+	return d
+}
+
+// setLimits replaces the entry's limits with a copy of ls, dropping the lease and the
+// refusal cache taken under the old ones. It returns the tokens dropped.
+func (e *entry) setLimits(ls []bucket.Limit) int64 {
+	d := e.dropLease()
+	e.limits = append([]bucket.Limit(nil), ls...)
+	e.gen++
+	return d
+}
+
+func sameLimits(a, b []bucket.Limit) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i].Rate != b[i].Rate || a[i].Burst != b[i].Burst || a[i].Name != b[i].Name {
+			return false
+		}
+	}
+	return true
+}
+
+// observe records what the next store said at start (when the call was sent) about a call
+// asking req: the bucket view for later Results and, if it refused, the refusal cache.
+//
+// The refusal cache is also primed after a grant that left the limiting bucket with fewer
+// whole tokens than some m = Remaining+1: the bucket then cannot hold m tokens for
+//
+//	wait(m) = (m − f)/rate,  f = the fractional tokens left,
+//
+// and since Reset ≈ (burst − f)/rate, wait(m) = Reset − (burst − m)/rate. Reset may be
+// rounded up (to µs by bucket.Memory, possibly to ms by another store), so the cache uses
+// Reset − 1ms − (burst − m)/rate, rounded down: it refuses only while the bucket provably
+// cannot give m tokens (other enforcers only take more), so it errs toward calling, never
+// toward refusing what the store would grant. This turns a retry storm's "granted 1, then
+// refused" pairs into one call per retry interval.
+func (e *entry) observe(req *bucket.Request, res bucket.Result, start int64) {
+	e.limiting, e.remaining = res.Limiting, res.Remaining
+	e.resetAt = start + int64(res.Reset)
+	if res.Granted == 0 {
+		if res.RetryAfter > 0 {
+			e.refusedUntil, e.refusedMin = start+int64(res.RetryAfter), req.MinGrant()
+		}
+		return
+	}
+	if res.Limiting < 0 || res.Limiting >= len(req.Limits) || res.Reset <= 0 {
+		return
+	}
+	l := req.Limits[res.Limiting]
+	m := res.Remaining + 1
+	if float64(m) > l.Burst {
+		return
+	}
+	wait := int64(res.Reset) - int64(time.Millisecond) - int64(math.Ceil((l.Burst-float64(m))/l.Rate*1e9))
+	if wait > 0 {
+		e.refusedUntil, e.refusedMin = start+wait, m
+	}
+}
+
+// refused reports whether the refusal cache answers a check needing min tokens at now.
+func (e *entry) refused(now, min int64) bool {
+	return now < e.refusedUntil && min >= e.refusedMin && e.refusedMin > 0
+}

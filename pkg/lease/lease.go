@@ -1,0 +1,313 @@
+// Package lease is the layer that keeps busy keys off Redis: a bucket.Store decorator that
+// takes tokens from the next store in batches, spends them from memory, and remembers
+// refusals until the next store said to retry.
+//
+// # Guarantees
+//
+// Never over: every token this layer grants was taken from the next store first, under the
+// same limits, less than LeaseTTL earlier. Over any window the fleet of enforcers therefore
+// admits no more than the bucket allows. It errs under, in three bounded ways: tokens
+// leased but not spent (at most about 1.5 batches per key per enforcer) are stranded until
+// they expire or are dropped (limits changed, key evicted); a lowered limit takes up to
+// LeaseTTL to bite; and a refused key is refused from memory until the time the next
+// store gave, counted from when the call was sent, so the cache expires at or before the
+// store's own retry time (as the store rounded it: up, to the µs) and never refuses what
+// the store would grant (barring a store that loses its state, e.g. a Redis failover).
+//
+// # Batch size
+//
+// An enforcer is one of N in its region (Config.Peers) and the limits it is given are the
+// region's. Over a window W (Config.Window, 100 ms) the region may admit rate × W tokens of
+// a limit, and this enforcer's even part is rate × W / N. For a request of cost c:
+//
+//	byRate = ⌊ min over the request's limits of rate × W / N ⌋
+//	batch  = min(byRate, 2 × d)           d: tokens this enforcer was asked for the key in
+//	                                        the current window or the last one (whichever
+//	                                        is more), so a lease never covers more than
+//	                                        about two windows of the key's local demand
+//	batch  = max(batch, c)                 a batch always serves the check in hand
+//	batch  = min(batch, ⌊ min burst ⌋)     and never exceeds what a bucket can hold
+//
+// A key is leased only when it is busy — this enforcer saw at least Config.BusyHits checks
+// for it within one window (or a check arrived while a call for it was in flight) — and
+// batch > c. Otherwise every check is the exact per-request call: quiet keys (few checks,
+// or a rate so low that rate × W / N < c) cost one call per check and get exact answers.
+// The criterion errs toward exactness: a key just under the threshold pays one call per
+// check rather than stranding a batch it would not spend.
+//
+// The lease is refilled in the background when it falls to half a batch or less, so a
+// busy key does not wait on the next store. Calls ask Want = batch, Min = c: a partial
+// grant still serves.
+//
+// # Where answers come from
+//
+// Result.Source is bucket.SourceLease for checks spent from leased tokens,
+// bucket.SourceRefusalCache for refusals from memory, and the next store's own Source for
+// checks that called it.
+package lease
+
+import (
+	"context"
+	"fmt"
+	"hash/maphash"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/allot-dev/allot/pkg/bucket"
+)
+
+// Store is a bucket.Store that leases tokens for busy keys from the next store and caches
+// refusals; see the package documentation for its guarantees. It is safe for concurrent
+// use. The zero value is not usable: call New. Close stops its background refills.
+type Store struct {
+	next     bucket.Store
+	cfg      Config
+	base     time.Time // times in entries are nanoseconds since base (monotonic if the clock has it)
+	ttl      int64
+	window   int64
+	busyHits int64
+	seed     maphash.Seed
+	mask     uint64
+	perShard int
+	shards   []shard
+
+	work   chan *entry // background refills waiting for a refiller
+	stop   chan struct{}
+	ctx    context.Context // cancelled by Close: in-flight refills give up
+	cancel context.CancelFunc
+	wg     sync.WaitGroup // the refillers
+	bg     sync.WaitGroup // queued and in-flight refills (tests wait on it)
+	closed atomic.Bool
+
+	life       sync.RWMutex // life guards shutting against new refills being queued
+	shutting   bool
+	closeOnce sync.Once
+	hooks     hooks
+}
+
+// hooks let tests in this package see a background refill land and a check start waiting
+// for another's call, without sleeping. Nil in production.
+type hooks struct {
+	landed  func()
+	waiting func()
+}
+
+// New returns a Store over next. It starts cfg.Refillers goroutines; Close stops them.
+func New(next bucket.Store, cfg Config) (*Store, error) { return newStore(next, cfg, hooks{}) }
+
+func newStore(next bucket.Store, cfg Config, h hooks) (*Store, error) {
+	if next == nil {
+		return nil, fmt.Errorf("%w: next store is nil", ErrConfig)
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	n := shardsFor(cfg.MaxKeys)
+	s := &Store{
+		next:     next,
+		cfg:      cfg,
+		base:     cfg.Clock.Now(),
+		ttl:      int64(cfg.LeaseTTL),
+		window:   int64(cfg.Window),
+		busyHits: int64(cfg.BusyHits),
+		seed:     maphash.MakeSeed(),
+		mask:     uint64(n - 1),
+		perShard: cfg.MaxKeys / n,
+		shards:   make([]shard, n),
+		work:     make(chan *entry, cfg.RefillQueue),
+		stop:     make(chan struct{}),
+		hooks:    h,
+	}
+	for i := range s.shards {
+		s.shards[i].init()
+	}
+	s.ctx, s.cancel = context.WithCancel(context.Background())
+	for range cfg.Refillers {
+		s.wg.Add(1)
+		go s.refiller()
+	}
+	return s, nil
+}
+
+func (s *Store) now() int64 { return int64(s.cfg.Clock.Now().Sub(s.base)) }
+
+func (s *Store) emit(ev Event, n int64) {
+	if s.cfg.Observer != nil {
+		s.cfg.Observer(ev, n)
+	}
+}
+
+func (s *Store) peers() int {
+	if s.cfg.Peers == nil {
+		return 1
+	}
+	return max(s.cfg.Peers(), 1)
+}
+
+// Take implements bucket.Store. A check is answered from leased tokens when the key holds
+// at least req.MinGrant() of them, from the refusal cache while the next store said it
+// cannot give that many, and otherwise by one call to the next store shared by every check
+// of the key that misses meanwhile. Errors from the next store are returned as they are.
+func (s *Store) Take(ctx context.Context, req *bucket.Request) (bucket.Result, error) {
+	if err := req.Validate(); err != nil {
+		return bucket.Result{}, err
+	}
+	sh := s.shardOf(req.Identity)
+	now := s.now()
+	counted := false
+	for {
+		if s.closed.Load() {
+			return bucket.Result{}, ErrClosed
+		}
+		sh.mu.Lock()
+		e := s.lookup(sh, req.Identity, now)
+		if !sameLimits(e.limits, req.Limits) {
+			if d := e.setLimits(req.Limits); d > 0 {
+				s.emit(EventLimitsChanged, d)
+			}
+		}
+		if !counted {
+			e.count(now, s.window, req.Want)
+			counted = true
+		}
+		if d := e.expire(now); d > 0 {
+			s.emit(EventExpired, d)
+		}
+		min := req.MinGrant()
+		if held := e.held(); held >= min {
+			res := s.spend(e, req, now)
+			sh.mu.Unlock()
+			return res, nil
+		}
+		if e.refused(now, min) {
+			res := bucket.Result{
+				Limiting:   e.limiting,
+				Remaining:  e.remaining,
+				RetryAfter: time.Duration(e.refusedUntil - now),
+				Reset:      time.Duration(max(e.resetAt-now, 0)),
+				Source:     bucket.SourceRefusalCache,
+			}
+			s.emit(EventRefusalHit, 0)
+			sh.mu.Unlock()
+			return res, nil
+		}
+		if f := e.flight; f != nil {
+			// Someone is calling for this key: it is busy; wait for that call and look again.
+			e.hits = max(e.hits, s.busyHits)
+			sh.mu.Unlock()
+			if s.hooks.waiting != nil {
+				s.hooks.waiting()
+			}
+			select {
+			case <-f.done:
+			case <-ctx.Done():
+				return bucket.Result{}, ctx.Err()
+			}
+			if f.shared {
+				return bucket.Result{}, f.err
+			}
+			now = s.now()
+			continue
+		}
+		return s.call(ctx, sh, e, req, now)
+	}
+}
+
+// spend answers a check from the lease and queues a refill if it fell to half a batch.
+// Called with the shard lock held and e.held() >= req.MinGrant().
+func (s *Store) spend(e *entry, req *bucket.Request, now int64) bucket.Result {
+	g := min(e.held(), req.Want)
+	e.spend(g)
+	e.lastCost = req.MinGrant()
+	held := e.held()
+	res := bucket.Result{
+		Granted:   g,
+		Limiting:  e.limiting,
+		Remaining: e.remaining + held,
+		Reset:     time.Duration(max(e.resetAt-now, 0)),
+		Source:    bucket.SourceLease,
+	}
+	s.emit(EventLeaseHit, g)
+	if e.flight == nil && 2*held <= e.batch && e.busy(s.busyHits) &&
+		now >= e.refillAfter && !e.refused(now, e.lastCost) {
+		s.enqueue(e)
+	}
+	return res
+}
+
+// call makes the one foreground call for e's key (Called with the shard lock held; returns
+// with it released). If the key is busy it asks for a batch and keeps what the check does
+// not spend; otherwise it passes the check through as it is.
+func (s *Store) call(ctx context.Context, sh *shard, e *entry, req *bucket.Request, start int64) (bucket.Result, error) {
+	f := &flight{done: make(chan struct{})}
+	e.flight = f
+	gen := e.gen
+	batch := s.batchFor(req.Limits, req.Want, e.demand())
+	lease := e.busy(s.busyHits) && batch > req.Want
+	c := *req
+	if lease {
+		e.batch = batch
+		c.Want, c.Min = batch, req.MinGrant()
+	}
+	sh.mu.Unlock()
+	s.emit(EventCall, c.Want)
+
+	res, err := s.next.Take(ctx, &c)
+
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	defer close(f.done)
+	if e.flight == f {
+		e.flight = nil
+	}
+	if err != nil {
+		f.err, f.shared = err, ctx.Err() == nil
+		s.emit(EventCallError, 0)
+		return bucket.Result{}, err
+	}
+	current := gen == e.gen && !e.gone
+	if current {
+		e.observe(&c, res, start)
+	}
+	if !lease || res.Granted == 0 {
+		return res, nil
+	}
+	s.emit(EventGranted, res.Granted)
+	if !current {
+		// The limits changed (or the key was evicted) while we were asking: the check may
+		// use what it was granted, the rest was taken under other limits and is dropped.
+		g := min(res.Granted, req.Want)
+		if d := res.Granted - g; d > 0 {
+			s.emit(EventLimitsChanged, d)
+		}
+		res.Granted = g
+		return res, nil
+	}
+	e.add(res.Granted, start+s.ttl)
+	g := min(e.held(), req.Want)
+	e.spend(g)
+	e.lastCost = req.MinGrant()
+	res.Granted = g
+	res.Remaining += e.held()
+	return res, nil
+}
+
+// batchFor is the lease size for a check of cost tokens; see the package documentation.
+func (s *Store) batchFor(limits []bucket.Limit, cost, demand int64) int64 {
+	return batchSize(limits, cost, demand, s.peers(), s.cfg.Window)
+}
+
+func batchSize(limits []bucket.Limit, cost, demand int64, peers int, window time.Duration) int64 {
+	w := window.Seconds() / float64(max(peers, 1))
+	byRate, burst := limits[0].Rate*w, limits[0].Burst
+	for _, l := range limits[1:] {
+		byRate, burst = min(byRate, l.Rate*w), min(burst, l.Burst)
+	}
+	b := int64(byRate) // rate ≤ 1e9 and window ≤ 1 min: no overflow; truncation is floor
+	if demand > 0 {
+		b = min(b, 2*demand)
+	}
+	b = max(b, cost)
+	return min(b, int64(burst))
+}

@@ -1,0 +1,127 @@
+package lease
+
+import (
+	"context"
+
+	"github.com/allot-dev/allot/pkg/bucket"
+)
+
+// Background refills. A key whose lease falls to half a batch is queued (at most once: its
+// flight marks it) for one of Config.Refillers goroutines, which asks the next store for a
+// batch and adds what it gets. A refill's error is told to nobody but the Observer; the
+// key backs off for one window, and when its tokens run out the next check calls the next
+// store itself and sees the error (so a breaker above this layer sees it too).
+
+// enqueue queues a background refill for e. Called with e's shard lock held; never blocks.
+func (s *Store) enqueue(e *entry) {
+	s.life.RLock()
+	defer s.life.RUnlock()
+	if s.shutting {
+		return
+	}
+	s.bg.Add(1)
+	select {
+	case s.work <- e:
+		e.flight = &flight{done: make(chan struct{}), bg: true}
+	default:
+		s.bg.Done()
+		s.emit(EventRefillSkipped, 0)
+	}
+}
+
+func (s *Store) refiller() {
+	defer s.wg.Done()
+	for {
+		select {
+		case <-s.stop:
+			return
+		case e := <-s.work:
+			s.refill(e)
+		}
+	}
+}
+
+// refill makes one background refill call for e, whose flight was set by enqueue.
+func (s *Store) refill(e *entry) {
+	sh := s.shardOf(e.key)
+	sh.mu.Lock()
+	f := e.flight
+	var req *bucket.Request
+	if !e.gone && e.busy(s.busyHits) {
+		if b := s.batchFor(e.limits, e.lastCost, e.demand()); b > e.lastCost {
+			e.batch = b
+			req = &bucket.Request{Identity: e.key, Limits: e.limits, Want: b, Min: e.lastCost}
+		}
+	}
+	if req == nil { // evicted, gone quiet, or no longer worth a lease
+		s.land(sh, e, f)
+		return
+	}
+	gen := e.gen
+	sh.mu.Unlock()
+
+	s.emit(EventRefill, req.Want)
+	start := s.now()
+	ctx, cancel := context.WithTimeout(s.ctx, s.cfg.RefillTimeout)
+	res, err := s.next.Take(ctx, req)
+	cancel()
+
+	sh.mu.Lock()
+	switch {
+	case err != nil:
+		e.refillAfter = start + s.window
+		s.emit(EventRefillError, 0)
+	case gen != e.gen || e.gone:
+		if res.Granted > 0 {
+			s.emit(EventGranted, res.Granted)
+			s.emit(EventLimitsChanged, res.Granted)
+		}
+	default:
+		e.observe(req, res, start)
+		if res.Granted > 0 {
+			s.emit(EventGranted, res.Granted)
+			e.add(res.Granted, start+s.ttl)
+		}
+	}
+	s.land(sh, e, f)
+}
+
+// land ends a background flight: called with sh.mu held, releases it.
+func (s *Store) land(sh *shard, e *entry, f *flight) {
+	if e.flight == f {
+		e.flight = nil
+	}
+	close(f.done)
+	sh.mu.Unlock()
+	s.bg.Done()
+	if s.hooks.landed != nil {
+		s.hooks.landed()
+	}
+}
+
+// Close stops the background refills and waits for them: refills in flight are cancelled
+// (their tokens, if the next store granted any, are dropped). After Close, Take returns
+// ErrClosed. Close is idempotent and safe for concurrent use; it does not close the next
+// store.
+func (s *Store) Close() error {
+	s.closeOnce.Do(func() {
+		s.life.Lock()
+		s.shutting = true
+		s.closed.Store(true)
+		s.life.Unlock()
+		close(s.stop)
+		s.cancel()
+		s.wg.Wait()
+		for { // refills queued but never picked up: end their flights so no waiter hangs
+			select {
+			case e := <-s.work:
+				sh := s.shardOf(e.key)
+				sh.mu.Lock()
+				s.land(sh, e, e.flight)
+			default:
+				return
+			}
+		}
+	})
+	return nil
+}

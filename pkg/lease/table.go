@@ -1,0 +1,81 @@
+package lease
+
+import (
+	"hash/maphash"
+	"sync"
+)
+
+// The table: a fixed number of shards, each a map plus an intrusive LRU ring under one
+// mutex. A lookup touches one shard; an insert into a full shard evicts that shard's least
+// recently used entry, so the size bound holds with O(1) work per insert and no scans.
+
+// shardsFor picks a power-of-two shard count: up to 64, and at least 16 keys a shard, so
+// that maxKeys/shards (rounded down) keeps the total under maxKeys without wasting much.
+func shardsFor(maxKeys int) int {
+	n := 64
+	for n > 1 && maxKeys/n < 16 {
+		n /= 2
+	}
+	return n
+}
+
+type shard struct {
+	mu   sync.Mutex // mu guards m, the ring and every field of the entries in m
+	m    map[string]*entry
+	ring entry // sentinel: ring.next is the most recently used, ring.prev the least
+	_    [64]byte
+}
+
+func (sh *shard) init() {
+	sh.m = make(map[string]*entry)
+	sh.ring.next, sh.ring.prev = &sh.ring, &sh.ring
+}
+
+func (s *Store) shardOf(key string) *shard {
+	return &s.shards[maphash.String(s.seed, key)&s.mask]
+}
+
+// lookup returns key's entry, inserting it (and evicting the least recently used entry if
+// the shard is full) if absent, and marks it most recently used. Called with sh.mu held.
+func (s *Store) lookup(sh *shard, key string, now int64) *entry {
+	if e := sh.m[key]; e != nil {
+		if sh.ring.next != e {
+			e.prev.next, e.next.prev = e.next, e.prev
+			sh.pushFront(e)
+		}
+		return e
+	}
+	if len(sh.m) >= s.perShard {
+		v := sh.ring.prev
+		v.prev.next, v.next.prev = v.next, v.prev
+		v.prev, v.next = nil, nil
+		delete(sh.m, v.key)
+		v.gone = true
+		s.emit(EventEvicted, v.held())
+	}
+	e := &entry{key: key, winStart: now}
+	sh.m[key] = e
+	sh.pushFront(e)
+	return e
+}
+
+func (sh *shard) pushFront(e *entry) {
+	e.prev, e.next = &sh.ring, sh.ring.next
+	sh.ring.next.prev = e
+	sh.ring.next = e
+}
+
+// Len returns the number of keys in the table (at most Config.MaxKeys).
+func (s *Store) Len() int {
+	n := 0
+	for i := range s.shards {
+		sh := &s.shards[i]
+		sh.mu.Lock()
+		n += len(sh.m)
+		sh.mu.Unlock()
+	}
+	return n
+}
+
+// Cap returns the table's hard bound: shards × keys per shard, which is <= Config.MaxKeys.
+func (s *Store) Cap() int { return len(s.shards) * s.perShard }
