@@ -80,8 +80,8 @@ type Store struct {
 	bg     sync.WaitGroup // queued and in-flight refills (tests wait on it)
 	closed atomic.Bool
 
-	life       sync.RWMutex // life guards shutting against new refills being queued
-	shutting   bool
+	life      sync.RWMutex // life guards shutting against new refills being queued
+	shutting  bool
 	closeOnce sync.Once
 	hooks     hooks
 }
