@@ -53,13 +53,22 @@ func (l Limit) TokensAt(s State, now int64) float64 {
 	return t
 }
 
+// MaxWaitMicros caps every wait the math reports (about 31.7 years). Validation allows any
+// rate > 0, and without a cap a tiny rate would overflow int64 (and time.Duration) into a
+// negative retry-after.
+const MaxWaitMicros = 1e15
+
 // MicrosUntil returns how many microseconds (rounded up) until the bucket holding tokens
-// holds need tokens; 0 if it already does.
+// holds need tokens; 0 if it already does; at most MaxWaitMicros.
 func (l Limit) MicrosUntil(tokens, need float64) int64 {
 	if tokens+eps >= need {
 		return 0
 	}
-	return int64(math.Ceil((need - tokens) * 1e6 / l.Rate))
+	w := math.Ceil((need - tokens) * 1e6 / l.Rate)
+	if w > MaxWaitMicros {
+		return MaxWaitMicros
+	}
+	return int64(w)
 }
 
 // Decision is the outcome of one take over several buckets.

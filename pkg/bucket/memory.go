@@ -16,7 +16,9 @@ const memoryShards = 64
 // Memory is an exact in-process Store: the single-process default and the reference the
 // Redis store is checked against. Safe for concurrent use.
 //
-// It forgets a bucket once it would be full again (no answer changes). It holds at most
+// It forgets a bucket once it would be full again (no answer changes). Requests of one
+// identity may carry different limits (one rule per endpoint, say): each named bucket is
+// kept, up to 2×MaxLimits names per identity. It holds at most
 // MaxKeys identities: when full it first drops identities whose buckets are all full, and
 // only then evicts the identity nearest to full among a few it looks at. Such an eviction
 // errs over — that identity's buckets start full again — by at most the tokens it was
@@ -34,10 +36,20 @@ type memShard struct {
 }
 
 type memEntry struct {
-	fullAt int64 // Unix µs when every bucket is full again
-	names  []string
-	states []State
+	fullAt  int64 // Unix µs when every bucket is full again: the entry may be forgotten then
+	buckets []memBucket
 }
+
+// memBucket is one named bucket of an identity. Buckets of names a request does not carry
+// are kept (another rule may take from them next), up to memMaxBuckets per identity.
+type memBucket struct {
+	name   string
+	st     State
+	fullAt int64 // Unix µs when this bucket is full again: its state no longer matters
+}
+
+// memMaxBuckets bounds the names remembered per identity.
+const memMaxBuckets = 2 * MaxLimits
 
 // NewMemory returns a Memory store reading time from c, holding at most maxKeys identities
 // (DefaultMemoryMaxKeys if maxKeys <= 0).
@@ -85,7 +97,7 @@ func (m *Memory) TakeAt(req *Request, now int64) Result {
 	for i, l := range req.Limits {
 		var st State
 		if e != nil && now < e.fullAt {
-			st = e.find(l.Name)
+			st = e.find(l.Name, now)
 		}
 		tokens[i] = l.TokensAt(st, now)
 	}
@@ -102,31 +114,67 @@ func (m *Memory) TakeAt(req *Request, now int64) Result {
 	return ResultOf(d, SourceMemory)
 }
 
-func (e *memEntry) find(name string) State {
-	for i, n := range e.names {
-		if n == name {
-			return e.states[i]
+func (e *memEntry) find(name string, now int64) State {
+	for i := range e.buckets {
+		if b := &e.buckets[i]; b.name == name {
+			if b.fullAt <= now {
+				return State{}
+			}
+			return b.st
 		}
 	}
 	return State{}
 }
 
-// store replaces the entry's buckets with the request's: buckets of other names are full
-// by the time they matter again or belong to an older rule set.
+// store writes what Decide left in tokens. A bucket's time never moves back: if the clock
+// stepped back, TokensAt refilled nothing and the bucket keeps its later time, so the
+// interval is not refilled twice. The Redis script does the same.
 func (e *memEntry) store(limits []Limit, tokens []float64, now int64) {
-	if cap(e.names) < len(limits) {
-		e.names = make([]string, len(limits))
-		e.states = make([]State, len(limits))
-	}
-	e.names, e.states = e.names[:len(limits)], e.states[:len(limits)]
-	e.fullAt = now
 	for i, l := range limits {
-		e.names[i] = l.Name
-		e.states[i] = State{Tokens: tokens[i], Last: now}
-		if f := now + l.FullAfterMicros(tokens[i]); f > e.fullAt {
+		b := e.slot(l.Name, limits[:i], now)
+		last := now
+		if b.name == l.Name && b.fullAt > now && b.st.Last > now {
+			last = b.st.Last
+		}
+		b.name = l.Name
+		b.st = State{Tokens: tokens[i], Last: last}
+		b.fullAt = last + l.FullAfterMicros(tokens[i])
+	}
+	e.fullAt = now
+	for i := range e.buckets {
+		if f := e.buckets[i].fullAt; f > e.fullAt {
 			e.fullAt = f
 		}
 	}
+}
+
+// slot returns the bucket for name: its own, else one that is full again (forgetting it
+// changes no answer), else a new one, else the one nearest to full — which errs over for
+// that bucket, and only when one identity is taken from under more than memMaxBuckets
+// names within one refill time. It never hands out a bucket of a name in written.
+func (e *memEntry) slot(name string, written []Limit, now int64) *memBucket {
+	reuse := -1
+outer:
+	for i := range e.buckets {
+		b := &e.buckets[i]
+		if b.name == name {
+			return b
+		}
+		for _, w := range written {
+			if w.Name == b.name {
+				continue outer
+			}
+		}
+		if reuse < 0 || b.fullAt < e.buckets[reuse].fullAt {
+			reuse = i
+		}
+	}
+	if reuse >= 0 && (e.buckets[reuse].fullAt <= now || len(e.buckets) >= memMaxBuckets) {
+		e.buckets[reuse] = memBucket{}
+		return &e.buckets[reuse]
+	}
+	e.buckets = append(e.buckets, memBucket{})
+	return &e.buckets[len(e.buckets)-1]
 }
 
 // makeRoom keeps the shard under max entries, looking at a bounded sample so a client
