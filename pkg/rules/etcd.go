@@ -1,0 +1,347 @@
+package rules
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// EtcdSource keeps a Holder in step with the rules stored under an etcd prefix: each key
+// under the prefix holds one rule as a YAML or JSON mapping (the fields of one entry of a
+// rule file's `rules:`); a rule without an id takes the key's name after the prefix.
+//
+// It lists the prefix, then watches it from the next revision, and rebuilds the snapshot
+// from the whole prefix on every change, so a snapshot always reflects one etcd revision.
+// On a compacted watch or any watch failure it lists again and watches anew, retrying with
+// backoff (on the source's clock) while etcd is unreachable; meanwhile the Holder keeps
+// serving the last good snapshot. While watching it probes etcd every interval, so Status
+// shows an outage even when the client is quietly reconnecting.
+//
+// A bad rule rejects the whole new set: the error (naming the key, rule, field and line)
+// is logged, counted and passed to OnError, and the previous snapshot stays until a later
+// change makes the set good again. With WithBase the snapshot is the base set with etcd
+// rules layered over it (an etcd rule replaces the base rule of the same id).
+//
+// The snapshot's Version is the content hash, so enforcers that hold the same rules report
+// the same version however they got there. Safe for concurrent use. The zero value is not
+// usable: call NewEtcdSource.
+type EtcdSource struct {
+	mu      sync.Mutex // mu guards kvs, rev, listed, lastVer, running, closed, cancel
+	kvs     map[string]*etcdEntry
+	rev     int64 // the revision kvs reflects
+	listed  bool  // kvs came from a list and the watch may continue from rev+1
+	lastVer string
+	running bool
+	closed  bool
+	cancel  context.CancelFunc // cancels Run's context
+
+	cli    *clientv3.Client
+	prefix string
+	h      *Holder
+	opt    CompileOptions
+	cfg    sourceConfig
+	st     status
+	done   chan struct{} // closed when Run returns
+}
+
+type etcdEntry struct {
+	modRev int64
+	rule   *Rule
+	err    error
+}
+
+// NewEtcdSource returns a source for the rules under prefix. It does no I/O: call Load to
+// fetch the rules once (e.g. at start, with a deadline) and Run to keep watching. It fails
+// only on bad arguments or an invalid base set.
+func NewEtcdSource(cli *clientv3.Client, prefix string, h *Holder, opt CompileOptions, opts ...Option) (*EtcdSource, error) {
+	switch {
+	case cli == nil:
+		return nil, errors.New("rules: NewEtcdSource: nil client")
+	case h == nil:
+		return nil, errors.New("rules: NewEtcdSource: nil Holder")
+	case prefix == "":
+		return nil, errors.New("rules: NewEtcdSource: empty prefix would watch all of etcd")
+	}
+	if _, err := opt.withDefaults(); err != nil {
+		return nil, err
+	}
+	e := &EtcdSource{cli: cli, prefix: prefix, h: h, opt: opt, cfg: newSourceConfig(opts), done: make(chan struct{})}
+	if e.cfg.base != nil {
+		if err := e.cfg.base.Validate(); err != nil {
+			return nil, fmt.Errorf("rules: NewEtcdSource: base set: %w", err)
+		}
+	}
+	return e, nil
+}
+
+// Load lists the prefix once and, if the rules are good, stores their snapshot. It returns
+// a network error, or the error that rejected the set (the Holder keeps its snapshot).
+func (e *EtcdSource) Load(ctx context.Context) error {
+	if err := e.list(ctx); err != nil {
+		e.cfg.report(&e.st, err, "listing rules in etcd failed", "prefix", e.prefix)
+		return err
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.rebuildLocked()
+}
+
+// list fetches the whole prefix and installs it if it is newer than what is held.
+func (e *EtcdSource) list(ctx context.Context) error {
+	lctx, cancel := context.WithTimeout(ctx, e.cfg.timeout)
+	defer cancel()
+	resp, err := e.cli.Get(lctx, e.prefix, clientv3.WithPrefix())
+	if err != nil {
+		return fmt.Errorf("rules: while listing %s in etcd: %w", e.prefix, err)
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.listed && resp.Header.Revision < e.rev {
+		return nil // a watch already brought us further
+	}
+	old := e.kvs
+	e.kvs = make(map[string]*etcdEntry, len(resp.Kvs))
+	for _, kv := range resp.Kvs {
+		k := string(kv.Key)
+		if o, ok := old[k]; ok && o.modRev == kv.ModRevision {
+			e.kvs[k] = o // unchanged: keep the parsed rule
+			continue
+		}
+		e.kvs[k] = e.parse(k, kv.Value, kv.ModRevision)
+	}
+	e.rev, e.listed = resp.Header.Revision, true
+	e.st.setRevision(e.rev)
+	return nil
+}
+
+func (e *EtcdSource) parse(key string, value []byte, modRev int64) *etcdEntry {
+	r, err := parseRule(value, key)
+	if err == nil && r.ID == "" {
+		r.ID = strings.TrimPrefix(key, e.prefix)
+		r.ID = strings.TrimPrefix(r.ID, "/")
+	}
+	return &etcdEntry{modRev: modRev, rule: r, err: err}
+}
+
+// rebuildLocked compiles base + etcd rules and stores the snapshot if it is good and new.
+// Caller holds e.mu (compiling is CPU only; the hooks it calls must not call back).
+func (e *EtcdSource) rebuildLocked() error {
+	var errs errList
+	set := &Set{}
+	base := map[string]int{} // base rule id → index, until an etcd rule replaces it
+	if b := e.cfg.base; b != nil {
+		set.Rules = append(set.Rules, b.Rules...)
+		for i, r := range set.Rules {
+			base[r.ID] = i
+		}
+	}
+	for _, k := range sortedKeys(e.kvs) { // key order: the same on every enforcer
+		en := e.kvs[k]
+		if en.err != nil {
+			errs.add(en.err)
+			continue
+		}
+		if i, ok := base[en.rule.ID]; ok {
+			set.Rules[i] = *en.rule  // etcd replaces the base rule of the same id
+			delete(base, en.rule.ID) // a second etcd rule of that id is a duplicate
+			continue
+		}
+		set.Rules = append(set.Rules, *en.rule)
+	}
+	err := errs.err()
+	var snap *Snapshot
+	if err == nil {
+		opt := e.opt
+		opt.Now = e.cfg.clock.Now()
+		snap, err = Compile(set, opt)
+	}
+	if err != nil {
+		e.cfg.report(&e.st, err, "rule set in etcd rejected; keeping the rules in force", "prefix", e.prefix, "revision", e.rev)
+		return err
+	}
+	if snap.Version() == e.lastVer {
+		e.st.ok()
+		return nil
+	}
+	e.lastVer = snap.Version()
+	e.cfg.store(&e.st, e.h, snap, "rules loaded from etcd", "prefix", e.prefix, "revision", e.rev)
+	return nil
+}
+
+// Run keeps the Holder in step with etcd until ctx is done (it returns ctx.Err()) or Close
+// is called (ErrClosed). Only one Run may be active at a time.
+func (e *EtcdSource) Run(ctx context.Context) error {
+	e.mu.Lock()
+	switch {
+	case e.closed:
+		e.mu.Unlock()
+		return ErrClosed
+	case e.running:
+		e.mu.Unlock()
+		return errors.New("rules: EtcdSource.Run is already running")
+	}
+	e.running = true
+	ctx, e.cancel = context.WithCancel(ctx)
+	e.mu.Unlock()
+	defer close(e.done)
+	defer e.cancel()
+
+	backoff := e.cfg.backoffMin
+	for {
+		e.mu.Lock()
+		listed := e.listed
+		e.mu.Unlock()
+		if !listed {
+			if err := e.Load(ctx); err != nil && !errors.Is(err, ErrInvalid) {
+				if !e.sleep(ctx, backoff) {
+					return e.exitErr(ctx)
+				}
+				backoff = min(2*backoff, e.cfg.backoffMax)
+				continue
+			}
+			backoff = e.cfg.backoffMin
+		}
+		err := e.watch(ctx)
+		if ctx.Err() != nil {
+			return e.exitErr(ctx)
+		}
+		e.mu.Lock()
+		e.listed = false // list again before watching again
+		e.mu.Unlock()
+		if errors.Is(err, rpctypes.ErrCompacted) {
+			e.cfg.logger.Info("rules watch compacted; listing again", "prefix", e.prefix)
+			continue
+		}
+		e.cfg.report(&e.st, err, "rules watch failed; listing again", "prefix", e.prefix)
+		if !e.sleep(ctx, backoff) {
+			return e.exitErr(ctx)
+		}
+		backoff = min(2*backoff, e.cfg.backoffMax)
+	}
+}
+
+func (e *EtcdSource) exitErr(ctx context.Context) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed {
+		return ErrClosed
+	}
+	return ctx.Err()
+}
+
+// sleep waits d on the source's clock; false if ctx ended first.
+func (e *EtcdSource) sleep(ctx context.Context, d time.Duration) bool {
+	t := e.cfg.clock.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C():
+		return true
+	}
+}
+
+var errWatchClosed = errors.New("rules: etcd watch channel closed")
+
+// watch follows the prefix from e.rev+1 until the watch fails or ctx ends.
+func (e *EtcdSource) watch(ctx context.Context) error {
+	e.mu.Lock()
+	from := e.rev + 1
+	e.mu.Unlock()
+	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+	defer cancel()
+	wch := e.cli.Watch(wctx, e.prefix, clientv3.WithPrefix(), clientv3.WithRev(from), clientv3.WithProgressNotify())
+	probe := e.cfg.clock.NewTimer(e.cfg.interval)
+	defer func() { probe.Stop() }()
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-probe.C():
+			e.probe(ctx)
+			probe = e.cfg.clock.NewTimer(e.cfg.interval)
+		case wr, ok := <-wch:
+			if !ok {
+				return errWatchClosed
+			}
+			if err := wr.Err(); err != nil {
+				return fmt.Errorf("rules: while watching %s from revision %d: %w", e.prefix, from, err)
+			}
+			e.apply(wr)
+		}
+	}
+}
+
+// probe asks etcd for the prefix's key count: a failure means etcd is unreachable (or has
+// no leader) even if the watch has not noticed; it is reported, and a later success clears
+// it.
+func (e *EtcdSource) probe(ctx context.Context) {
+	pctx, cancel := context.WithTimeout(ctx, e.cfg.timeout)
+	defer cancel()
+	_, err := e.cli.Get(pctx, e.prefix, clientv3.WithPrefix(), clientv3.WithCountOnly())
+	if ctx.Err() != nil {
+		return
+	}
+	if err != nil {
+		e.cfg.report(&e.st, fmt.Errorf("rules: etcd unreachable: %w", err), "etcd probe failed; keeping the rules in force", "prefix", e.prefix)
+		return
+	}
+	if st := e.st.get(); st.LastError != nil && strings.HasPrefix(st.LastError.Error(), "rules: etcd unreachable") {
+		e.st.ok()
+	}
+}
+
+// apply folds one watch response into kvs and rebuilds.
+func (e *EtcdSource) apply(wr clientv3.WatchResponse) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if len(wr.Events) == 0 { // progress notification: everything up to it has been seen
+		if r := wr.Header.Revision; r > e.rev {
+			e.rev = r
+			e.st.setRevision(r)
+		}
+		return
+	}
+	for _, ev := range wr.Events {
+		if ev.Kv.ModRevision <= e.rev {
+			continue // a list already brought us past it
+		}
+		k := string(ev.Kv.Key)
+		switch ev.Type {
+		case mvccpb.PUT:
+			e.kvs[k] = e.parse(k, ev.Kv.Value, ev.Kv.ModRevision)
+		case mvccpb.DELETE:
+			delete(e.kvs, k)
+		}
+		e.rev = ev.Kv.ModRevision
+	}
+	e.st.setRevision(e.rev)
+	_ = e.rebuildLocked() // reported inside
+}
+
+// Status reports the last good version, the last error and the revision.
+func (e *EtcdSource) Status() Status { return e.st.get() }
+
+// Close stops Run and waits for it to return. Idempotent; the Holder keeps its snapshot.
+func (e *EtcdSource) Close() error {
+	e.mu.Lock()
+	if e.closed {
+		e.mu.Unlock()
+		return nil
+	}
+	e.closed = true
+	running, cancel := e.running, e.cancel
+	e.mu.Unlock()
+	if running {
+		cancel()
+		<-e.done
+	}
+	return nil
+}
