@@ -11,10 +11,22 @@ import (
 
 type ctxKey struct{}
 
+// ctxStore returns a Store whose clock and Timeout the call contexts use.
+func ctxStore(t *testing.T, c clock.Clock, timeout time.Duration) *Store {
+	t.Helper()
+	cfg := DefaultConfig()
+	cfg.Clock, cfg.Timeout = c, timeout
+	s, err := New(newFakeNext(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
 func TestCallCtxDeadlineOnFakeClock(t *testing.T) {
 	clk := clock.NewFake(t0)
 	parent := context.WithValue(context.Background(), ctxKey{}, "v")
-	c := newCallCtx(parent, t0.Add(5*time.Millisecond), clk, false)
+	c := newCallCtx(parent, ctxStore(t, clk, 5*time.Millisecond))
 	defer c.release()
 
 	if dl, ok := c.Deadline(); !ok || !dl.Equal(t0.Add(5*time.Millisecond)) {
@@ -47,7 +59,7 @@ func TestCallCtxDeadlineOnFakeClock(t *testing.T) {
 func TestCallCtxParentCancel(t *testing.T) {
 	clk := clock.NewFake(t0)
 	parent, cancel := context.WithCancel(context.Background())
-	c := newCallCtx(parent, t0.Add(time.Hour), clk, false)
+	c := newCallCtx(parent, ctxStore(t, clk, time.Hour))
 	defer c.release()
 	done := c.Done()
 	cancel()
@@ -71,7 +83,7 @@ func TestCallCtxEarlierParentDeadline(t *testing.T) {
 	parentDL := time.Now().Add(time.Millisecond)
 	parent, cancel := context.WithDeadline(context.Background(), parentDL)
 	defer cancel()
-	c := newCallCtx(parent, parentDL.Add(time.Hour), clock.Real(), true)
+	c := newCallCtx(parent, ctxStore(t, clock.Real(), time.Hour))
 	defer c.release()
 	if dl, _ := c.Deadline(); !dl.Equal(parentDL) {
 		t.Fatalf("Deadline() = %v, want the parent's earlier %v", dl, parentDL)
@@ -80,8 +92,10 @@ func TestCallCtxEarlierParentDeadline(t *testing.T) {
 
 func TestCallCtxAlreadyDone(t *testing.T) {
 	clk := clock.NewFake(t0)
-	c := newCallCtx(context.Background(), t0, clk, false) // deadline is now
+	c := newCallCtx(context.Background(), ctxStore(t, clk, time.Millisecond))
 	defer c.release()
+	c.Deadline()                      // fixes the deadline at t0 + 1ms
+	clk.Advance(2 * time.Millisecond) // and it passes before anyone watches Done
 	if err := c.Err(); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Err = %v, want DeadlineExceeded", err)
 	}
@@ -93,7 +107,8 @@ func TestCallCtxAlreadyDone(t *testing.T) {
 func TestCallCtxRelease(t *testing.T) {
 	clk := clock.NewFake(t0)
 	// Watched: released means cancelled, and the timer is gone.
-	c := newCallCtx(context.Background(), t0.Add(time.Second), clk, false)
+	s := ctxStore(t, clk, time.Second)
+	c := newCallCtx(context.Background(), s)
 	done := c.Done()
 	if clk.Timers() != 1 {
 		t.Fatalf("%d timers after Done, want 1", clk.Timers())
@@ -107,7 +122,7 @@ func TestCallCtxRelease(t *testing.T) {
 		t.Fatal("release left the timer running")
 	}
 	// Never watched: a context kept past the call is cancelled when first asked.
-	c = newCallCtx(context.Background(), t0.Add(time.Second), clk, false)
+	c = newCallCtx(context.Background(), s)
 	c.release()
 	if err := c.Err(); !errors.Is(err, context.Canceled) {
 		t.Fatalf("Err of a released, never-watched context = %v, want Canceled", err)
@@ -123,7 +138,7 @@ func TestCallCtxRealClock(t *testing.T) {
 	if !isReal(clock.Real()) || isReal(clock.NewFake(t0)) {
 		t.Fatal("isReal misclassifies the clocks")
 	}
-	c := newCallCtx(context.Background(), time.Now().Add(time.Millisecond), clock.Real(), true)
+	c := newCallCtx(context.Background(), ctxStore(t, clock.Real(), time.Millisecond))
 	defer c.release()
 	select {
 	case <-c.Done():
@@ -132,5 +147,22 @@ func TestCallCtxRealClock(t *testing.T) {
 	}
 	if err := c.Err(); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Err = %v, want DeadlineExceeded", err)
+	}
+}
+
+// TestCallCtxDeadlineFixedOnFirstLook: the deadline is Timeout after the next store first
+// looks at its context, and stays put after that.
+func TestCallCtxDeadlineFixedOnFirstLook(t *testing.T) {
+	clk := clock.NewFake(t0)
+	c := newCallCtx(context.Background(), ctxStore(t, clk, 5*time.Millisecond))
+	defer c.release()
+	clk.Advance(3 * time.Millisecond)
+	want := t0.Add(8 * time.Millisecond)
+	if dl, _ := c.Deadline(); !dl.Equal(want) {
+		t.Fatalf("Deadline() = %v, want %v", dl, want)
+	}
+	clk.Advance(time.Millisecond)
+	if dl, _ := c.Deadline(); !dl.Equal(want) {
+		t.Fatalf("Deadline moved to %v", dl)
 	}
 }

@@ -151,10 +151,10 @@ func (s *Store) Take(ctx context.Context, req *bucket.Request) (bucket.Result, e
 	return s.answerLocally(b, req, now), nil
 }
 
-// call asks the next store with the per-call deadline: the one clock read of a check on a
-// closed breaker.
+// call asks the next store with the per-call deadline. A check on a closed breaker reads
+// the clock only if the next store looks at its context (see callCtx).
 func (s *Store) call(ctx context.Context, req *bucket.Request) (bucket.Result, error) {
-	c := newCallCtx(ctx, s.clock.Now().Add(s.cfg.Timeout), s.clock, s.clockIsReal)
+	c := newCallCtx(ctx, s)
 	res, err := s.next.Take(c, req)
 	c.release()
 	return res, err
