@@ -248,7 +248,10 @@ func (e *EtcdSource) sleep(ctx context.Context, d time.Duration) bool {
 	}
 }
 
-var errWatchClosed = errors.New("rules: etcd watch channel closed")
+var (
+	errWatchClosed = errors.New("rules: etcd watch channel closed")
+	errUnreachable = errors.New("rules: etcd unreachable")
+)
 
 // watch follows the prefix from e.rev+1 until the watch fails or ctx ends.
 func (e *EtcdSource) watch(ctx context.Context) error {
@@ -289,11 +292,13 @@ func (e *EtcdSource) probe(ctx context.Context) {
 	if ctx.Err() != nil {
 		return
 	}
-	if err != nil {
-		e.cfg.report(&e.st, fmt.Errorf("rules: etcd unreachable: %w", err), "etcd probe failed; keeping the rules in force", "prefix", e.prefix)
-		return
-	}
-	if st := e.st.get(); st.LastError != nil && strings.HasPrefix(st.LastError.Error(), "rules: etcd unreachable") {
+	st := e.st.get()
+	down := st.LastError != nil && errors.Is(st.LastError, errUnreachable)
+	switch {
+	case err != nil && !down: // report the outage once, not every probe
+		e.cfg.report(&e.st, fmt.Errorf("%w: %w", errUnreachable, err), "etcd probe failed; keeping the rules in force", "prefix", e.prefix)
+	case err == nil && down:
+		e.cfg.logger.Info("etcd reachable again", "prefix", e.prefix)
 		e.st.ok()
 	}
 }

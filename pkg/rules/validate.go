@@ -130,7 +130,9 @@ func validateRule(r *Rule, i int, file string, errs *errList) {
 			burst = l.Rate
 		}
 		okBurst := finite(burst) && burst >= 1 && burst <= bucket.MaxBurst
-		if !okBurst {
+		if !okBurst && l.Burst == 0 && !okRate {
+			// rate is already reported; a missing burst only repeats it
+		} else if !okBurst {
 			if l.Burst == 0 {
 				bad(f("burst"), "missing, and rate %g is not a valid burst (want >= 1 and <= %g)", l.Rate, float64(bucket.MaxBurst))
 			} else {

@@ -1,0 +1,208 @@
+package rules
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/allot-dev/allot/pkg/testenv"
+	"github.com/hashicorp/go-hclog"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// eventually polls cond every 10 ms until it holds or within passes (a bounded poll on a
+// real server, not a fixed sleep); it returns how long it took.
+func eventually(t *testing.T, within time.Duration, what string, cond func() bool) time.Duration {
+	t.Helper()
+	start := time.Now()
+	for !cond() {
+		if time.Since(start) > within {
+			t.Fatalf("%s: not within %v", what, within)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return time.Since(start)
+}
+
+func put(t *testing.T, cli *clientv3.Client, key, val string) int64 {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	resp, err := cli.Put(ctx, key, val)
+	if err != nil {
+		t.Fatalf("put %s: %v", key, err)
+	}
+	return resp.Header.Revision
+}
+
+func limitOf(h *Holder, id string) float64 {
+	c := h.Current().Rule(id)
+	if c == nil {
+		return -1
+	}
+	return c.Limits[0].Rate
+}
+
+func startSource(t *testing.T, cli *clientv3.Client, prefix string, h *Holder, opts ...Option) (*EtcdSource, *errRecorder) {
+	t.Helper()
+	rec := &errRecorder{}
+	opts = append([]Option{WithOnError(rec.hook), WithLogger(testLogger(t)), WithInterval(200 * time.Millisecond),
+		WithBackoff(50*time.Millisecond, 500*time.Millisecond), WithTimeout(time.Second)}, opts...)
+	src, err := NewEtcdSource(cli, prefix, h, CompileOptions{}, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- src.Run(context.Background()) }()
+	t.Cleanup(func() {
+		src.Close()
+		if err := <-done; !errors.Is(err, ErrClosed) {
+			t.Errorf("Run returned %v", err)
+		}
+	})
+	return src, rec
+}
+
+func TestEtcdSource(t *testing.T) {
+	e := testenv.Etcd(t, 1)
+	cli := e.Client(t)
+
+	t.Run("put, bad rule, delete, base", func(t *testing.T) {
+		const p = "/allot/rules/a/"
+		put(t, cli, p+"default", `{"limits":[{"name":"s","rate":10,"per":"1s"}]}`)
+		base := mustParse(t, "rules:\n  - id: from-file\n    limits: [{name: s, rate: 1, per: 1s}]\n  - id: default\n    limits: [{name: s, rate: 2, per: 1s}]\n")
+		h := NewHolder(nil)
+		src, rec := startSource(t, cli, p, h, WithBase(base))
+		eventually(t, 5*time.Second, "initial list", func() bool { return limitOf(h, "default") == 10 })
+		if limitOf(h, "from-file") != 1 {
+			t.Fatal("base rule missing")
+		}
+
+		// A new rule is live within 1 s.
+		start := time.Now()
+		put(t, cli, p+"pro", "id: pro\nmatch: {plan: pro}\nlimits: [{name: s, rate: 100, per: 1s}]\n")
+		eventually(t, time.Second, "new rule", func() bool { return limitOf(h, "pro") == 100 })
+		t.Logf("put sent → snapshot updated in %v", time.Since(start))
+		if m := h.Current().Match(&Attrs{APIKey: "k", Plan: "pro"}, time.Now(), nil); len(m) != 1 || m[0].Rule.ID != "pro" {
+			t.Fatalf("matched %s", ids(m))
+		}
+
+		// A bad rule rejects the whole new set; the old one keeps serving; the error names
+		// the key, rule, field and line.
+		before := h.Current()
+		put(t, cli, p+"bad", "id: bad\nlimits:\n  - {name: s, rate: -1, per: 1s}\n")
+		eventually(t, 2*time.Second, "bad rule reported", func() bool { return rec.count() > 0 })
+		err := src.Status().LastError
+		if err == nil || !strings.Contains(err.Error(), p+`bad:3: rule "bad": limits[0].rate: -1`) {
+			t.Fatalf("error %v", err)
+		}
+		if h.Current() != before {
+			t.Fatal("bad set replaced the snapshot")
+		}
+		// A fix makes the set good again.
+		put(t, cli, p+"bad", "id: bad\nlimits:\n  - {name: s, rate: 7, per: 1s}\n")
+		eventually(t, time.Second, "fixed rule", func() bool { return limitOf(h, "bad") == 7 })
+		if src.Status().LastError != nil {
+			t.Fatalf("error not cleared: %v", src.Status().LastError)
+		}
+
+		// Deleting a rule removes it; deleting an etcd override brings the base rule back.
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if _, err := cli.Delete(ctx, p+"default"); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, time.Second, "base rule back", func() bool { return limitOf(h, "default") == 2 })
+	})
+
+	t.Run("compaction forces a re-list", func(t *testing.T) {
+		const p = "/allot/rules/c/"
+		put(t, cli, p+"r", `{"limits":[{"name":"s","rate":1,"per":"1s"}]}`)
+		h := NewHolder(nil)
+		rec := &errRecorder{}
+		src, err := NewEtcdSource(cli, p, h, CompileOptions{}, WithOnError(rec.hook), WithInterval(200*time.Millisecond), WithLogger(testLogger(t)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := src.Load(ctx); err != nil || limitOf(h, "r") != 1 {
+			t.Fatalf("Load: %v, rate %v", err, limitOf(h, "r"))
+		}
+		// Change the rule while nobody watches, then compact past the listed revision.
+		for i := 2; i <= 5; i++ {
+			put(t, cli, p+"r", `{"limits":[{"name":"s","rate":`+string(rune('0'+i))+`,"per":"1s"}]}`)
+		}
+		rev := put(t, cli, "/unrelated", "x")
+		if _, err := cli.Compact(ctx, rev); err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		go func() { done <- src.Run(context.Background()) }()
+		defer func() { src.Close(); <-done }()
+		eventually(t, 3*time.Second, "re-list after compaction", func() bool { return limitOf(h, "r") == 5 })
+		put(t, cli, p+"r", `{"limits":[{"name":"s","rate":6,"per":"1s"}]}`)
+		eventually(t, time.Second, "watch after re-list", func() bool { return limitOf(h, "r") == 6 })
+		if st := src.Status(); st.Revision < rev {
+			t.Fatalf("revision %d, want >= %d", st.Revision, rev)
+		}
+	})
+
+	t.Run("etcd down keeps the last snapshot; restart resumes watching", func(t *testing.T) {
+		const p = "/allot/rules/d/"
+		put(t, cli, p+"r", `{"limits":[{"name":"s","rate":1,"per":"1s"}]}`)
+		h := NewHolder(nil)
+		src, rec := startSource(t, cli, p, h)
+		eventually(t, 5*time.Second, "initial list", func() bool { return limitOf(h, "r") == 1 })
+		good := h.Current()
+
+		e.Members[0].Stop(t)
+		eventually(t, 5*time.Second, "outage reported", func() bool { return rec.count() > 0 && src.Status().LastError != nil })
+		t.Logf("while down: %v", src.Status().LastError)
+		if h.Current() != good || len(h.Current().Match(&Attrs{APIKey: "k"}, time.Now(), nil)) != 1 {
+			t.Fatal("snapshot lost while etcd is down")
+		}
+
+		e.Members[0].Start(t)
+		start := time.Now()
+		put(t, cli, p+"r", `{"limits":[{"name":"s","rate":2,"per":"1s"}]}`)
+		eventually(t, 10*time.Second, "watch resumed", func() bool { return limitOf(h, "r") == 2 })
+		t.Logf("after restart, put sent → snapshot updated in %v", time.Since(start))
+		eventually(t, 5*time.Second, "error cleared", func() bool { return src.Status().LastError == nil })
+	})
+}
+
+func TestNewEtcdSourceArgs(t *testing.T) {
+	h := NewHolder(nil)
+	if _, err := NewEtcdSource(nil, "/p", h, CompileOptions{}); err == nil {
+		t.Fatal("nil client accepted")
+	}
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{"127.0.0.1:1"}, DialTimeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	if _, err := NewEtcdSource(cli, "", h, CompileOptions{}); err == nil {
+		t.Fatal("empty prefix accepted")
+	}
+	bad := &Set{Rules: []Rule{{ID: "x"}}}
+	if _, err := NewEtcdSource(cli, "/p", h, CompileOptions{}, WithBase(bad)); err == nil || !strings.Contains(err.Error(), `base set: rules: rule "x": limits: missing`) {
+		t.Fatalf("bad base: %v", err)
+	}
+	// Close before Run, and Run after Close.
+	src, err := NewEtcdSource(cli, "/p", h, CompileOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	src.Close()
+	if err := src.Run(context.Background()); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Run after Close: %v", err)
+	}
+}
+
+// testLogger routes a source's logs to t.
+func testLogger(t *testing.T) hclog.Logger {
+	return hclog.New(&hclog.LoggerOptions{Name: "rules", Output: t.Output(), Level: hclog.Debug})
+}
