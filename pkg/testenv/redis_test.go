@@ -7,7 +7,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
 )
 
 func TestRedisPing(t *testing.T) {
@@ -177,4 +176,3 @@ func roleOf(ctx context.Context, t *testing.T, n *Node) string {
 	}
 	return parseInfo(raw)["role"]
 }
-
