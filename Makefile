@@ -28,8 +28,21 @@ lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
 
+# The local base image (redis-server, etcd) the tests run; built once per machine.
+# With ALLOT_UPSTREAM_IMAGES=1, pkg/testenv uses upstream images instead (see its doc).
 images:
-	bash scripts/images.sh
+	@case "$${ALLOT_UPSTREAM_IMAGES:-}" in \
+	  1|t|T|true|TRUE|True) echo "images: ALLOT_UPSTREAM_IMAGES is set; pkg/testenv uses upstream images" ;; \
+	  *) bash scripts/images.sh ;; \
+	esac
+
+# Remove every test container (named allot-test-* or labelled allot-test), e.g. after a
+# killed test run. It also removes those of test runs still in progress.
+.PHONY: clean-containers
+clean-containers:
+	@ids=$$( { docker ps -aq --filter label=allot-test; docker ps -aq --filter name=allot-test-; } | sort -u ); \
+	if [ -n "$$ids" ]; then docker rm -f $$ids >/dev/null && echo "clean-containers: removed $$(echo $$ids | wc -w)"; \
+	else echo "clean-containers: none"; fi
 
 demo:
 	@echo "make demo: the three-region regionsim demo arrives with milestone 2 (the balancer and regionsim)."
