@@ -69,6 +69,7 @@ func (l *loop) run() {
 	r := l.r
 	defer close(r.done)
 	for {
+		l.publish() // before the attempts below, which may block up to RequestTimeout
 		if l.needReg && l.regTimer == nil && r.ctx.Err() == nil {
 			l.register()
 		}
