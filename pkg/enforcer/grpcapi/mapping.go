@@ -1,0 +1,160 @@
+// Package grpcapi serves the enforcer over gRPC: Envoy's rate limit service v3
+// (envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit) so an Envoy, or any RLS
+// client, can point at allot unchanged; and allot's own allot.v1.Allot/Check.
+//
+// # Envoy descriptors
+//
+// Each descriptor of a RateLimitRequest is one check. Its entries are mapped to request
+// attributes by key (KeyMap; the defaults are DefaultKeyMap):
+//
+//	api_key, x-api-key, apikey          → api key
+//	plan                                → plan
+//	org, organization, tenant           → org
+//	endpoint, route, generic_key        → endpoint (the route, "GET /v1/search")
+//	method, path                        → endpoint "<method> <path>" when no endpoint entry
+//	remote_address, ip, client_ip       → client IP (IPv6 limited by prefix)
+//
+// Keys not in the map are ignored (an Envoy config may carry descriptors meant for
+// another service). A key given twice in one descriptor, or an unparsable address, is
+// InvalidArgument. Put every attribute of a request in one descriptor: a rule that applies
+// to two descriptors of one request is taken from twice.
+//
+// Hits: a descriptor's hits_addend, when set and > 0, else the request's hits_addend,
+// else 1. A descriptor with is_negative_hits asks to return tokens, which allot does not
+// do: it is answered OK without taking anything. A descriptor's own limit override is
+// ignored: the rules decide. The domain is checked for length (and, when
+// Config.Domain is set, must equal it) and otherwise unused.
+//
+// Every descriptor is checked, even after one is over its limit (as envoyproxy/ratelimit
+// does), so a refused request may still spend tokens of its other descriptors: this
+// errs under, by at most one request's cost per descriptor.
+package grpcapi
+
+import (
+	"fmt"
+	"net/netip"
+
+	"github.com/allot-dev/allot/pkg/enforcer"
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+)
+
+// Field is the request attribute a descriptor entry fills.
+type Field uint8
+
+// The fields a descriptor entry can fill.
+const (
+	FieldIgnore Field = iota
+	FieldAPIKey
+	FieldPlan
+	FieldOrg
+	FieldEndpoint
+	FieldMethod
+	FieldPath
+	FieldIP
+)
+
+// KeyMap maps descriptor entry keys to fields. Keys are matched exactly (Envoy keys are
+// lower case by convention).
+type KeyMap map[string]Field
+
+// DefaultKeyMap returns the mapping documented in the package comment.
+func DefaultKeyMap() KeyMap {
+	return KeyMap{
+		"api_key": FieldAPIKey, "x-api-key": FieldAPIKey, "apikey": FieldAPIKey,
+		"plan": FieldPlan,
+		"org":  FieldOrg, "organization": FieldOrg, "tenant": FieldOrg,
+		"endpoint": FieldEndpoint, "route": FieldEndpoint, "generic_key": FieldEndpoint,
+		"method": FieldMethod, "path": FieldPath,
+		"remote_address": FieldIP, "ip": FieldIP, "client_ip": FieldIP,
+	}
+}
+
+// FieldByName parses a field name as written in configuration.
+func FieldByName(s string) (Field, error) {
+	for f, n := range fieldNames {
+		if n == s {
+			return Field(f), nil
+		}
+	}
+	return 0, fmt.Errorf("grpcapi: unknown descriptor field %q (want one of api_key, plan, org, endpoint, method, path, ip, ignore)", s)
+}
+
+var fieldNames = [...]string{"ignore", "api_key", "plan", "org", "endpoint", "method", "path", "ip"}
+
+// descriptorRequest turns one descriptor into a check. reqHits is the request-level
+// hits_addend. skip is true for a negative-hits descriptor, which is answered OK without a
+// check. Errors wrap enforcer.ErrInvalid and name the descriptor index and field.
+func descriptorRequest(km KeyMap, lim *enforcer.InputLimits, i int, d *ratelimitv3.RateLimitDescriptor, reqHits uint32, out *enforcer.Request) (skip bool, err error) {
+	*out = enforcer.Request{}
+	entries := d.GetEntries()
+	if len(entries) == 0 {
+		return false, fmt.Errorf("%w: descriptor %d has no entries", enforcer.ErrInvalid, i)
+	}
+	if len(entries) > lim.MaxEntries {
+		return false, fmt.Errorf("%w: descriptor %d has %d entries, more than %d", enforcer.ErrInvalid, i, len(entries), lim.MaxEntries)
+	}
+	var seen [len(fieldNames)]bool
+	var method, path string
+	for j, e := range entries {
+		k, v := e.GetKey(), e.GetValue()
+		if len(k) > lim.MaxKeyLen {
+			return false, fmt.Errorf("%w: descriptor %d entry %d: key is %d bytes, more than %d", enforcer.ErrInvalid, i, j, len(k), lim.MaxKeyLen)
+		}
+		if len(v) > lim.MaxValueLen {
+			return false, fmt.Errorf("%w: descriptor %d entry %d (%.64q): value is %d bytes, more than %d", enforcer.ErrInvalid, i, j, k, len(v), lim.MaxValueLen)
+		}
+		f := km[k]
+		if f == FieldIgnore {
+			continue
+		}
+		if seen[f] {
+			return false, fmt.Errorf("%w: descriptor %d: %s given twice (entry %d, key %.64q)", enforcer.ErrInvalid, i, fieldNames[f], j, k)
+		}
+		seen[f] = true
+		switch f {
+		case FieldAPIKey:
+			out.Attrs.APIKey = v
+		case FieldPlan:
+			out.Attrs.Plan = v
+		case FieldOrg:
+			out.Attrs.Org = v
+		case FieldEndpoint:
+			out.Attrs.Endpoint = v
+		case FieldMethod:
+			method = v
+		case FieldPath:
+			path = v
+		case FieldIP:
+			ip, err := netip.ParseAddr(v)
+			if err != nil {
+				return false, fmt.Errorf("%w: descriptor %d entry %d (%.64q): %.64q is not an IP address", enforcer.ErrInvalid, i, j, k, v)
+			}
+			out.Attrs.IP = ip.Unmap()
+		}
+	}
+	if out.Attrs.Endpoint == "" && (method != "" || path != "") {
+		if len(method)+1+len(path) > lim.MaxValueLen {
+			return false, fmt.Errorf("%w: descriptor %d: method and path make an endpoint of %d bytes, more than %d", enforcer.ErrInvalid, i, len(method)+1+len(path), lim.MaxValueLen)
+		}
+		switch {
+		case method == "":
+			out.Attrs.Endpoint = path
+		case path == "":
+			out.Attrs.Endpoint = method
+		default:
+			out.Attrs.Endpoint = method + " " + path
+		}
+	}
+	hits := int64(reqHits)
+	if h := d.GetHitsAddend(); h != nil && h.GetValue() > 0 {
+		if h.GetValue() > uint64(lim.MaxHits) {
+			return false, fmt.Errorf("%w: descriptor %d: hits_addend %d, more than %d", enforcer.ErrInvalid, i, h.GetValue(), lim.MaxHits)
+		}
+		hits = int64(h.GetValue())
+	}
+	if hits > lim.MaxHits {
+		return false, fmt.Errorf("%w: hits_addend %d, more than %d", enforcer.ErrInvalid, hits, lim.MaxHits)
+	}
+	out.Hits = hits
+	return d.GetIsNegativeHits(), nil
+}

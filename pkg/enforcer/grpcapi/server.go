@@ -1,0 +1,290 @@
+package grpcapi
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"net/netip"
+	"runtime/debug"
+	"time"
+
+	"github.com/allot-dev/allot/pkg/enforcer"
+	allotv1 "github.com/allot-dev/allot/proto/allot/v1"
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/hashicorp/go-hclog"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+)
+
+// Config configures the gRPC front ends. The zero value works: default key map, any
+// domain.
+type Config struct {
+	// Keys maps Envoy descriptor entry keys to request attributes; nil means DefaultKeyMap.
+	Keys KeyMap
+	// Domain, if set, is the only Envoy RLS domain accepted; others are InvalidArgument.
+	Domain string
+}
+
+// Server implements envoy.service.ratelimit.v3.RateLimitService and allot.v1.Allot over
+// one Enforcer. Safe for concurrent use; it owns no goroutines.
+type Server struct {
+	rlsv3.UnimplementedRateLimitServiceServer
+	allotv1.UnimplementedAllotServer
+
+	e    *enforcer.Enforcer
+	keys KeyMap
+	cfg  Config
+}
+
+// New returns a Server answering with e.
+func New(e *enforcer.Enforcer, cfg Config) *Server {
+	km := cfg.Keys
+	if km == nil {
+		km = DefaultKeyMap()
+	}
+	return &Server{e: e, keys: km, cfg: cfg}
+}
+
+// Register registers both services on s.
+func (s *Server) Register(g grpc.ServiceRegistrar) {
+	rlsv3.RegisterRateLimitServiceServer(g, s)
+	allotv1.RegisterAllotServer(g, s)
+}
+
+// ShouldRateLimit implements Envoy's rate limit service: one check per descriptor, a
+// status per descriptor, OVER_LIMIT overall if any descriptor is over its limit, and the
+// RateLimit header fields of the deciding descriptor (the first refused one, else the one
+// with the fewest tokens left) in response_headers_to_add.
+func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+	lim := s.e.Limits()
+	if err := s.checkRLS(req, &lim); err != nil {
+		s.e.CountInvalid(enforcer.APIEnvoyRLS)
+		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
+	descs := req.GetDescriptors()
+	checks := make([]enforcer.Request, len(descs))
+	skips := make([]bool, len(descs))
+	for i, d := range descs {
+		skip, err := descriptorRequest(s.keys, &lim, i, d, req.GetHitsAddend(), &checks[i])
+		if err == nil && !skip {
+			err = s.e.Validate(&checks[i])
+		}
+		if err != nil {
+			s.e.CountInvalid(enforcer.APIEnvoyRLS)
+			return nil, status.Error(codes.InvalidArgument, err.Error())
+		}
+		skips[i] = skip
+	}
+	resp := &rlsv3.RateLimitResponse{
+		OverallCode: rlsv3.RateLimitResponse_OK,
+		Statuses:    make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(descs)),
+	}
+	var decider enforcer.Decision
+	have := false
+	for i := range checks {
+		if skips[i] {
+			resp.Statuses[i] = &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
+			continue
+		}
+		d, err := s.e.Check(ctx, &checks[i])
+		if err != nil {
+			return nil, statusOf(err)
+		}
+		resp.Statuses[i] = descriptorStatus(&d)
+		if d.Rule == "" {
+			continue
+		}
+		switch {
+		case !d.Allowed && (!have || decider.Allowed):
+			decider, have = d, true
+			resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
+		case d.Allowed && (!have || decider.Allowed && d.Remaining < decider.Remaining):
+			decider, have = d, true
+		}
+	}
+	if have {
+		for _, h := range decider.AppendHeaders(make([]enforcer.Header, 0, 4)) {
+			resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd, &corev3.HeaderValue{Key: h.Name, Value: h.Value})
+		}
+	}
+	return resp, nil
+}
+
+func (s *Server) checkRLS(req *rlsv3.RateLimitRequest, lim *enforcer.InputLimits) error {
+	if req == nil {
+		return fmt.Errorf("%w: empty request", enforcer.ErrInvalid)
+	}
+	if n := len(req.GetDomain()); n > lim.MaxDomainLen {
+		return fmt.Errorf("%w: domain is %d bytes, more than %d", enforcer.ErrInvalid, n, lim.MaxDomainLen)
+	}
+	if s.cfg.Domain != "" && req.GetDomain() != s.cfg.Domain {
+		return fmt.Errorf("%w: domain %.64q is not served here (want %q)", enforcer.ErrInvalid, req.GetDomain(), s.cfg.Domain)
+	}
+	n := len(req.GetDescriptors())
+	if n == 0 {
+		return fmt.Errorf("%w: no descriptors", enforcer.ErrInvalid)
+	}
+	if n > lim.MaxDescriptors {
+		return fmt.Errorf("%w: %d descriptors, more than %d", enforcer.ErrInvalid, n, lim.MaxDescriptors)
+	}
+	if h := req.GetHitsAddend(); int64(h) > lim.MaxHits {
+		return fmt.Errorf("%w: hits_addend %d, more than %d", enforcer.ErrInvalid, h, lim.MaxHits)
+	}
+	return nil
+}
+
+// descriptorStatus states d as Envoy expects. The limit is given in the largest unit in
+// which its rate is at least one whole request, rounded down.
+func descriptorStatus(d *enforcer.Decision) *rlsv3.RateLimitResponse_DescriptorStatus {
+	st := &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
+	if !d.Allowed {
+		st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
+	}
+	if d.Rule == "" {
+		return st
+	}
+	st.CurrentLimit = currentLimit(d)
+	st.LimitRemaining = uint32(min(max(d.Remaining, 0), math.MaxUint32))
+	st.DurationUntilReset = durationpb.New(time.Duration(d.ResetSeconds()) * time.Second)
+	return st
+}
+
+var units = [...]struct {
+	unit rlsv3.RateLimitResponse_RateLimit_Unit
+	secs int64
+}{
+	{rlsv3.RateLimitResponse_RateLimit_SECOND, 1},
+	{rlsv3.RateLimitResponse_RateLimit_MINUTE, 60},
+	{rlsv3.RateLimitResponse_RateLimit_HOUR, 3600},
+	{rlsv3.RateLimitResponse_RateLimit_DAY, 86400},
+}
+
+func currentLimit(d *enforcer.Decision) *rlsv3.RateLimitResponse_RateLimit {
+	// The policy says quota tokens per window seconds; Envoy wants requests per unit.
+	rate := float64(d.Quota) / float64(max(d.Window, 1))
+	u := units[0]
+	for _, c := range units {
+		u = c
+		if rate*float64(c.secs) >= 1 {
+			break
+		}
+	}
+	rpu := math.Floor(rate * float64(u.secs))
+	return &rlsv3.RateLimitResponse_RateLimit{
+		Name:            d.Limit,
+		RequestsPerUnit: uint32(min(max(rpu, 1), math.MaxUint32)),
+		Unit:            u.unit,
+	}
+}
+
+// Check implements allot.v1.Allot.
+func (s *Server) Check(ctx context.Context, req *allotv1.CheckRequest) (*allotv1.CheckResponse, error) {
+	var r enforcer.Request
+	if err := allotRequest(req, &r); err != nil {
+		s.e.CountInvalid(enforcer.APIAllot)
+		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
+	if err := s.e.Validate(&r); err != nil {
+		s.e.CountInvalid(enforcer.APIAllot)
+		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
+	d, err := s.e.Check(ctx, &r)
+	if err != nil {
+		return nil, statusOf(err)
+	}
+	return allotResponse(&d), nil
+}
+
+func allotRequest(req *allotv1.CheckRequest, r *enforcer.Request) error {
+	if req == nil {
+		return fmt.Errorf("%w: empty request", enforcer.ErrInvalid)
+	}
+	r.Attrs.APIKey, r.Attrs.Plan, r.Attrs.Org, r.Attrs.Endpoint = req.GetApiKey(), req.GetPlan(), req.GetOrg(), req.GetEndpoint()
+	r.Hits = int64(req.GetHits())
+	if ip := req.GetIp(); ip != "" {
+		a, err := netip.ParseAddr(ip)
+		if err != nil {
+			return fmt.Errorf("%w: ip %.64q is not an IP address", enforcer.ErrInvalid, ip)
+		}
+		r.Attrs.IP = a.Unmap()
+	}
+	return nil
+}
+
+func allotResponse(d *enforcer.Decision) *allotv1.CheckResponse {
+	resp := &allotv1.CheckResponse{
+		Allowed:       d.Allowed,
+		Rule:          d.Rule,
+		Limit:         d.Limit,
+		Quota:         d.Quota,
+		WindowSeconds: d.Window,
+		Remaining:     d.Remaining,
+		ResetMs:       d.Reset.Milliseconds(),
+		RetryAfterMs:  d.RetryAfter.Milliseconds(),
+		Source:        allotSource(d.Source),
+	}
+	if n := d.ShadowRefusedCount(); n > 0 {
+		resp.ShadowRefused = append([]string(nil), d.ShadowRefused()...)
+	}
+	for _, h := range d.AppendHeaders(make([]enforcer.Header, 0, 4)) {
+		resp.Headers = append(resp.Headers, &allotv1.Header{Name: h.Name, Value: h.Value})
+	}
+	return resp
+}
+
+func allotSource(s enforcer.Source) allotv1.Source {
+	switch s {
+	case enforcer.SourceNone:
+		return allotv1.Source_SOURCE_NONE
+	case enforcer.SourceMemory:
+		return allotv1.Source_SOURCE_MEMORY
+	case enforcer.SourceRedis:
+		return allotv1.Source_SOURCE_REDIS
+	case enforcer.SourceLease:
+		return allotv1.Source_SOURCE_LEASE
+	case enforcer.SourceRefusalCache:
+		return allotv1.Source_SOURCE_REFUSAL_CACHE
+	case enforcer.SourceFallback:
+		return allotv1.Source_SOURCE_FALLBACK
+	case enforcer.SourceFailClosed:
+		return allotv1.Source_SOURCE_FAIL_CLOSED
+	case enforcer.SourceFailOpen:
+		return allotv1.Source_SOURCE_FAIL_OPEN
+	case enforcer.SourceTooLarge:
+		return allotv1.Source_SOURCE_TOO_LARGE
+	}
+	return allotv1.Source_SOURCE_UNSPECIFIED
+}
+
+// statusOf maps a Check error to a gRPC status: invalid input, or the caller's own
+// cancellation or deadline.
+func statusOf(err error) error {
+	switch {
+	case errors.Is(err, enforcer.ErrInvalid):
+		return status.Error(codes.InvalidArgument, err.Error())
+	case errors.Is(err, context.DeadlineExceeded):
+		return status.Error(codes.DeadlineExceeded, err.Error())
+	case errors.Is(err, context.Canceled):
+		return status.Error(codes.Canceled, err.Error())
+	}
+	return status.Error(codes.Internal, err.Error())
+}
+
+// RecoverUnary is a last line of defence: a panic in a handler becomes Internal and a log
+// line with the stack instead of a crashed process. Input is validated before it gets
+// that far; this only guards against bugs.
+func RecoverUnary(log hclog.Logger) grpc.UnaryServerInterceptor {
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (resp any, err error) {
+		defer func() {
+			if p := recover(); p != nil {
+				log.Error("panic in gRPC handler", "method", info.FullMethod, "panic", p, "stack", string(debug.Stack()))
+				resp, err = nil, status.Error(codes.Internal, "internal error")
+			}
+		}()
+		return h(ctx, req)
+	}
+}
