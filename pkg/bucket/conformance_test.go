@@ -1,0 +1,76 @@
+package bucket_test
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+
+	"github.com/allot-dev/allot/pkg/bucket"
+	"github.com/allot-dev/allot/pkg/bucket/buckettest"
+	"github.com/allot-dev/allot/pkg/clock"
+	"github.com/allot-dev/allot/pkg/testenv"
+	"github.com/redis/go-redis/v9"
+)
+
+func TestConformanceMemory(t *testing.T) {
+	fc := clock.NewFake(t0)
+	buckettest.Run(t, buckettest.Harness{
+		New:    func(*testing.T) bucket.Store { return bucket.NewMemory(fc, 0) },
+		Clock:  fc,
+		Source: bucket.SourceMemory,
+	})
+}
+
+func TestConformanceRedis(t *testing.T) {
+	n := testenv.Redis(t)
+	c := redis.NewClient(&redis.Options{Addr: n.Addr})
+	t.Cleanup(func() { _ = c.Close() })
+	runRedisConformance(t, c)
+}
+
+func TestConformanceRedisCluster(t *testing.T) {
+	cl := testenv.RedisCluster(t, testenv.ClusterOptions{Masters: 3})
+	runRedisConformance(t, cl.Client())
+}
+
+func runRedisConformance(t *testing.T, c redis.UniversalClient) {
+	cmds := countCommands(c)
+	st, err := bucket.NewRedis(c, bucket.RedisOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	buckettest.Run(t, buckettest.Harness{
+		New:    func(*testing.T) bucket.Store { return st },
+		Source: bucket.SourceRedis,
+		Calls:  cmds.Load,
+		Redis: &buckettest.RedisBackend{
+			Client:      c,
+			Key:         st.Key,
+			ScriptCalls: st.Calls,
+		},
+	})
+}
+
+// countCommands adds a hook to c that counts every command (and pipelined command) it
+// sends: what "never reaches Redis" is checked against.
+func countCommands(c redis.UniversalClient) *atomic.Uint64 {
+	h := &countHook{}
+	c.AddHook(h)
+	return &h.n
+}
+
+type countHook struct{ n atomic.Uint64 }
+
+func (h *countHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *countHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		h.n.Add(1)
+		return next(ctx, cmd)
+	}
+}
+func (h *countHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		h.n.Add(uint64(len(cmds)))
+		return next(ctx, cmds)
+	}
+}

@@ -1,0 +1,340 @@
+package bucket
+
+import (
+	"context"
+	"crypto/sha1"
+	_ "embed"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+
+	"github.com/redis/go-redis/v9"
+)
+
+//go:embed redis.lua
+var takeScript string
+
+// takeSHA is the script's SHA1, the name EVALSHA calls it by.
+var takeSHA = func() string {
+	h := sha1.Sum([]byte(takeScript))
+	return hex.EncodeToString(h[:])
+}()
+
+// DefaultKeyPrefix starts every key the Redis store writes.
+const DefaultKeyPrefix = "allot:"
+
+// RedisClient is the part of a go-redis client the Redis store uses. *redis.Client,
+// *redis.ClusterClient and redis.UniversalClient satisfy it.
+type RedisClient interface {
+	Process(ctx context.Context, cmd redis.Cmder) error
+	ScriptLoad(ctx context.Context, script string) *redis.StringCmd
+}
+
+// masterForKey is what *redis.ClusterClient offers to map a key to its slot's master from
+// the client's cached slot table.
+type masterForKey interface {
+	MasterForKey(ctx context.Context, key string) (*redis.Client, error)
+}
+
+// RedisOptions configures a Redis store. The zero value is valid.
+type RedisOptions struct {
+	// KeyPrefix starts every key (DefaultKeyPrefix if empty). It must not contain '{' or
+	// '}', which would move the cluster hash tag, and is at most 64 bytes. Tests and
+	// deployments sharing one Redis use it to keep apart.
+	KeyPrefix string
+}
+
+// Validate names the field at fault.
+func (o RedisOptions) Validate() error {
+	if strings.ContainsAny(o.KeyPrefix, "{}") {
+		return fmt.Errorf("bucket: RedisOptions.KeyPrefix %q contains '{' or '}'", o.KeyPrefix)
+	}
+	if len(o.KeyPrefix) > 64 {
+		return fmt.Errorf("bucket: RedisOptions.KeyPrefix is %d bytes, more than 64", len(o.KeyPrefix))
+	}
+	return nil
+}
+
+// Redis is a Store whose buckets live in Redis (one node or a Redis Cluster), shared by
+// every process that uses the same Redis. Safe for concurrent use; the zero value is not
+// usable: call NewRedis.
+//
+// Each Take is exactly one script call on the identity's shard (two after the script
+// cache was lost, see below). The script reads every bucket of the request, refills them
+// with the server's own clock (TIME), decides exactly as Decide does, and writes them back
+// in one atomic step, so concurrent takers on any number of processes never admit more
+// than burst + rate × elapsed per bucket. It errs under, never over, in two rare cases: a
+// call whose reply is lost (timeout) may have taken tokens that were never reported as
+// granted, and a go-redis client configured to retry on timeouts may run the script twice.
+//
+// Keys are KeyPrefix + "{" + identity + "}:" + limit name, with '%', '{' and '}' in the
+// identity percent-escaped, so all buckets of one identity share one cluster slot (the
+// hash tag is exactly the escaped identity) and distinct (identity, name) pairs never
+// share a key. A bucket's key expires when the bucket would be full again.
+//
+// The script is called by SHA (EVALSHA). When a node answers NOSCRIPT (restart, failover,
+// SCRIPT FLUSH), Take sends the script itself once (EVAL), which runs it and caches it on
+// that node again; later calls go back to EVALSHA. Preload loads it on every node ahead.
+type Redis struct {
+	client  RedisClient
+	cluster masterForKey // nil on a single node
+	prefix  string
+	calls   atomic.Uint64
+	known   atomic.Bool // the cluster client has a slot table (ShardOf needs no round trip)
+	pool    sync.Pool   // *redisCall
+}
+
+// NewRedis returns a Redis store over client (a *redis.Client, *redis.ClusterClient or
+// any redis.UniversalClient). It does not touch the network; see Preload.
+func NewRedis(client RedisClient, opts RedisOptions) (*Redis, error) {
+	if client == nil {
+		return nil, errors.New("bucket: NewRedis: nil client")
+	}
+	if err := opts.Validate(); err != nil {
+		return nil, err
+	}
+	if opts.KeyPrefix == "" {
+		opts.KeyPrefix = DefaultKeyPrefix
+	}
+	r := &Redis{client: client, prefix: opts.KeyPrefix}
+	if c, ok := client.(masterForKey); ok {
+		r.cluster = c
+	}
+	r.pool.New = func() any { return newRedisCall() }
+	return r, nil
+}
+
+// ScriptSHA is the SHA1 of the take script, as SCRIPT EXISTS knows it.
+func ScriptSHA() string { return takeSHA }
+
+// Preload loads the script on every node (on a cluster, every master and replica) and,
+// on a cluster, the client's slot table. Optional: Take loads what it needs on first use.
+func (r *Redis) Preload(ctx context.Context) error {
+	if err := r.client.ScriptLoad(ctx, takeScript).Err(); err != nil {
+		return fmt.Errorf("bucket: while loading the take script: %w", err)
+	}
+	r.known.Store(true)
+	return nil
+}
+
+// Calls returns how many script calls (EVALSHA and EVAL) the store has sent. Requests
+// refused by validation send none.
+func (r *Redis) Calls() uint64 { return r.calls.Load() }
+
+// ShardOf returns the address of the master owning identity's slot, from the cluster
+// client's cached slot table (go-redis refreshes it on MOVED and periodically); "" on a
+// single node, and "" on a cluster until the store has completed a call or Preload, so
+// ShardOf never waits on the network. It does not allocate.
+func (r *Redis) ShardOf(identity string) string {
+	if r.cluster == nil || !r.known.Load() {
+		return ""
+	}
+	// Any key without braces whose CRC16 falls in the slot maps to the slot's master;
+	// MasterForKey reads the loaded table without a round trip.
+	c, err := r.cluster.MasterForKey(context.Background(), slotKey(Slot(identity)))
+	if err != nil {
+		return ""
+	}
+	return c.Options().Addr
+}
+
+// Key returns the Redis key of identity's bucket name (for tests and operators).
+func (r *Redis) Key(identity, name string) string {
+	return string(appendKey(nil, r.prefix, identity, name))
+}
+
+// Take implements Store.
+func (r *Redis) Take(ctx context.Context, req *Request) (Result, error) {
+	if err := req.Validate(); err != nil {
+		return Result{}, err
+	}
+	c := r.pool.Get().(*redisCall)
+	res, err := r.take(ctx, c, req)
+	r.pool.Put(c)
+	return res, err
+}
+
+func (r *Redis) take(ctx context.Context, c *redisCall, req *Request) (Result, error) {
+	args := c.build(r.prefix, req)
+	r.calls.Add(1)
+	cmd := redis.NewIntSliceCmd(ctx, args...)
+	err := r.client.Process(ctx, cmd)
+	if isNoScript(err) {
+		// The node lost its script cache. EVAL runs the script and caches it again; the
+		// EVALSHA did not run, so nothing was taken twice.
+		args[0], c.strs[1] = "eval", takeScript
+		r.calls.Add(1)
+		cmd = redis.NewIntSliceCmd(ctx, args...)
+		err = r.client.Process(ctx, cmd)
+		args[0], c.strs[1] = "evalsha", takeSHA
+	}
+	if err != nil {
+		return Result{}, fmt.Errorf("bucket: redis: while taking for identity %.64q: %w", req.Identity, err)
+	}
+	if r.cluster != nil && !r.known.Load() {
+		r.known.Store(true)
+	}
+	v := cmd.Val()
+	if len(v) != 5 || v[0] < 0 || v[0] > req.Want || v[1] < 0 || v[1] >= int64(len(req.Limits)) {
+		return Result{}, fmt.Errorf("bucket: redis: unexpected script reply %v for identity %.64q", v, req.Identity)
+	}
+	return ResultOf(Decision{
+		Granted:          v[0],
+		Limiting:         int(v[1]),
+		Remaining:        v[2],
+		RetryAfterMicros: v[3],
+		ResetMicros:      v[4],
+	}, SourceRedis), nil
+}
+
+func isNoScript(err error) bool {
+	return err != nil && (errors.Is(err, redis.ErrNoScript) || redis.HasErrorPrefix(err, "NOSCRIPT"))
+}
+
+// maxArgs is the longest command: evalsha sha numkeys, the keys, want min, rate and burst
+// for each key.
+const maxArgs = 3 + MaxLimits + 2 + 2*MaxLimits
+
+// redisCall holds one command's arguments, reused through a sync.Pool so a Take builds
+// them without allocating: args[i] points at strs[i] (a *string goes into an interface
+// without an allocation, and go-redis writes and routes by it), and the strings are cut
+// from one string made from buf. go-redis does not keep a command's arguments after
+// Process returns; a Hook that does must copy them.
+type redisCall struct {
+	buf  []byte
+	ends [maxArgs]int
+	strs [maxArgs]string
+	args [maxArgs]any
+}
+
+func newRedisCall() *redisCall {
+	c := &redisCall{buf: make([]byte, 0, 256)}
+	c.args[0] = "evalsha"
+	c.strs[1] = takeSHA
+	for i := 1; i < maxArgs; i++ {
+		c.args[i] = &c.strs[i]
+	}
+	return c
+}
+
+// build fills the call for req and returns its arguments.
+func (c *redisCall) build(prefix string, req *Request) []any {
+	n := len(req.Limits)
+	b := c.buf[:0]
+	k := 2
+	b = strconv.AppendInt(b, int64(n), 10)
+	c.ends[k] = len(b)
+	k++
+	for _, l := range req.Limits {
+		b = appendKey(b, prefix, req.Identity, l.Name)
+		c.ends[k] = len(b)
+		k++
+	}
+	b = strconv.AppendInt(b, req.Want, 10)
+	c.ends[k] = len(b)
+	k++
+	b = strconv.AppendInt(b, req.MinGrant(), 10)
+	c.ends[k] = len(b)
+	k++
+	for _, l := range req.Limits {
+		// Shortest form that parses back to the same float64 (Lua's tonumber is strtod).
+		b = strconv.AppendFloat(b, l.Rate, 'g', -1, 64)
+		c.ends[k] = len(b)
+		k++
+		b = strconv.AppendFloat(b, l.Burst, 'g', -1, 64)
+		c.ends[k] = len(b)
+		k++
+	}
+	c.buf = b
+	s := string(b) // the one allocation: go-redis takes strings
+	start := 0
+	for i := 2; i < k; i++ {
+		c.strs[i] = s[start:c.ends[i]]
+		start = c.ends[i]
+	}
+	return c.args[:k]
+}
+
+// appendKey appends identity's key for bucket name: prefix{escaped identity}:name. The
+// tag holds no '{' or '}' and ends at the first '}', so the name needs no escaping for
+// keys to stay distinct.
+func appendKey(b []byte, prefix, identity, name string) []byte {
+	b = append(b, prefix...)
+	b = append(b, '{')
+	b = appendEscaped(b, identity)
+	b = append(b, '}', ':')
+	return append(b, name...)
+}
+
+// Slot returns the Redis Cluster hash slot of every bucket of identity: CRC16 (XMODEM) of
+// the escaped identity, mod 16384. It does not allocate.
+func Slot(identity string) int {
+	var crc uint16
+	for i := 0; i < len(identity); i++ {
+		switch ch := identity[i]; ch {
+		case '%':
+			crc = crc16(crc16(crc16(crc, '%'), '2'), '5')
+		case '{':
+			crc = crc16(crc16(crc16(crc, '%'), '7'), 'B')
+		case '}':
+			crc = crc16(crc16(crc16(crc, '%'), '7'), 'D')
+		default:
+			crc = crc16(crc, ch)
+		}
+	}
+	return int(crc & (numSlots - 1))
+}
+
+const numSlots = 16384
+
+func crc16(crc uint16, b byte) uint16 {
+	crc ^= uint16(b) << 8
+	for range 8 {
+		if crc&0x8000 != 0 {
+			crc = crc<<1 ^ 0x1021
+		} else {
+			crc <<= 1
+		}
+	}
+	return crc
+}
+
+// slotKeys holds, for every slot, a two-byte key (no braces counted: a two-byte key has no
+// non-empty tag) whose CRC16 falls in it: slot s's key is slotKeys[2s:2s+2]. CRC16 of a
+// two-byte message is a bijection on 16 bits, so every slot has four such keys.
+var slotKeys = sync.OnceValue(func() string {
+	b := make([]byte, 2*numSlots)
+	for m := 0; m < 1<<16; m++ {
+		s := int(crc16(crc16(0, byte(m>>8)), byte(m)) & (numSlots - 1))
+		b[2*s], b[2*s+1] = byte(m>>8), byte(m)
+	}
+	return string(b)
+})
+
+func slotKey(slot int) string { return slotKeys()[2*slot : 2*slot+2] }
+
+func needsEscape(s string) bool { return strings.ContainsAny(s, "%{}") }
+
+// appendEscaped appends s with '%', '{' and '}' percent-escaped.
+func appendEscaped(b []byte, s string) []byte {
+	if !needsEscape(s) {
+		return append(b, s...)
+	}
+	for i := 0; i < len(s); i++ {
+		switch ch := s[i]; ch {
+		case '%':
+			b = append(b, "%25"...)
+		case '{':
+			b = append(b, "%7B"...)
+		case '}':
+			b = append(b, "%7D"...)
+		default:
+			b = append(b, ch)
+		}
+	}
+	return b
+}

@@ -1,0 +1,113 @@
+-- allot: take between min and want tokens from every bucket of one identity at once, all
+-- or nothing, in one atomic step on the identity's shard.
+--
+-- This is bucket.TokensAt and bucket.Decide (bucket.go) step for step, in the same
+-- floating-point operations in the same order, so Redis and the memory store answer alike;
+-- a change to one must be made to the other (TestRedisMatchesDecide checks they agree).
+--
+-- KEYS[i]      bucket i: absent (full) or "<tokens %.17g> <last Unix µs>"
+-- ARGV[1]      want
+-- ARGV[2]      min (1 <= min <= want)
+-- ARGV[1+2i]   rate of bucket i, tokens a second
+-- ARGV[2+2i]   burst of bucket i
+--
+-- Time is the server's own (TIME, µs). A bucket's time never moves back: if the server's
+-- clock is behind a bucket's (failover to a replica on another host), nothing is refilled
+-- and the bucket keeps its later time. A granted take writes every bucket and sets it to
+-- expire when it would be full again, so an idle identity's keys vanish; a refusal writes
+-- nothing.
+--
+-- Reply: {granted, limiting (0-based), remaining, retry-after µs, reset µs}, all integers:
+-- Redis truncates Lua numbers in replies, and numbers passed to redis.call would be
+-- formatted with 14 significant digits, so everything written is formatted here.
+
+local eps = 1e-9
+local maxwait = 1e15 -- bucket.MaxWaitMicros
+
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local want = tonumber(ARGV[1])
+local min = tonumber(ARGV[2])
+local n = #KEYS
+local vals = redis.call('MGET', unpack(KEYS))
+
+local rate, burst, tok, last = {}, {}, {}, {}
+
+-- bucket.Limit.MicrosUntil
+local function wait(i, have, need)
+  if have + eps >= need then
+    return 0
+  end
+  local w = math.ceil((need - have) * 1e6 / rate[i])
+  if w > maxwait then
+    return maxwait
+  end
+  return w
+end
+
+-- bucket.wholeTokens
+local function whole(x)
+  local w = math.floor(x + eps)
+  if w < 0 then
+    return 0
+  end
+  return w
+end
+
+-- bucket.Limit.TokensAt, and Decide's first loop
+local avail = want
+for i = 1, n do
+  local r = tonumber(ARGV[1 + 2 * i])
+  local b = tonumber(ARGV[2 + 2 * i])
+  rate[i], burst[i] = r, b
+  local x, l = b, now
+  local v = vals[i]
+  if v then
+    local sp = string.find(v, ' ', 1, true)
+    local st = sp and tonumber(string.sub(v, 1, sp - 1))
+    local sl = sp and tonumber(string.sub(v, sp + 1))
+    if st and sl then -- anything else is not ours: treat it as a full bucket
+      local elapsed = now - sl
+      if elapsed < 0 then
+        elapsed = 0
+        l = sl
+      end
+      x = st + elapsed * r / 1e6
+      if x > b then
+        x = b
+      end
+    end
+  end
+  tok[i], last[i] = x, l
+  local a = math.floor(x + eps)
+  if a < avail then
+    avail = a
+  end
+end
+
+if avail < min then
+  local lim, ra = 1, 0
+  for i = 1, n do
+    local w = wait(i, tok[i], min)
+    if w > ra or i == 1 then
+      lim, ra = i, w
+    end
+  end
+  return {0, lim - 1, whole(tok[lim]), ra, wait(lim, tok[lim], burst[lim])}
+end
+
+local lim, best = 1, math.huge
+for i = 1, n do
+  local x = tok[i] - avail
+  tok[i] = x
+  if x < best then
+    lim, best = i, x
+  end
+  local full = wait(i, x, burst[i]) -- bucket.Limit.FullAfterMicros
+  if full < 1 then
+    full = 1
+  end
+  local ms = math.ceil((last[i] - now + full) / 1000)
+  redis.call('SET', KEYS[i], string.format('%.17g %.0f', x, last[i]), 'PX', string.format('%.0f', ms))
+end
+return {avail, lim - 1, whole(tok[lim]), 0, wait(lim, tok[lim], burst[lim])}
