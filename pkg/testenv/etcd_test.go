@@ -158,6 +158,22 @@ func TestEtcdThree(t *testing.T) {
 	if err != nil || len(resp.Kvs) != 2 {
 		t.Fatalf("Get from the restarted member = %v, %v; want both keys", resp, err)
 	}
+
+	// A paused member stops answering; the other two keep the quorum.
+	leader.Pause(t)
+	pctx, pcancel := context.WithTimeout(ctx, 500*time.Millisecond)
+	_, err = one.Get(pctx, "/allot-test/a")
+	pcancel()
+	if err == nil {
+		t.Fatal("Get from a paused member succeeded")
+	}
+	if _, err := cli.Put(ctx, "/allot-test/c", "3"); err != nil {
+		t.Fatalf("Put with one member paused: %v", err)
+	}
+	leader.Unpause(t)
+	if resp, err := one.Get(ctx, "/allot-test/c"); err != nil || len(resp.Kvs) != 1 {
+		t.Fatalf("Get from the unpaused member = %v, %v; want the key written meanwhile", resp, err)
+	}
 }
 
 func leaderOf(ctx context.Context, t *testing.T, cli *clientv3.Client, e *EtcdCluster) *EtcdMember {

@@ -19,8 +19,16 @@ func TestRedisPing(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if got, err := n.Client().Ping(ctx).Result(); err != nil || got != "PONG" {
+	cl := n.Client()
+	if got, err := cl.Ping(ctx).Result(); err != nil || got != "PONG" {
 		t.Fatalf("PING = %q, %v; want PONG", got, err)
+	}
+	// No persistence, loopback only.
+	want := map[string]string{"save": "", "appendonly": "no", "bind": "127.0.0.1", "cluster-enabled": "no"}
+	for k, v := range want {
+		if got, err := cl.ConfigGet(ctx, k).Result(); err != nil || got[k] != v {
+			t.Errorf("CONFIG GET %s = %v, %v; want %q", k, got, err, v)
+		}
 	}
 }
 
@@ -113,6 +121,27 @@ func TestRedisClusterThreeMasters(t *testing.T) {
 	}
 	if len(owners) != 3 {
 		t.Errorf("30 keys landed on %d masters, want all 3", len(owners))
+	}
+
+	// A master without replicas stopped and started again rejoins with its slots (its
+	// nodes.conf survives) but not its data (no persistence).
+	m := c.MasterFor("key-0")
+	began := time.Now()
+	m.Stop(t)
+	m.Start(t)
+	c.WaitOK(t)
+	t.Logf("a stopped master is back in the cluster %v after Stop", time.Since(began).Round(time.Millisecond))
+	if got := c.MasterFor("key-0"); got != m {
+		t.Errorf("MasterFor(key-0) after restart = %s, want %s", got.Addr, m.Addr)
+	}
+	var err error
+	for attempt := 0; attempt < 20; attempt++ { // bounded: the client may first hit a stale connection
+		if err = cl.Set(ctx, "key-0", "again", 0).Err(); err == nil || ctx.Err() != nil {
+			break
+		}
+	}
+	if err != nil {
+		t.Fatalf("SET key-0 after the restart: %v", err)
 	}
 }
 
