@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"strconv"
 	"strings"
@@ -205,7 +206,8 @@ func startContainer(t testing.TB, kind, image string, argv []string) (*container
 	if err != nil {
 		return nil, err
 	}
-	name := fmt.Sprintf("%s%s-%d-%d", namePrefix, kind, os.Getpid(), docker.seq.Add(1))
+	// The random suffix keeps names unique across pid namespaces and reused pids.
+	name := fmt.Sprintf("%s%s-%d-%d-%04x", namePrefix, kind, os.Getpid(), docker.seq.Add(1), rand.IntN(1<<16))
 	ttl := containerTTL()
 	if !upstreamMode() {
 		argv = append([]string{"timeout", strconv.Itoa(int(ttl.Seconds())) + "s"}, argv...)
