@@ -30,6 +30,13 @@ type Config struct {
 	// deadline). A call that misses it counts as a failure of its shard. Default 5 ms.
 	Timeout time.Duration
 
+	// ProbeTimeout is the deadline of the one call that probes a shard whose breaker has
+	// been open for OpenFor. Longer than Timeout because the first call to a shard that
+	// came back may pay for dialling it again, and a probe that misses its deadline keeps
+	// the shard's keys on local limits for another OpenFor; only one check per shard per
+	// OpenFor waits on it. Default 50 ms.
+	ProbeTimeout time.Duration
+
 	// TripAfter is how many consecutive failures on one shard open its breaker. Default 5.
 	TripAfter int
 
@@ -62,18 +69,21 @@ type Config struct {
 // Defaults, from DESIGN.md §7.
 const (
 	DefaultTimeout      = 5 * time.Millisecond
+	DefaultProbeTimeout = 50 * time.Millisecond
 	DefaultTripAfter    = 5
 	DefaultOpenFor      = 2 * time.Second
 	DefaultSlack        = 2.0
 	DefaultMaxLocalKeys = 100_000
 )
 
-// DefaultConfig returns the defaults: real clock, one shard, 5 ms per call, open after 5
-// consecutive failures for 2 s, N = 1, Slack 2, 100,000 local keys, no logs, no metrics.
+// DefaultConfig returns the defaults: real clock, one shard, 5 ms per call (50 ms for a
+// probe), open after 5 consecutive failures for 2 s, N = 1, Slack 2, 100,000 local keys,
+// no logs, no metrics.
 func DefaultConfig() Config {
 	return Config{
 		Clock:        clock.Real(),
 		Timeout:      DefaultTimeout,
+		ProbeTimeout: DefaultProbeTimeout,
 		TripAfter:    DefaultTripAfter,
 		OpenFor:      DefaultOpenFor,
 		Slack:        DefaultSlack,
@@ -89,6 +99,8 @@ func (c Config) Validate() error {
 	switch {
 	case c.Timeout <= 0:
 		return fmt.Errorf("fallback: config: Timeout %v, must be > 0", c.Timeout)
+	case c.ProbeTimeout <= 0:
+		return fmt.Errorf("fallback: config: ProbeTimeout %v, must be > 0", c.ProbeTimeout)
 	case c.TripAfter < 1 || c.TripAfter > maxTripAfter:
 		return fmt.Errorf("fallback: config: TripAfter %d, must be in [1, %d]", c.TripAfter, maxTripAfter)
 	case c.OpenFor <= 0:

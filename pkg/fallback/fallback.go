@@ -2,7 +2,8 @@
 // P2). Store is a bucket.Store decorator, the outermost layer of an enforcer
 // (fallback → lease → redis):
 //
-//   - every call to the next store gets a deadline (Config.Timeout, default 5 ms);
+//   - every call to the next store gets a deadline (Config.Timeout, default 5 ms; a probe
+//     gets ProbeTimeout, default 50 ms);
 //   - each Redis shard has a circuit breaker: after TripAfter consecutive failures on the
 //     shard it opens for OpenFor, during which no check waits on that shard; then exactly
 //     one check probes it (half-open): success closes the breaker, failure opens it again;
@@ -132,9 +133,9 @@ func (s *Store) Take(ctx context.Context, req *bucket.Request) (bucket.Result, e
 	if stateOf(w) != Closed {
 		return s.degraded(ctx, b, w, req)
 	}
-	res, err := s.call(ctx, req)
+	res, err := s.call(ctx, req, false)
 	if err == nil {
-		if b.fails.Load() != 0 {
+		if b.fails.Load() != 0 && !cached(res.Source) {
 			b.fails.Store(0)
 		}
 		s.obs.Decision(b.shard, res.Source, res.Granted > 0)
@@ -151,13 +152,22 @@ func (s *Store) Take(ctx context.Context, req *bucket.Request) (bucket.Result, e
 	return s.answerLocally(b, req, now), nil
 }
 
-// call asks the next store with the per-call deadline. A check on a closed breaker reads
+// call asks the next store with the per-call deadline (ProbeTimeout for a probe). A check on a closed breaker reads
 // the clock only if the next store looks at its context (see callCtx).
-func (s *Store) call(ctx context.Context, req *bucket.Request) (bucket.Result, error) {
-	c := newCallCtx(ctx, s)
+func (s *Store) call(ctx context.Context, req *bucket.Request, probe bool) (bucket.Result, error) {
+	c := newCallCtx(ctx, s, probe)
 	res, err := s.next.Take(c, req)
 	c.release()
 	return res, err
+}
+
+// cached reports whether an answer came from a layer's memory (leased tokens, the refusal
+// cache) rather than from the shard: such a success says nothing about the shard's health,
+// so it neither resets the failure count nor closes a breaker. A key holding a lease keeps
+// being answered from it while its shard is dead; its successes must not hide the failures
+// of the keys that do reach the shard.
+func cached(src bucket.Source) bool {
+	return src == bucket.SourceLease || src == bucket.SourceRefusalCache
 }
 
 // counts reports whether err is the shard's fault. An invalid request never reached it, and
@@ -217,12 +227,13 @@ func (s *Store) degraded(ctx context.Context, b *breaker, w uint64, req *bucket.
 	return s.answerLocally(b, req, now), nil
 }
 
-// probe makes the one call of a half-open period hw and ends the period: closed on
-// success, open for another OpenFor on a failure, open with the probe due at once when the
-// caller gave up (the shard was not judged).
+// probe makes the one call of a half-open period hw and ends the period: closed when the
+// shard answered, open for another OpenFor on a failure. When the shard was not judged —
+// the answer came from a cache below, or the caller gave up — the breaker goes back to open
+// with the probe due at once, so the next check probes.
 func (s *Store) probe(ctx context.Context, b *breaker, hw uint64, req *bucket.Request) (bucket.Result, error) {
-	res, err := s.call(ctx, req)
-	if err == nil {
+	res, err := s.call(ctx, req, true)
+	if err == nil && !cached(res.Source) {
 		b.fails.Store(0)
 		b.word.Store(bump(hw, Closed))
 		s.log.Info("redis shard answered: breaker closed", "shard", b.shard)
@@ -230,13 +241,17 @@ func (s *Store) probe(ctx context.Context, b *breaker, hw uint64, req *bucket.Re
 		s.obs.Decision(b.shard, res.Source, res.Granted > 0)
 		return res, nil
 	}
-	now := s.clock.Now()
-	if !counts(ctx, err) {
+	if err == nil || !counts(ctx, err) {
 		b.word.Store(bump(hw, Open)) // openUntil has passed: the next check probes
-		s.log.Info("probe abandoned by its caller: breaker open", "shard", b.shard, "error", err)
+		s.log.Debug("probe did not reach the shard: probing again", "shard", b.shard, "source", res.Source, "error", err)
 		s.obs.Transition(b.shard, HalfOpen, Open)
-		return bucket.Result{}, err
+		if err != nil {
+			return bucket.Result{}, err
+		}
+		s.obs.Decision(b.shard, res.Source, res.Granted > 0)
+		return res, nil
 	}
+	now := s.clock.Now()
 	s.obs.Failure(b.shard, err)
 	b.openUntil.Store(now.Add(s.cfg.OpenFor).UnixMicro())
 	b.word.Store(bump(hw, Open))

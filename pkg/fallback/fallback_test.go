@@ -25,6 +25,7 @@ func TestConfigValidate(t *testing.T) {
 	}{
 		{func(c *Config) { c.Timeout = 0 }, "Timeout 0s"},
 		{func(c *Config) { c.Timeout = -time.Millisecond }, "Timeout -1ms"},
+		{func(c *Config) { c.ProbeTimeout = 0 }, "ProbeTimeout 0s"},
 		{func(c *Config) { c.TripAfter = 0 }, "TripAfter 0"},
 		{func(c *Config) { c.OpenFor = 0 }, "OpenFor 0s"},
 		{func(c *Config) { c.Slack = 0 }, "Slack 0"},
@@ -94,6 +95,46 @@ func TestSuccessResetsFailureCount(t *testing.T) {
 	}
 	if st := h.s.State("a"); st != Closed {
 		t.Fatalf("4 failures between successes opened the breaker: %v", st)
+	}
+}
+
+// TestCachedSuccessesDoNotHideFailures: a key answered from leased tokens keeps succeeding
+// while its shard is dead; those successes must not reset the count of the keys that fail.
+func TestCachedSuccessesDoNotHideFailures(t *testing.T) {
+	h := newHarness(t, nil)
+	h.next.set("a", down)
+	h.next.set("a:leased", leased)
+	for i := 1; i <= DefaultTripAfter; i++ {
+		if res := h.take(t, req("a:leased", 100, 100)); res.Source != bucket.SourceLease {
+			t.Fatalf("leased key answered from %v", res.Source)
+		}
+		h.take(t, req("a:k", 100, 100))
+	}
+	if st := h.s.State("a"); st != Open {
+		t.Fatalf("%d failures between lease hits: %v, want open", DefaultTripAfter, st)
+	}
+}
+
+// TestProbeAnsweredFromCacheIsInconclusive: a probe answered by a cache below did not reach
+// the shard, so the breaker stays open and the next check probes.
+func TestProbeAnsweredFromCacheIsInconclusive(t *testing.T) {
+	h := newHarness(t, nil)
+	h.trip(t, "a")
+	h.next.set("a:leased", leased)
+	h.clk.Advance(DefaultOpenFor)
+	if res := h.take(t, req("a:leased", 100, 100)); res.Source != bucket.SourceLease || res.Granted != 1 {
+		t.Fatalf("probe answered from a lease: %+v, want the lease's answer", res)
+	}
+	if st := h.s.State("a"); st != Open {
+		t.Fatalf("after a probe answered from a lease: %v, want open", st)
+	}
+	calls := h.next.callsTo("a")
+	h.next.set("a", healthy)
+	if res := h.take(t, req("a:k", 100, 100)); res.Source != bucket.SourceRedis {
+		t.Fatalf("next check: source %v, want a probe answered by redis", res.Source)
+	}
+	if h.next.callsTo("a") != calls+1 || h.s.State("a") != Closed {
+		t.Fatalf("the next check did not probe and close the breaker: %v", h.s.State("a"))
 	}
 }
 
@@ -420,6 +461,43 @@ func TestTimeoutTrips(t *testing.T) {
 	}
 	if st := h.s.State("a"); st != Open {
 		t.Fatalf("after %d timeouts: %v, want open", DefaultTripAfter, st)
+	}
+}
+
+// TestProbeHasProbeTimeout: the probe's deadline is ProbeTimeout; a probe that misses it
+// counts as a failure and re-opens the breaker.
+func TestProbeHasProbeTimeout(t *testing.T) {
+	h := newHarness(t, nil)
+	h.trip(t, "a")
+	h.next.set("a", hang)
+	h.clk.Advance(DefaultOpenFor)
+	done := make(chan bucket.Result, 1)
+	go func() {
+		res, err := h.s.Take(context.Background(), req("a:k", 100, 100))
+		if err != nil {
+			t.Error(err)
+		}
+		done <- res
+	}()
+	h.waitEntered(t)
+	h.next.mu.Lock()
+	dl, _ := h.next.lastCtx.Deadline()
+	h.next.mu.Unlock()
+	if want := h.clk.Now().Add(DefaultProbeTimeout); !dl.Equal(want) {
+		t.Fatalf("probe deadline %v, want now + ProbeTimeout = %v", dl, want)
+	}
+	h.clk.Advance(DefaultTimeout)
+	select {
+	case <-done:
+		t.Fatal("the probe ended at Timeout, not ProbeTimeout")
+	default:
+	}
+	h.clk.Advance(DefaultProbeTimeout - DefaultTimeout)
+	if res := <-done; res.Source != bucket.SourceFallback {
+		t.Fatalf("timed-out probe answered from %v", res.Source)
+	}
+	if st := h.s.State("a"); st != Open {
+		t.Fatalf("after a timed-out probe: %v, want open", st)
 	}
 }
 

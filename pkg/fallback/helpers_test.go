@@ -24,12 +24,13 @@ const (
 	hang                // waits for ctx.Done and returns ctx.Err()
 	invalid             // returns an error wrapping bucket.ErrInvalid
 	hold                // waits for release (then grants) or ctx.Done
+	leased              // grants Want from "leased tokens": Source lease, no shard involved
 )
 
 var errDown = errors.New("fake: connection refused")
 
-// fakeNext is a next store that fails on command, per shard (the identity's prefix
-// before ':'). It counts calls per shard and reports calls that wait on entered.
+// fakeNext is a next store that fails on command, per identity or else per shard (the
+// identity's prefix before ':'). It counts calls per shard and reports calls that wait on entered.
 type fakeNext struct {
 	mu      sync.Mutex // mu guards modes and calls
 	modes   map[string]mode
@@ -55,9 +56,10 @@ func shardOf(identity string) string {
 	return identity
 }
 
-func (f *fakeNext) set(shard string, m mode) {
+// set sets the mode of a shard ("a") or of one identity ("a:k").
+func (f *fakeNext) set(shardOrIdentity string, m mode) {
 	f.mu.Lock()
-	f.modes[shard] = m
+	f.modes[shardOrIdentity] = m
 	f.mu.Unlock()
 }
 
@@ -73,7 +75,10 @@ func (f *fakeNext) Take(ctx context.Context, req *bucket.Request) (bucket.Result
 	}
 	shard := shardOf(req.Identity)
 	f.mu.Lock()
-	m := f.modes[shard]
+	m, ok := f.modes[req.Identity]
+	if !ok {
+		m = f.modes[shard]
+	}
 	f.calls[shard]++
 	f.lastCtx = ctx
 	f.mu.Unlock()
@@ -95,6 +100,8 @@ func (f *fakeNext) Take(ctx context.Context, req *bucket.Request) (bucket.Result
 		case <-done:
 			return bucket.Result{}, ctx.Err()
 		}
+	case leased:
+		return bucket.Result{Granted: req.Want, Remaining: 1, Source: bucket.SourceLease}, nil
 	}
 	return bucket.Result{Granted: req.Want, Remaining: 1, Source: bucket.SourceRedis}, nil
 }
