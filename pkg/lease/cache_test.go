@@ -334,3 +334,55 @@ func TestFastPathAllocs(t *testing.T) {
 		t.Fatalf("%v allocs per leased check, want 0", allocs)
 	}
 }
+
+func TestPace(t *testing.T) {
+	one := []bucket.Limit{{Name: "s", Rate: 1000, Burst: 1000}}
+	two := []bucket.Limit{{Name: "s", Rate: 1000, Burst: 1000}, {Name: "m", Rate: 100, Burst: 6000}}
+	w := 100 * time.Millisecond
+	for _, tc := range []struct {
+		limits []bucket.Limit
+		batch  int64
+		peers  int
+		want   time.Duration
+	}{
+		{one, 33, 3, 49500 * time.Microsecond}, // ≈ Window/2 for a rate-sized batch
+		{one, 100, 1, 50 * time.Millisecond},
+		{one, 10, 3, 15 * time.Millisecond}, // smaller batch (demand, burst): shorter pace
+		{two, 3, 3, 45 * time.Millisecond},  // the slowest limit sets it
+		{one, 1000, 3, w},                   // capped at Window
+	} {
+		if got := time.Duration(pace(tc.limits, tc.batch, tc.peers, w)); got != tc.want {
+			t.Errorf("pace(batch %d, peers %d) = %v, want %v", tc.batch, tc.peers, got, tc.want)
+		}
+	}
+}
+
+// A lease call the bucket could not fill marks the key contended: this enforcer makes no
+// further call for it until the pace has passed, and checks that find the lease empty
+// meanwhile are refused from memory.
+func TestContendedKeyIsPaced(t *testing.T) {
+	f := newFixture(t, nil)
+	f.peers.Store(3)
+	partial := func(r *bucket.Request) (bucket.Result, error) {
+		return bucket.Result{Granted: r.Want / 2, Source: bucket.SourceRedis}, nil
+	}
+	next, calls := script(partial)
+	s := f.store(next, func(c *Config) { c.BusyHits = 1; c.Window = time.Second; c.LeaseTTL = 2 * time.Second }, hooks{})
+	r := req("k", 1000, 1000, 1)
+	// Demand 1 → batch 2 → granted 1: spent by this check.
+	if res := f.take(s, r); res.Granted != 1 || calls.Load() != 1 {
+		t.Fatalf("first: %+v calls %d", res, calls.Load())
+	}
+	// pace = 3 × 2 / (2 × 1000/s) = 3ms.
+	res := f.take(s, r)
+	if res.Source != bucket.SourceRefusalCache || res.RetryAfter != 3*time.Millisecond || calls.Load() != 1 {
+		t.Fatalf("paced: %+v calls %d, want refused from memory for 3ms", res, calls.Load())
+	}
+	if f.rec.n[EventPaced].Load() != 1 {
+		t.Fatalf("paced events %d, want 1", f.rec.n[EventPaced].Load())
+	}
+	f.clk.Advance(3 * time.Millisecond)
+	if res := f.take(s, r); res.Granted != 1 || calls.Load() != 2 {
+		t.Fatalf("after the pace: %+v calls %d, want a call", res, calls.Load())
+	}
+}

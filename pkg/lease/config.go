@@ -121,6 +121,7 @@ type Event uint8
 const (
 	EventLeaseHit      Event = iota // a check answered from leased tokens (tokens spent)
 	EventRefusalHit                 // a check refused from the refusal cache (0)
+	EventPaced                      // a check refused from memory: lease empty, key contended and paced (0)
 	EventCall                       // a foreground call to the next store (tokens asked)
 	EventCallError                  // a foreground call failed (0)
 	EventRefill                     // a background refill call (tokens asked)
@@ -132,7 +133,7 @@ const (
 	EventEvicted                    // a key evicted from the full table (tokens it held)
 )
 
-var eventNames = [...]string{"lease-hit", "refusal-hit", "call", "call-error", "refill",
+var eventNames = [...]string{"lease-hit", "refusal-hit", "paced", "call", "call-error", "refill",
 	"refill-error", "refill-skipped", "granted", "expired", "limits-changed", "evicted"}
 
 func (e Event) String() string {

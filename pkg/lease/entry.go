@@ -34,6 +34,7 @@ type entry struct {
 	hits, prevHits int64
 	asked, prevAsk int64
 	refillAfter    int64 // no background refill before this (back-off after a failure)
+	pacedUntil     int64 // contended: no call for this key before this (see pace)
 	refusedUntil   int64 // refusal cache: the next store cannot give refusedMin tokens
 	refusedMin     int64 // before refusedUntil
 	limiting       int   // the bucket view from the last answer of the next store
@@ -129,7 +130,7 @@ func (e *entry) dropLease() int64 {
 	e.cur, e.nxt = 0, 0
 	e.refusedUntil, e.refusedMin = 0, 0
 	e.remaining, e.resetAt, e.limiting = 0, 0, 0
-	e.refillAfter = 0
+	e.refillAfter, e.pacedUntil = 0, 0
 	return d
 }
 
@@ -189,6 +190,29 @@ func (e *entry) observe(req *bucket.Request, res bucket.Result, start int64) {
 	if wait > 0 {
 		e.refusedUntil, e.refusedMin = start+wait, m
 	}
+}
+
+// pace is how long an enforcer waits between calls for a key whose bucket it found
+// drained — a lease call granted less than the batch it asked for, or refused:
+//
+//	pace = N × batch / (2 × rate)     (rate: the slowest of the request's limits)
+//
+// While a key is contended every call takes everything the bucket has gathered since the
+// fleet's previous call; N enforcers each calling once per pace call the bucket every
+// pace / N on average, so a call collects about rate × pace / N = batch/2 tokens and costs
+// 2/batch calls per admitted check, instead of one call per few tokens. With the usual
+// batch = rate × Window / N the pace is Window/2. The bucket fills in burst/rate >= batch/rate,
+// longer than the fleet's interval (batch/(2 × rate)), so tokens wait in the bucket for the
+// next call rather than overflow: pacing errs under only by what is still in the bucket or
+// held. Checks that find the lease empty while paced are refused from memory
+// (Source = refusal-cache, RetryAfter = the time left). Capped at Window.
+func pace(limits []bucket.Limit, batch int64, peers int, window time.Duration) int64 {
+	r := limits[0].Rate
+	for _, l := range limits[1:] {
+		r = min(r, l.Rate)
+	}
+	p := float64(max(peers, 1)) * float64(batch) / (2 * r) * 1e9
+	return int64(min(p, float64(window)))
 }
 
 // refused reports whether the refusal cache answers a check needing min tokens at now.

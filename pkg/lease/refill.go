@@ -47,8 +47,9 @@ func (s *Store) refill(e *entry) {
 	sh.mu.Lock()
 	f := e.flight
 	var req *bucket.Request
+	peers := s.peers()
 	if !e.gone && e.busy(s.busyHits) {
-		if b := s.batchFor(e.limits, e.lastCost, e.demand()); b > e.lastCost {
+		if b := batchSize(e.limits, e.lastCost, e.demand(), peers, s.cfg.Window); b > e.lastCost {
 			e.batch = b
 			req = &bucket.Request{Identity: e.key, Limits: e.limits, Want: b, Min: e.lastCost}
 		}
@@ -78,6 +79,9 @@ func (s *Store) refill(e *entry) {
 		}
 	default:
 		e.observe(req, res, start)
+		if res.Granted < req.Want {
+			e.pacedUntil = start + pace(req.Limits, req.Want, peers, s.cfg.Window)
+		}
 		if res.Granted > 0 {
 			s.emit(EventGranted, res.Granted)
 			e.add(res.Granted, start+s.ttl)
