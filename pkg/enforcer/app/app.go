@@ -1,0 +1,381 @@
+package app
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/allot-dev/allot/pkg/bucket"
+	"github.com/allot-dev/allot/pkg/clock"
+	"github.com/allot-dev/allot/pkg/enforcer"
+	"github.com/allot-dev/allot/pkg/enforcer/grpcapi"
+	"github.com/allot-dev/allot/pkg/enforcer/httpapi"
+	"github.com/allot-dev/allot/pkg/fallback"
+	"github.com/allot-dev/allot/pkg/lease"
+	"github.com/allot-dev/allot/pkg/registry"
+	"github.com/allot-dev/allot/pkg/rules"
+	"github.com/hashicorp/go-hclog"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/redis/go-redis/v9"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/keepalive"
+)
+
+// App is one running enforcer process. New builds and binds everything; Run serves until
+// its context ends and then shuts down gracefully; Close does the shutdown alone. Safe for
+// concurrent use; Close is idempotent and waits for every goroutine App started.
+type App struct {
+	cfg   Config
+	log   hclog.Logger
+	clock clock.Clock
+	reg   *prometheus.Registry
+
+	holder *rules.Holder
+	file   *rules.FileSource // file-only rules; nil otherwise
+	base   string            // rules file layered under etcd rules ("" if none)
+
+	etcd     *clientv3.Client
+	registry *registry.Registry
+
+	redis      redis.UniversalClient
+	redisStore *bucket.Redis
+	lease      *lease.Store
+	fallback   *fallback.Store
+	store      bucket.Store
+
+	enf    *enforcer.Enforcer
+	grpc   *grpc.Server
+	health *health.Server
+	http   *http.Server
+	grpcL  net.Listener
+	httpL  net.Listener
+
+	ctx    context.Context // ended by Close: the parent of every background goroutine
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	mu       sync.Mutex        // mu guards etcdSrc, serving and closeErr
+	etcdSrc  *rules.EtcdSource // replaced by Reload when a file base is layered under it
+	serving  bool              // Run has started the servers
+	closeErr error             // Close's result
+	once     sync.Once         // Close
+	closed   chan struct{}     // closed when Close has finished
+}
+
+// New builds an enforcer from cfg: rules loaded, store stack built, registered in etcd
+// (bounded by Etcd.StartTimeout: past it the registry keeps trying in the background),
+// and both listeners bound (so Addr methods answer before Run). On error everything
+// already built is closed.
+func New(cfg Config, log hclog.Logger) (_ *App, err error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if log == nil {
+		log = hclog.NewNullLogger()
+	}
+	a := &App{cfg: cfg, log: log, clock: clock.Real(), reg: prometheus.NewRegistry(), closed: make(chan struct{})}
+	a.ctx, a.cancel = context.WithCancel(context.Background())
+	defer func() {
+		if err != nil {
+			a.Close()
+		}
+	}()
+	if a.cfg.ID == "" {
+		host, _ := os.Hostname()
+		a.cfg.ID = fmt.Sprintf("%s-%d", strings.ReplaceAll(host, "/", "_"), os.Getpid())
+	}
+	a.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+
+	if len(cfg.Etcd.Endpoints) > 0 {
+		tlsCfg, err := cfg.Etcd.TLS.build()
+		if err != nil {
+			return nil, fmt.Errorf("app: etcd tls: %w", err)
+		}
+		a.etcd, err = clientv3.New(clientv3.Config{
+			Endpoints: cfg.Etcd.Endpoints, Username: cfg.Etcd.Username, Password: cfg.Etcd.Password,
+			TLS: tlsCfg, DialTimeout: cfg.Etcd.DialTimeout, Logger: zap.NewNop(),
+		})
+		if err != nil {
+			return nil, fmt.Errorf("app: while creating the etcd client: %w", err)
+		}
+	}
+	if err := a.buildRules(); err != nil {
+		return nil, err
+	}
+	if err := a.buildStore(); err != nil {
+		return nil, err
+	}
+	ec := cfg.enforcerConfig()
+	ec.Rules, ec.Store, ec.Clock, ec.Logger, ec.Registerer = a.holder, a.store, a.clock, log, a.reg
+	if a.enf, err = enforcer.New(ec); err != nil {
+		return nil, err
+	}
+	if err := a.listen(); err != nil {
+		return nil, err
+	}
+	if a.etcd != nil {
+		if err := a.register(); err != nil {
+			return nil, err
+		}
+	}
+	if err := registerLayerMetrics(a); err != nil {
+		return nil, err
+	}
+	return a, nil
+}
+
+func (a *App) compileOptions() rules.CompileOptions {
+	return rules.CompileOptions{Region: a.cfg.Region, DefaultShare: a.cfg.Rules.DefaultShare, IPv6Prefix: a.cfg.Rules.IPv6Prefix}
+}
+
+func (a *App) onRulesError(err error) { a.log.Error("rules rejected; the previous rules keep serving", "error", err) }
+
+func (a *App) onRulesLoad(s *rules.Snapshot) {
+	a.log.Info("rules loaded", "version", s.Version(), "rules", s.Len())
+}
+
+func (a *App) sourceOptions() []rules.Option {
+	return []rules.Option{
+		rules.WithClock(a.clock), rules.WithInterval(a.cfg.Rules.PollInterval), rules.WithLogger(a.log.Named("rules")),
+		rules.WithOnError(a.onRulesError), rules.WithOnLoad(a.onRulesLoad),
+	}
+}
+
+// buildRules loads the rules: a bad file at start is an error (an enforcer should not
+// start on rules it cannot read); etcd unreachable at start is not (the holder serves the
+// file base, or nothing, until etcd answers).
+func (a *App) buildRules() error {
+	a.holder = rules.NewHolder(nil)
+	rc := a.cfg.Rules
+	if rc.EtcdPrefix == "" {
+		f, err := rules.NewFileSource(rc.File, a.holder, a.compileOptions(), a.sourceOptions()...)
+		if err != nil {
+			return fmt.Errorf("app: rules file: %w", err)
+		}
+		a.file = f
+		return nil
+	}
+	a.base = rc.File
+	var set *rules.Set
+	if a.base != "" {
+		var err error
+		if set, err = loadBase(a.base); err != nil {
+			return err
+		}
+		// Serve the base rules until etcd answers.
+		opt := a.compileOptions()
+		opt.Now = a.clock.Now()
+		snap, err := rules.Compile(set, opt)
+		if err != nil {
+			return fmt.Errorf("app: base rules file: %w", err)
+		}
+		a.holder.Store(snap)
+	}
+	src, err := a.newEtcdSource(set)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(a.ctx, a.cfg.Etcd.StartTimeout)
+	defer cancel()
+	if err := src.Load(ctx); err != nil {
+		a.log.Warn("rules not loaded from etcd at start; serving the base rules (if any) and retrying", "error", err)
+	}
+	a.mu.Lock()
+	a.etcdSrc = src
+	a.mu.Unlock()
+	return nil
+}
+
+// newEtcdSource builds an etcd rules source layered over base (nil: none).
+func (a *App) newEtcdSource(base *rules.Set) (*rules.EtcdSource, error) {
+	opts := a.sourceOptions()
+	if base != nil {
+		opts = append(opts, rules.WithBase(base))
+	}
+	src, err := rules.NewEtcdSource(a.etcd, a.cfg.Rules.EtcdPrefix, a.holder, a.compileOptions(), opts...)
+	if err != nil {
+		return nil, fmt.Errorf("app: etcd rules: %w", err)
+	}
+	return src, nil
+}
+
+// peers is N for the lease and fallback layers.
+func (a *App) peers() int {
+	if a.registry != nil {
+		return a.registry.Peers()
+	}
+	return a.cfg.Peers
+}
+
+// buildStore builds memory, or fallback → lease → redis.
+func (a *App) buildStore() error {
+	sc := a.cfg.Store
+	if sc.Kind == "memory" {
+		a.store = bucket.NewMemory(a.clock, sc.MaxKeys)
+		return nil
+	}
+	tlsCfg, err := sc.TLS.build()
+	if err != nil {
+		return fmt.Errorf("app: redis tls: %w", err)
+	}
+	if sc.Kind == "redis-cluster" {
+		a.redis = redis.NewClusterClient(&redis.ClusterOptions{
+			Addrs: sc.Addrs, Username: sc.Username, Password: sc.Password, TLSConfig: tlsCfg,
+			DialTimeout: sc.DialTimeout, ReadTimeout: sc.ReadTimeout, WriteTimeout: sc.WriteTimeout,
+			PoolSize: sc.PoolSize, MaxRetries: -1, ContextTimeoutEnabled: true, DisableIdentity: true,
+		})
+	} else {
+		a.redis = redis.NewClient(&redis.Options{
+			Addr: sc.Addrs[0], Username: sc.Username, Password: sc.Password, TLSConfig: tlsCfg,
+			DialTimeout: sc.DialTimeout, ReadTimeout: sc.ReadTimeout, WriteTimeout: sc.WriteTimeout,
+			PoolSize: sc.PoolSize, MaxRetries: -1, ContextTimeoutEnabled: true, DisableIdentity: true,
+		})
+	}
+	if a.redisStore, err = bucket.NewRedis(a.redis, bucket.RedisOptions{KeyPrefix: sc.KeyPrefix}); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(a.ctx, sc.DialTimeout+time.Second)
+	if err := a.redisStore.Preload(ctx); err != nil {
+		a.log.Warn("could not load the take script at start; Redis takes will load it on first use", "error", err)
+	}
+	cancel()
+	var next bucket.Store = a.redisStore
+	if !a.cfg.Lease.Disabled {
+		lc := lease.DefaultConfig()
+		lc.Clock, lc.Peers = a.clock, a.peers
+		l := a.cfg.Lease
+		if l.TTL > 0 {
+			lc.LeaseTTL = l.TTL
+		}
+		if l.Window > 0 {
+			lc.Window = l.Window
+		}
+		if l.BusyHits > 0 {
+			lc.BusyHits = l.BusyHits
+		}
+		if l.MaxKeys > 0 {
+			lc.MaxKeys = l.MaxKeys
+		}
+		lc.Observer = newLeaseMetrics(a.reg)
+		if a.lease, err = lease.New(next, lc); err != nil {
+			return err
+		}
+		next = a.lease
+	}
+	fc := fallback.DefaultConfig()
+	fc.Clock, fc.Peers, fc.Shard, fc.Logger = a.clock, a.peers, a.redisStore.ShardOf, a.log.Named("fallback")
+	f := a.cfg.Fallback
+	if f.Timeout > 0 {
+		fc.Timeout = f.Timeout
+	}
+	if f.TripAfter > 0 {
+		fc.TripAfter = f.TripAfter
+	}
+	if f.OpenFor > 0 {
+		fc.OpenFor = f.OpenFor
+	}
+	if f.Slack > 0 {
+		fc.Slack = f.Slack
+	}
+	if f.MaxLocalKeys > 0 {
+		fc.MaxLocalKeys = f.MaxLocalKeys
+	}
+	fc.Observer = newFallbackMetrics(a.reg)
+	if a.fallback, err = fallback.New(next, fc); err != nil {
+		return err
+	}
+	a.store = a.fallback
+	return nil
+}
+
+func (a *App) listen() (err error) {
+	ka := keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}
+	a.grpc = grpc.NewServer(
+		grpc.ChainUnaryInterceptor(grpcapi.RecoverUnary(a.log.Named("grpc"))),
+		grpc.MaxRecvMsgSize(64<<10),
+		grpc.MaxConcurrentStreams(a.cfg.Listen.MaxConcurrentStreams),
+		grpc.KeepaliveParams(ka),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
+	)
+	grpcapi.New(a.enf, grpcapi.Config{Domain: a.cfg.RLS.Domain}).Register(a.grpc)
+	a.health = health.NewServer()
+	healthpb.RegisterHealthServer(a.grpc, a.health)
+	if a.cfg.Listen.GRPC != "" {
+		if a.grpcL, err = net.Listen("tcp", a.cfg.Listen.GRPC); err != nil {
+			return fmt.Errorf("app: grpc listen %s: %w", a.cfg.Listen.GRPC, err)
+		}
+	}
+	h := httpapi.Handler(a.enf, a.cfg.authConfig(), a.reg, a.Ready, a.log.Named("http"))
+	a.http = &http.Server{
+		Handler: h, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second,
+		WriteTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 64 << 10,
+	}
+	if a.cfg.Listen.HTTP != "" {
+		if a.httpL, err = net.Listen("tcp", a.cfg.Listen.HTTP); err != nil {
+			return fmt.Errorf("app: http listen %s: %w", a.cfg.Listen.HTTP, err)
+		}
+	}
+	return nil
+}
+
+// register joins the region in etcd; a slow or absent etcd only delays it.
+func (a *App) register() error {
+	addr := a.cfg.Listen.Advertise
+	if addr == "" {
+		addr = a.GRPCAddr()
+	}
+	if addr == "" {
+		addr = a.HTTPAddr()
+	}
+	rc := registry.DefaultConfig()
+	rc.Region, rc.ID, rc.Addr = a.cfg.Region, a.cfg.ID, addr
+	rc.Prefix, rc.TTL, rc.Logger, rc.Clock = a.cfg.Etcd.RegistryPrefix, a.cfg.Etcd.RegistrationTTL, a.log.Named("registry"), a.clock
+	r, err := registry.New(a.etcd, rc)
+	if err != nil {
+		return err
+	}
+	a.registry = r
+	r.OnChange(func(n int) { a.log.Info("peers in region changed", "peers", n) })
+	ctx, cancel := context.WithTimeout(a.ctx, a.cfg.Etcd.StartTimeout)
+	defer cancel()
+	switch err := r.Start(ctx); {
+	case errors.Is(err, registry.ErrDuplicateID):
+		return fmt.Errorf("app: %w", err)
+	case err != nil:
+		a.log.Warn("not registered in etcd yet; serving with the last known peer count and retrying", "error", err)
+	}
+	return nil
+}
+
+// GRPCAddr and HTTPAddr are the bound addresses ("" when not listening).
+func (a *App) GRPCAddr() string { return addrOf(a.grpcL) }
+
+// HTTPAddr is the bound HTTP address.
+func (a *App) HTTPAddr() string { return addrOf(a.httpL) }
+
+func addrOf(l net.Listener) string {
+	if l == nil {
+		return ""
+	}
+	return l.Addr().String()
+}
+
+// Enforcer returns the check core (for tests and embedding).
+func (a *App) Enforcer() *enforcer.Enforcer { return a.enf }
+
+// Registry returns the Prometheus registry every metric is in.
+func (a *App) Registry() *prometheus.Registry { return a.reg }
+
+// Rules returns the holder of the rules in force.
+func (a *App) Rules() *rules.Holder { return a.holder }

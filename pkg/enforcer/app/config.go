@@ -1,0 +1,297 @@
+// Package app wires one enforcer process: configuration (file, flags, environment), the
+// store stack (fallback → lease → redis, or memory), rules sources (file, etcd), the etcd
+// registration, the gRPC and HTTP servers, metrics, reload and graceful shutdown. main
+// stays a few lines; everything here is testable in-process.
+package app
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/allot-dev/allot/pkg/enforcer"
+	"github.com/allot-dev/allot/pkg/enforcer/httpapi"
+	"gopkg.in/yaml.v3"
+)
+
+// Config is one enforcer's configuration, as written in configs/regions/<region>.yaml.
+// Every field has a default (DefaultConfig) except Region; flags and ALLOT_* environment
+// variables override the file (see Flags).
+type Config struct {
+	// Region names the region; required.
+	Region string `yaml:"region"`
+	// ID names this enforcer within its region (etcd registration). Default: host-pid.
+	ID string `yaml:"id"`
+
+	Store    StoreConfig    `yaml:"store"`
+	Etcd     EtcdConfig     `yaml:"etcd"`
+	Rules    RulesConfig    `yaml:"rules"`
+	Listen   ListenConfig   `yaml:"listen"`
+	Lease    LeaseConfig    `yaml:"lease"`
+	Fallback FallbackConfig `yaml:"fallback"`
+	Check    CheckConfig    `yaml:"check"`
+	Auth     AuthConfig     `yaml:"forward_auth"`
+	RLS      RLSConfig      `yaml:"envoy_rls"`
+
+	// Peers is N, the live enforcers in the region, when etcd is not configured; with
+	// etcd, the registry counts them. Default 1.
+	Peers int `yaml:"peers"`
+	// DrainTimeout bounds graceful shutdown: in-flight checks get this long to finish.
+	DrainTimeout time.Duration `yaml:"drain_timeout"`
+	// LogLevel is trace, debug, info, warn or error. LogJSON writes JSON lines.
+	LogLevel string `yaml:"log_level"`
+	LogJSON  bool   `yaml:"log_json"`
+}
+
+// StoreConfig says where buckets live.
+type StoreConfig struct {
+	// Kind is memory (exact, this process only), redis (one node) or redis-cluster.
+	Kind string `yaml:"kind"`
+	// Addrs are host:port of the Redis node or of cluster seed nodes.
+	Addrs    []string `yaml:"addrs"`
+	Username string   `yaml:"username"`
+	// Password; prefer ALLOT_REDIS_PASSWORD to writing it in a file.
+	Password string    `yaml:"password"`
+	TLS      TLSConfig `yaml:"tls"`
+	// KeyPrefix starts every Redis key. Default "allot:".
+	KeyPrefix string `yaml:"key_prefix"`
+	// DialTimeout, ReadTimeout, WriteTimeout of the Redis client. The fallback layer puts
+	// its own, shorter, deadline on each take. Defaults 1s, 100ms, 100ms.
+	DialTimeout  time.Duration `yaml:"dial_timeout"`
+	ReadTimeout  time.Duration `yaml:"read_timeout"`
+	WriteTimeout time.Duration `yaml:"write_timeout"`
+	// PoolSize is connections per node; 0 lets go-redis choose (10 per CPU).
+	PoolSize int `yaml:"pool_size"`
+	// MaxKeys bounds the memory store (identities). Default 1,048,576.
+	MaxKeys int `yaml:"max_keys"`
+}
+
+// TLSConfig is client TLS for Redis or etcd. Files are PEM.
+type TLSConfig struct {
+	Enabled            bool   `yaml:"enabled"`
+	CAFile             string `yaml:"ca_file"`
+	CertFile           string `yaml:"cert_file"`
+	KeyFile            string `yaml:"key_file"`
+	ServerName         string `yaml:"server_name"`
+	InsecureSkipVerify bool   `yaml:"insecure_skip_verify"`
+}
+
+// EtcdConfig: with endpoints set the enforcer registers itself (so every enforcer knows
+// N) and may read rules from etcd.
+type EtcdConfig struct {
+	Endpoints   []string      `yaml:"endpoints"`
+	Username    string        `yaml:"username"`
+	Password    string        `yaml:"password"`
+	TLS         TLSConfig     `yaml:"tls"`
+	DialTimeout time.Duration `yaml:"dial_timeout"`
+	// RegistryPrefix is where enforcers register (<prefix><region>/<id>).
+	// Default "/allot/enforcers/".
+	RegistryPrefix string `yaml:"registry_prefix"`
+	// RegistrationTTL is the registration lease; a dead enforcer stops counting after it.
+	// Default 10s.
+	RegistrationTTL time.Duration `yaml:"registration_ttl"`
+	// StartTimeout bounds the wait for the first registration and rules load at start;
+	// past it the enforcer serves anyway and keeps trying. Default 5s.
+	StartTimeout time.Duration `yaml:"start_timeout"`
+}
+
+// RulesConfig says where rules come from: a file, an etcd prefix, or both (the file is
+// then the base set and etcd rules replace file rules of the same id).
+type RulesConfig struct {
+	File string `yaml:"file"`
+	// EtcdPrefix, e.g. "/allot/rules/", each key one rule; needs etcd endpoints.
+	EtcdPrefix string `yaml:"etcd_prefix"`
+	// PollInterval is how often the file is checked for changes. Default 2s.
+	PollInterval time.Duration `yaml:"poll_interval"`
+	// DefaultShare is this region's share of a rule that names no share for it (0 → 1).
+	DefaultShare float64 `yaml:"default_share"`
+	// IPv6Prefix is the prefix IPv6 clients are limited by. Default 64.
+	IPv6Prefix int `yaml:"ipv6_prefix"`
+}
+
+// ListenConfig: addresses to serve on.
+type ListenConfig struct {
+	GRPC string `yaml:"grpc"`
+	HTTP string `yaml:"http"`
+	// Advertise is the address registered in etcd. Default: the gRPC listen address.
+	Advertise string `yaml:"advertise"`
+	// MaxConcurrentStreams per gRPC connection. Default 1024.
+	MaxConcurrentStreams uint32 `yaml:"max_concurrent_streams"`
+}
+
+// LeaseConfig tunes pkg/lease (busy keys take batches of tokens). Zero fields keep
+// lease.DefaultConfig's values.
+type LeaseConfig struct {
+	Disabled bool          `yaml:"disabled"`
+	TTL      time.Duration `yaml:"ttl"`
+	Window   time.Duration `yaml:"window"`
+	BusyHits int           `yaml:"busy_hits"`
+	MaxKeys  int           `yaml:"max_keys"`
+}
+
+// FallbackConfig tunes pkg/fallback (per-shard deadlines, breakers, local limits). Zero
+// fields keep fallback.DefaultConfig's values.
+type FallbackConfig struct {
+	Timeout      time.Duration `yaml:"timeout"`
+	TripAfter    int           `yaml:"trip_after"`
+	OpenFor      time.Duration `yaml:"open_for"`
+	Slack        float64       `yaml:"slack"`
+	MaxLocalKeys int           `yaml:"max_local_keys"`
+}
+
+// CheckConfig tunes the enforcer core. Zero fields keep enforcer.DefaultConfig's values.
+type CheckConfig struct {
+	MaxDescriptors   int           `yaml:"max_descriptors"`
+	MaxEntries       int           `yaml:"max_entries"`
+	MaxKeyLen        int           `yaml:"max_key_len"`
+	MaxValueLen      int           `yaml:"max_value_len"`
+	MaxHits          int64         `yaml:"max_hits"`
+	ResetJitterMax   time.Duration `yaml:"reset_jitter_max"`
+	DecisionLogEvery uint64        `yaml:"decision_log_every"`
+	RefusalLogEvery  uint64        `yaml:"refusal_log_every"`
+}
+
+// AuthConfig names the forward-auth headers; empty fields keep httpapi's defaults.
+type AuthConfig struct {
+	APIKeyHeader       string `yaml:"api_key_header"`
+	PlanHeader         string `yaml:"plan_header"`
+	OrgHeader          string `yaml:"org_header"`
+	EndpointHeader     string `yaml:"endpoint_header"`
+	RealIPHeader       string `yaml:"real_ip_header"`
+	ForwardedForHeader string `yaml:"forwarded_for_header"`
+	TrustedHops        int    `yaml:"trusted_hops"`
+	RefuseStatus       int    `yaml:"refuse_status"`
+}
+
+// RLSConfig: Envoy RLS options.
+type RLSConfig struct {
+	// Domain, if set, is the only domain accepted.
+	Domain string `yaml:"domain"`
+}
+
+// DefaultConfig returns the defaults: memory store, listen on 127.0.0.1:8081 (gRPC) and
+// :8080 (HTTP), one peer, 10 s drain, info logs.
+func DefaultConfig() Config {
+	return Config{
+		Store: StoreConfig{
+			Kind: "memory", KeyPrefix: "allot:", DialTimeout: time.Second,
+			ReadTimeout: 100 * time.Millisecond, WriteTimeout: 100 * time.Millisecond, MaxKeys: 1 << 20,
+		},
+		Etcd: EtcdConfig{
+			DialTimeout: 2 * time.Second, RegistryPrefix: "/allot/enforcers/",
+			RegistrationTTL: 10 * time.Second, StartTimeout: 5 * time.Second,
+		},
+		Rules:        RulesConfig{PollInterval: 2 * time.Second, IPv6Prefix: 64},
+		Listen:       ListenConfig{GRPC: "127.0.0.1:8081", HTTP: "127.0.0.1:8080", MaxConcurrentStreams: 1024},
+		Peers:        1,
+		DrainTimeout: 10 * time.Second,
+		LogLevel:     "info",
+	}
+}
+
+// LoadFile reads a YAML config over the defaults. Unknown fields are errors.
+func LoadFile(path string) (Config, error) {
+	cfg := DefaultConfig()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return cfg, fmt.Errorf("app: while reading config: %w", err)
+	}
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	if err := dec.Decode(&cfg); err != nil {
+		return cfg, fmt.Errorf("app: config %s: %w", path, err)
+	}
+	return cfg, nil
+}
+
+// Validate names the first bad field.
+func (c *Config) Validate() error {
+	var errs []error
+	bad := func(format string, a ...any) { errs = append(errs, fmt.Errorf("app: config: "+format, a...)) }
+	if c.Region == "" {
+		bad("region is empty (set region:, -region or ALLOT_REGION)")
+	}
+	switch c.Store.Kind {
+	case "memory":
+	case "redis", "redis-cluster":
+		if len(c.Store.Addrs) == 0 {
+			bad("store.addrs is empty for store %q", c.Store.Kind)
+		}
+		if c.Store.Kind == "redis" && len(c.Store.Addrs) > 1 {
+			bad("store.addrs has %d addresses; store redis takes one (use redis-cluster)", len(c.Store.Addrs))
+		}
+	default:
+		bad("store.kind %q, want memory, redis or redis-cluster", c.Store.Kind)
+	}
+	if c.Rules.File == "" && c.Rules.EtcdPrefix == "" {
+		bad("no rules: set rules.file and/or rules.etcd_prefix")
+	}
+	if c.Rules.EtcdPrefix != "" && len(c.Etcd.Endpoints) == 0 {
+		bad("rules.etcd_prefix %q needs etcd.endpoints", c.Rules.EtcdPrefix)
+	}
+	if c.Listen.GRPC == "" && c.Listen.HTTP == "" {
+		bad("listen: neither grpc nor http address set")
+	}
+	if c.Peers < 1 {
+		bad("peers %d, must be >= 1", c.Peers)
+	}
+	if c.DrainTimeout <= 0 {
+		bad("drain_timeout %v, must be > 0", c.DrainTimeout)
+	}
+	if c.Etcd.RegistrationTTL < time.Second || c.Etcd.RegistrationTTL%time.Second != 0 {
+		bad("etcd.registration_ttl %v, must be whole seconds >= 1s", c.Etcd.RegistrationTTL)
+	}
+	for _, l := range []string{"trace", "debug", "info", "warn", "error"} {
+		if strings.EqualFold(c.LogLevel, l) {
+			goto levelOK
+		}
+	}
+	bad("log_level %q, want trace, debug, info, warn or error", c.LogLevel)
+levelOK:
+	if s := c.Auth.RefuseStatus; s != 0 && (s < 400 || s > 599) {
+		bad("forward_auth.refuse_status %d, must be 4xx or 5xx", s)
+	}
+	return errors.Join(errs...)
+}
+
+// enforcerConfig applies the check settings over enforcer.DefaultConfig.
+func (c *Config) enforcerConfig() enforcer.Config {
+	ec := enforcer.DefaultConfig()
+	ch := c.Check
+	setInt(&ec.Limits.MaxDescriptors, ch.MaxDescriptors)
+	setInt(&ec.Limits.MaxEntries, ch.MaxEntries)
+	setInt(&ec.Limits.MaxKeyLen, ch.MaxKeyLen)
+	setInt(&ec.Limits.MaxValueLen, ch.MaxValueLen)
+	if ch.MaxHits > 0 {
+		ec.Limits.MaxHits = ch.MaxHits
+	}
+	if ch.ResetJitterMax > 0 {
+		ec.ResetJitterMax = ch.ResetJitterMax
+	}
+	if ch.DecisionLogEvery > 0 {
+		ec.DecisionLogEvery = ch.DecisionLogEvery
+	}
+	if ch.RefusalLogEvery > 0 {
+		ec.RefusalLogEvery = ch.RefusalLogEvery
+	}
+	ec.Region = c.Region
+	return ec
+}
+
+func (c *Config) authConfig() httpapi.Config {
+	a := c.Auth
+	return httpapi.Config{
+		APIKeyHeader: a.APIKeyHeader, PlanHeader: a.PlanHeader, OrgHeader: a.OrgHeader,
+		EndpointHeader: a.EndpointHeader, RealIPHeader: a.RealIPHeader,
+		ForwardedForHeader: a.ForwardedForHeader, TrustedHops: a.TrustedHops, RefuseStatus: a.RefuseStatus,
+	}
+}
+
+func setInt(dst *int, v int) {
+	if v > 0 {
+		*dst = v
+	}
+}

@@ -1,0 +1,275 @@
+package app
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/allot-dev/allot/pkg/rules"
+	"github.com/redis/go-redis/v9"
+	"google.golang.org/grpc"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+)
+
+// ErrClosed is returned by Run and Reload after Close.
+var ErrClosed = errors.New("app: closed")
+
+func (a *App) goFn(f func()) {
+	a.wg.Add(1)
+	go func() {
+		defer a.wg.Done()
+		f()
+	}()
+}
+
+// Run serves gRPC and HTTP, keeps the rules sources running, and returns when ctx ends
+// or a server fails, after a graceful Close (whose error it joins).
+func (a *App) Run(ctx context.Context) error {
+	a.mu.Lock()
+	switch {
+	case a.isClosed():
+		a.mu.Unlock()
+		return ErrClosed
+	case a.serving:
+		a.mu.Unlock()
+		return errors.New("app: Run called twice")
+	}
+	a.serving = true
+	src := a.etcdSrc
+	a.mu.Unlock()
+
+	errc := make(chan error, 2)
+	if a.grpcL != nil {
+		a.goFn(func() {
+			if err := a.grpc.Serve(a.grpcL); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+				errc <- fmt.Errorf("app: grpc serve: %w", err)
+			}
+		})
+	}
+	if a.httpL != nil {
+		a.goFn(func() {
+			if err := a.http.Serve(a.httpL); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				errc <- fmt.Errorf("app: http serve: %w", err)
+			}
+		})
+	}
+	if a.file != nil {
+		a.goFn(func() { a.file.Run(a.ctx) })
+	}
+	if src != nil {
+		a.goFn(func() { src.Run(a.ctx) })
+	}
+	a.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+	a.log.Info("serving", "region", a.cfg.Region, "id", a.cfg.ID, "grpc", a.GRPCAddr(), "http", a.HTTPAddr(),
+		"store", a.cfg.Store.Kind, "peers", a.peers(), "rules", a.holder.Current().Version())
+
+	var err error
+	select {
+	case <-ctx.Done():
+	case err = <-errc:
+	case <-a.closed:
+	}
+	return errors.Join(err, a.Close())
+}
+
+func (a *App) isClosed() bool {
+	select {
+	case <-a.closed:
+		return true
+	default:
+		return a.ctx.Err() != nil
+	}
+}
+
+// Reload re-reads the rules file (SIGHUP). A bad file is refused with its error and the
+// rules in force keep serving. With etcd rules layered over a file, the file is read
+// again and the etcd source restarted over the new base; with etcd rules alone there is
+// nothing to reload.
+func (a *App) Reload() error {
+	if a.isClosed() {
+		return ErrClosed
+	}
+	if a.file != nil {
+		return a.file.Reload()
+	}
+	if a.base == "" {
+		a.log.Info("reload: rules come from etcd only; nothing to reload")
+		return nil
+	}
+	set, err := loadBase(a.base)
+	if err != nil {
+		a.onRulesError(err)
+		return err
+	}
+	src, err := a.newEtcdSource(set)
+	if err != nil {
+		return err
+	}
+	a.mu.Lock()
+	if a.isClosed() {
+		a.mu.Unlock()
+		src.Close()
+		return ErrClosed
+	}
+	old, serving := a.etcdSrc, a.serving
+	a.etcdSrc = src
+	// Swap under mu so Close sees either the old source or the new one, never neither.
+	a.mu.Unlock()
+	old.Close() // waits for its Run: it can no longer store a snapshot
+	ctx, cancel := context.WithTimeout(a.ctx, a.cfg.Etcd.StartTimeout)
+	if err := src.Load(ctx); err != nil {
+		a.log.Warn("reload: etcd rules not loaded; the rules in force keep serving and the source retries", "error", err)
+	}
+	cancel()
+	if serving {
+		a.goFn(func() { src.Run(a.ctx) })
+	}
+	return nil
+}
+
+// loadBase reads and validates the file etcd rules are layered over.
+func loadBase(path string) (*rules.Set, error) {
+	set, err := rules.LoadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("app: base rules file: %w", err)
+	}
+	if err := set.Validate(); err != nil {
+		return nil, fmt.Errorf("app: base rules file: %w", err)
+	}
+	return set, nil
+}
+
+// readyTimeout bounds the store ping /readyz makes.
+const readyTimeout = 250 * time.Millisecond
+
+// Ready is /readyz: rules loaded, registered in etcd (when etcd is configured), the Redis
+// store answering (every master of a cluster). It names every failing part.
+func (a *App) Ready() error {
+	if a.isClosed() {
+		return ErrClosed
+	}
+	var errs []error
+	a.mu.Lock()
+	src := a.etcdSrc
+	a.mu.Unlock()
+	if src != nil && a.base == "" {
+		if st := src.Status(); st.Loads == 0 {
+			errs = append(errs, fmt.Errorf("rules: none loaded from etcd yet (last error: %v)", st.LastError))
+		}
+	}
+	if a.registry != nil {
+		if err := a.registry.Healthy(); err != nil {
+			errs = append(errs, fmt.Errorf("registry: %w", err))
+		}
+	}
+	if a.redis != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), readyTimeout)
+		defer cancel()
+		var err error
+		if c, ok := a.redis.(*redis.ClusterClient); ok {
+			err = c.ForEachShard(ctx, func(ctx context.Context, n *redis.Client) error { return n.Ping(ctx).Err() })
+		} else {
+			err = a.redis.Ping(ctx).Err()
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("store: %w", err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Close shuts down gracefully: it reports NOT_SERVING, stops accepting, lets in-flight
+// checks finish for up to DrainTimeout (then cuts them), releases the etcd registration,
+// stops the rules sources and closes the store layers and clients. Idempotent; every call
+// returns the first call's result after it has finished.
+func (a *App) Close() error {
+	a.once.Do(func() {
+		defer close(a.closed)
+		var errs []error
+		a.mu.Lock()
+		serving := a.serving
+		a.mu.Unlock()
+		if a.health != nil {
+			a.health.Shutdown()
+		}
+		a.drain(serving)
+		if a.registry != nil {
+			if err := a.registry.Close(); err != nil {
+				errs = append(errs, fmt.Errorf("app: while releasing the registration: %w", err))
+			}
+		}
+		a.cancel()
+		if a.file != nil {
+			a.file.Close()
+		}
+		a.mu.Lock()
+		src := a.etcdSrc
+		a.mu.Unlock()
+		if src != nil {
+			src.Close()
+		}
+		a.wg.Wait()
+		if a.fallback != nil {
+			a.fallback.Close()
+		}
+		if a.lease != nil {
+			a.lease.Close()
+		}
+		if a.redis != nil {
+			if err := a.redis.Close(); err != nil {
+				errs = append(errs, fmt.Errorf("app: while closing redis: %w", err))
+			}
+		}
+		if a.etcd != nil {
+			if err := a.etcd.Close(); err != nil {
+				errs = append(errs, fmt.Errorf("app: while closing etcd: %w", err))
+			}
+		}
+		a.mu.Lock()
+		a.closeErr = errors.Join(errs...)
+		a.mu.Unlock()
+		a.log.Info("stopped", "region", a.cfg.Region, "id", a.cfg.ID)
+	})
+	<-a.closed
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.closeErr
+}
+
+// drain stops both servers accepting and waits up to DrainTimeout for in-flight requests.
+func (a *App) drain(serving bool) {
+	deadline := time.Now().Add(a.cfg.DrainTimeout)
+	grpcDone := make(chan struct{})
+	if a.grpc != nil {
+		go func() { defer close(grpcDone); a.grpc.GracefulStop() }()
+	} else {
+		close(grpcDone)
+	}
+	if a.http != nil {
+		ctx, cancel := context.WithDeadline(context.Background(), deadline)
+		if err := a.http.Shutdown(ctx); err != nil {
+			a.log.Warn("http drain cut short", "error", err)
+			a.http.Close()
+		}
+		cancel()
+	}
+	t := time.NewTimer(time.Until(deadline))
+	select {
+	case <-grpcDone:
+		t.Stop()
+	case <-t.C:
+		a.log.Warn("grpc drain cut short", "drain-timeout", a.cfg.DrainTimeout)
+		a.grpc.Stop()
+		<-grpcDone
+	}
+	if !serving { // listeners bound by New but never handed to Serve
+		if a.grpcL != nil {
+			a.grpcL.Close()
+		}
+		if a.httpL != nil {
+			a.httpL.Close()
+		}
+	}
+}
