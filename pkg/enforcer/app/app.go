@@ -139,7 +139,9 @@ func (a *App) compileOptions() rules.CompileOptions {
 	return rules.CompileOptions{Region: a.cfg.Region, DefaultShare: a.cfg.Rules.DefaultShare, IPv6Prefix: a.cfg.Rules.IPv6Prefix}
 }
 
-func (a *App) onRulesError(err error) { a.log.Error("rules rejected; the previous rules keep serving", "error", err) }
+func (a *App) onRulesError(err error) {
+	a.log.Error("rules rejected; the previous rules keep serving", "error", err)
+}
 
 func (a *App) onRulesLoad(s *rules.Snapshot) {
 	a.log.Info("rules loaded", "version", s.Version(), "rules", s.Len())

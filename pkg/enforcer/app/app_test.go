@@ -126,7 +126,10 @@ func memoryApp(t *testing.T, rulesYAML string) (*App, string) {
 
 type tWriter struct{ t *testing.T }
 
-func (w tWriter) Write(p []byte) (int, error) { w.t.Log(strings.TrimSpace(string(p))); return len(p), nil }
+func (w tWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimSpace(string(p)))
+	return len(p), nil
+}
 
 func httpCheck(t *testing.T, addr, body string) (int, map[string]any, http.Header) {
 	t.Helper()
