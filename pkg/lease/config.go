@@ -131,6 +131,7 @@ const (
 	EventExpired                    // leased tokens dropped unspent at LeaseTTL (tokens)
 	EventLimitsChanged              // a lease dropped because the request's limits changed (tokens)
 	EventEvicted                    // a key evicted from the full table (tokens it held)
+	// EventEvicted stays the last event (pkg/enforcer sizes its counters by it).
 )
 
 var eventNames = [...]string{"lease-hit", "refusal-hit", "paced", "call", "call-error", "refill",

@@ -78,6 +78,11 @@ import (
 // refusals; see the package documentation for its guarantees. It is safe for concurrent
 // use. The zero value is not usable: call New. Close stops its background refills.
 type Store struct {
+	// mu guards shutting, so no refill is queued after Close has drained the queue. The
+	// table has its own locks, one per shard (table.go).
+	mu       sync.RWMutex
+	shutting bool
+
 	next     bucket.Store
 	cfg      Config
 	base     time.Time // times in entries are nanoseconds since base (monotonic if the clock has it)
@@ -97,8 +102,6 @@ type Store struct {
 	bg     sync.WaitGroup // queued and in-flight refills (tests wait on it)
 	closed atomic.Bool
 
-	life      sync.RWMutex // life guards shutting against new refills being queued
-	shutting  bool
 	closeOnce sync.Once
 	hooks     hooks
 }
@@ -166,6 +169,12 @@ func (s *Store) peers() int {
 // at least req.MinGrant() of them, from the refusal cache while the next store said it
 // cannot give that many, and otherwise by one call to the next store shared by every check
 // of the key that misses meanwhile. Errors from the next store are returned as they are.
+//
+// A lease answer's Remaining is an estimate — what the bucket had left at the last call
+// plus what this enforcer still holds — and its Reset and Limiting are the last call's,
+// aged; a refusal from memory carries RetryAfter = the time left until this enforcer will
+// ask again. The fast path (answered from the lease) reads the clock once, takes one
+// shard lock and allocates nothing.
 func (s *Store) Take(ctx context.Context, req *bucket.Request) (bucket.Result, error) {
 	if err := req.Validate(); err != nil {
 		return bucket.Result{}, err

@@ -14,8 +14,8 @@ import (
 
 // enqueue queues a background refill for e. Called with e's shard lock held; never blocks.
 func (s *Store) enqueue(e *entry) {
-	s.life.RLock()
-	defer s.life.RUnlock()
+	s.mu.RLock()
+	defer s.mu.RUnlock()
 	if s.shutting {
 		return
 	}
@@ -109,10 +109,10 @@ func (s *Store) land(sh *shard, e *entry, f *flight) {
 // store.
 func (s *Store) Close() error {
 	s.closeOnce.Do(func() {
-		s.life.Lock()
+		s.mu.Lock()
 		s.shutting = true
 		s.closed.Store(true)
-		s.life.Unlock()
+		s.mu.Unlock()
 		close(s.stop)
 		s.cancel()
 		s.wg.Wait()
