@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"math"
 	"net/netip"
 	"slices"
@@ -161,7 +162,7 @@ func compileRule(r *Rule, order int, opt CompileOptions, cr *crule) {
 			ExpiresAt: r.ExpiresAt, Reason: r.Reason, Policy: r.ID, Share: share, Match: r.Match,
 		},
 		m:     r.Match,
-		cost:  r.Cost,
+		cost:  maps.Clone(r.Cost), // the snapshot must not change if the Set does
 		score: r.Match.Specificity(),
 		order: order,
 	}
@@ -184,8 +185,13 @@ func compileRule(r *Rule, order int, opt CompileOptions, cr *crule) {
 func contentHash(s *Set) string {
 	b, err := json.Marshal(s.Rules) // maps are encoded in key order: deterministic
 	if err != nil {
-		// Validate has ruled out NaN and Inf, the only values json refuses.
-		b = fmt.Appendf(nil, "%#v", s.Rules)
+		// A time json refuses (year > 9999, from Go): print the rules instead, without
+		// their positions (pointers) so the hash stays a function of the content.
+		rs := slices.Clone(s.Rules)
+		for i := range rs {
+			rs[i].pos = nil
+		}
+		b = fmt.Appendf(nil, "%#v", rs) // %#v prints maps in key order
 	}
 	sum := sha256.Sum256(b)
 	return "sha256:" + hex.EncodeToString(sum[:8])

@@ -33,7 +33,7 @@ import (
 // the same version however they got there. Safe for concurrent use. The zero value is not
 // usable: call NewEtcdSource.
 type EtcdSource struct {
-	mu      sync.Mutex // mu guards kvs, rev, listed, lastVer, running, closed, cancel
+	mu      sync.Mutex // mu guards kvs, rev, listed, lastVer, running, closed, cancel, cfg.base
 	kvs     map[string]*etcdEntry
 	rev     int64 // the revision kvs reflects
 	listed  bool  // kvs came from a list and the watch may continue from rev+1
@@ -173,6 +173,25 @@ func (e *EtcdSource) rebuildLocked() error {
 	e.lastVer = snap.Version()
 	e.cfg.store(&e.st, e.h, snap, "rules loaded from etcd", "prefix", e.prefix, "revision", e.rev)
 	return nil
+}
+
+// SetBase replaces the base set (see WithBase; nil removes it) and rebuilds the snapshot
+// from it and the etcd rules already known: wire it to SIGHUP when the base is a file. An
+// invalid base is refused (nothing changes); an error of the combined set is returned and
+// reported like any rejected set.
+func (e *EtcdSource) SetBase(base *Set) error {
+	if base != nil {
+		if err := base.Validate(); err != nil {
+			return fmt.Errorf("rules: SetBase: %w", err)
+		}
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.cfg.base = base
+	if !e.listed && e.kvs == nil {
+		return nil // nothing from etcd yet: Load or Run will build with the new base
+	}
+	return e.rebuildLocked()
 }
 
 // Run keeps the Holder in step with etcd until ctx is done (it returns ctx.Err()) or Close

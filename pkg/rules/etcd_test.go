@@ -115,6 +115,17 @@ func TestEtcdSource(t *testing.T) {
 			t.Fatal(err)
 		}
 		eventually(t, time.Second, "base rule back", func() bool { return limitOf(h, "default") == 2 })
+
+		// A new base (SIGHUP on the base file) is layered under the etcd rules at once.
+		if err := src.SetBase(mustParse(t, "rules:\n  - id: default\n    limits: [{name: s, rate: 3, per: 1s}]\n")); err != nil {
+			t.Fatal(err)
+		}
+		if limitOf(h, "default") != 3 || limitOf(h, "from-file") != -1 || limitOf(h, "pro") != 100 {
+			t.Fatalf("after SetBase: default %v, from-file %v, pro %v", limitOf(h, "default"), limitOf(h, "from-file"), limitOf(h, "pro"))
+		}
+		if err := src.SetBase(&Set{Rules: []Rule{{ID: "x"}}}); err == nil || limitOf(h, "default") != 3 {
+			t.Fatalf("bad base: %v", err)
+		}
 	})
 
 	t.Run("compaction forces a re-list", func(t *testing.T) {

@@ -80,6 +80,9 @@ func (s *Snapshot) Match(a *Attrs, now time.Time, dst []Matched) []Matched {
 	}
 	ip := a.IP.Unmap().WithZone("")
 	for _, by := range s.dims {
+		if !known(by, a, ip) {
+			continue
+		}
 		var win [2]*crule
 		for mode, ln := range s.lanes[by] {
 			if ln != nil {
@@ -100,6 +103,21 @@ func (s *Snapshot) Match(a *Attrs, now time.Time, dst []Matched) []Matched {
 		}
 	}
 	return dst
+}
+
+// known says whether a request carries the attribute that dimension by counts by.
+func known(by By, a *Attrs, ip netip.Addr) bool {
+	switch by {
+	case ByAPIKey:
+		return a.APIKey != ""
+	case ByOrg:
+		return a.Org != ""
+	case ByEndpoint:
+		return a.Endpoint != ""
+	case ByIP:
+		return ip.IsValid()
+	}
+	return true
 }
 
 // identity names the buckets a request takes from under dimension by.

@@ -1,0 +1,113 @@
+package rules
+
+import (
+	"errors"
+	"net/netip"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/allot-dev/allot/pkg/bucket"
+)
+
+func FuzzParseYAML(f *testing.F) {
+	if b, err := os.ReadFile("../../configs/rules/example.yaml"); err == nil {
+		f.Add(b)
+	}
+	f.Add([]byte(specificitySet))
+	f.Add([]byte(`{"rules":[{"id":"a","limits":[{"name":"s","rate":5,"per":"1s","burst":9}],"cost":{"x":3},"shares":{"us-east":0.1}}]}`))
+	f.Add([]byte("rules:\n  - id: a\n    match: {ip: \"::ffff:10.0.0.0/104\"}\n    by: ip\n    limits: [{name: s, rate: 1e-3, per: 24h, burst: 1}]\n"))
+	f.Add([]byte("rules: [{id: a, limits: [{name: s, rate: .inf, per: 1ns}]}]\n"))
+	f.Add([]byte("a: &a [*a, *a]\n"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		s, err := ParseYAML(data)
+		if err != nil {
+			if s != nil {
+				t.Fatal("error with a set")
+			}
+			return
+		}
+		verr := s.Validate()
+		for _, region := range []string{"", "us-east"} {
+			snap, err := Compile(s, CompileOptions{Region: region, DefaultShare: 0.5})
+			if (err == nil) != (verr == nil) {
+				t.Fatalf("Validate said %v but Compile said %v", verr, err)
+			}
+			if err != nil {
+				if !errors.Is(err, ErrInvalid) {
+					t.Fatalf("error does not wrap ErrInvalid: %v", err)
+				}
+				return
+			}
+			// Every compiled rule is a request a store accepts, at its largest cost too.
+			for _, c := range snap.Rules() {
+				req := bucket.Request{Identity: "key:x", Limits: c.Limits, Want: 1}
+				for _, r := range s.Rules {
+					if r.ID == c.ID {
+						for _, cost := range r.Cost {
+							req.Want = max(req.Want, cost)
+						}
+					}
+				}
+				if err := req.Validate(); err != nil {
+					t.Fatalf("rule %s compiled to a bad request: %v", c.ID, err)
+				}
+			}
+			a := Attrs{APIKey: "k", Plan: "pro", Org: "o", Endpoint: "GET /", IP: netip.MustParseAddr("10.1.2.3")}
+			checkMatch(t, snap, &a, t0)
+		}
+	})
+}
+
+func FuzzMatch(f *testing.F) {
+	f.Add("k1", "pro", "acme", "GET /search", []byte{10, 1, 2, 3}, int64(0))
+	f.Add("k9", "free", "", "", []byte{0x20, 1, 0xd, 0xb8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1}, int64(time.Hour))
+	f.Add("", "", "", "", []byte{}, int64(-1))
+	f.Add("k1", "pro", "", "GET /search", []byte{0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 10, 0, 0, 1}, int64(30*time.Minute))
+	snap := mustCompile(f, specificitySet, CompileOptions{})
+	f.Fuzz(func(t *testing.T, key, plan, org, ep string, ip []byte, offset int64) {
+		a := Attrs{APIKey: key, Plan: plan, Org: org, Endpoint: ep}
+		a.IP, _ = netip.AddrFromSlice(ip)
+		checkMatch(t, snap, &a, t0.Add(time.Duration(offset)))
+	})
+}
+
+// checkMatch compares Match with a plain scan of every rule (the definition of most
+// specific wins) and checks the shape of each result.
+func checkMatch(t *testing.T, snap *Snapshot, a *Attrs, now time.Time) {
+	t.Helper()
+	got := snap.Match(a, now, nil)
+	ip := a.IP.Unmap().WithZone("")
+	var want []*crule
+	for by := range By(numBy) {
+		if _, ok := snap.identity(by, a, ip); !ok {
+			continue
+		}
+		for mode := range Mode(2) {
+			var best *crule
+			for i := range snap.rules {
+				r := &snap.rules[i]
+				if r.c.By == by && r.c.Mode == mode && r.matches(a, ip, now) && (best == nil || better(r, best) < 0) {
+					best = r
+				}
+			}
+			if best != nil {
+				want = append(want, best)
+			}
+		}
+	}
+	if len(got) != len(want) {
+		t.Fatalf("Match(%+v) = %s; plain scan finds %d rules", a, ids(got), len(want))
+	}
+	for i, m := range got {
+		if m.Rule != &want[i].c {
+			t.Fatalf("Match(%+v)[%d] = %s, plain scan says %s", a, i, m.Rule.ID, want[i].c.ID)
+		}
+		if m.Identity == "" || m.Cost < 1 {
+			t.Fatalf("bad match %+v", m)
+		}
+		if !m.Rule.ExpiresAt.IsZero() && !now.Before(m.Rule.ExpiresAt) {
+			t.Fatalf("expired rule %s matched at %v", m.Rule.ID, now)
+		}
+	}
+}
