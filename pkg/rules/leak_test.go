@@ -6,4 +6,5 @@ import (
 	"go.uber.org/goleak"
 )
 
-func verifyNoLeaks(m *testing.M) { goleak.VerifyTestMain(m) }
+// Every source goroutine has an owner that stops and waits for it: none may outlive a test.
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }

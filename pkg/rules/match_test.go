@@ -327,3 +327,24 @@ func BenchmarkMatch(b *testing.B) {
 		})
 	})
 }
+
+func TestWordsRoundTrip(t *testing.T) {
+	for w, m := range modeWords {
+		if w != "" && m.String() != w {
+			t.Errorf("mode %q → %v", w, m)
+		}
+	}
+	for w, f := range failWords {
+		if w != "" && f.String() != w {
+			t.Errorf("fail_mode %q → %v", w, f)
+		}
+	}
+	for w, b := range byWords {
+		if w != "" && b.String() != w {
+			t.Errorf("by %q → %v", w, b)
+		}
+	}
+	if Mode(9).String() != "unknown" || FailMode(9).String() != "unknown" || By(9).String() != "unknown" {
+		t.Error("unknown values")
+	}
+}

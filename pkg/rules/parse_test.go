@@ -10,8 +10,6 @@ import (
 	"time"
 )
 
-func TestMain(m *testing.M) { verifyNoLeaks(m) }
-
 func TestParseExampleFile(t *testing.T) {
 	if err := CheckFile("../../configs/rules/example.yaml"); err != nil {
 		t.Fatalf("example rules: %v", err)

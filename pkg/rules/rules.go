@@ -8,7 +8,31 @@
 // a Set, validated as a whole and compiled into a Snapshot; a set with any error is rejected
 // whole and the previous snapshot keeps serving.
 //
-// Most specific wins, per By-dimension: see Specificity.
+// # Matching
+//
+// Most specific wins, per By-dimension. For each dimension (api_key, ip, org, endpoint,
+// global) a request gets at most one enforcing rule and at most one shadow rule: among the
+// rules of that dimension and mode that match it and have not expired, the one with the
+// highest Match.Specificity (api_key 16, org 8, plan 4, endpoint 2, ip 1), ties going to
+// the longer IP prefix, then to the rule written first. So a key's own override beats
+// plan+endpoint, which beats plan, which beats the default. A request passes only if every
+// enforcing rule returned allows it; shadow rules are evaluated and counted, never enforced.
+//
+// Compile indexes each dimension's rules by their most specific field (a map per api key,
+// org, plan and endpoint, and a short sorted list for IP-only and default rules), so Match
+// does a few map lookups and allocates only the identity strings.
+//
+// # Errors
+//
+// Parsing is strict (unknown fields, wrong types and unknown words are errors) and every
+// error names the rule, the field and, for YAML, the file and line: see Error. A set with
+// any error is rejected whole; the sources keep serving the previous snapshot.
+//
+// # Sources
+//
+// A Holder serves the snapshot in force. FileSource (a YAML file: reload on SIGHUP and on
+// change) and EtcdSource (a watched prefix, optionally over a base set) keep it up to date
+// and report errors through a hook and Status.
 package rules
 
 import (
@@ -127,4 +151,36 @@ type Set struct {
 	Rules   []Rule
 
 	file string // the file it came from, for error messages
+}
+
+// String returns the word the rule files use: "enforce" or "shadow".
+func (m Mode) String() string {
+	if m == ModeShadow {
+		return "shadow"
+	}
+	if m == ModeEnforce {
+		return "enforce"
+	}
+	return "unknown"
+}
+
+// String returns the word the rule files use: "open" or "closed".
+func (f FailMode) String() string {
+	switch f {
+	case FailOpen:
+		return "open"
+	case FailClosed:
+		return "closed"
+	}
+	return "unknown"
+}
+
+var byNames = [numBy]string{"api_key", "ip", "org", "endpoint", "global"}
+
+// String returns the word the rule files use: "api_key", "ip", "org", "endpoint", "global".
+func (b By) String() string {
+	if b < numBy {
+		return byNames[b]
+	}
+	return "unknown"
 }
