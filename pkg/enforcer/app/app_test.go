@@ -16,11 +16,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m,
-		// etcd's client keeps a package-level resolver goroutine alive once used.
-		goleak.IgnoreTopFunction("google.golang.org/grpc/internal/grpcsync.(*CallbackSerializer).run"),
-		goleak.IgnoreAnyFunction("github.com/redis/go-redis/v9/internal/pool.(*ConnPool).reaper"),
-	)
+	goleak.VerifyTestMain(m)
 }
 
 func env(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
