@@ -129,7 +129,7 @@ func poll(d time.Duration, f func() bool) bool {
 }
 
 var (
-	policyRE = regexp.MustCompile(`^"default/minute";q=2;w=120$`)
+	policyRE  = regexp.MustCompile(`^"default/minute";q=2;w=120$`)
 	currentRE = regexp.MustCompile(`^"default/minute";r=(\d+);t=(\d+)$`)
 )
 
@@ -268,7 +268,10 @@ func TestIntegration(t *testing.T) {
 		a.mu.Lock()
 		src := a.etcdSrc
 		a.mu.Unlock()
-		if !poll(5*time.Second, func() bool { st := src.Status(); return st.LastError != nil && strings.Contains(st.LastError.Error(), "broken") }) {
+		if !poll(5*time.Second, func() bool {
+			st := src.Status()
+			return st.LastError != nil && strings.Contains(st.LastError.Error(), "broken")
+		}) {
 			t.Fatalf("bad rule not reported: %+v", src.Status())
 		}
 		if v := a.Rules().Current().Version(); v != before {
