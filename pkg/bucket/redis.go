@@ -69,7 +69,12 @@ func (o RedisOptions) Validate() error {
 // in one atomic step, so concurrent takers on any number of processes never admit more
 // than burst + rate × elapsed per bucket. It errs under, never over, in two rare cases: a
 // call whose reply is lost (timeout) may have taken tokens that were never reported as
-// granted, and a go-redis client configured to retry on timeouts may run the script twice.
+// granted, and go-redis, which by default retries a command after a read timeout or a
+// dropped connection (MaxRetries 3), may run the script twice.
+//
+// Configure the client for a limiter: ContextTimeoutEnabled: true, or go-redis ignores
+// the ctx deadline on the socket and a call waits out ReadTimeout (5 s by default) however
+// short the caller's deadline; and MaxRetries: -1 if a take must never run twice.
 //
 // Keys are KeyPrefix + "{" + identity + "}:" + limit name, with '%', '{' and '}' in the
 // identity percent-escaped, so all buckets of one identity share one cluster slot (the

@@ -327,3 +327,25 @@ func TestRedisUnreachable(t *testing.T) {
 		t.Fatalf("Take on an unreachable Redis: %+v, %v; want an error that is not ErrInvalid", r, err)
 	}
 }
+
+// TestRedisDeadline: with the client configured as Redis's doc says, a ctx deadline bounds
+// a take on a server that stopped answering.
+func TestRedisDeadline(t *testing.T) {
+	n := testenv.Redis(t)
+	c := redis.NewClient(&redis.Options{Addr: n.Addr, ContextTimeoutEnabled: true, MaxRetries: -1})
+	t.Cleanup(func() { _ = c.Close() })
+	st := newRedis(t, c)
+	req := &bucket.Request{Identity: "k", Limits: []bucket.Limit{{Name: "s", Rate: 1, Burst: 5}}, Want: 1}
+	if _, err := st.Take(context.Background(), req); err != nil {
+		t.Fatal(err)
+	}
+	n.Pause(t)
+	defer n.Unpause(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	r, err := st.Take(ctx, req)
+	if el := time.Since(start); err == nil || el > time.Second {
+		t.Fatalf("Take on a paused server: %+v, %v after %v; want an error within about 50ms", r, err, el)
+	}
+}
