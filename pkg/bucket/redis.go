@@ -70,7 +70,9 @@ func (o RedisOptions) Validate() error {
 // than burst + rate × elapsed per bucket. It errs under, never over, in two rare cases: a
 // call whose reply is lost (timeout) may have taken tokens that were never reported as
 // granted, and go-redis, which by default retries a command after a read timeout or a
-// dropped connection (MaxRetries 3), may run the script twice.
+// dropped connection (MaxRetries 3), may run the script twice. It errs over in one: Redis
+// replicates asynchronously, so a failover to a replica that had not received the latest
+// writes forgets those takes — a few extra grants, once.
 //
 // Configure the client for a limiter: ContextTimeoutEnabled: true, or go-redis ignores
 // the ctx deadline on the socket and a call waits out ReadTimeout (5 s by default) however
