@@ -5,8 +5,16 @@ import (
 	"strconv"
 	"testing"
 
+	"github.com/allot-dev/allot/pkg/bucket"
+	"github.com/allot-dev/allot/pkg/clock"
 	"github.com/allot-dev/allot/pkg/rules"
 )
+
+// benchRig is a rig on the real clock: a fake clock's lock would dominate a parallel run.
+func benchRig(b testing.TB) *rig {
+	return newRig(b, benchRules, func(clock.Clock) bucket.Store { return bucket.NewMemory(clock.Real(), 0) },
+		func(c *Config) { c.Clock = clock.Real() })
+}
 
 const benchRules = `
 rules:
@@ -34,7 +42,7 @@ func benchKeys(n int) []Request {
 // enforcing rule, metrics. It allocates the identity strings Match builds (one per rule
 // that applies) and nothing else.
 func BenchmarkCheck(b *testing.B) {
-	r := newRig(b, benchRules, nil)
+	r := benchRig(b)
 	reqs := benchKeys(1024)
 	ctx := context.Background()
 	b.ReportAllocs()
@@ -47,7 +55,7 @@ func BenchmarkCheck(b *testing.B) {
 }
 
 func BenchmarkCheckParallel(b *testing.B) {
-	r := newRig(b, benchRules, nil)
+	r := benchRig(b)
 	reqs := benchKeys(1024)
 	ctx := context.Background()
 	b.ReportAllocs()
@@ -68,7 +76,7 @@ func TestCheckAllocations(t *testing.T) {
 	if testing.Short() {
 		t.Skip("allocation count is measured in full runs")
 	}
-	r := newRig(t, benchRules, nil)
+	r := benchRig(t)
 	req := Request{Attrs: rules.Attrs{APIKey: "k", Plan: "pro", Endpoint: "GET /v1/search"}}
 	ctx := context.Background()
 	allocs := testing.AllocsPerRun(1000, func() {
