@@ -13,6 +13,15 @@
 //
 // The breakers are driven by the checks and the clock alone: there is no goroutine.
 //
+// A failure is an error from the next store other than bucket.ErrInvalid and the caller's
+// own cancellation; a missed deadline is one. An answer the next store gave from memory
+// (bucket.SourceLease, bucket.SourceRefusalCache) says nothing about the shard: it neither
+// resets the failure count nor closes a breaker.
+//
+// The deadline only helps if the next store honours its context: a go-redis client must be
+// made with ContextTimeoutEnabled: true, or it ignores context deadlines and waits its own
+// ReadTimeout (3 s by default) on a dead shard.
+//
 // Which way it errs (DESIGN.md §9): local limits err over. With traffic spread evenly over
 // N enforcers a key is held near Slack × its limit (default 2×); traffic concentrated on
 // fewer enforcers is held lower. A fail-closed rule errs under: it refuses everything on an
@@ -47,13 +56,15 @@ const OverflowShard = "(overflow)"
 // local limits and fail-closed refusals (see the package comment).
 //
 // Guarantees: once a shard's breaker is open, no check on that shard calls the next store
-// until OpenFor has passed, and then exactly one does (the probe). A check on a healthy
-// shard is never answered locally because of another shard. Every check gets an answer
+// until OpenFor has passed, and then exactly one does (the probe). With Config.Shard set, a
+// check on a healthy shard is never answered locally because of another shard (a lone
+// call of its own that misses its deadline is). Every check gets an answer
 // unless the request is invalid (bucket.ErrInvalid), the caller's context ends first (its
 // error is returned, and does not count against the shard), or the Store is closed.
 //
 // The zero value is not usable: call New. Safe for concurrent use. Close is idempotent; the
-// Store starts no goroutines (the caller owns next and closes it).
+// Store starts no goroutines (a call's deadline timer lives no longer than the call; the
+// caller owns next and closes it).
 type Store struct {
 	mu       sync.Mutex // mu serializes adding breakers to the table
 	breakers atomic.Pointer[map[string]*breaker]
@@ -109,7 +120,9 @@ func New(next bucket.Store, cfg Config) (*Store, error) {
 // a check reads both with one atomic load; every transition bumps the generation, which
 // lets a call that began in an earlier period be recognised when it ends.
 type breaker struct {
-	mu        sync.Mutex    // mu serializes opening from closed, the one transition checks race for (the probe is claimed by compare-and-swap, and only the prober ends half-open)
+	// mu serializes opening from closed, the one transition several checks race for (the
+	// probe is claimed by compare-and-swap, and only the prober ends half-open).
+	mu        sync.Mutex
 	word      atomic.Uint64 // generation<<2 | State
 	fails     atomic.Int32  // consecutive counted failures in the current closed period
 	openUntil atomic.Int64  // Unix µs when an open breaker may probe; stored before the word that publishes Open
@@ -152,8 +165,9 @@ func (s *Store) Take(ctx context.Context, req *bucket.Request) (bucket.Result, e
 	return s.answerLocally(b, req, now), nil
 }
 
-// call asks the next store with the per-call deadline (ProbeTimeout for a probe). A check on a closed breaker reads
-// the clock only if the next store looks at its context (see callCtx).
+// call asks the next store with the per-call deadline (ProbeTimeout for a probe). A check
+// on a closed breaker reads the clock only if the next store looks at its context (see
+// callCtx).
 func (s *Store) call(ctx context.Context, req *bucket.Request, probe bool) (bucket.Result, error) {
 	c := newCallCtx(ctx, s, probe)
 	res, err := s.next.Take(c, req)

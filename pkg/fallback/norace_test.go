@@ -1,0 +1,5 @@
+//go:build !race
+
+package fallback_test
+
+const raceEnabled = false
