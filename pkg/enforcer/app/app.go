@@ -77,14 +77,17 @@ type App struct {
 // (bounded by Etcd.StartTimeout: past it the registry keeps trying in the background),
 // and both listeners bound (so Addr methods answer before Run). On error everything
 // already built is closed.
-func New(cfg Config, log hclog.Logger) (_ *App, err error) {
+func New(cfg Config, log hclog.Logger) (*App, error) { return newApp(cfg, log, nil) }
+
+// newApp is New with, for tests, a store used instead of the configured memory store.
+func newApp(cfg Config, log hclog.Logger, store bucket.Store) (_ *App, err error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	if log == nil {
 		log = hclog.NewNullLogger()
 	}
-	a := &App{cfg: cfg, log: log, clock: clock.Real(), reg: prometheus.NewRegistry(), closed: make(chan struct{})}
+	a := &App{cfg: cfg, log: log, clock: clock.Real(), reg: prometheus.NewRegistry(), closed: make(chan struct{}), store: store}
 	a.ctx, a.cancel = context.WithCancel(context.Background())
 	defer func() {
 		if err != nil {
@@ -224,7 +227,9 @@ func (a *App) peers() int {
 func (a *App) buildStore() error {
 	sc := a.cfg.Store
 	if sc.Kind == "memory" {
-		a.store = bucket.NewMemory(a.clock, sc.MaxKeys)
+		if a.store == nil {
+			a.store = bucket.NewMemory(a.clock, sc.MaxKeys)
+		}
 		return nil
 	}
 	tlsCfg, err := sc.TLS.build()

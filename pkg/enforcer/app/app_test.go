@@ -11,8 +11,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/allot-dev/allot/pkg/bucket"
+	allotv1 "github.com/allot-dev/allot/proto/allot/v1"
 	"github.com/hashicorp/go-hclog"
 	"go.uber.org/goleak"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 )
 
 func TestMain(m *testing.M) {
@@ -220,4 +224,88 @@ func TestNewRefusesBadRulesFile(t *testing.T) {
 	if _, err := New(cfg, nil); err == nil || !strings.Contains(err.Error(), "bogus") {
 		t.Fatalf("New with a bad rules file: %v, want an error naming the field", err)
 	}
+}
+
+// gate is a store whose takes wait until released, to hold checks in flight.
+type gate struct {
+	entered chan struct{}
+	release chan struct{}
+}
+
+func (g *gate) Take(ctx context.Context, req *bucket.Request) (bucket.Result, error) {
+	g.entered <- struct{}{}
+	select {
+	case <-g.release:
+		return bucket.Result{Granted: req.Want, Remaining: 1, Source: bucket.SourceMemory}, nil
+	case <-ctx.Done():
+		return bucket.Result{}, ctx.Err()
+	}
+}
+
+func TestCloseDrainsInFlightChecks(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "rules.yaml")
+	os.WriteFile(path, []byte(fileRules), 0o644)
+	cfg := DefaultConfig()
+	cfg.Region, cfg.Rules.File = "us-east", path
+	cfg.Listen.GRPC, cfg.Listen.HTTP = "127.0.0.1:0", "127.0.0.1:0"
+	g := &gate{entered: make(chan struct{}, 4), release: make(chan struct{})}
+	a, err := newApp(cfg, nil, g)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runDone := make(chan error, 1)
+	go func() { runDone <- a.Run(context.Background()) }()
+	cc := dialT(t, a.GRPCAddr())
+	type result struct {
+		allowed bool
+		err     error
+	}
+	inflight := make(chan result, 2)
+	go func() {
+		r, err := allotv1.NewAllotClient(cc).Check(context.Background(), &allotv1.CheckRequest{ApiKey: "k"})
+		inflight <- result{r.GetAllowed(), err}
+	}()
+	go func() {
+		code, _, _ := httpCheck(t, a.HTTPAddr(), `{"api_key":"k2"}`)
+		inflight <- result{code == 200, nil}
+	}()
+	<-g.entered
+	<-g.entered // both checks are inside the store
+	closed := make(chan error, 1)
+	go func() { closed <- a.Close() }()
+	// New connections are refused once Close has begun; the two in flight still finish.
+	if !poll(5*time.Second, func() bool {
+		_, err := http.Get("http://" + a.HTTPAddr() + "/healthz")
+		return err != nil
+	}) {
+		t.Fatal("HTTP still accepting after Close began")
+	}
+	select {
+	case err := <-closed:
+		t.Fatalf("Close returned (%v) with checks in flight", err)
+	default:
+	}
+	close(g.release)
+	for i := 0; i < 2; i++ {
+		if r := <-inflight; r.err != nil || !r.allowed {
+			t.Fatalf("in-flight check: %+v, want allowed", r)
+		}
+	}
+	if err := <-closed; err != nil {
+		t.Fatal(err)
+	}
+	if err := <-runDone; err != nil {
+		t.Fatal(err)
+	}
+}
+
+func dialT(t *testing.T, addr string) *grpc.ClientConn {
+	t.Helper()
+	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cc.Close() })
+	return cc
 }

@@ -19,8 +19,6 @@ import (
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/hashicorp/go-hclog"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 )
 
 const baseRules = `
@@ -104,16 +102,6 @@ func start(t *testing.T, cfg Config) (*App, func()) {
 	return a, stop
 }
 
-func dial(t *testing.T, addr string) *grpc.ClientConn {
-	t.Helper()
-	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cc.Close() })
-	return cc
-}
-
 // poll calls f every 10 ms until it returns true or d passes; it reports whether f did.
 func poll(d time.Duration, f func() bool) bool {
 	end := time.Now().Add(d)
@@ -136,7 +124,7 @@ var (
 func TestIntegration(t *testing.T) {
 	s := newStack(t)
 	a, _ := start(t, s.config("us-east", "e1"))
-	cc := dial(t, a.GRPCAddr())
+	cc := dialT(t, a.GRPCAddr())
 	rls := rlsv3.NewRateLimitServiceClient(cc)
 	allot := allotv1.NewAllotClient(cc)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
