@@ -12,6 +12,7 @@
 //	org, organization, tenant           → org
 //	endpoint, route, generic_key        → endpoint (the route, "GET /v1/search")
 //	method, path                        → endpoint "<method> <path>" when no endpoint entry
+//	                                      (the query string dropped from path)
 //	remote_address, ip, client_ip       → client IP (IPv6 limited by prefix)
 //
 // Keys not in the map are ignored (an Envoy config may carry descriptors meant for
@@ -33,6 +34,7 @@ package grpcapi
 import (
 	"fmt"
 	"net/netip"
+	"strings"
 
 	"github.com/allot-dev/allot/pkg/enforcer"
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
@@ -123,6 +125,9 @@ func descriptorRequest(km KeyMap, lim *enforcer.InputLimits, i int, d *ratelimit
 		case FieldMethod:
 			method = v
 		case FieldPath:
+			if k := strings.IndexAny(v, "?#"); k >= 0 {
+				v = v[:k] // Envoy's :path carries the query; routes do not
+			}
 			path = v
 		case FieldIP:
 			ip, err := netip.ParseAddr(v)

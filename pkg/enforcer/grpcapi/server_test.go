@@ -81,7 +81,7 @@ func TestEnvoyRLSOKThenOverLimit(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	req := &rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*ratelimitv3.RateLimitDescriptor{
-		desc("api_key", "k1", "remote_address", "192.0.2.7", "method", "GET", "path", "/v1/items", "x-unknown", "ignored"),
+		desc("api_key", "k1", "remote_address", "192.0.2.7", "method", "GET", "path", "/v1/items?q=1", "x-unknown", "ignored"),
 	}}
 	for i := 0; i < 2; i++ {
 		resp, err := cli.ShouldRateLimit(ctx, req)
@@ -266,5 +266,21 @@ func TestCurrentLimitUnits(t *testing.T) {
 		if cl.RequestsPerUnit != tc.rpu || cl.Unit != tc.unit {
 			t.Errorf("q=%d w=%d: %d per %v, want %d per %v", tc.q, tc.w, cl.RequestsPerUnit, cl.Unit, tc.rpu, tc.unit)
 		}
+	}
+}
+
+func TestDescriptorMapping(t *testing.T) {
+	lim := enforcer.DefaultInputLimits()
+	var r enforcer.Request
+	if _, err := descriptorRequest(DefaultKeyMap(), &lim, 0, desc("x-api-key", "k", "plan", "pro", "tenant", "acme",
+		"method", "GET", "path", "/v1/search?q=x", "client_ip", "::ffff:192.0.2.1"), 3, &r); err != nil {
+		t.Fatal(err)
+	}
+	a := r.Attrs
+	if a.APIKey != "k" || a.Plan != "pro" || a.Org != "acme" || a.Endpoint != "GET /v1/search" || a.IP.String() != "192.0.2.1" || r.Hits != 3 {
+		t.Fatalf("got %+v", r)
+	}
+	if _, err := descriptorRequest(DefaultKeyMap(), &lim, 0, desc("generic_key", "GET /v1/x", "method", "POST"), 0, &r); err != nil || r.Attrs.Endpoint != "GET /v1/x" {
+		t.Fatalf("endpoint entry wins over method/path: %+v %v", r, err)
 	}
 }
