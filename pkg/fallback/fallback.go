@@ -77,7 +77,14 @@ type Store struct {
 	log         hclog.Logger
 	obs         Observer
 	local       *bucket.Memory
+	scratch     sync.Pool // *scratch
 	closed      atomic.Bool
+}
+
+// scratch is the space answerLocally builds the scaled request in.
+type scratch struct {
+	limits [bucket.MaxLimits]bucket.Limit
+	req    bucket.Request
 }
 
 // New returns a Store in front of next. It fails if cfg does not Validate.
@@ -106,6 +113,7 @@ func New(next bucket.Store, cfg Config) (*Store, error) {
 		obs:         cfg.Observer,
 		local:       bucket.NewMemory(cfg.Clock, cfg.MaxLocalKeys),
 	}
+	s.scratch.New = func() any { return new(scratch) }
 	name := ""
 	if cfg.Shard != nil {
 		name = OverflowShard
@@ -295,7 +303,10 @@ func (s *Store) answerLocally(b *breaker, req *bucket.Request, now time.Time) bu
 	}
 	f := s.cfg.Slack / float64(n)
 	minGrant := float64(req.MinGrant())
-	var lim [bucket.MaxLimits]bucket.Limit
+	// The scaled request is built in pooled scratch space: Memory keeps the limit names, so
+	// a stack array would escape, and during an outage this is every check of the shard.
+	sc := s.scratch.Get().(*scratch)
+	lim := &sc.limits
 	for i, l := range req.Limits {
 		rate, burst := l.Rate*f, l.Burst*f
 		if rate <= 0 {
@@ -306,8 +317,10 @@ func (s *Store) answerLocally(b *breaker, req *bucket.Request, now time.Time) bu
 		}
 		lim[i] = bucket.Limit{Name: l.Name, Rate: rate, Burst: burst}
 	}
-	local := bucket.Request{Identity: req.Identity, Limits: lim[:len(req.Limits)], Want: req.Want, Min: req.Min}
-	res := s.local.TakeAt(&local, now.UnixMicro())
+	sc.req = bucket.Request{Identity: req.Identity, Limits: lim[:len(req.Limits)], Want: req.Want, Min: req.Min}
+	res := s.local.TakeAt(&sc.req, now.UnixMicro())
+	sc.req = bucket.Request{}
+	s.scratch.Put(sc)
 	res.Source = bucket.SourceFallback
 	s.obs.Decision(b.shard, bucket.SourceFallback, res.Granted > 0)
 	return res

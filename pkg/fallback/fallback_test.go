@@ -605,3 +605,20 @@ func TestClosedPathAllocations(t *testing.T) {
 		t.Fatalf("closed path: %v allocations per check, want at most 1", allocs)
 	}
 }
+
+// TestOpenPathAllocations: while a shard is down every one of its checks is answered
+// locally, so that path must not allocate either.
+func TestOpenPathAllocations(t *testing.T) {
+	h := newHarness(t, func(c *Config) { c.OpenFor = time.Hour })
+	h.trip(t, "a")
+	r := req("a:k", 1e6, 1e6)
+	ctx := context.Background()
+	allocs := testing.AllocsPerRun(1000, func() {
+		if res, err := h.s.Take(ctx, r); err != nil || res.Source != bucket.SourceFallback {
+			t.Fatal(res, err)
+		}
+	})
+	if allocs > 0 {
+		t.Fatalf("open path: %v allocations per check, want 0", allocs)
+	}
+}
