@@ -101,3 +101,24 @@ func FuzzAllotCheck(f *testing.F) {
 		}
 	})
 }
+
+// BenchmarkShouldRateLimit is the RLS handler alone (no transport) over the memory store:
+// descriptor mapping, one check, the response and its headers.
+func BenchmarkShouldRateLimit(b *testing.B) {
+	rig := enforcertest.New(b, `
+rules:
+  - id: default
+    limits: [{name: second, rate: 1000000, per: 1s}]
+`)
+	s := New(rig.E, Config{})
+	req := &rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*ratelimitv3.RateLimitDescriptor{
+		desc("api_key", "k1", "remote_address", "192.0.2.7", "method", "GET", "path", "/v1/items"),
+	}}
+	ctx := context.Background()
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := s.ShouldRateLimit(ctx, req); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

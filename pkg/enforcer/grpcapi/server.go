@@ -66,8 +66,14 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
 	descs := req.GetDescriptors()
-	checks := make([]enforcer.Request, len(descs))
-	skips := make([]bool, len(descs))
+	var checkBuf [8]enforcer.Request
+	var skipBuf [8]bool
+	checks, skips := checkBuf[:0], skipBuf[:0]
+	if len(descs) <= len(checkBuf) {
+		checks, skips = checkBuf[:len(descs)], skipBuf[:len(descs)]
+	} else {
+		checks, skips = make([]enforcer.Request, len(descs)), make([]bool, len(descs))
+	}
 	for i, d := range descs {
 		skip, err := descriptorRequest(s.keys, &lim, i, d, req.GetHitsAddend(), &checks[i])
 		if err == nil && !skip {
@@ -107,8 +113,13 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 		}
 	}
 	if have {
-		for _, h := range decider.AppendHeaders(make([]enforcer.Header, 0, 4)) {
-			resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd, &corev3.HeaderValue{Key: h.Name, Value: h.Value})
+		var hb [4]enforcer.Header
+		hs := decider.AppendHeaders(hb[:0])
+		resp.ResponseHeadersToAdd = make([]*corev3.HeaderValue, len(hs))
+		values := make([]corev3.HeaderValue, len(hs)) // one allocation for all of them
+		for i, h := range hs {
+			values[i].Key, values[i].Value = h.Name, h.Value
+			resp.ResponseHeadersToAdd[i] = &values[i]
 		}
 	}
 	return resp, nil
