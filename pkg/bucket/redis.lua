@@ -107,7 +107,9 @@ for i = 1, n do
   if full < 1 then
     full = 1
   end
-  local ms = math.ceil((last[i] - now + full) / 1000)
+  -- Redis sets the expiry from its clock truncated to the millisecond, up to 1 ms
+  -- before now: one more ms so a key never vanishes before its bucket is full.
+  local ms = math.ceil((last[i] - now + full) / 1000) + 1
   redis.call('SET', KEYS[i], string.format('%.17g %.0f', x, last[i]), 'PX', string.format('%.0f', ms))
 end
 return {avail, lim - 1, whole(tok[lim]), 0, wait(lim, tok[lim], burst[lim])}

@@ -147,11 +147,12 @@ func TestRedisMatchesDecide(t *testing.T) {
 			t.Fatal(err)
 		}
 		after := readStates(t, c, st, id, ls)
+		t2 := time.Now().UnixMicro()
 
 		if res.Granted == 0 {
 			refusals++
 			for j, l := range ls {
-				expired := after[j] == (bucket.State{}) && t1 >= before[j].Last+l.FullAfterMicros(before[j].Tokens)
+				expired := after[j] == (bucket.State{}) && t2 >= before[j].Last+l.FullAfterMicros(before[j].Tokens)
 				if after[j] != before[j] && !expired {
 					t.Fatalf("take %d: refused, but bucket %q changed from %+v to %+v", i, ls[j].Name, before[j], after[j])
 				}
