@@ -41,21 +41,19 @@ func (s *suite) expiry(t *testing.T) {
 	if r := s.take(t, st, id, 1, 0, sl, fast); r.Granted != 1 {
 		t.Fatalf("take: %+v", r)
 	}
-	// slow: one token short of full, full again in 1024 s
+	// slow: one token short of full, full again in 1024 s. Redis keeps expiries in whole
+	// milliseconds: allow the store 2 ms of rounding up.
 	ttl, err := c.PTTL(ctx, s.rb().Key(id, sl.Name)).Result()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if ttl > tokenOfSlow || ttl < tokenOfSlow-s.h.tol() {
+	if ttl > tokenOfSlow+2*time.Millisecond || ttl < tokenOfSlow-s.h.tol() {
 		t.Fatalf("slow bucket's PTTL %v, want about %v", ttl, tokenOfSlow)
 	}
 	// fast: full again 10 ms after the take; poll (bounded) until the key is gone.
 	fk := s.rb().Key(id, fast.Name)
-	if ttl, err := c.PTTL(ctx, fk).Result(); err != nil || ttl > 10*time.Millisecond {
-		if err == nil && ttl < 0 { // already expired: fine
-			return
-		}
-		t.Fatalf("fast bucket's PTTL %v (%v), want <= 10ms", ttl, err)
+	if ttl, err := c.PTTL(ctx, fk).Result(); err != nil || ttl > 12*time.Millisecond {
+		t.Fatalf("fast bucket's PTTL %v (%v), want <= 12ms", ttl, err)
 	}
 	deadline := time.Now().Add(2 * time.Second)
 	for {
