@@ -44,6 +44,9 @@ type Config struct {
 	// LogLevel is trace, debug, info, warn or error. LogJSON writes JSON lines.
 	LogLevel string `yaml:"log_level"`
 	LogJSON  bool   `yaml:"log_json"`
+	// Pprof serves net/http/pprof under /debug/pprof/ on the HTTP address. Off by default:
+	// profiles reveal internals; enable it on a loopback or admin-only listener.
+	Pprof bool `yaml:"pprof"`
 }
 
 // StoreConfig says where buckets live.

@@ -128,6 +128,7 @@ var overrides = []override{
 	{name: "fallback-slack", usage: "local limit slack while Redis is unavailable", apply: float(func(c *Config) *float64 { return &c.Fallback.Slack })},
 	{name: "rls-domain", usage: "the only Envoy RLS domain accepted (default any)", apply: str(func(c *Config) *string { return &c.RLS.Domain })},
 	{name: "log-level", usage: "trace | debug | info | warn | error", apply: str(func(c *Config) *string { return &c.LogLevel })},
+	{name: "pprof", usage: "serve /debug/pprof/ on the HTTP address", isBool: true, apply: boolean(func(c *Config) *bool { return &c.Pprof })},
 	{name: "log-json", usage: "log JSON lines", isBool: true, apply: boolean(func(c *Config) *bool { return &c.LogJSON })},
 }
 
