@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -13,6 +14,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"go.uber.org/goleak"
 )
 
 // TestMain lets a test run this binary's main as a child process.
@@ -20,7 +23,14 @@ func TestMain(m *testing.M) {
 	if os.Getenv("ENFORCER_TEST_MAIN") == "1" {
 		os.Exit(run(os.Args[1:], os.Getenv, os.Stdout, os.Stderr))
 	}
-	os.Exit(m.Run())
+	code := m.Run()
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, "goleak:", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
 }
 
 // TestProcessReloadsOnSIGHUPAndStopsOnSIGTERM runs the enforcer as a real process with the
