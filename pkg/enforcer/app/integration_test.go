@@ -326,9 +326,11 @@ func TestIntegration(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		body, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
-		if resp.StatusCode != 503 {
-			t.Errorf("readyz during the outage: %d, want 503", resp.StatusCode)
+		// Still in rotation: the fallback layer answers (P2); /readyz names the degraded store.
+		if resp.StatusCode != 200 || !strings.Contains(string(body), "degraded") || !strings.Contains(string(body), "store") {
+			t.Errorf("readyz during the outage: %d %q, want 200 naming the degraded store", resp.StatusCode, body)
 		}
 		victim.Unpause(t)
 		paused = false

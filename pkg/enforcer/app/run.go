@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/allot-dev/allot/pkg/enforcer/httpapi"
 	"github.com/allot-dev/allot/pkg/rules"
 	"github.com/redis/go-redis/v9"
 	"google.golang.org/grpc"
@@ -144,21 +145,25 @@ func loadBase(path string) (*rules.Set, error) {
 // readyTimeout bounds the store ping /readyz makes.
 const readyTimeout = 250 * time.Millisecond
 
-// Ready is /readyz: rules loaded, registered in etcd (when etcd is configured), the Redis
-// store answering (every master of a cluster). It names every failing part.
+// Ready is /readyz. It fails (503) only when this enforcer cannot answer checks as
+// configured: closed, or no rules loaded from etcd yet. A Redis shard or etcd being
+// unreachable does not make it unready — the fallback layer answers those checks, and
+// taking every enforcer of a region out of rotation at once would turn a Redis outage into
+// an API outage (P2) — so those come back wrapped in httpapi.ErrDegraded: 200, naming
+// every degraded part.
 func (a *App) Ready() error {
 	if a.isClosed() {
 		return ErrClosed
 	}
-	var errs []error
 	a.mu.Lock()
 	src := a.etcdSrc
 	a.mu.Unlock()
 	if src != nil && a.base == "" {
 		if st := src.Status(); st.Loads == 0 {
-			errs = append(errs, fmt.Errorf("rules: none loaded from etcd yet (last error: %v)", st.LastError))
+			return fmt.Errorf("rules: none loaded from etcd yet (last error: %v)", st.LastError)
 		}
 	}
+	var errs []error
 	if a.registry != nil {
 		if err := a.registry.Healthy(); err != nil {
 			errs = append(errs, fmt.Errorf("registry: %w", err))
@@ -177,7 +182,10 @@ func (a *App) Ready() error {
 			errs = append(errs, fmt.Errorf("store: %w", err))
 		}
 	}
-	return errors.Join(errs...)
+	if len(errs) > 0 {
+		return fmt.Errorf("%w: %w", httpapi.ErrDegraded, errors.Join(errs...))
+	}
+	return nil
 }
 
 // Close shuts down gracefully: it reports NOT_SERVING, stops accepting, lets in-flight

@@ -122,6 +122,12 @@ func (c Config) Validate() error {
 // Handler serves the endpoints above. ready reports readiness for /readyz (nil: ready);
 // gatherer serves /metrics (normally the registry the enforcer registered with).
 // It is safe for concurrent use.
+// ErrDegraded marks a readiness error that must not take the process out of rotation: the
+// enforcer still answers every check (a Redis shard or etcd being down is what the fallback
+// layer is for, P2), so /readyz answers 200 and names what is degraded. Any other error
+// from the ready function answers 503.
+var ErrDegraded = errors.New("degraded")
+
 func Handler(e *enforcer.Enforcer, cfg Config, gatherer prometheus.Gatherer, ready func() error, log hclog.Logger) http.Handler {
 	cfg = cfg.withDefaults()
 	if log == nil {
@@ -139,7 +145,10 @@ func Handler(e *enforcer.Enforcer, cfg Config, gatherer prometheus.Gatherer, rea
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		if ready != nil {
-			if err := ready(); err != nil {
+			if err := ready(); errors.Is(err, ErrDegraded) {
+				io.WriteString(w, "ready, "+err.Error()+"\n")
+				return
+			} else if err != nil {
 				w.WriteHeader(http.StatusServiceUnavailable)
 				io.WriteString(w, "not ready: "+err.Error()+"\n")
 				return

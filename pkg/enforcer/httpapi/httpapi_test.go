@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -204,6 +205,10 @@ func TestHealthReadyMetrics(t *testing.T) {
 	readyErr = errors.New("rules not loaded")
 	if c, b := get("/readyz"); c != 503 || !strings.Contains(b, "rules not loaded") {
 		t.Fatalf("readyz %d %q", c, b)
+	}
+	readyErr = fmt.Errorf("%w: store: shard 127.0.0.1:7001 down", ErrDegraded)
+	if c, b := get("/readyz"); c != 200 || !strings.Contains(b, "degraded") || !strings.Contains(b, "7001") {
+		t.Fatalf("readyz while degraded: %d %q, want 200 naming the shard", c, b)
 	}
 	post(t, srv.URL, `{"api_key":"k"}`)
 	post(t, srv.URL, `{"bad":1}`)
