@@ -24,6 +24,12 @@ test-short:
 bench: images
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime $(BENCHTIME) -timeout $(TIMEOUT) $(PKGS)
 
+# The enforcer load benchmark (issue 4): one enforcer process vs a 3-master Redis Cluster over
+# Envoy RLS gRPC; see e2e/load_test.go for the workload, the metrics and the ALLOT_BENCH_* knobs.
+.PHONY: bench-load
+bench-load: images
+	$(GO) test -run '^$$' -bench BenchmarkEnforcerRLS -benchtime 1x -timeout 10m ./e2e/
+
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
