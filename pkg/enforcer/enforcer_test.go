@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/netip"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -262,7 +263,7 @@ rules:
 		{"RateLimit-Policy", `"api/minute";q=3;w=3`},
 		{"RateLimit", `"api/minute";r=2;t=1`},
 	}
-	if !equalHeaders(got, want) {
+	if !slices.Equal(got, want) {
 		t.Fatalf("allowed headers %v, want %v", got, want)
 	}
 	r.check(t, a)
@@ -275,7 +276,7 @@ rules:
 		{"Retry-After", "1"},
 		{"X-RateLimit-Rule", "api"},
 	}
-	if !equalHeaders(got, want) {
+	if !slices.Equal(got, want) {
 		t.Fatalf("refused headers %v, want %v", got, want)
 	}
 	// 0.4 s later one token is still 0.6 s away: Retry-After rounds up to 1.
@@ -302,18 +303,6 @@ func TestHeaderValuesAreSafe(t *testing.T) {
 	if got := string(d.AppendPolicy(nil)); got != `"a\"b\\c__/min_";q=1;w=1` {
 		t.Fatalf("policy %s", got)
 	}
-}
-
-func equalHeaders(a, b []Header) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
 
 func TestResetJitterIsSmallLaterAndPerKey(t *testing.T) {

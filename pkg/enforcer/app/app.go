@@ -281,18 +281,10 @@ func (a *App) buildStore() error {
 		lc := lease.DefaultConfig()
 		lc.Clock, lc.Peers = a.clock, a.peers
 		l := a.cfg.Lease
-		if l.TTL > 0 {
-			lc.LeaseTTL = l.TTL
-		}
-		if l.Window > 0 {
-			lc.Window = l.Window
-		}
-		if l.BusyHits > 0 {
-			lc.BusyHits = l.BusyHits
-		}
-		if l.MaxKeys > 0 {
-			lc.MaxKeys = l.MaxKeys
-		}
+		overrideIfSet(&lc.LeaseTTL, l.TTL)
+		overrideIfSet(&lc.Window, l.Window)
+		overrideIfSet(&lc.BusyHits, l.BusyHits)
+		overrideIfSet(&lc.MaxKeys, l.MaxKeys)
 		lc.Observer = newLeaseMetrics(a.reg)
 		if a.lease, err = lease.New(next, lc); err != nil {
 			return err
@@ -302,21 +294,11 @@ func (a *App) buildStore() error {
 	fc := fallback.DefaultConfig()
 	fc.Clock, fc.Peers, fc.Shard, fc.Logger = a.clock, a.peers, a.redisStore.ShardOf, a.log.Named("fallback")
 	f := a.cfg.Fallback
-	if f.Timeout > 0 {
-		fc.Timeout = f.Timeout
-	}
-	if f.TripAfter > 0 {
-		fc.TripAfter = f.TripAfter
-	}
-	if f.OpenFor > 0 {
-		fc.OpenFor = f.OpenFor
-	}
-	if f.Slack > 0 {
-		fc.Slack = f.Slack
-	}
-	if f.MaxLocalKeys > 0 {
-		fc.MaxLocalKeys = f.MaxLocalKeys
-	}
+	overrideIfSet(&fc.Timeout, f.Timeout)
+	overrideIfSet(&fc.TripAfter, f.TripAfter)
+	overrideIfSet(&fc.OpenFor, f.OpenFor)
+	overrideIfSet(&fc.Slack, f.Slack)
+	overrideIfSet(&fc.MaxLocalKeys, f.MaxLocalKeys)
 	fc.Observer = newFallbackMetrics(a.reg)
 	if a.fallback, err = fallback.New(next, fc); err != nil {
 		return err
@@ -417,3 +399,11 @@ func (a *App) Registry() *prometheus.Registry { return a.reg }
 
 // Rules returns the holder of the rules in force.
 func (a *App) Rules() *rules.Holder { return a.holder }
+
+// overrideIfSet replaces a layer's default with the configured value when one was given
+// (zero means "use the layer's default").
+func overrideIfSet[T int | int64 | uint64 | float64 | time.Duration](dst *T, v T) {
+	if v > 0 {
+		*dst = v
+	}
+}

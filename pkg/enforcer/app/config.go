@@ -264,22 +264,14 @@ levelOK:
 func (c *Config) enforcerConfig() enforcer.Config {
 	ec := enforcer.DefaultConfig()
 	ch := c.Check
-	setInt(&ec.Limits.MaxDescriptors, ch.MaxDescriptors)
-	setInt(&ec.Limits.MaxEntries, ch.MaxEntries)
-	setInt(&ec.Limits.MaxKeyLen, ch.MaxKeyLen)
-	setInt(&ec.Limits.MaxValueLen, ch.MaxValueLen)
-	if ch.MaxHits > 0 {
-		ec.Limits.MaxHits = ch.MaxHits
-	}
-	if ch.ResetJitterMax > 0 {
-		ec.ResetJitterMax = ch.ResetJitterMax
-	}
-	if ch.DecisionLogEvery > 0 {
-		ec.DecisionLogEvery = ch.DecisionLogEvery
-	}
-	if ch.RefusalLogEvery > 0 {
-		ec.RefusalLogEvery = ch.RefusalLogEvery
-	}
+	overrideIfSet(&ec.Limits.MaxDescriptors, ch.MaxDescriptors)
+	overrideIfSet(&ec.Limits.MaxEntries, ch.MaxEntries)
+	overrideIfSet(&ec.Limits.MaxKeyLen, ch.MaxKeyLen)
+	overrideIfSet(&ec.Limits.MaxValueLen, ch.MaxValueLen)
+	overrideIfSet(&ec.Limits.MaxHits, ch.MaxHits)
+	overrideIfSet(&ec.ResetJitterMax, ch.ResetJitterMax)
+	overrideIfSet(&ec.DecisionLogEvery, ch.DecisionLogEvery)
+	overrideIfSet(&ec.RefusalLogEvery, ch.RefusalLogEvery)
 	ec.Region = c.Region
 	return ec
 }
@@ -290,11 +282,5 @@ func (c *Config) authConfig() httpapi.Config {
 		APIKeyHeader: a.APIKeyHeader, PlanHeader: a.PlanHeader, OrgHeader: a.OrgHeader,
 		EndpointHeader: a.EndpointHeader, RealIPHeader: a.RealIPHeader,
 		ForwardedForHeader: a.ForwardedForHeader, TrustedHops: a.TrustedHops, RefuseStatus: a.RefuseStatus,
-	}
-}
-
-func setInt(dst *int, v int) {
-	if v > 0 {
-		*dst = v
 	}
 }
