@@ -27,20 +27,25 @@ type entry struct {
 	curExp, nxtExp int64
 
 	batch    int64 // lease size of the last lease call; refill when held <= batch/2
+	quiet    bool  // the quiet criterion held at the last call (see quietBatch)
 	lastCost int64 // Min of the last check spent from the lease: a refill's Min
 
 	// Busyness and demand: checks and tokens asked in the current window and the last.
 	winStart       int64
 	hits, prevHits int64
 	asked, prevAsk int64
-	refillAfter    int64 // no background refill before this (back-off after a failure)
-	pacedUntil     int64 // contended: no call for this key before this (see pace)
-	refusedUntil   int64 // refusal cache: the next store cannot give refusedMin tokens
-	refusedMin     int64 // before refusedUntil
-	limiting       int   // the bucket view from the last answer of the next store
-	remaining      int64
-	resetAt        int64
-	flight         *flight // the one call to the next store in flight for this key, if any
+	// Slow demand: tokens asked in the current LeaseTTL-long period and the last (see
+	// quietBatch).
+	slowStart         int64
+	slowAsk, slowPrev int64
+	refillAfter       int64 // no background refill before this (back-off after a failure)
+	pacedUntil        int64 // contended: no call for this key before this (see pace)
+	refusedUntil      int64 // refusal cache: the next store cannot give refusedMin tokens
+	refusedMin        int64 // before refusedUntil
+	limiting          int   // the bucket view from the last answer of the next store
+	remaining         int64
+	resetAt           int64
+	flight            *flight // the one call to the next store in flight for this key, if any
 }
 
 // flight is one call to the next store; checks that miss while it is in flight wait for it
@@ -65,6 +70,19 @@ func (e *entry) count(now, window, cost int64) {
 	}
 	e.hits++
 	e.asked += cost
+}
+
+// countSlow records cost tokens at now in the LeaseTTL-long demand period.
+func (e *entry) countSlow(now, ttl, cost int64) {
+	if d := now - e.slowStart; d >= ttl {
+		if d < 2*ttl {
+			e.slowPrev = e.slowAsk
+		} else {
+			e.slowPrev = 0
+		}
+		e.slowStart, e.slowAsk = now, 0
+	}
+	e.slowAsk += cost
 }
 
 // busy: at least minHits checks in the current window or in the one before it.

@@ -39,12 +39,41 @@
 //	batch  = max(batch, c)                 a batch always serves the check in hand
 //	batch  = min(batch, ⌊ min burst ⌋)     and never exceeds what a bucket can hold
 //
-// A key is leased only when it is busy — this enforcer saw at least Config.BusyHits checks
-// for it within one window (or a check arrived while a call for it was in flight) — and
-// batch > c. Otherwise every check is the exact per-request call: quiet keys (few checks,
-// or a rate so low that rate × W / N < c) cost one call per check and get exact answers.
-// The criterion errs toward exactness: a key just under the threshold pays one call per
-// check rather than stranding a batch it would not spend.
+// A key is leased with this batch when it is busy — this enforcer saw at least
+// Config.BusyHits checks for it within one window (or a check arrived while a call for it
+// was in flight) — and batch > c; or with the quiet batch below (the larger of the two
+// when both apply). Otherwise every check is the exact per-request call: a key with few
+// checks and no whole lease TTL of history, or near its limit, costs one call per check
+// and gets exact answers. The busy criterion errs toward exactness: a key just under the
+// threshold pays one call per check rather than stranding a batch it would not spend.
+//
+// # Quiet keys
+//
+// A key seen less than BusyHits times a window would cost one call per check, and most
+// keys of a real population are such keys (a Zipf tail seen 1–30 times a second). A key
+// far below its limits may instead lease a batch sized to its own demand over one lease
+// TTL (T, Config.LeaseTTL):
+//
+//	prev  = tokens this enforcer was asked for the key over the last whole T
+//	cur   = max(prev, tokens asked so far in the current T)
+//	quiet batch = min(cur, ⌊ min burst ⌋)   when prev ≥ 2c and 4 × N × cur ≤ R × T
+//
+// with R the slowest rate of the request's limits and N the enforcers in the region. A
+// key needs a whole T of history first, so a key seen once is never leased for.
+//
+// Which way it errs, and by how much: under, never over (tokens are still taken before
+// they are spent). Each enforcer holds at most about 1.5 quiet batches of the key, so the
+// fleet strands at most 1.5 × N × cur ≤ 0.375 × R × T tokens per T. With traffic spread
+// evenly the fleet spends about N × cur per T, so the bucket is drawn at most
+// 2.5 × N × cur ≤ 0.625 × R × T per T, less than it refills: the stranded tokens cannot
+// cause a refusal while the key's demand stays where it was measured. Only a key whose
+// demand jumps within one T from under R/(4N) to near R can be refused early, by at most
+// those stranded tokens (≤ 0.375 × R × T, expiring within T); as its measured demand
+// grows past R/(4N) the quiet batch is withdrawn and the busy batch (a 1/N share of one
+// Window of R, and at most two windows of local demand) applies, which is small near the
+// limit. Traffic concentrated on fewer enforcers strands less (the others hold nothing).
+// A quiet key costs about one call per quiet batch, i.e. about one call per T, instead
+// of one per check.
 //
 // The lease is refilled in the background when it falls to half a batch or less (and the
 // key is not paced or refused), so a busy key does not wait on the next store. Calls ask
@@ -195,6 +224,7 @@ func (s *Store) Take(ctx context.Context, req *bucket.Request) (bucket.Result, e
 		}
 		if !counted {
 			e.count(now, s.window, req.Want)
+			e.countSlow(now, s.ttl, req.Want)
 			counted = true
 		}
 		if d := e.expire(now); d > 0 {
@@ -267,7 +297,7 @@ func (s *Store) spend(e *entry, req *bucket.Request, now int64) bucket.Result {
 		Source:    bucket.SourceLease,
 	}
 	s.emit(EventLeaseHit, g)
-	if e.flight == nil && 2*held <= e.batch && e.busy(s.busyHits) &&
+	if e.flight == nil && 2*held <= e.batch && (e.busy(s.busyHits) || e.quiet) &&
 		now >= e.refillAfter && now >= e.pacedUntil && !e.refused(now, e.lastCost) {
 		s.enqueue(e)
 	}
@@ -282,8 +312,7 @@ func (s *Store) call(ctx context.Context, sh *shard, e *entry, req *bucket.Reque
 	e.flight = f
 	gen := e.gen
 	peers := s.peers()
-	batch := batchSize(req.Limits, req.Want, e.demand(), peers, s.cfg.Window)
-	lease := e.busy(s.busyHits) && batch > req.Want
+	batch, lease := s.leaseBatch(e, req.Limits, req.Want, peers)
 	c := *req
 	if lease {
 		e.batch = batch
@@ -333,6 +362,42 @@ func (s *Store) call(ctx context.Context, sh *shard, e *entry, req *bucket.Reque
 	res.Granted = g
 	res.Remaining += e.held()
 	return res, nil
+}
+
+// leaseBatch decides whether a call for e's key (with these limits, for a check of the
+// given cost) takes a lease, and its size: the busy batch (batchSize) for a busy key, or
+// the quiet batch (quietBatch) for a key far under its limits, whichever is larger. It
+// records in e.quiet whether the quiet criterion held. Called with e's shard lock held.
+func (s *Store) leaseBatch(e *entry, limits []bucket.Limit, cost int64, peers int) (int64, bool) {
+	b := int64(0)
+	if e.busy(s.busyHits) {
+		b = batchSize(limits, cost, e.demand(), peers, s.cfg.Window)
+	}
+	q := quietBatch(limits, cost, e.slowPrev, max(e.slowPrev, e.slowAsk), peers, s.cfg.LeaseTTL)
+	e.quiet = q > cost
+	b = max(b, q)
+	return b, b > cost
+}
+
+// quietBatch is the batch for a key this enforcer sees far under its limits, sized to the
+// key's own demand over one LeaseTTL (T): prev is the tokens asked over the last whole T,
+// cur = max(prev, the current part). It is 0 (no quiet lease) unless
+//
+//	prev ≥ 2 × cost  and  4 × N × cur ≤ ⌊ min over the limits of rate × T ⌋
+//
+// and then cur, capped by the smallest burst. See "Quiet keys" in the package comment.
+func quietBatch(limits []bucket.Limit, cost, prev, cur int64, peers int, ttl time.Duration) int64 {
+	if prev < 2*cost || cur <= cost {
+		return 0
+	}
+	byRate, burst := limits[0].Rate, limits[0].Burst
+	for _, l := range limits[1:] {
+		byRate, burst = min(byRate, l.Rate), min(burst, l.Burst)
+	}
+	if float64(4*int64(max(peers, 1)))*float64(cur) > byRate*ttl.Seconds() {
+		return 0
+	}
+	return min(cur, int64(burst))
 }
 
 func batchSize(limits []bucket.Limit, cost, demand int64, peers int, window time.Duration) int64 {

@@ -48,8 +48,8 @@ func (s *Store) refill(e *entry) {
 	f := e.flight
 	var req *bucket.Request
 	peers := s.peers()
-	if !e.gone && e.busy(s.busyHits) {
-		if b := batchSize(e.limits, e.lastCost, e.demand(), peers, s.cfg.Window); b > e.lastCost {
+	if !e.gone {
+		if b, ok := s.leaseBatch(e, e.limits, e.lastCost, peers); ok {
 			e.batch = b
 			req = &bucket.Request{Identity: e.key, Limits: e.limits, Want: b, Min: e.lastCost}
 		}
