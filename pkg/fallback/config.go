@@ -44,6 +44,17 @@ type Config struct {
 	// the next store. Default 2 s.
 	OpenFor time.Duration
 
+	// StallGrace tells a shard's failure from this process's own stall. When a shard
+	// reaches TripAfter consecutive failures and, since they began, goroutines of this
+	// process have waited at least Timeout/2 to be scheduled (the Go runtime's
+	// scheduling-latency histogram: a saturated host, a GC pause), the deadline misses say
+	// more about this process than about the shard, and the breaker opens only once the
+	// failures have lasted StallGrace. The failed checks are answered locally meanwhile, as
+	// always; the breaker just does not keep healthy shards' keys on local limits for
+	// OpenFor after every stall. A process that was not starved opens at TripAfter as
+	// before. 0 disables the guard. Default 500 ms.
+	StallGrace time.Duration
+
 	// Peers returns N, the number of enforcers live in the region; the local limits while
 	// a shard is unavailable are limit × Slack / N. It is called only on the degraded path.
 	// Nil, or an answer below 1, means 1: this enforcer alone, which errs over by a factor
@@ -72,12 +83,14 @@ const (
 	DefaultProbeTimeout = 50 * time.Millisecond
 	DefaultTripAfter    = 5
 	DefaultOpenFor      = 2 * time.Second
+	DefaultStallGrace   = 500 * time.Millisecond
 	DefaultSlack        = 2.0
 	DefaultMaxLocalKeys = 100_000
 )
 
 // DefaultConfig returns the defaults: real clock, one shard, 5 ms per call (50 ms for a
-// probe), open after 5 consecutive failures for 2 s, N = 1, Slack 2, 100,000 local keys,
+// probe), open after 5 consecutive failures for 2 s (after 500 ms when every shard fails
+// at once), N = 1, Slack 2, 100,000 local keys,
 // no logs, no metrics.
 func DefaultConfig() Config {
 	return Config{
@@ -86,6 +99,7 @@ func DefaultConfig() Config {
 		ProbeTimeout: DefaultProbeTimeout,
 		TripAfter:    DefaultTripAfter,
 		OpenFor:      DefaultOpenFor,
+		StallGrace:   DefaultStallGrace,
 		Slack:        DefaultSlack,
 		MaxLocalKeys: DefaultMaxLocalKeys,
 	}
@@ -105,6 +119,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("fallback: config: TripAfter %d, must be in [1, %d]", c.TripAfter, maxTripAfter)
 	case c.OpenFor <= 0:
 		return fmt.Errorf("fallback: config: OpenFor %v, must be > 0", c.OpenFor)
+	case c.StallGrace < 0:
+		return fmt.Errorf("fallback: config: StallGrace %v, must be >= 0 (0 disables it)", c.StallGrace)
 	case math.IsNaN(c.Slack) || math.IsInf(c.Slack, 0) || c.Slack <= 0:
 		return fmt.Errorf("fallback: config: Slack %g, must be finite and > 0", c.Slack)
 	case c.MaxLocalKeys < 1:

@@ -11,6 +11,11 @@
 //     check is answered locally at limit × Slack / N, N the enforcers in the region, from
 //     a bounded in-memory bucket table; rules marked fail-closed are refused instead.
 //
+// A process starved of CPU misses deadlines on every shard at once. So when goroutines of
+// this process have waited at least Timeout/2 to be scheduled since a shard's failures
+// began (the Go runtime's scheduling-latency histogram), that shard's breaker opens only
+// once the failures have lasted StallGrace (500 ms); see stalled.
+//
 // The breakers are driven by the checks and the clock alone: there is no goroutine.
 //
 // A failure is an error from the next store other than bucket.ErrInvalid and the caller's
@@ -83,6 +88,9 @@ type Store struct {
 	local       *bucket.Memory
 	scratch     sync.Pool // *scratch
 	closed      atomic.Bool
+	// starve counts slow scheduling waits of this process (see stalled); nil when
+	// StallGrace is 0. Tests replace it.
+	starve func() uint64
 }
 
 // scratch is the space answerLocally builds the scaled request in.
@@ -118,6 +126,9 @@ func New(next bucket.Store, cfg Config) (*Store, error) {
 		local:       bucket.NewMemory(cfg.Clock, cfg.MaxLocalKeys),
 	}
 	s.scratch.New = func() any { return new(scratch) }
+	if cfg.StallGrace > 0 {
+		s.starve = newStarvation(cfg.Timeout / 2).slow
+	}
 	name := ""
 	if cfg.Shard != nil {
 		name = OverflowShard
@@ -139,6 +150,11 @@ type breaker struct {
 	fails     atomic.Int32  // consecutive counted failures in the current closed period
 	openUntil atomic.Int64  // Unix µs when an open breaker may probe; stored before the word that publishes Open
 	shard     string
+
+	// The stall guard (Config.StallGrace): when the current run of failures began (Unix
+	// µs, 0: none), and the process's count of slow scheduling waits then.
+	failSince atomic.Int64
+	slowAt    atomic.Uint64
 }
 
 const stateMask = 3
@@ -160,8 +176,11 @@ func (s *Store) Take(ctx context.Context, req *bucket.Request) (bucket.Result, e
 	}
 	res, err := s.call(ctx, req, false)
 	if err == nil {
-		if b.fails.Load() != 0 && !cached(res.Source) {
-			b.fails.Store(0)
+		if !cached(res.Source) {
+			if b.fails.Load() != 0 {
+				b.fails.Store(0)
+				b.failSince.Store(0)
+			}
 		}
 		s.obs.Decision(b.shard, res.Source, res.Granted > 0)
 		return res, nil
@@ -211,7 +230,12 @@ func (s *Store) failed(b *breaker, w uint64, err error, now time.Time) {
 	if b.word.Load() != w {
 		return // the breaker moved on while this call was in flight
 	}
-	if b.fails.Add(1) < int32(s.cfg.TripAfter) {
+	n := b.fails.Add(1)
+	if n == 1 && s.starve != nil {
+		b.failSince.Store(now.UnixMicro())
+		b.slowAt.Store(s.starve())
+	}
+	if n < int32(s.cfg.TripAfter) || s.stalled(b, now) {
 		return
 	}
 	b.mu.Lock()
@@ -219,6 +243,7 @@ func (s *Store) failed(b *breaker, w uint64, err error, now time.Time) {
 	if tripped {
 		b.openUntil.Store(now.Add(s.cfg.OpenFor).UnixMicro())
 		b.fails.Store(0)
+		b.failSince.Store(0)
 		b.word.Store(bump(w, Open))
 	}
 	b.mu.Unlock()
@@ -227,6 +252,27 @@ func (s *Store) failed(b *breaker, w uint64, err error, now time.Time) {
 			"shard", b.shard, "failures", s.cfg.TripAfter, "open-for", s.cfg.OpenFor, "error", err)
 		s.obs.Transition(b.shard, Closed, Open)
 	}
+}
+
+// stalled reports whether b, at TripAfter failures, should stay closed for now because
+// its failures look like this process's stall rather than the shard's fault: since they
+// began some goroutine of this process waited at least Timeout/2 to be scheduled (the Go
+// runtime's scheduling-latency histogram), and they have lasted less than StallGrace.
+//
+// Which way it errs: a shard that dies while this process is starved of CPU opens up to
+// StallGrace later, so for that long its checks wait up to Timeout before they are
+// answered locally — slower, never refused. A starved process no longer opens breakers
+// on healthy shards, which put their keys on local limits (over, up to Slack×) for
+// OpenFor after every stall.
+func (s *Store) stalled(b *breaker, now time.Time) bool {
+	if s.starve == nil {
+		return false
+	}
+	since := b.failSince.Load()
+	if since == 0 || now.UnixMicro()-since >= s.cfg.StallGrace.Microseconds() {
+		return false
+	}
+	return s.starve() != b.slowAt.Load()
 }
 
 // testHookProbeRace, set by tests only, runs between a check seeing that a probe is due

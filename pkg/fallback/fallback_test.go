@@ -28,6 +28,7 @@ func TestConfigValidate(t *testing.T) {
 		{func(c *Config) { c.ProbeTimeout = 0 }, "ProbeTimeout 0s"},
 		{func(c *Config) { c.TripAfter = 0 }, "TripAfter 0"},
 		{func(c *Config) { c.OpenFor = 0 }, "OpenFor 0s"},
+		{func(c *Config) { c.StallGrace = -time.Second }, "StallGrace -1s"},
 		{func(c *Config) { c.Slack = 0 }, "Slack 0"},
 		{func(c *Config) { c.Slack = -1 }, "Slack -1"},
 		{func(c *Config) { c.Slack = nan() }, "Slack NaN"},
