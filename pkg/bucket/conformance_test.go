@@ -25,20 +25,34 @@ func TestConformanceRedis(t *testing.T) {
 	n := testenv.Redis(t)
 	c := redis.NewClient(&redis.Options{Addr: n.Addr})
 	t.Cleanup(func() { _ = c.Close() })
-	runRedisConformance(t, c)
+	runRedisConformance(t, c, bucket.RedisOptions{})
 }
 
 func TestConformanceRedisCluster(t *testing.T) {
 	cl := testenv.RedisCluster(t, testenv.ClusterOptions{Masters: 3})
-	runRedisConformance(t, cl.Client())
+	runRedisConformance(t, cl.Client(), bucket.RedisOptions{})
 }
 
-func runRedisConformance(t *testing.T, c redis.UniversalClient) {
+// The same suite with auto-pipelining: every guarantee holds per take.
+func TestConformanceRedisPipeline(t *testing.T) {
+	n := testenv.Redis(t)
+	c := redis.NewClient(&redis.Options{Addr: n.Addr})
+	t.Cleanup(func() { _ = c.Close() })
+	runRedisConformance(t, c, bucket.RedisOptions{Pipeline: true})
+}
+
+func TestConformanceRedisClusterPipeline(t *testing.T) {
+	cl := testenv.RedisCluster(t, testenv.ClusterOptions{Masters: 3})
+	runRedisConformance(t, cl.Client(), bucket.RedisOptions{Pipeline: true, MaxBatch: 4})
+}
+
+func runRedisConformance(t *testing.T, c redis.UniversalClient, opts bucket.RedisOptions) {
 	cmds := countCommands(c)
-	st, err := bucket.NewRedis(c, bucket.RedisOptions{})
+	st, err := bucket.NewRedis(c, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { _ = st.Close() })
 	buckettest.Run(t, buckettest.Harness{
 		New:    func(*testing.T) bucket.Store { return st },
 		Source: bucket.SourceRedis,

@@ -46,6 +46,14 @@ type RedisOptions struct {
 	// '}', which would move the cluster hash tag, and is at most 64 bytes. Tests and
 	// deployments sharing one Redis use it to keep apart.
 	KeyPrefix string
+	// Pipeline coalesces concurrent Takes on one shard into one pipeline (one write and
+	// one read for many takes; redis_pipeline.go says what is kept). Off by default:
+	// every Take is then its own round trip. The client must have a Pipeline method
+	// (*redis.Client and *redis.ClusterClient do); the store then needs Close.
+	Pipeline bool
+	// MaxBatch bounds the takes in one pipeline (default 128); each shard queues at most
+	// 4 × MaxBatch, past which a Take sends alone. Used only with Pipeline.
+	MaxBatch int
 }
 
 // Validate names the field at fault.
@@ -55,6 +63,9 @@ func (o RedisOptions) Validate() error {
 	}
 	if len(o.KeyPrefix) > 64 {
 		return fmt.Errorf("bucket: RedisOptions.KeyPrefix is %d bytes, more than 64", len(o.KeyPrefix))
+	}
+	if o.MaxBatch < 0 || o.MaxBatch > 1<<16 {
+		return fmt.Errorf("bucket: RedisOptions.MaxBatch %d is not in [0, 65536]", o.MaxBatch)
 	}
 	return nil
 }
@@ -86,13 +97,24 @@ func (o RedisOptions) Validate() error {
 // The script is called by SHA (EVALSHA). When a node answers NOSCRIPT (restart, failover,
 // SCRIPT FLUSH), Take sends the script itself once (EVAL), which runs it and caches it on
 // that node again; later calls go back to EVALSHA. Preload loads it on every node ahead.
+//
+// With RedisOptions.Pipeline, concurrent Takes on one shard share a pipeline, sent by one
+// goroutine per shard that Close stops; every guarantee above holds per take.
 type Redis struct {
-	client  RedisClient
-	cluster masterForKey // nil on a single node
-	prefix  string
-	calls   atomic.Uint64
-	known   atomic.Bool // the cluster client has a slot table (ShardOf needs no round trip)
-	pool    sync.Pool   // *redisCall
+	// mu guards closed and replacing batchers (Takes read batchers without it).
+	mu       sync.Mutex
+	client   RedisClient
+	cluster  masterForKey // nil on a single node
+	prefix   string
+	calls    atomic.Uint64
+	known    atomic.Bool // the cluster client has a slot table (ShardOf needs no round trip)
+	pool     sync.Pool   // *redisCall
+	pipeline bool
+	maxBatch int
+	waiters  sync.Pool                           // *waiter
+	batchers atomic.Pointer[map[string]*batcher] // by shard address; copied on write
+	closed   bool
+	wg       sync.WaitGroup // batchers
 }
 
 // NewRedis returns a Redis store over client (a *redis.Client, *redis.ClusterClient or
@@ -107,11 +129,19 @@ func NewRedis(client RedisClient, opts RedisOptions) (*Redis, error) {
 	if opts.KeyPrefix == "" {
 		opts.KeyPrefix = DefaultKeyPrefix
 	}
-	r := &Redis{client: client, prefix: opts.KeyPrefix}
+	if opts.MaxBatch == 0 {
+		opts.MaxBatch = defaultMaxBatch
+	}
+	if _, ok := client.(pipeliner); opts.Pipeline && !ok {
+		return nil, errNoPipeline
+	}
+	r := &Redis{client: client, prefix: opts.KeyPrefix, pipeline: opts.Pipeline, maxBatch: opts.MaxBatch}
 	if c, ok := client.(masterForKey); ok {
 		r.cluster = c
 	}
 	r.pool.New = func() any { return newRedisCall() }
+	r.waiters.New = newWaiter
+	r.batchers.Store(&map[string]*batcher{})
 	return r, nil
 }
 
@@ -159,17 +189,28 @@ func (r *Redis) Take(ctx context.Context, req *Request) (Result, error) {
 	if err := req.Validate(); err != nil {
 		return Result{}, err
 	}
+	if r.pipeline {
+		if b := r.batcherFor(req.Identity); b != nil {
+			return r.takePipelined(ctx, b, req)
+		}
+	}
+	return r.takeAlone(ctx, req)
+}
+
+// takeAlone sends req's script call on its own.
+func (r *Redis) takeAlone(ctx context.Context, req *Request) (Result, error) {
 	c := r.pool.Get().(*redisCall)
-	res, err := r.take(ctx, c, req)
+	args := c.build(r.prefix, req)
+	r.calls.Add(1)
+	cmd := redis.NewIntSliceCmd(ctx, args...)
+	res, err := r.reply(ctx, c, args, req, cmd, r.client.Process(ctx, cmd))
 	r.pool.Put(c)
 	return res, err
 }
 
-func (r *Redis) take(ctx context.Context, c *redisCall, req *Request) (Result, error) {
-	args := c.build(r.prefix, req)
-	r.calls.Add(1)
-	cmd := redis.NewIntSliceCmd(ctx, args...)
-	err := r.client.Process(ctx, cmd)
+// reply turns the script call's outcome into a Result, after sending the script itself
+// (EVAL) if the node had lost it. c holds args.
+func (r *Redis) reply(ctx context.Context, c *redisCall, args []any, req *Request, cmd *redis.IntSliceCmd, err error) (Result, error) {
 	if isNoScript(err) {
 		// The node lost its script cache. EVAL runs the script and caches it again; the
 		// EVALSHA did not run, so nothing was taken twice.
@@ -219,13 +260,19 @@ type redisCall struct {
 }
 
 func newRedisCall() *redisCall {
-	c := &redisCall{buf: make([]byte, 0, 256)}
+	c := &redisCall{}
+	c.init()
+	return c
+}
+
+// init prepares c for build; c must not be copied after.
+func (c *redisCall) init() {
+	c.buf = make([]byte, 0, 256)
 	c.args[0] = "evalsha"
 	c.strs[1] = takeSHA
 	for i := 1; i < maxArgs; i++ {
 		c.args[i] = &c.strs[i]
 	}
-	return c
 }
 
 // build fills the call for req and returns its arguments.

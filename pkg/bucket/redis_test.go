@@ -31,6 +31,11 @@ func newRedis(t testing.TB, c bucket.RedisClient) *bucket.Redis {
 // from before the first call to after the last) and not materially less.
 func TestRedisAtomicityCluster(t *testing.T) {
 	cl := testenv.RedisCluster(t, testenv.ClusterOptions{Masters: 3})
+	t.Run("alone", func(t *testing.T) { testAtomicity(t, cl, bucket.RedisOptions{}) })
+	t.Run("pipeline", func(t *testing.T) { testAtomicity(t, cl, bucket.RedisOptions{Pipeline: true}) })
+}
+
+func testAtomicity(t *testing.T, cl *testenv.Cluster, opts bucket.RedisOptions) {
 	const (
 		clients    = 4
 		goroutines = 64
@@ -44,7 +49,12 @@ func TestRedisAtomicityCluster(t *testing.T) {
 	)
 	stores := make([]*bucket.Redis, clients)
 	for i := range stores {
-		stores[i] = newRedis(t, cl.Client())
+		st, err := bucket.NewRedis(cl.Client(), opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = st.Close() })
+		stores[i] = st
 		if err := stores[i].Preload(context.Background()); err != nil {
 			t.Fatal(err)
 		}

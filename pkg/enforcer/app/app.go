@@ -268,7 +268,7 @@ func (a *App) buildStore() error {
 			PoolSize: sc.PoolSize, MaxRetries: -1, ContextTimeoutEnabled: true, DisableIdentity: true, Protocol: 2,
 		})
 	}
-	if a.redisStore, err = bucket.NewRedis(a.redis, bucket.RedisOptions{KeyPrefix: sc.KeyPrefix}); err != nil {
+	if a.redisStore, err = bucket.NewRedis(a.redis, bucket.RedisOptions{KeyPrefix: sc.KeyPrefix, Pipeline: sc.Pipeline}); err != nil {
 		return err
 	}
 	ctx, cancel := context.WithTimeout(a.ctx, sc.DialTimeout+time.Second)

@@ -46,6 +46,16 @@ func TestParsePrecedence(t *testing.T) {
 	if cfg.Region != "flag" || !cfg.Store.TLS.Enabled || len(cfg.Store.Addrs) != 2 || cfg.Store.Addrs[1] != "b:2" || cfg.Peers != 3 {
 		t.Fatalf("got %+v", cfg)
 	}
+	for _, tc := range []struct {
+		args []string
+		env  string
+		want bool
+	}{{nil, "", false}, {[]string{"-redis-pipeline"}, "", true}, {nil, "true", true}, {[]string{"-redis-pipeline=false"}, "true", false}} {
+		cfg, err = Parse(tc.args, env(map[string]string{"ALLOT_CONFIG": path, "ALLOT_REDIS_PIPELINE": tc.env}), io.Discard)
+		if err != nil || cfg.Store.Pipeline != tc.want {
+			t.Fatalf("store.pipeline from %q and ALLOT_REDIS_PIPELINE=%q: %v (%v), want %v", tc.args, tc.env, cfg.Store.Pipeline, err, tc.want)
+		}
+	}
 }
 
 func TestParseErrors(t *testing.T) {

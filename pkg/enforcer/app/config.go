@@ -68,6 +68,9 @@ type StoreConfig struct {
 	WriteTimeout time.Duration `yaml:"write_timeout"`
 	// PoolSize is connections per node; 0 lets go-redis choose (10 per CPU).
 	PoolSize int `yaml:"pool_size"`
+	// Pipeline coalesces concurrent Redis takes on one shard into one pipeline (one
+	// write and one read for many checks; bucket.RedisOptions.Pipeline). Default off.
+	Pipeline bool `yaml:"pipeline"`
 	// MaxKeys bounds the memory store (identities). Default 1,048,576.
 	MaxKeys int `yaml:"max_keys"`
 }

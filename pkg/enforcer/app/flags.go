@@ -100,6 +100,7 @@ var overrides = []override{
 	{name: "redis-dial-timeout", usage: "Redis dial timeout", apply: dur(func(c *Config) *time.Duration { return &c.Store.DialTimeout })},
 	{name: "redis-read-timeout", usage: "Redis read timeout", apply: dur(func(c *Config) *time.Duration { return &c.Store.ReadTimeout })},
 	{name: "redis-write-timeout", usage: "Redis write timeout", apply: dur(func(c *Config) *time.Duration { return &c.Store.WriteTimeout })},
+	{name: "redis-pipeline", usage: "coalesce concurrent Redis takes on one shard into one pipeline", isBool: true, apply: boolean(func(c *Config) *bool { return &c.Store.Pipeline })},
 	{name: "redis-pool-size", usage: "Redis connections per node", apply: integer(func(c *Config) *int { return &c.Store.PoolSize })},
 	{name: "etcd-endpoints", usage: "comma-separated etcd client URLs", apply: list(func(c *Config) *[]string { return &c.Etcd.Endpoints })},
 	{name: "etcd-username", usage: "etcd user", apply: str(func(c *Config) *string { return &c.Etcd.Username })},

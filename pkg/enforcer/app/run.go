@@ -225,6 +225,9 @@ func (a *App) Close() error {
 		if a.lease != nil {
 			a.lease.Close()
 		}
+		if a.redisStore != nil {
+			_ = a.redisStore.Close() // stops its pipelining goroutines; never fails
+		}
 		if a.redis != nil {
 			if err := a.redis.Close(); err != nil {
 				errs = append(errs, fmt.Errorf("app: while closing redis: %w", err))
