@@ -79,4 +79,4 @@ sleep 3
 burst 20 k_demo
 
 say "metrics an SRE would watch (curl localhost:8080/metrics)"
-curl -s localhost:8080/metrics | grep -E '^allot_(enforcer_decisions_total|fallback_transitions_total|registry_peers|enforcer_rules_info)' | sed 's/^/   /'
+curl -s localhost:8080/metrics | grep -E '^allot_(enforcer_decisions_total|fallback_transitions_total|registry_peers|enforcer_rules_info)' | grep -v ' 0$' | sed 's/^/   /'
