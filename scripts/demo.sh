@@ -28,6 +28,9 @@ burst() {
     | awk '{printf "   %5d  %s  (source: %s)\n", $1, ($2=="true"?"allowed":"refused"), $3}'
 }
 
+echo "allot demo: one region (us-east) for real. The three-region regionsim demo, with the"
+echo "balancer moving shares between regions, arrives with milestone 2 and does not exist yet."
+
 say "building the images (once per machine) and the enforcer"
 bash scripts/images.sh
 go build -o bin/ ./cmd/enforcer
