@@ -221,6 +221,11 @@ func (r *Redis) reply(ctx context.Context, c *redisCall, args []any, req *Reques
 		args[0], c.strs[1] = "evalsha", takeSHA
 	}
 	if err != nil {
+		if cerr := ctx.Err(); cerr != nil && !errors.Is(err, cerr) {
+			// The caller's deadline passed while the socket's own timeout fired first: say
+			// both, so errors.Is(err, context.DeadlineExceeded) holds whichever won.
+			return Result{}, fmt.Errorf("bucket: redis: while taking for identity %.64q: %w (%w)", req.Identity, cerr, err)
+		}
 		return Result{}, fmt.Errorf("bucket: redis: while taking for identity %.64q: %w", req.Identity, err)
 	}
 	if r.cluster != nil && !r.known.Load() {
