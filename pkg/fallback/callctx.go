@@ -28,9 +28,10 @@ import (
 // cancelled, like a WithTimeout context after cancel(), so a next store that kept it finds
 // it done rather than reused.
 type callCtx struct {
-	mu         sync.Mutex // mu guards started, deadline, done, err, released, stopTimer, stopParent
-	probe      bool       // the deadline is ProbeTimeout, not Timeout; set before the call
+	mu         sync.Mutex    // mu guards started, deadline, done, err, released, stopTimer, stopParent
+	timeout    time.Duration // the call's deadline, from when next first looks; set before the call
 	started    bool
+	start      time.Time // when next first looked: the start of its round trip
 	deadline   time.Time
 	done       chan struct{}
 	err        error
@@ -41,19 +42,16 @@ type callCtx struct {
 	s          *Store // for the clock and the timeouts
 }
 
-func newCallCtx(parent context.Context, s *Store, probe bool) *callCtx {
-	return &callCtx{parent: parent, s: s, probe: probe}
+func newCallCtx(parent context.Context, s *Store, timeout time.Duration) *callCtx {
+	return &callCtx{parent: parent, s: s, timeout: timeout}
 }
 
 // startLocked fixes the deadline on first use. Called with c.mu held.
 func (c *callCtx) startLocked() {
 	if !c.started {
 		c.started = true
-		d := c.s.cfg.Timeout
-		if c.probe {
-			d = c.s.cfg.ProbeTimeout
-		}
-		c.deadline = c.s.clock.Now().Add(d)
+		c.start = c.s.clock.Now()
+		c.deadline = c.start.Add(c.timeout)
 	}
 }
 
@@ -132,10 +130,12 @@ func (c *callCtx) finishLocked(err error) {
 }
 
 // release ends the call: the context is cancelled (if anyone is watching it) and its timer
-// and parent link are stopped, waiting for a fake-clock timer goroutine to exit.
-func (c *callCtx) release() {
+// and parent link are stopped, waiting for a fake-clock timer goroutine to exit. It returns
+// when next first looked at the context (zero if it never did: no round trip).
+func (c *callCtx) release() (start time.Time) {
 	c.mu.Lock()
 	c.released = true
+	start = c.start
 	if c.done != nil {
 		c.finishLocked(context.Canceled)
 	}
@@ -148,6 +148,7 @@ func (c *callCtx) release() {
 	if stopParent != nil {
 		stopParent()
 	}
+	return start
 }
 
 // isReal reports whether c is clock.Real(), whose timers can be plain time.AfterFunc.

@@ -26,7 +26,7 @@ func ctxStore(t *testing.T, c clock.Clock, timeout time.Duration) *Store {
 func TestCallCtxDeadlineOnFakeClock(t *testing.T) {
 	clk := clock.NewFake(t0)
 	parent := context.WithValue(context.Background(), ctxKey{}, "v")
-	c := newCallCtx(parent, ctxStore(t, clk, 5*time.Millisecond), false)
+	c := callCtxOf(parent, ctxStore(t, clk, 5*time.Millisecond))
 	defer c.release()
 
 	if dl, ok := c.Deadline(); !ok || !dl.Equal(t0.Add(5*time.Millisecond)) {
@@ -59,7 +59,7 @@ func TestCallCtxDeadlineOnFakeClock(t *testing.T) {
 func TestCallCtxParentCancel(t *testing.T) {
 	clk := clock.NewFake(t0)
 	parent, cancel := context.WithCancel(context.Background())
-	c := newCallCtx(parent, ctxStore(t, clk, time.Hour), false)
+	c := callCtxOf(parent, ctxStore(t, clk, time.Hour))
 	defer c.release()
 	done := c.Done()
 	cancel()
@@ -83,7 +83,7 @@ func TestCallCtxEarlierParentDeadline(t *testing.T) {
 	parentDL := time.Now().Add(time.Millisecond)
 	parent, cancel := context.WithDeadline(context.Background(), parentDL)
 	defer cancel()
-	c := newCallCtx(parent, ctxStore(t, clock.Real(), time.Hour), false)
+	c := callCtxOf(parent, ctxStore(t, clock.Real(), time.Hour))
 	defer c.release()
 	if dl, _ := c.Deadline(); !dl.Equal(parentDL) {
 		t.Fatalf("Deadline() = %v, want the parent's earlier %v", dl, parentDL)
@@ -92,7 +92,7 @@ func TestCallCtxEarlierParentDeadline(t *testing.T) {
 
 func TestCallCtxAlreadyDone(t *testing.T) {
 	clk := clock.NewFake(t0)
-	c := newCallCtx(context.Background(), ctxStore(t, clk, time.Millisecond), false)
+	c := callCtxOf(context.Background(), ctxStore(t, clk, time.Millisecond))
 	defer c.release()
 	c.Deadline()                      // fixes the deadline at t0 + 1ms
 	clk.Advance(2 * time.Millisecond) // and it passes before anyone watches Done
@@ -108,7 +108,7 @@ func TestCallCtxRelease(t *testing.T) {
 	clk := clock.NewFake(t0)
 	// Watched: released means cancelled, and the timer is gone.
 	s := ctxStore(t, clk, time.Second)
-	c := newCallCtx(context.Background(), s, false)
+	c := callCtxOf(context.Background(), s)
 	done := c.Done()
 	if clk.Timers() != 1 {
 		t.Fatalf("%d timers after Done, want 1", clk.Timers())
@@ -122,7 +122,7 @@ func TestCallCtxRelease(t *testing.T) {
 		t.Fatal("release left the timer running")
 	}
 	// Never watched: a context kept past the call is cancelled when first asked.
-	c = newCallCtx(context.Background(), s, false)
+	c = callCtxOf(context.Background(), s)
 	c.release()
 	if err := c.Err(); !errors.Is(err, context.Canceled) {
 		t.Fatalf("Err of a released, never-watched context = %v, want Canceled", err)
@@ -138,7 +138,7 @@ func TestCallCtxRealClock(t *testing.T) {
 	if !isReal(clock.Real()) || isReal(clock.NewFake(t0)) {
 		t.Fatal("isReal misclassifies the clocks")
 	}
-	c := newCallCtx(context.Background(), ctxStore(t, clock.Real(), time.Millisecond), false)
+	c := callCtxOf(context.Background(), ctxStore(t, clock.Real(), time.Millisecond))
 	defer c.release()
 	select {
 	case <-c.Done():
@@ -154,7 +154,7 @@ func TestCallCtxRealClock(t *testing.T) {
 // looks at its context, and stays put after that.
 func TestCallCtxDeadlineFixedOnFirstLook(t *testing.T) {
 	clk := clock.NewFake(t0)
-	c := newCallCtx(context.Background(), ctxStore(t, clk, 5*time.Millisecond), false)
+	c := callCtxOf(context.Background(), ctxStore(t, clk, 5*time.Millisecond))
 	defer c.release()
 	clk.Advance(3 * time.Millisecond)
 	want := t0.Add(8 * time.Millisecond)
@@ -165,4 +165,9 @@ func TestCallCtxDeadlineFixedOnFirstLook(t *testing.T) {
 	if dl, _ := c.Deadline(); !dl.Equal(want) {
 		t.Fatalf("Deadline moved to %v", dl)
 	}
+}
+
+// callCtxOf is the context of an ordinary (not probe) call with the store's base Timeout.
+func callCtxOf(parent context.Context, s *Store) *callCtx {
+	return newCallCtx(parent, s, s.cfg.Timeout)
 }

@@ -37,6 +37,17 @@ type Config struct {
 	// OpenFor waits on it. Default 50 ms.
 	ProbeTimeout time.Duration
 
+	// MaxTimeout caps the adaptive per-call deadline. The deadline of a call is
+	// 4 × the recent latency (EWMA) of the fastest shard's successful calls, at least Timeout
+	// and at most MaxTimeout: when every shard is slow at once — this process or host is
+	// saturated — deadlines stretch instead of failing healthy calls (which would open every
+	// breaker and loosen every limit to local ones), while one shard much slower than the
+	// fastest still misses Timeout-sized deadlines and trips. It errs slower: on a
+	// saturated process a check may wait up to MaxTimeout for a dead shard until its breaker
+	// opens. At or below Timeout (0 included) the deadline is Timeout: no adaptation.
+	// Default 25 ms.
+	MaxTimeout time.Duration
+
 	// TripAfter is how many consecutive failures on one shard open its breaker. Default 5.
 	TripAfter int
 
@@ -81,6 +92,7 @@ type Config struct {
 const (
 	DefaultTimeout      = 5 * time.Millisecond
 	DefaultProbeTimeout = 50 * time.Millisecond
+	DefaultMaxTimeout   = 25 * time.Millisecond
 	DefaultTripAfter    = 5
 	DefaultOpenFor      = 2 * time.Second
 	DefaultStallGrace   = 500 * time.Millisecond
@@ -97,6 +109,7 @@ func DefaultConfig() Config {
 		Clock:        clock.Real(),
 		Timeout:      DefaultTimeout,
 		ProbeTimeout: DefaultProbeTimeout,
+		MaxTimeout:   DefaultMaxTimeout,
 		TripAfter:    DefaultTripAfter,
 		OpenFor:      DefaultOpenFor,
 		StallGrace:   DefaultStallGrace,
@@ -113,6 +126,8 @@ func (c Config) Validate() error {
 	switch {
 	case c.Timeout <= 0:
 		return fmt.Errorf("fallback: config: Timeout %v, must be > 0", c.Timeout)
+	case c.MaxTimeout < 0:
+		return fmt.Errorf("fallback: config: MaxTimeout %v, must be >= 0", c.MaxTimeout)
 	case c.ProbeTimeout <= 0:
 		return fmt.Errorf("fallback: config: ProbeTimeout %v, must be > 0", c.ProbeTimeout)
 	case c.TripAfter < 1 || c.TripAfter > maxTripAfter:

@@ -77,7 +77,8 @@ const OverflowShard = "(overflow)"
 type Store struct {
 	mu       sync.Mutex // mu serializes adding breakers to the table
 	breakers atomic.Pointer[map[string]*breaker]
-	one      *breaker // the breaker when Config.Shard is nil; the overflow one otherwise
+	list     atomic.Pointer[[]*breaker] // the same breakers (and one), for a quick scan
+	one      *breaker                   // the breaker when Config.Shard is nil; the overflow one otherwise
 
 	next        bucket.Store
 	cfg         Config
@@ -136,6 +137,8 @@ func New(next bucket.Store, cfg Config) (*Store, error) {
 	s.one = &breaker{shard: name}
 	m := map[string]*breaker{}
 	s.breakers.Store(&m)
+	l := []*breaker{s.one}
+	s.list.Store(&l)
 	return s, nil
 }
 
@@ -155,6 +158,20 @@ type breaker struct {
 	// µs, 0: none), and the process's count of slow scheduling waits then.
 	failSince atomic.Int64
 	slowAt    atomic.Uint64
+
+	// lat is the EWMA (weight 1/16) of the latency, in µs, of this shard's successful
+	// round trips; 0 until the first. It sets the adaptive deadline (Config.MaxTimeout).
+	lat atomic.Int64
+}
+
+// observe folds one successful round trip into b.lat. Concurrent updates may lose one
+// another's sample; the average is a hint, not an account.
+func (b *breaker) observe(d time.Duration) {
+	x := d.Microseconds()
+	if old := b.lat.Load(); old != 0 {
+		x = old + (x-old)/16
+	}
+	b.lat.Store(max(x, 1))
 }
 
 const stateMask = 3
@@ -174,7 +191,7 @@ func (s *Store) Take(ctx context.Context, req *bucket.Request) (bucket.Result, e
 	if stateOf(w) != Closed {
 		return s.degraded(ctx, b, w, req)
 	}
-	res, err := s.call(ctx, req, false)
+	res, err := s.call(ctx, b, req, false)
 	if err == nil {
 		if !cached(res.Source) {
 			if b.fails.Load() != 0 {
@@ -199,11 +216,34 @@ func (s *Store) Take(ctx context.Context, req *bucket.Request) (bucket.Result, e
 // call asks the next store with the per-call deadline (ProbeTimeout for a probe). A check
 // on a closed breaker reads the clock only if the next store looks at its context (see
 // callCtx).
-func (s *Store) call(ctx context.Context, req *bucket.Request, probe bool) (bucket.Result, error) {
-	c := newCallCtx(ctx, s, probe)
+func (s *Store) call(ctx context.Context, b *breaker, req *bucket.Request, probe bool) (bucket.Result, error) {
+	d := s.cfg.ProbeTimeout
+	if !probe {
+		d = s.timeout()
+	}
+	c := newCallCtx(ctx, s, d)
 	res, err := s.next.Take(c, req)
-	c.release()
+	if start := c.release(); err == nil && !start.IsZero() && !cached(res.Source) {
+		b.observe(s.clock.Now().Sub(start))
+	}
 	return res, err
+}
+
+// timeout is the adaptive per-call deadline (see Config.MaxTimeout): 4 × the lowest
+// latency average over the known shards, within [Timeout, MaxTimeout]. The fastest shard
+// measures this process and its network; a shard slower than that is judged against it.
+func (s *Store) timeout() time.Duration {
+	if s.cfg.MaxTimeout <= s.cfg.Timeout {
+		return s.cfg.Timeout
+	}
+	var fastest int64
+	for _, b := range *s.list.Load() {
+		if l := b.lat.Load(); l != 0 && (fastest == 0 || l < fastest) {
+			fastest = l
+		}
+	}
+	d := 4 * time.Duration(fastest) * time.Microsecond
+	return min(max(d, s.cfg.Timeout), s.cfg.MaxTimeout)
 }
 
 // cached reports whether an answer came from a layer's memory (leased tokens, the refusal
@@ -304,7 +344,7 @@ func (s *Store) degraded(ctx context.Context, b *breaker, w uint64, req *bucket.
 // the answer came from a cache below, or the caller gave up — the breaker goes back to open
 // with the probe due at once, so the next check probes.
 func (s *Store) probe(ctx context.Context, b *breaker, hw uint64, req *bucket.Request) (bucket.Result, error) {
-	res, err := s.call(ctx, req, true)
+	res, err := s.call(ctx, b, req, true)
 	if err == nil && !cached(res.Source) {
 		b.fails.Store(0)
 		b.word.Store(bump(hw, Closed))
@@ -417,6 +457,8 @@ func (s *Store) addBreaker(name string) *breaker {
 	}
 	b := &breaker{shard: name}
 	m[name] = b
+	l := append(append([]*breaker(nil), *s.list.Load()...), b)
+	s.list.Store(&l)
 	s.breakers.Store(&m)
 	return b
 }
