@@ -142,8 +142,10 @@ type LeaseConfig struct {
 // fields keep fallback.DefaultConfig's values.
 type FallbackConfig struct {
 	Timeout      time.Duration `yaml:"timeout"`
+	MaxTimeout   time.Duration `yaml:"max_timeout"`
 	TripAfter    int           `yaml:"trip_after"`
 	OpenFor      time.Duration `yaml:"open_for"`
+	StallGrace   time.Duration `yaml:"stall_grace"`
 	Slack        float64       `yaml:"slack"`
 	MaxLocalKeys int           `yaml:"max_local_keys"`
 }

@@ -124,6 +124,8 @@ var overrides = []override{
 	{name: "lease-ttl", usage: "lease time to live", apply: dur(func(c *Config) *time.Duration { return &c.Lease.TTL })},
 	{name: "lease-window", usage: "slice of the limit one lease batch covers", apply: dur(func(c *Config) *time.Duration { return &c.Lease.Window })},
 	{name: "fallback-timeout", usage: "deadline of each Redis take", apply: dur(func(c *Config) *time.Duration { return &c.Fallback.Timeout })},
+	{name: "fallback-max-timeout", usage: "cap of the deadline, which stretches when every shard is slow (<= fallback-timeout: fixed)", apply: dur(func(c *Config) *time.Duration { return &c.Fallback.MaxTimeout })},
+	{name: "fallback-stall-grace", usage: "how long a starved process waits before opening breakers", apply: dur(func(c *Config) *time.Duration { return &c.Fallback.StallGrace })},
 	{name: "fallback-trip-after", usage: "consecutive failures that open a shard's breaker", apply: integer(func(c *Config) *int { return &c.Fallback.TripAfter })},
 	{name: "fallback-open-for", usage: "how long an open breaker stays open", apply: dur(func(c *Config) *time.Duration { return &c.Fallback.OpenFor })},
 	{name: "fallback-slack", usage: "local limit slack while Redis is unavailable", apply: float(func(c *Config) *float64 { return &c.Fallback.Slack })},
