@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -221,7 +222,7 @@ func (r *Redis) reply(ctx context.Context, c *redisCall, args []any, req *Reques
 		args[0], c.strs[1] = "evalsha", takeSHA
 	}
 	if err != nil {
-		if cerr := ctx.Err(); cerr != nil && !errors.Is(err, cerr) {
+		if cerr := ctxEnded(ctx); cerr != nil && !errors.Is(err, cerr) {
 			// The caller's deadline passed while the socket's own timeout fired first: say
 			// both, so errors.Is(err, context.DeadlineExceeded) holds whichever won.
 			return Result{}, fmt.Errorf("bucket: redis: while taking for identity %.64q: %w (%w)", req.Identity, cerr, err)
@@ -396,4 +397,18 @@ func appendEscaped(b []byte, s string) []byte {
 		}
 	}
 	return b
+}
+
+// ctxEnded is ctx.Err(), or context.DeadlineExceeded once ctx's deadline has passed even if
+// its timer has not fired yet: go-redis sets the socket's read deadline from ctx, and the
+// socket can time out a moment before the context's own timer runs. Called on error paths
+// only (it may read the clock).
+func ctxEnded(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if dl, ok := ctx.Deadline(); ok && !time.Now().Before(dl) {
+		return context.DeadlineExceeded
+	}
+	return nil
 }

@@ -164,11 +164,13 @@ func (r *Redis) takePipelined(ctx context.Context, b *batcher, req *Request) (Re
 		<-w.done
 	}
 	err := w.cmd.Err()
-	if err != nil && ctx.Err() != nil {
-		// The batch failed as the caller's time ran out (its deadline bounded the batch):
-		// report that as ctx.Err(), as a caller that stopped waiting gets it.
-		r.putWaiter(w)
-		return Result{}, ctx.Err()
+	if err != nil {
+		if cerr := ctxEnded(ctx); cerr != nil {
+			// The batch failed as the caller's time ran out (its deadline bounded the
+			// batch): report that as ctx.Err(), as a caller that stopped waiting gets it.
+			r.putWaiter(w)
+			return Result{}, cerr
+		}
 	}
 	res, err := r.reply(ctx, &w.call, args, req, w.cmd.IntSliceCmd, err)
 	r.putWaiter(w)
