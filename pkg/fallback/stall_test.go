@@ -67,11 +67,24 @@ func TestStallEndsWithoutOpening(t *testing.T) {
 }
 
 func TestStallGraceZeroDisablesTheGuard(t *testing.T) {
-	h := newHarness(t, func(c *Config) { c.StallGrace = 0 })
-	if h.s.starve != nil {
+	cfg := DefaultConfig()
+	cfg.StallGrace = 0
+	s, err := New(newFakeNext(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if s.starve != nil {
 		t.Fatal("StallGrace 0 still reads the scheduler")
 	}
-	h.trip(t, "a")
+	s2, err := New(newFakeNext(), DefaultConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s2.Close()
+	if s2.starve == nil {
+		t.Fatal("the default config does not read the scheduler")
+	}
 }
 
 // The real signal: the runtime's histogram reads, and a threshold nothing reaches counts
