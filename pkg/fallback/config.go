@@ -63,7 +63,8 @@ type Config struct {
 	// failures have lasted StallGrace. The failed checks are answered locally meanwhile, as
 	// always; the breaker just does not keep healthy shards' keys on local limits for
 	// OpenFor after every stall. A process that was not starved opens at TripAfter as
-	// before. 0 disables the guard. Default 500 ms.
+	// before. 0 disables the guard, and so does a Clock other than clock.Real() (the
+	// scheduler's latency is real time). Default 500 ms.
 	StallGrace time.Duration
 
 	// Peers returns N, the number of enforcers live in the region; the local limits while

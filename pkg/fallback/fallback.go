@@ -127,7 +127,8 @@ func New(next bucket.Store, cfg Config) (*Store, error) {
 		local:       bucket.NewMemory(cfg.Clock, cfg.MaxLocalKeys),
 	}
 	s.scratch.New = func() any { return new(scratch) }
-	if cfg.StallGrace > 0 {
+	if cfg.StallGrace > 0 && s.clockIsReal {
+		// The scheduler's latency is real time: it says nothing about a fake clock's.
 		s.starve = newStarvation(cfg.Timeout / 2).slow
 	}
 	name := ""
