@@ -110,6 +110,18 @@ func (e *entry) expire(now int64) (dropped int64) {
 
 func (e *entry) held() int64 { return e.cur + e.nxt }
 
+// refusalFromMemory is the answer of a check refused without calling the next store, until
+// the given time (the refusal cache's or the pacing's), with the budget last seen.
+func (e *entry) refusalFromMemory(until, now int64) bucket.Result {
+	return bucket.Result{
+		Limiting:   e.limiting,
+		Remaining:  e.remaining,
+		RetryAfter: time.Duration(until - now),
+		Reset:      time.Duration(max(e.resetAt-now, 0)),
+		Source:     bucket.SourceRefusalCache,
+	}
+}
+
 // spend takes n <= held() tokens, oldest lot first.
 func (e *entry) spend(n int64) {
 	if n <= e.cur {

@@ -237,25 +237,13 @@ func (s *Store) Take(ctx context.Context, req *bucket.Request) (bucket.Result, e
 			return res, nil
 		}
 		if e.refused(now, min) {
-			res := bucket.Result{
-				Limiting:   e.limiting,
-				Remaining:  e.remaining,
-				RetryAfter: time.Duration(e.refusedUntil - now),
-				Reset:      time.Duration(max(e.resetAt-now, 0)),
-				Source:     bucket.SourceRefusalCache,
-			}
+			res := e.refusalFromMemory(e.refusedUntil, now)
 			s.emit(EventRefusalHit, 0)
 			sh.mu.Unlock()
 			return res, nil
 		}
 		if now < e.pacedUntil {
-			res := bucket.Result{
-				Limiting:   e.limiting,
-				Remaining:  e.remaining,
-				RetryAfter: time.Duration(e.pacedUntil - now),
-				Reset:      time.Duration(max(e.resetAt-now, 0)),
-				Source:     bucket.SourceRefusalCache,
-			}
+			res := e.refusalFromMemory(e.pacedUntil, now)
 			s.emit(EventPaced, 0)
 			sh.mu.Unlock()
 			return res, nil
