@@ -172,7 +172,11 @@ func newStore(next bucket.Store, cfg Config, h hooks) (*Store, error) {
 		s.shards[i].init()
 	}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
-	for range cfg.Refillers {
+	refillers := cfg.Refillers
+	if cfg.SyncRefill {
+		refillers = 0
+	}
+	for range refillers {
 		s.wg.Add(1)
 		go s.refiller()
 	}
@@ -232,8 +236,11 @@ func (s *Store) Take(ctx context.Context, req *bucket.Request) (bucket.Result, e
 		}
 		min := req.MinGrant()
 		if held := e.held(); held >= min {
-			res := s.spend(e, req, now)
+			res, refill := s.spend(e, req, now)
 			sh.mu.Unlock()
+			if refill { // Config.SyncRefill
+				s.refill(e)
+			}
 			return res, nil
 		}
 		if e.refused(now, min) {
@@ -270,9 +277,10 @@ func (s *Store) Take(ctx context.Context, req *bucket.Request) (bucket.Result, e
 	}
 }
 
-// spend answers a check from the lease and queues a refill if it fell to half a batch.
-// Called with the shard lock held and e.held() >= req.MinGrant().
-func (s *Store) spend(e *entry, req *bucket.Request, now int64) bucket.Result {
+// spend answers a check from the lease and queues a refill if it fell to half a batch
+// (with Config.SyncRefill it returns true instead: the caller runs s.refill(e) once it has
+// released the lock). Called with the shard lock held and e.held() >= req.MinGrant().
+func (s *Store) spend(e *entry, req *bucket.Request, now int64) (bucket.Result, bool) {
 	g := min(e.held(), req.Want)
 	e.spend(g)
 	e.lastCost = req.MinGrant()
@@ -287,9 +295,9 @@ func (s *Store) spend(e *entry, req *bucket.Request, now int64) bucket.Result {
 	s.emit(EventLeaseHit, g)
 	if e.flight == nil && 2*held <= e.batch && (e.busy(s.busyHits) || e.quiet) &&
 		now >= e.refillAfter && now >= e.pacedUntil && !e.refused(now, e.lastCost) {
-		s.enqueue(e)
+		return res, s.enqueue(e)
 	}
-	return res
+	return res, false
 }
 
 // call makes the one foreground call for e's key (Called with the shard lock held; returns
