@@ -93,6 +93,8 @@ type Verdict struct {
 	SteadySeconds int
 	// Failures say which figure missed, by how much and when; empty when the key passes.
 	Failures []string
+	// WindowFailed, SteadyFailed and RecoveryFailed say which figures missed.
+	WindowFailed, SteadyFailed, RecoveryFailed bool
 }
 
 // Judge computes k's figures over a run with the given fault spans and compares them to
@@ -128,6 +130,7 @@ func Judge(k *KeySeries, faults []Span, exp Expect) Verdict {
 		}
 	}
 	if exp.MaxWindowRatio > 0 && v.MaxWindowRatio > exp.MaxWindowRatio {
+		v.WindowFailed = true
 		at := v.MaxWindowAt
 		win := 0.0
 		for s := at; s < at+w; s++ {
@@ -172,6 +175,7 @@ func Judge(k *KeySeries, faults []Span, exp Expect) Verdict {
 		v.SteadyRatio = adm / want
 	}
 	if v.SteadyRatio < exp.SteadyRatio {
+		v.SteadyFailed = true
 		v.Failures = append(v.Failures, fmt.Sprintf(
 			"key %s: steady_ratio %.4f below %.4g by %.1f%%: %.0f admitted of %.0f the limit would allow, over %d steady seconds in %ds–%ds",
 			k.Key, v.SteadyRatio, exp.SteadyRatio, 100*(1-v.SteadyRatio/exp.SteadyRatio), adm, want, v.SteadySeconds, first, last+1))
@@ -191,10 +195,12 @@ func Judge(k *KeySeries, faults []Span, exp Expect) Verdict {
 		switch {
 		case !judged:
 		case !ok:
+			v.RecoveryFailed = true
 			v.Failures = append(v.Failures, fmt.Sprintf(
 				"key %s: phase %d (from %ds) never recovered to %.0f%% of min(offered, limit) over %ds in its %ds",
 				k.Key, i, p, 100*RecoveryLevel, min(RecoveryWindow, end-p), end-p))
 		case exp.RecoveryS >= 0 && float64(rec) > exp.RecoveryS:
+			v.RecoveryFailed = true
 			v.Failures = append(v.Failures, fmt.Sprintf(
 				"key %s: phase %d (from %ds) recovered after %ds, more than %gs by %gs",
 				k.Key, i, p, rec, exp.RecoveryS, float64(rec)-exp.RecoveryS))
