@@ -4,19 +4,25 @@
 //	regionsim run -scenario FILE [-mode virtual] [-policy balancer|static|full]
 //	              [-summary FILE] [-json] [-out DIR]
 //
+//	regionsim run -scenario FILE -mode live -targets us-east=HOST:PORT,eu-west=HOST:PORT
+//	regionsim rules -scenario FILE
+//
 // Exit status: 0 when every key met its expectations, 1 when one did not, 2 for a bad
 // scenario or bad flags.
 package main
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"strings"
+	"syscall"
 
 	"github.com/allot-dev/allot/pkg/sim"
 	"github.com/allot-dev/allot/pkg/sim/scenario"
@@ -27,6 +33,7 @@ func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
 const usage = `usage:
   regionsim run -scenario FILE [-mode virtual|live] [-policy balancer|static|full]
                 [-summary FILE] [-json] [-out DIR] [-targets us-east=ADDR,...]
+  regionsim rules -scenario FILE    print the rules enforcers need for a live run
 `
 
 func run(args []string, stdout, stderr io.Writer) int {
@@ -37,6 +44,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	switch args[0] {
 	case "run":
 		return runCmd(args[1:], stdout, stderr)
+	case "rules":
+		return rulesCmd(args[1:], stdout, stderr)
 	case "-h", "-help", "--help", "help":
 		fmt.Fprint(stdout, usage)
 		return 0
@@ -83,8 +92,16 @@ func runCmd(args []string, stdout, stderr io.Writer) int {
 		}
 		res, err = sim.Run(sc, sim.Options{Policy: *policy})
 	case "live":
-		fmt.Fprintln(stderr, "regionsim run: -mode live is not built yet; use -mode virtual")
-		return 2
+		tg, perr := sim.ParseTargets(*targets)
+		if perr != nil {
+			fmt.Fprintln(stderr, perr)
+			return 2
+		}
+		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+		defer stop()
+		fmt.Fprintf(stderr, "regionsim: replaying %s in real time (%v) against %d regions; faults are not injected in live mode\n",
+			sc.Name, sc.Duration, len(tg))
+		res, err = sim.RunLive(ctx, sc, sim.LiveOptions{Policy: *policy, Targets: tg, Progress: stderr})
 	default:
 		fmt.Fprintf(stderr, "regionsim run: -mode %q: want virtual or live\n", *mode)
 		return 2
@@ -148,4 +165,30 @@ func writeOut(res *sim.Result, dir string) error {
 		return fmt.Errorf("regionsim: while writing %s: %w", name, err)
 	}
 	return res.WritePlots(dir)
+}
+
+func rulesCmd(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("regionsim rules", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	file := fs.String("scenario", "", "the scenario file")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if *file == "" || fs.NArg() > 0 {
+		fmt.Fprintln(stderr, "usage: regionsim rules -scenario FILE")
+		return 2
+	}
+	sc, err := scenario.Load(*file)
+	if err != nil {
+		fmt.Fprintln(stderr, err)
+		return 2
+	}
+	if err := sim.RulesYAML(stdout, sc); err != nil {
+		fmt.Fprintln(stderr, err)
+		return 1
+	}
+	return 0
 }

@@ -98,20 +98,30 @@ func Run(sc *scenario.Scenario, opt Options) (*Result, error) {
 
 // judge builds the result and its verdicts from what the world recorded.
 func (w *world) judge() *Result {
-	sc := w.sc
+	calls := make([]int64, len(w.keys))
+	for k := range w.keys {
+		for _, reg := range w.regions {
+			calls[k] += reg.store.calls[k]
+		}
+	}
+	return judgeRun(w.sc, w.plane.name(), w.secs, w.keys, calls, w.spans)
+}
+
+// judgeRun judges the recorded cells of every key (both modes).
+func judgeRun(sc *scenario.Scenario, policy string, secs int, keys []keyState, storeCalls []int64, spans []Span) *Result {
 	R := len(sc.Regions)
-	res := &Result{Scenario: sc, Policy: w.plane.name(), Seconds: w.secs}
-	res.Summary = Summary{Scenario: sc.Name, Policy: res.Policy, Pass: true, Failures: []string{}, Keys: []KeyResult{}}
+	res := &Result{Scenario: sc, Policy: policy, Seconds: secs}
+	res.Summary = Summary{Scenario: sc.Name, Policy: policy, Pass: true, Failures: []string{}, Keys: []KeyResult{}}
 	exp := Expect(sc.Expect)
 	for k, key := range sc.Keys {
-		ks := &w.keys[k]
+		ks := &keys[k]
 		res.Keys = append(res.Keys, ks.cells)
 		ser := &KeySeries{
 			Key: key.Name, Rate: ks.rate, Burst: key.Limit.Burst,
-			Offered: make([]float64, w.secs), Admitted: make([]float64, w.secs),
-			Requests: ks.requests,
+			Offered: make([]float64, secs), Admitted: make([]float64, secs),
+			Requests: ks.requests, StoreCalls: storeCalls[k],
 		}
-		for s := 0; s < w.secs; s++ {
+		for s := 0; s < secs; s++ {
 			for r := 0; r < R; r++ {
 				c := &ks.cells[s*R+r]
 				ser.Offered[s] += float64(c.Offered)
@@ -121,10 +131,7 @@ func (w *world) judge() *Result {
 		for _, ph := range key.Phases {
 			ser.Phases = append(ser.Phases, int(ph.At/time.Second))
 		}
-		for _, reg := range w.regions {
-			ser.StoreCalls += reg.store.calls[k]
-		}
-		v := Judge(ser, w.spans, exp)
+		v := Judge(ser, spans, exp)
 		res.Verdicts = append(res.Verdicts, v)
 		res.Summary.Keys = append(res.Summary.Keys, rounded(v.KeyResult))
 		if len(v.Failures) > 0 {

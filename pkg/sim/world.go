@@ -150,16 +150,10 @@ func compileRegion(sc *scenario.Scenario, r int, shares [][]float64, now time.Ti
 // newWorld builds the regions and enforcers of sc with the control plane p.
 func newWorld(sc *scenario.Scenario, p plane) (*world, error) {
 	w := &world{sc: sc, clk: &scheduler{}, plane: p, secs: int(sc.Duration / time.Second)}
+	w.keys = newKeyStates(sc, w.secs)
 	keyOf := make(map[string]int, len(sc.Keys))
-	for k, key := range sc.Keys {
-		ks := keyState{
-			req:      enforcer.Request{Attrs: rules.Attrs{APIKey: key.Name, Plan: key.Name}},
-			identity: "key:" + key.Name,
-			rate:     key.Limit.PerSecond(),
-			cells:    make([]Cell, w.secs*len(sc.Regions)),
-		}
-		keyOf[ks.identity] = k
-		w.keys = append(w.keys, ks)
+	for k := range w.keys {
+		keyOf[w.keys[k].identity] = k
 	}
 	for r, rg := range sc.Regions {
 		reg := &region{
@@ -184,10 +178,30 @@ func newWorld(sc *scenario.Scenario, p plane) (*world, error) {
 			reg.nodes = append(reg.nodes, nd)
 		}
 	}
-	for _, f := range sc.Faults {
-		w.spans = append(w.spans, Span{int(f.At / time.Second), int(math.Ceil(f.End().Seconds()))})
-	}
+	w.spans = faultSpans(sc)
 	return w, nil
+}
+
+// faultSpans are the whole seconds each fault touches.
+func faultSpans(sc *scenario.Scenario) []Span {
+	var spans []Span
+	for _, f := range sc.Faults {
+		spans = append(spans, Span{int(f.At / time.Second), int(math.Ceil(f.End().Seconds()))})
+	}
+	return spans
+}
+
+func newKeyStates(sc *scenario.Scenario, secs int) []keyState {
+	keys := make([]keyState, len(sc.Keys))
+	for k, key := range sc.Keys {
+		keys[k] = keyState{
+			req:      enforcer.Request{Attrs: rules.Attrs{APIKey: key.Name, Plan: key.Name}},
+			identity: "key:" + key.Name,
+			rate:     key.Limit.PerSecond(),
+			cells:    make([]Cell, secs*len(sc.Regions)),
+		}
+	}
+	return keys
 }
 
 func (w *world) newNode(reg *region, r, e int, peers func() int) (*node, error) {
