@@ -83,8 +83,11 @@ func (c ReporterConfig) Validate() error {
 //
 // seq starts at the Unix milliseconds of NewReporter's clock reading and grows by one per
 // report (a retry repeats it), so a restarted process with the same EnforcerID continues
-// above its predecessor's numbers. Close stops the goroutine and waits; it is idempotent.
-// Safe for concurrent use (its only methods are Close and NewReporter).
+// above its predecessor's numbers. Every interval gets a report, one with no usage too: it
+// tells the balancer the region is alive and which share version it applies (the
+// acknowledgement the balancer's change plan waits for). Close stops the goroutine and
+// waits; it is idempotent and safe to call from any goroutine. The zero Reporter is not
+// usable: build it with NewReporter.
 type Reporter struct {
 	cfg   ReporterConfig
 	clock clock.Clock
