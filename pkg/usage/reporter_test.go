@@ -243,7 +243,8 @@ func TestReporterLeaderDownDrops(t *testing.T) {
 	}
 	dead := lis.Addr().String()
 	_ = lis.Close() // nothing listens there now: connection refused
-	g := newRig(t, StaticLeader(dead), func(c *ReporterConfig) { c.SendTimeout = 500 * time.Millisecond })
+	src := &movingLeader{addr: dead}
+	g := newRig(t, src, func(c *ReporterConfig) { c.SendTimeout = 500 * time.Millisecond })
 	a := rule("default", 10)
 	for i := 1; i <= 3; i++ {
 		for j := 0; j < 1000; j++ {
@@ -264,23 +265,34 @@ func TestReporterLeaderDownDrops(t *testing.T) {
 	if g.tb.Len() > g.tb.cfg.Capacity {
 		t.Fatalf("table Len %d above capacity", g.tb.Len())
 	}
-	// The leader comes back at that address: the next report carries the next seq
-	// (dropped ones are not resent) and covers only its own interval.
-	lis2, err := net.Listen("tcp", dead)
-	if err != nil {
-		t.Skipf("could not listen on %s again: %v", dead, err)
-	}
-	lead := &fakeBalancer{addr: dead, srv: grpc.NewServer(), leader: true}
-	allotv1.RegisterBalancerServer(lead.srv, lead)
-	done := make(chan struct{})
-	go func() { defer close(done); _ = lead.srv.Serve(lis2) }()
-	t.Cleanup(func() { lead.srv.Stop(); <-done })
+	// A leader is elected again: the next report carries the next seq (dropped ones are
+	// not resent) and covers only its own interval.
+	lead := startBalancer(t, true, "")
+	src.set(lead.addr)
 	g.tick(t, 10*time.Second)
-	poll(t, "a report after the leader is back", func() bool { return len(lead.reports()) >= 1 })
+	poll(t, "a report at the new leader", func() bool { return len(lead.reports()) == 1 })
 	r := lead.reports()[0]
 	if r.Seq != uint64(t0.UnixMilli())+4 || r.IntervalStartMs != t0.Add(30*time.Second).UnixMilli() {
 		t.Fatalf("seq %d start %d", r.Seq, r.IntervalStartMs)
 	}
+}
+
+// movingLeader is a LeaderSource whose answer the test changes.
+type movingLeader struct {
+	mu   sync.Mutex // mu guards addr
+	addr string
+}
+
+func (m *movingLeader) set(addr string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.addr = addr
+}
+
+func (m *movingLeader) Leader(context.Context) (string, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.addr, nil
 }
 
 // A jump in refusals sends an early report once EarlyGap has passed, well before the
