@@ -22,9 +22,8 @@ import (
 // Report and WantEarly are safe for concurrent use with ObserveTake and with each other
 // (Reports are serialized). The zero Table is not usable: build it with NewTable.
 type Table struct {
-	mu      sync.Mutex // mu guards start, every stripe's spare and prevLen; serializes Report
-	start   time.Time  // the current interval's start: NewTable's start, then each Report's now
-	prevLen time.Duration
+	mu    sync.Mutex // mu guards start and every stripe's spare; serializes Report
+	start time.Time  // the current interval's start: NewTable's start, then each Report's now
 
 	cfg     Config
 	rate    func(rule *rules.Compiled, identity string) float64
