@@ -7,10 +7,12 @@ const (
 	maxStack = 8
 	// settle: an EWMA within this fraction of the demand it follows is set to it, so
 	// unchanged demand gives bit-identical shares after finitely many intervals.
+	// (Demand falling to zero is not snapped: every region decays by the same factor, so
+	// the split stands until the balancer's TTL returns an idle identity to its default.)
 	settle = 1e-3
-	// settleLimit: likewise within this fraction of the limit (so demand decaying to zero
-	// reaches it: an idle identity returns to its default split).
-	settleLimit = 1e-6
+	// minMove: a move smaller than this is never a change, whatever DeadBand, so float
+	// rounding cannot make unchanged demand publish.
+	minMove = 1e-9
 	// maxFraction caps a demand as a fraction of the limit (a million limits is
 	// "unbounded" for the water-filling and keeps every sum finite).
 	maxFraction = 1e6
@@ -56,14 +58,15 @@ func AllocateChecked(cfg Config, st State, in Input) (State, error) {
 func AllocateInto(dst State, cfg Config, st State, in Input) (next State, changed bool) {
 	cfg = cfg.clamped()
 	n := len(in.Demand)
-	var stack [6 * maxStack]float64
+	var stack [7 * maxStack]float64
 	var sc []float64
 	if n <= maxStack {
-		sc = stack[:6*n]
+		sc = stack[:7*n]
 	} else {
-		sc = make([]float64, 6*n)
+		sc = make([]float64, 7*n)
 	}
-	raw, prev, sm, held, w, t := sc[:n], sc[n:2*n], sc[2*n:3*n], sc[3*n:4*n], sc[4*n:5*n], sc[5*n:]
+	raw, prev, sm, held := sc[:n], sc[n:2*n], sc[2*n:3*n], sc[3*n:4*n]
+	def, w, t := sc[4*n:5*n], sc[5*n:6*n], sc[6*n:]
 
 	// Inputs, sanitized (package doc, # Bad input).
 	limitOK := in.Limit > 0 && !math.IsInf(in.Limit, 1)
@@ -79,47 +82,58 @@ func AllocateInto(dst State, cfg Config, st State, in Input) (next State, change
 			h = min(max(in.Held[r], 0), 1)
 		}
 		held[r] = h
-		var def float64
+		def[r] = 0
 		if r < len(in.Default) && in.Default[r] > 0 {
-			def = min(in.Default[r], 1)
+			def[r] = min(in.Default[r], 1)
 		}
-		t[r] = def // t holds the default split until the water-filling below
-		defSum += def
+		defSum += def[r]
 	}
 	if defSum > 1 {
-		for r := range t {
-			t[r] /= defSum
+		for r := range def {
+			def[r] /= defSum
 		}
 	}
-	fresh := len(st.Shares) != n
-	if fresh {
-		copy(prev, t)
+	if len(st.Shares) != n { // fresh: the enforcers apply the default split
+		copy(prev, def)
 	} else {
 		copy(prev, st.Shares)
 	}
 	havePrevSmoothed := len(st.Smoothed) == n
 
-	// Fast path: is some free region short, asking for more than DeadBand over its share?
-	fast := false
-	if limitOK {
-		for r := 0; r < n; r++ {
-			if math.IsNaN(held[r]) && raw[r]/in.Limit > prev[r]+cfg.DeadBand {
-				fast = true
-				break
+	// The previous smoothed demand (NaN: none usable).
+	for r := 0; r < n; r++ {
+		sm[r] = math.NaN()
+		if havePrevSmoothed {
+			if v := st.Smoothed[r]; v >= 0 && !math.IsInf(v, 1) {
+				sm[r] = v
 			}
 		}
+	}
+
+	// Fast path (package doc, step 1): some free region is short (asks for more than
+	// DeadBand over its share), or one is refused at all while another's demand
+	// collapsed (fell to half its smoothed demand or less, releasing ≥ DeadBand/4).
+	fast := false
+	if limitOK {
+		wanting, collapsed := false, false
+		for r := 0; r < n; r++ {
+			if !math.IsNaN(held[r]) || math.IsNaN(raw[r]) {
+				continue
+			}
+			w := raw[r] / in.Limit
+			fast = fast || w > prev[r]+cfg.DeadBand
+			wanting = wanting || w > prev[r]
+			if s := sm[r]; raw[r] <= s/2 && (s-raw[r])/in.Limit >= cfg.DeadBand/4 {
+				collapsed = true
+			}
+		}
+		fast = fast || wanting && collapsed
 	}
 
 	// Smoothed demand: s' = s + α(d − s), or d itself on the fast path, on the first
 	// interval, or within `settle` of d; a region not heard keeps s.
 	for r := 0; r < n; r++ {
-		s := math.NaN()
-		if havePrevSmoothed {
-			if v := st.Smoothed[r]; v >= 0 && !math.IsInf(v, 1) {
-				s = v
-			}
-		}
-		d := raw[r]
+		s, d := sm[r], raw[r]
 		switch {
 		case math.IsNaN(d):
 			if math.IsNaN(s) {
@@ -129,7 +143,7 @@ func AllocateInto(dst State, cfg Config, st State, in Input) (next State, change
 			s = d
 		default:
 			s += cfg.Alpha * (d - s)
-			if diff := math.Abs(d - s); diff <= settle*max(d, s) || limitOK && diff <= settleLimit*in.Limit {
+			if math.Abs(d-s) <= settle*max(d, s) {
 				s = d
 			}
 		}
@@ -155,32 +169,28 @@ func AllocateInto(dst State, cfg Config, st State, in Input) (next State, change
 		}
 	}
 
-	// Demand of the free regions as a fraction of the limit; none at all → the default
-	// split stands in for it (then equal weights if the default gives the free regions
-	// nothing).
-	var wSum float64
+	// Demand of the free regions as a fraction of the limit (0 when the limit is
+	// unusable), and the default split over the free regions, normalized to sum 1 (equal
+	// if the default gives them nothing): the weights of the slack.
+	var wSum, dSum float64
 	for r := 0; r < n; r++ {
 		w[r] = 0
-		if math.IsNaN(held[r]) && limitOK {
-			w[r] = min(sm[r]/in.Limit, maxFraction)
-			wSum += w[r]
-		}
-	}
-	byDemand := wSum > 0
-	if wSum == 0 {
-		for r := 0; r < n; r++ {
-			if math.IsNaN(held[r]) {
-				w[r] = t[r]
+		if math.IsNaN(held[r]) {
+			if limitOK {
+				w[r] = min(sm[r]/in.Limit, maxFraction)
 				wSum += w[r]
 			}
+			dSum += def[r]
 		}
 	}
-	if wSum == 0 {
-		for r := 0; r < n; r++ {
-			if math.IsNaN(held[r]) {
-				w[r] = 1
-				wSum++
-			}
+	for r := 0; r < n; r++ {
+		switch {
+		case !math.IsNaN(held[r]):
+			def[r] = 0
+		case dSum > 0:
+			def[r] /= dSum
+		default:
+			def[r] = 1 / float64(m)
 		}
 	}
 
@@ -188,7 +198,7 @@ func AllocateInto(dst State, cfg Config, st State, in Input) (next State, change
 	if m > 0 {
 		floor = min(cfg.Floor, free/float64(m))
 	}
-	waterFill(t, w, held, free, floor, wSum)
+	waterFill(t, w, def, held, free, floor)
 	for r := 0; r < n; r++ {
 		if !math.IsNaN(held[r]) {
 			t[r] = held[r]
@@ -200,10 +210,10 @@ func AllocateInto(dst State, cfg Config, st State, in Input) (next State, change
 	// target moved no region by DeadBand or more — unless a region that wants more than
 	// it has would gain DeadBand/4.
 	keep := prevValid(prev, held, floor)
+	band, gain := max(cfg.DeadBand, minMove), max(cfg.DeadBand/4, minMove)
 	for r := 0; keep && r < n; r++ {
 		delta := t[r] - prev[r]
-		if math.Abs(delta) >= cfg.DeadBand ||
-			(byDemand && math.IsNaN(held[r]) && w[r] > prev[r] && delta >= cfg.DeadBand/4) {
+		if math.Abs(delta) >= band || (wSum > 0 && math.IsNaN(held[r]) && w[r] > prev[r] && delta >= gain) {
 			keep = false
 		}
 	}
@@ -223,15 +233,14 @@ func AllocateInto(dst State, cfg Config, st State, in Input) (next State, change
 }
 
 // waterFill writes into t the max-min fair split of the free capacity among the free
-// regions (held[r] not NaN are skipped), each region's claim being w'[r] = max(floor,
-// w[r]) (package doc, step 3):
+// regions (held[r] not NaN are skipped), each region's claim being c[r] = max(floor,
+// w[r]) (package doc, steps 3 and 4):
 //
 //	visit the free regions by claim, smallest first; with C capacity left for k regions,
-//	the region gets min(w'[r], C/k);
-//	any capacity left once every claim is met (slack) is added in proportion to w[r].
-//
-// t holds the default split on entry (unused here, overwritten).
-func waterFill(t, w, held []float64, capacity, floor, wSum float64) {
+//	the region gets min(c[r], C/k);
+//	any capacity left once every claim is met (slack) is added by the weights d[r]
+//	(the default split over the free regions, summing to 1).
+func waterFill(t, w, d, held []float64, capacity, floor float64) {
 	n := len(t)
 	var stack [maxStack]int
 	var idx []int
@@ -261,9 +270,9 @@ func waterFill(t, w, held []float64, capacity, floor, wSum float64) {
 		t[r] = a
 		left = max(left-a, 0)
 	}
-	if left > 0 && wSum > 0 {
+	if left > 0 {
 		for _, r := range idx {
-			t[r] += left * (w[r] / wSum)
+			t[r] += left * d[r]
 		}
 	}
 	for _, r := range idx {

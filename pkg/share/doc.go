@@ -9,7 +9,9 @@
 // For any input (bad input is clamped, see # Bad input), the shares Allocate returns are
 // each ≥ 0 and sum to ≤ 1 (in region order, in float64); regions with Held get exactly
 // Held (when Σ Held ≤ 1); every free region gets at least Floor when floors fit
-// (Floor × free regions ≤ 1 − Σ Held), else an equal part of what Held leaves; unchanged
+// (Floor × free regions ≤ 1 − Σ Held), else an equal part of what Held leaves; every
+// free region gets at least its smoothed demand when the demands fit (Σ ≤ what Held
+// leaves), else its max-min fair part; unchanged
 // demand gives bit-identical shares after finitely many intervals and never flaps. Step
 // keeps Σ_q max(mayApply[q], next[q]) ≤ 1, so the sum stays ≤ 1 while a change is being
 // applied, whichever regions have applied it. Which way it errs: under. A region short of
@@ -22,16 +24,21 @@
 // demand, p_r the previous shares (the Default split for a fresh State):
 //
 //  1. Fast path. A free region is short when d_r/L > p_r + DeadBand: it is refused and
-//     asks for more than a dead-band beyond its share. When any region is short, every
-//     heard region's smoothed demand is set to its demand, s_r := d_r (the traffic moved:
-//     believe the newest report, so a full shift is one recompute, not several EWMA steps).
+//     asks for more than a dead-band beyond its share. A free region's demand collapsed
+//     when d_q ≤ s_q/2 and s_q − d_q ≥ DeadBand/4 × L. When any region is short, or one
+//     is refused at all (d_r/L > p_r) while another's demand collapsed, every heard
+//     region's smoothed demand is set to its demand, s_r := d_r: the traffic moved, so
+//     believe the newest report, and a shift is one recompute, not several EWMA steps
+//     (nor several pushes of a share released half at a time).
 //
 //  2. Smoothing otherwise (nobody short: every region has about what it asks for):
 //
 //     s_r := s_r + Alpha × (d_r − s_r)
 //
-//     and s_r := d_r once within 0.1% of d_r or 10⁻⁶ L of it, so the EWMA lands on
-//     constant demand exactly instead of creeping toward it forever.
+//     and s_r := d_r once within 0.1% of d_r, so the EWMA lands on constant demand
+//     exactly instead of creeping toward it forever. Demand falling to zero everywhere
+//     decays every s_r by the same factor, so the split stands; the balancer's TTL
+//     returns an identity that left the reports to its default split.
 //
 //     A region not heard (NaN) keeps s_r; the first interval starts at s_r := d_r.
 //
@@ -42,24 +49,33 @@
 //     with lower bound f: there is a level λ with share_r = min(c_r, λ), and every region
 //     under the level gets all it claims.
 //
-//  4. Slack. When every claim is met (Σ c_r < F), the rest, F − Σ c_r, is added in
-//     proportion to demand: share_r += (F − Σ c) × w_r / Σ w, w_r = s_r/L. When no free
-//     region has any demand, the default split stands in for w (equal weights if it gives
-//     the free regions nothing), so an idle identity sits at its default split.
+//  4. Slack. When every claim is met (Σ c_r < F), the rest S = F − Σ c_r is handed out
+//     by the default split over the free regions: share_r = c_r + S × D_r, with
+//     D_r = Default_r / Σ_free Default (equal if the default gives the free regions
+//     nothing). So share_r = max(f, w_r) + S × D_r, w_r = s_r/L.
 //
-//     Why proportional to demand and not to the default split: it gives every region the
-//     same relative headroom, F/Σc over its smoothed demand, so a rise anywhere is
-//     absorbed alike, and a busy region gets all the headroom the idle ones do not use
-//     (one region at 90% of the limit: 98% with floors, where the default split would give
-//     it 92.7% and refuse a rise to 95%). Regions with no demand cost only their floor,
-//     which is what the 97% target (below) needs.
+//     Why the default split and not demand. Both keep every claim met, so steady-state
+//     admission is the same (all of the offered rate). They differ in where the headroom
+//     sits until the next recompute. By demand, the busiest region gets nearly all of it
+//     (one region at 90%: 98%, others at the 1% floor), and the split follows the ratio of
+//     the demands even when they are tiny: a key using 3% of its limit swings its whole
+//     slack from one region to another as two small demands decay, a publication each
+//     time, and an identity whose demand fell to zero stays pinned to where it last was.
+//     By the default split, the shares move only as much as the demand does (share_r −
+//     w_r is constant while nobody's claim binds), an idle identity drifts to its default
+//     split, and an idle region keeps a reserve in proportion to the slack (at 50% load
+//     all in region 0: (0.67, 0.17, 0.17) with an equal default), which absorbs traffic
+//     that moves there better than the 1% floor would. The busiest region still has
+//     S × D_r of headroom over its demand (90% load: 92.7%), and a region that outgrows
+//     its share is short and takes the fast path at the next recompute.
 //
 //  5. Held regions get exactly Held; a guard takes the last ulp off the largest free share
 //     if rounding left Σ above 1.
 //
 //  6. Dead-band. The previous shares p stand when they are still valid for this input
 //     (Held regions at Held, free ones ≥ f, Σ ≤ 1) and every region's target t_r is
-//     within DeadBand of p_r — except that a region that wants more than it has
+//     within DeadBand of p_r (and always when within 10⁻⁹, so rounding never publishes)
+//     — except that a region that wants more than it has
 //     (s_r/L > p_r) and would gain at least DeadBand/4 is always pushed. So small
 //     wobbles are not published, yet a region held below what it wants loses at most
 //     DeadBand/4 of the limit to the dead-band.
@@ -84,8 +100,8 @@
 // The fast path (step 1) makes a shift independent of Alpha: the first recompute whose
 // report shows the new region refused moves it to the reported demand at once (a report
 // that straddles the shift moves it part of the way, the next one the rest). Alpha only
-// smooths while every region has what it asks for, where it decides how the slack and the
-// dead-band follow wobbles; 0.5 halves a wobble each interval and settles within a few.
+// smooths while every region has what it asks for, where it decides how the shares follow
+// wobbles; 0.5 halves a wobble each interval and settles within a few.
 //
 // DeadBand 0.02: moves under 2% of the limit are not worth a write and a change plan; a
 // region short of what it wants is still pushed at 0.5% (step 6). It is also the margin
@@ -94,33 +110,36 @@
 //
 // # Worked example
 //
-// Limit 1000/s, three regions, DefaultConfig, Default (⅓, ⅓, ⅓), nothing Held.
+// Limit 1000/s, three regions, DefaultConfig, Default (0.5, 0.3, 0.2), nothing Held.
 //
-// Interval 1, fresh State, demand (400, 400, 0). p = (⅓, ⅓, ⅓); region 0 wants 0.4 >
-// ⅓ + 0.02, so the fast path: s = (400, 400, 0). Claims (0.4, 0.4, 0.01) sum to 0.81 < 1,
-// so all are met and slack 0.19 goes ½, ½, 0 (demand 400, 400, 0):
-// shares (0.495, 0.495, 0.01).
+// Interval 1, fresh State (p = the default split), demand (500, 300, 100): nobody short
+// (0.5 < 0.5 + 0.02, ...), first interval so s = (500, 300, 100). Claims (0.5, 0.3, 0.1)
+// sum to 0.9 < 1, slack S = 0.1 goes 0.5 : 0.3 : 0.2 = (0.05, 0.03, 0.02): shares
+// (0.55, 0.33, 0.12). Region 2 moved 0.08 ≥ DeadBand: pushed.
 //
-// Interval 2, demand (480, 320, 0). Nobody short (0.48 < 0.495 + 0.02), so EWMA:
-// s = (400 + ½·80, 400 − ½·80, 0) = (440, 360, 0). Claims (0.44, 0.36, 0.01), slack 0.19
-// split 0.44:0.36 = 0.1045 + 0.0855: shares (0.5445, 0.4455, 0.01). Region 0 moved
-// 0.0495 ≥ DeadBand: pushed.
+// Interval 2, demand (560, 280, 60). Nobody short (0.56 < 0.55 + 0.02), no collapse
+// (60 > 100/2): EWMA, s = (500 + ½·60, 300 − ½·20, 100 − ½·40) = (530, 290, 80). Claims
+// (0.53, 0.29, 0.08), S = 0.1: shares (0.58, 0.32, 0.10). Region 0 moved 0.03: pushed.
 //
-// Interval 3, the traffic moves to region 2: demand (0, 100, 1200). Region 2 wants 1.2 >
-// 0.01 + 0.02: fast path, s = (0, 100, 1200). Claims (0.01, 0.1, 1.2) sum above 1, so
+// Interval 3, demand (540, 290, 70): s = (535, 290, 75), target (0.585, 0.32, 0.095).
+// Every region moved < 0.02 and region 0 has more than it wants (0.535 < 0.58): the
+// dead-band keeps (0.58, 0.32, 0.10); nothing to publish.
+//
+// Interval 4, the traffic moves to region 2: demand (0, 100, 1200). Region 2 wants 1.2 >
+// 0.10 + 0.02: fast path, s = (0, 100, 1200). Claims (0.01, 0.1, 1.2) sum above 1, so
 // water-filling: region 0 gets min(0.01, 1/3) = 0.01 (0.99 left), region 1 min(0.1, 0.495)
 // = 0.1 (0.89 left), region 2 min(1.2, 0.89) = 0.89: shares (0.01, 0.1, 0.89).
 //
-// The change plan from (0.5445, 0.4455, 0.01) to it: Step gives (0.01, 0.1, 0.01) — both
-// decreases at once, region 2 waits (Σ max(old, next) = 0.5445 + 0.4455 + 0.01 = 1, no
-// headroom). Once regions 0 and 1 acknowledged that version, Step((0.01, 0.1, 0.01),
+// The change plan from (0.58, 0.32, 0.10) to it: Step gives (0.01, 0.1, 0.10) — both
+// decreases at once, region 2 waits (Σ max(old, next) = 0.58 + 0.32 + 0.10 = 1, no
+// headroom). Once regions 0 and 1 acknowledged that version, Step((0.01, 0.1, 0.10),
 // target) = (0.01, 0.1, 0.89), done.
 //
-// Interval 4, the same demand (0, 100, 1200): region 2 is still short (1.2 > 0.89 + 0.02,
+// Interval 5, the same demand (0, 100, 1200): region 2 is still short (1.2 > 0.89 + 0.02,
 // it is refused above its share), so the fast path runs, but s is already the demand: the
 // target is the same and nothing is pushed. A key over its limit thus keeps following
 // the newest report, which is right for it, and stands still when its demand does.
-// ExampleAllocate and ExampleStep run these numbers.
+// TestWorkedExample holds these numbers; Example and ExampleStep run them.
 //
 // # Change plan
 //

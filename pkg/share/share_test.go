@@ -136,17 +136,26 @@ func TestAllocateSequences(t *testing.T) {
 			{demand: []float64{900, nan, 0}, held: []float64{nan, 0.495, nan}, want: []float64{0.495, 0.495, 0.01}},
 			// Stale: held at min(last, default) = ⅓; region 0 gets 1 − ⅓ − 0.01.
 			{demand: []float64{900, nan, 0}, held: []float64{nan, third, nan}, want: []float64{1 - third - 0.01, third, 0.01}},
-			// Back, with no traffic for the identity: s = (900, 0, 0), slack to region 0.
-			{demand: []float64{900, 0, 0}, want: []float64{0.98, 0.01, 0.01}},
+			// Back, with no traffic for the identity: s = (900, 0, 0); claims (.9, .01,
+			// .01), slack .08 by the default split.
+			{demand: []float64{900, 0, 0}, want: []float64{0.9 + 0.08/3, 0.01 + 0.08/3, 0.01 + 0.08/3}},
 		}},
-		{"slack handed out in proportion to demand", []float64{third, third, third}, []interval{
-			// Claims (.1, .05, .01), slack .84 split 2:1: (.66, .33, .01).
-			{demand: []float64{100, 50, 0}, want: []float64{0.66, 0.33, 0.01}},
-			// Idle: the EWMA halves both, the ratio (and the shares) stand...
-			{demand: []float64{0, 0, 0}, want: []float64{0.66, 0.33, 0.01}},
-			{demand: []float64{0, 0, 0}, want: []float64{0.66, 0.33, 0.01}},
+		{"slack handed out by the default split", []float64{0.5, 0.3, 0.2}, []interval{
+			// Claims (.1, .05, .01), slack .84 split .5:.3:.2.
+			{demand: []float64{100, 50, 0}, want: []float64{0.52, 0.302, 0.178}},
+			// Idle: the EWMA halves the demand, the target (.5075, .2995, .193) moves less
+			// than the dead-band: the shares stand...
+			{demand: []float64{0, 0, 0}, want: []float64{0.52, 0.302, 0.178}},
+			// ...until region 2 moved .0225 toward f + .97 × default = (.495, .301, .204):
+			// s = (25, 12.5, 0), claims (.025, .0125, .01), S = .9525: one push, then the
+			// rest of the drift (< .006) is inside the dead-band for good.
+			{demand: []float64{0, 0, 0}, want: []float64{0.50125, 0.29825, 0.2005}},
+			{demand: []float64{0, 0, 0}, want: []float64{0.50125, 0.29825, 0.2005}},
+			{demand: []float64{0, 0, 0}, want: []float64{0.50125, 0.29825, 0.2005}},
 		}},
-		{"no demand anywhere: the default split", []float64{0.5, 0.3, 0.2}, []interval{
+		{"no demand anywhere: the default split stands", []float64{0.5, 0.3, 0.2}, []interval{
+			// The target f + .97 × default is within the dead-band of the default split
+			// the enforcers apply: nothing is published.
 			{demand: []float64{0, 0, 0}, want: []float64{0.5, 0.3, 0.2}},
 			{demand: []float64{nan, nan, nan}, want: []float64{0.5, 0.3, 0.2}},
 		}},
@@ -189,39 +198,42 @@ func TestAllocateSequences(t *testing.T) {
 // TestWorkedExample holds the package doc's worked example to its numbers.
 func TestWorkedExample(t *testing.T) {
 	cfg := DefaultConfig()
-	def := []float64{third, third, third}
+	def := []float64{0.5, 0.3, 0.2}
 	free := []float64{nan, nan, nan}
 	in := func(d ...float64) Input { return Input{Limit: 1000, Demand: d, Default: def, Held: free} }
-	s1 := Allocate(cfg, State{}, in(400, 400, 0))
-	s2 := Allocate(cfg, s1, in(480, 320, 0))
-	s3, changed3 := AllocateInto(State{}, cfg, s2, in(0, 100, 1200))
+	s1 := Allocate(cfg, State{}, in(500, 300, 100))
+	s2 := Allocate(cfg, s1, in(560, 280, 60))
+	s3, changed3 := AllocateInto(State{}, cfg, s2, in(540, 290, 70))
 	s4, changed4 := AllocateInto(State{}, cfg, s3, in(0, 100, 1200))
+	s5, changed5 := AllocateInto(State{}, cfg, s4, in(0, 100, 1200))
 	for _, c := range []struct {
 		name string
 		got  []float64
 		want []float64
 	}{
-		{"interval 1 shares", s1.Shares, []float64{0.495, 0.495, 0.01}},
-		{"interval 2 smoothed", s2.Smoothed, []float64{440, 360, 0}},
-		{"interval 2 shares", s2.Shares, []float64{0.5445, 0.4455, 0.01}},
-		{"interval 3 smoothed", s3.Smoothed, []float64{0, 100, 1200}},
-		{"interval 3 shares", s3.Shares, []float64{0.01, 0.1, 0.89}},
+		{"interval 1 shares", s1.Shares, []float64{0.55, 0.33, 0.12}},
+		{"interval 2 smoothed", s2.Smoothed, []float64{530, 290, 80}},
+		{"interval 2 shares", s2.Shares, []float64{0.58, 0.32, 0.10}},
+		{"interval 3 smoothed", s3.Smoothed, []float64{535, 290, 75}},
+		{"interval 3 shares", s3.Shares, []float64{0.58, 0.32, 0.10}},
+		{"interval 4 smoothed", s4.Smoothed, []float64{0, 100, 1200}},
 		{"interval 4 shares", s4.Shares, []float64{0.01, 0.1, 0.89}},
+		{"interval 5 shares", s5.Shares, []float64{0.01, 0.1, 0.89}},
 	} {
 		if !near(c.got, c.want) {
 			t.Errorf("%s: %v, want %v", c.name, c.got, c.want)
 		}
 	}
-	if !changed3 || changed4 {
-		t.Errorf("changed: interval 3 %v (want true), interval 4 %v (want false)", changed3, changed4)
+	if changed3 || !changed4 || changed5 {
+		t.Errorf("changed: interval 3 %v, 4 %v, 5 %v; want false, true, false", changed3, changed4, changed5)
 	}
-	n1, done1 := Step(s2.Shares, s3.Shares)
-	n2, done2 := Step(n1, s3.Shares)
-	if !near(n1, []float64{0.01, 0.1, 0.01}) || done1 {
-		t.Errorf("step 1: %v done %v, want [0.01 0.1 0.01] false", n1, done1)
+	n1, done1 := Step(s3.Shares, s4.Shares)
+	n2, done2 := Step(n1, s4.Shares)
+	if !near(n1, []float64{0.01, 0.1, 0.10}) || done1 {
+		t.Errorf("step 1: %v done %v, want [0.01 0.1 0.1] false", n1, done1)
 	}
-	if !near(n2, s3.Shares) || !done2 {
-		t.Errorf("step 2: %v done %v, want %v true", n2, done2, s3.Shares)
+	if !near(n2, s4.Shares) || !done2 {
+		t.Errorf("step 2: %v done %v, want %v true", n2, done2, s4.Shares)
 	}
 }
 
