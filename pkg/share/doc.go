@@ -10,9 +10,9 @@
 // each ≥ 0 and sum to ≤ 1 (in region order, in float64); regions with Held get exactly
 // Held (when Σ Held ≤ 1); every free region gets at least Floor when floors fit
 // (Floor × free regions ≤ 1 − Σ Held), else an equal part of what Held leaves; every
-// free region gets at least its smoothed demand when the demands fit (Σ ≤ what Held
-// leaves), else its max-min fair part; unchanged
-// demand gives bit-identical shares after finitely many intervals and never flaps. Step
+// free region gets at least its smoothed demand when the demands fit in what Held
+// leaves, else its max-min fair part; unchanged demand gives bit-identical shares after
+// finitely many intervals and never flaps (both fuzzed). Step
 // keeps Σ_q max(mayApply[q], next[q]) ≤ 1, so the sum stays ≤ 1 while a change is being
 // applied, whichever regions have applied it. Which way it errs: under. A region short of
 // share is refused until the next recompute; capacity is never handed out twice.
@@ -36,9 +36,10 @@
 //     s_r := s_r + Alpha × (d_r − s_r)
 //
 //     and s_r := d_r once within 0.1% of d_r, so the EWMA lands on constant demand
-//     exactly instead of creeping toward it forever. Demand falling to zero everywhere
-//     decays every s_r by the same factor, so the split stands; the balancer's TTL
-//     returns an identity that left the reports to its default split.
+//     exactly instead of creeping toward it forever. Demand falling to zero decays
+//     geometrically; the shares drift toward the default split (step 4) and stop being
+//     published once what is left of the drift is inside the dead-band. (The balancer's
+//     TTL returns an identity that left the reports to the default split itself.)
 //
 //     A region not heard (NaN) keeps s_r; the first interval starts at s_r := d_r.
 //
@@ -64,7 +65,7 @@
 //     By the default split, the shares move only as much as the demand does (share_r −
 //     w_r is constant while nobody's claim binds), an idle identity drifts to its default
 //     split, and an idle region keeps a reserve in proportion to the slack (at 50% load
-//     all in region 0: (0.67, 0.17, 0.17) with an equal default), which absorbs traffic
+//     all in region 0: (0.66, 0.17, 0.17) with an equal default), which absorbs traffic
 //     that moves there better than the 1% floor would. The busiest region still has
 //     S × D_r of headroom over its demand (90% load: 92.7%), and a region that outgrows
 //     its share is short and takes the fast path at the next recompute.
@@ -74,16 +75,17 @@
 //
 //  6. Dead-band. The previous shares p stand when they are still valid for this input
 //     (Held regions at Held, free ones ≥ f, Σ ≤ 1) and every region's target t_r is
-//     within DeadBand of p_r (and always when within 10⁻⁹, so rounding never publishes)
-//     — except that a region that wants more than it has
-//     (s_r/L > p_r) and would gain at least DeadBand/4 is always pushed. So small
-//     wobbles are not published, yet a region held below what it wants loses at most
-//     DeadBand/4 of the limit to the dead-band.
+//     within DeadBand of p_r (and always when within 10⁻⁹, so rounding never
+//     publishes) — except that a region that wants more than it has (s_r/L > p_r) and
+//     would gain at least DeadBand/4 is always pushed. So small wobbles are not
+//     published, yet a region held below what it wants loses at most DeadBand/4 of the
+//     limit to the dead-band.
 //
 // # Defaults and why
 //
-// Floor 0.01 (fixed, not a reserve that decays for idle regions). With all of a key's
-// traffic in one of three regions, the busy region gets 1 − 2 × 0.01 = 98% of the limit;
+// Floor 0.01 (fixed, not a reserve that decays for idle regions). With a key offered at
+// or above its limit in one of three regions, the busy region gets 1 − 2 × 0.01 = 98% of
+// the limit (under its limit, every region gets at least its demand anyway);
 // with the dead-band's worst case (DeadBand/4 = 0.5%) that is ≥ 97.5% steady state, above
 // the 97% target. A decaying reserve would win at most those 2% back, at the price of a
 // counter per region in State and of serving less at once when traffic appears in a region
@@ -102,6 +104,13 @@
 // that straddles the shift moves it part of the way, the next one the rest). Alpha only
 // smooths while every region has what it asks for, where it decides how the shares follow
 // wobbles; 0.5 halves a wobble each interval and settles within a few.
+//
+// The 15 s target is then a matter of when the balancer recomputes: a shift seen in an
+// early report (sent ≥ 2 s after refusals jump) and recomputed at once is published
+// within a few seconds, its increase after the decreases are acknowledged (≈ 1 s). With
+// recomputes only every 10 s, a shift in the middle of an interval is seen half-way in
+// the first report (region B at about half of its new demand) and fully in the second:
+// up to 20 s. So the balancer should recompute an identity on an early report.
 //
 // DeadBand 0.02: moves under 2% of the limit are not worth a write and a change plan; a
 // region short of what it wants is still pushed at 0.5% (step 6). It is also the margin

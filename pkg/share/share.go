@@ -23,14 +23,14 @@ type Config struct {
 	// 1/regions (checked by AllocateChecked). Default 0.01.
 	Floor float64
 	// Alpha is the EWMA weight of the newest interval's demand, in (0, 1]; 1 is no
-	// smoothing. It applies while no region is short (see the package doc: a short region
-	// takes the fast path whatever Alpha is). Default 0.5.
+	// smoothing. It applies while no region is short (package doc, step 1: when one is,
+	// the newest demand is taken whatever Alpha is). Default 0.5.
 	Alpha float64
 	// DeadBand: a target whose every region moved less than this (absolute share) from
 	// the previous shares is not a change (the previous shares stand), unless a region
 	// that wants more than it has would gain at least DeadBand/4. It is also the margin
-	// by which a region's demand must exceed its share to count as short. In [0, 1).
-	// Default 0.02.
+	// by which a region's demand must exceed its share to count as short, and 1/4 of it
+	// the least a collapse must release (package doc, step 1). In [0, 1). Default 0.02.
 	DeadBand float64
 }
 
