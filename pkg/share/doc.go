@@ -10,8 +10,8 @@
 // each ≥ 0 and sum to ≤ 1 (in region order, in float64); regions with Held get exactly
 // Held (when Σ Held ≤ 1); every free region gets at least Floor when floors fit
 // (Floor × free regions ≤ 1 − Σ Held), else an equal part of what Held leaves; every
-// free region gets at least its smoothed demand when the demands fit in what Held
-// leaves, else its max-min fair part; unchanged demand gives bit-identical shares after
+// free region gets at least its smoothed demand (less at most DeadBand/4 the dead-band
+// may hold back) when the demands fit in what Held leaves, else its max-min fair part; unchanged demand gives bit-identical shares after
 // finitely many intervals and never flaps (both fuzzed). Step
 // keeps Σ_q max(mayApply[q], next[q]) ≤ 1, so the sum stays ≤ 1 while a change is being
 // applied, whichever regions have applied it. Which way it errs: under. A region short of

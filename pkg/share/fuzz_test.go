@@ -95,6 +95,7 @@ func FuzzAllocate(f *testing.F) {
 			}
 			next := Allocate(cfg, st, in)
 			checkShares(t, cfg, in, next.Shares)
+			checkDemandMet(t, cfg, in, next)
 			if heldSum <= 1 {
 				applied = runPlanHeld(t, applied, next.Shares, in.Held)
 			}
@@ -250,4 +251,40 @@ func FuzzStep(f *testing.F) {
 			}
 		}
 	})
+}
+
+// checkDemandMet asserts that when the smoothed demands fit in what Held leaves, every
+// free region has at least its smoothed demand, less what the dead-band may withhold
+// (DeadBand/4).
+func checkDemandMet(t *testing.T, cfg Config, in Input, st State) {
+	t.Helper()
+	if !(in.Limit > 0) || math.IsInf(in.Limit, 1) {
+		return
+	}
+	free, m := 1.0, 0
+	for _, h := range in.Held {
+		if math.IsNaN(h) {
+			m++
+		} else {
+			free -= h
+		}
+	}
+	if m == 0 || free < 0 {
+		return
+	}
+	floor := min(cfg.Floor, free/float64(m))
+	var claims float64
+	for r, h := range in.Held {
+		if math.IsNaN(h) {
+			claims += max(floor, st.Smoothed[r]/in.Limit)
+		}
+	}
+	if claims > free-1e-9 {
+		return
+	}
+	for r, h := range in.Held {
+		if w := st.Smoothed[r] / in.Limit; math.IsNaN(h) && st.Shares[r] < w-cfg.DeadBand/4-1e-9 {
+			t.Fatalf("region %d: share %v below its smoothed demand %v (less DeadBand/4) though the claims %v fit in %v: %v", r, st.Shares[r], w, claims, free, st)
+		}
+	}
 }
