@@ -266,11 +266,24 @@ func waterFill(t, w, d, held []float64, capacity, floor float64) {
 		}
 		idx[i] = r
 	}
+	// Claims in ascending order: while a claim fits the even part of what is left it is
+	// met; the first that does not fixes the level (left/k), and every later (larger)
+	// claim gets the same level, since giving left/k to one of k leaves the same level
+	// for the other k − 1. One division per identity instead of one per region.
 	left := capacity
 	for k, r := range idx {
-		a := min(max(floor, w[r]), left/float64(len(idx)-k))
-		t[r] = a
-		left = max(left-a, 0)
+		c, rest := max(floor, w[r]), float64(len(idx)-k)
+		if c*rest <= left {
+			t[r] = c
+			left = max(left-c, 0)
+			continue
+		}
+		level := left / rest
+		for _, q := range idx[k:] {
+			t[q] = level
+		}
+		left = 0
+		break
 	}
 	if left > 0 {
 		for _, r := range idx {
