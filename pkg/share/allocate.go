@@ -51,10 +51,15 @@ func AllocateChecked(cfg Config, st State, in Input) (State, error) {
 }
 
 // AllocateInto is Allocate writing into dst's slices when they have the capacity (dst may
-// be st itself: st is read in full before anything is written). With three regions and
-// dst of capacity ≥ 3 it does not allocate. changed reports whether the new Shares
-// differ from the previous ones (st.Shares, or Input.Default for a fresh State), i.e.
-// whether there is something to publish.
+// be st itself: st is read in full before anything is written). With up to 8 regions and
+// dst's slices of capacity ≥ regions it does not allocate. dst's slices are overwritten:
+// do not pass as dst a State whose Shares are still needed elsewhere (e.g. held in a
+// published set). changed reports whether the new Shares differ from the previous ones
+// (st.Shares, or Input.Default for a fresh State), i.e. whether there is something to
+// publish; when false, Shares are bit-identical to the previous ones.
+//
+// A new leader restoring persisted shares passes State{Shares: persisted}: the previous
+// shares are then the persisted ones and smoothing starts from the first demand.
 func AllocateInto(dst State, cfg Config, st State, in Input) (next State, changed bool) {
 	cfg = cfg.clamped()
 	n := len(in.Demand)

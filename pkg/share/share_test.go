@@ -385,3 +385,46 @@ func TestAllocateClampsBadInput(t *testing.T) {
 		}
 	}
 }
+
+// TestSteadyStateAndShift holds the policy to the figures regionsim will judge, on a
+// simple model (a region's reported demand is what it is offered): in steady state the
+// regions admit ≥ 97% of min(offered, limit); after the traffic moves, one recompute
+// brings it back to ≥ 95%.
+func TestSteadyStateAndShift(t *testing.T) {
+	cfg := DefaultConfig()
+	const limit = 1000.0
+	admitted := func(offered, shares []float64) (got, want float64) {
+		var total float64
+		for r := range offered {
+			got += min(offered[r], shares[r]*limit)
+			total += offered[r]
+		}
+		return got, min(total, limit)
+	}
+	patterns := [][]float64{
+		{1200, 0, 0}, {1000, 0, 0}, {0, 0, 5000}, {700, 500, 0}, {400, 300, 300},
+		{900, 50, 50}, {100, 50, 0}, {0, 0, 0}, {330, 340, 330}, {10, 980, 10},
+	}
+	for _, def := range [][]float64{{third, third, third}, {0.6, 0.3, 0.1}} {
+		for i, from := range patterns {
+			for j, to := range patterns {
+				var st State
+				in := Input{Limit: limit, Demand: from, Default: def, Held: []float64{nan, nan, nan}}
+				for k := 0; k < 10; k++ {
+					st = Allocate(cfg, st, in)
+				}
+				if got, want := admitted(from, st.Shares); got < 0.97*want-1e-9 {
+					t.Errorf("default %v, steady %v: shares %v admit %v of %v", def, from, st.Shares, got, want)
+				}
+				if i == j {
+					continue
+				}
+				in.Demand = to
+				st = Allocate(cfg, st, in)
+				if got, want := admitted(to, st.Shares); got < 0.95*want-1e-9 {
+					t.Errorf("default %v, shift %v → %v: one recompute later shares %v admit %v of %v", def, from, to, st.Shares, got, want)
+				}
+			}
+		}
+	}
+}
