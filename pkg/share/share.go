@@ -86,10 +86,12 @@ type State struct {
 type Input struct {
 	// Limit is the global rate, tokens/s (> 0).
 	Limit float64
-	// Demand is this interval's demand per region, tokens/s (admitted + refused). NaN: the
-	// region was not heard from this interval (its smoothed demand is kept as it was). A
-	// region that reported but did not list the identity should be given 0 (the usage
-	// tables list every identity under pressure, so an absent one wants little).
+	// Demand is this interval's demand per region, tokens/s (admitted + refused, the
+	// report's lower bound). NaN: the region was not heard from at all this interval (its
+	// smoothed demand is kept as it was). A region that reported but did not list the
+	// identity must be given 0, not NaN: reports list the busiest and the pressured
+	// identities, so an absent one wants little, and a NaN there would pin the demand of
+	// a region the traffic has left (a shift would then only ever get half way).
 	Demand []float64
 	// Default is the identity's default split (sums to ≤ 1). It is the starting point of
 	// a fresh State and the allocation when no region has any demand.
