@@ -29,7 +29,7 @@ func FuzzParseYAML(f *testing.F) {
 		}
 		verr := s.Validate()
 		for _, region := range []string{"", "us-east"} {
-			snap, err := Compile(s, CompileOptions{Region: region, DefaultShare: 0.5})
+			snap, err := Compile(s, CompileOptions{Region: region})
 			if (err == nil) != (verr == nil) {
 				t.Fatalf("Validate said %v but Compile said %v", verr, err)
 			}
