@@ -19,7 +19,8 @@ import (
 // CompileOptions say where a set is compiled for. The zero value works: one region (every
 // rule gets share 1, or its own shares: entry for Region), IPv6 limited per /64.
 type CompileOptions struct {
-	// Region names this enforcer's region; it picks each rule's share. "" means share 1.
+	// Region names this enforcer's region; it picks each rule's share. "" compiles the
+	// global limits (share 1) for tools and the balancer, with or without Regions.
 	Region string
 	// Regions are every region that enforces the global limits, with their weights
 	// (finite, > 0): the default split of a rule that lists no shares: gives region r
@@ -53,7 +54,7 @@ func (o CompileOptions) withDefaults() (CompileOptions, error) {
 			return o, fmt.Errorf("rules: CompileOptions.Regions: region %q weight %g, must be finite and in (0, 1e6]", r, w)
 		}
 	}
-	if len(o.Regions) > 0 {
+	if len(o.Regions) > 0 && o.Region != "" {
 		if _, ok := o.Regions[o.Region]; !ok {
 			return o, fmt.Errorf("rules: CompileOptions.Region %q is not one of CompileOptions.Regions (%s)", o.Region, strings.Join(sortedKeys(o.Regions), ", "))
 		}
@@ -118,7 +119,10 @@ type Compiled struct {
 	Reason    string
 	Policy    string  // "<rule id>": what the IETF RateLimit-Policy field names
 	Share     float64 // this region's default share: the one Limits were scaled by
-	Match     Match   // as written, for logs and tools
+	// Split is the default split over every configured region (CompileOptions.Regions;
+	// nil without): what the balancer starts from and returns an identity to.
+	Split map[string]float64
+	Match Match // as written, for logs and tools
 
 	maxCost float64 // max(1, the largest cost): the burst clamp
 }
@@ -219,7 +223,17 @@ func Compile(s *Set, opt CompileOptions) (*Snapshot, error) {
 }
 
 func compileRule(r *Rule, order int, opt CompileOptions, cr *crule) {
-	share := DefaultShare(opt.Region, opt.Regions, r.Shares)
+	share := 1.0
+	if opt.Region != "" {
+		share = DefaultShare(opt.Region, opt.Regions, r.Shares)
+	}
+	var split map[string]float64
+	if len(opt.Regions) > 0 {
+		split = make(map[string]float64, len(opt.Regions))
+		for region := range opt.Regions {
+			split[region] = DefaultShare(region, opt.Regions, r.Shares)
+		}
+	}
 	maxCost := int64(1)
 	for _, c := range r.Cost {
 		maxCost = max(maxCost, c)
@@ -228,7 +242,7 @@ func compileRule(r *Rule, order int, opt CompileOptions, cr *crule) {
 		c: Compiled{
 			ID: r.ID, Mode: r.Mode, FailMode: r.FailMode, By: r.By,
 			Global:    make([]bucket.Limit, len(r.Limits)),
-			ExpiresAt: r.ExpiresAt, Reason: r.Reason, Policy: r.ID, Share: share, Match: r.Match,
+			ExpiresAt: r.ExpiresAt, Reason: r.Reason, Policy: r.ID, Share: share, Split: split, Match: r.Match,
 			maxCost: float64(maxCost),
 		},
 		m:     r.Match,

@@ -70,7 +70,22 @@ rules:
 	if g := c.Global[0]; g.Rate != 30 || g.Burst != 60 {
 		t.Fatalf("global: %+v", g)
 	}
+	if len(c.Split) != 3 || !near(c.Split["ap-south"], 1.0/3) {
+		t.Fatalf("split: %v", c.Split)
+	}
+	// No region (the balancer, tools): the global limits, and the split over the regions.
+	in2 := in + "  - id: pro\n    match: {plan: pro}\n    limits: [{name: second, rate: 10, per: 1s}]\n    shares: {us-east: 0.5}\n"
+	snap := mustCompile(t, in2, CompileOptions{Regions: threeRegions})
+	c = snap.Rule("pro")
+	if c.Share != 1 || c.Limits[0].Rate != 10 || !near(c.Split["us-east"], 0.5) || !near(c.Split["eu-west"], 0.25) || !near(c.Split["ap-south"], 0.25) {
+		t.Fatalf("no region: share %g, limits %+v, split %v", c.Share, c.Limits, c.Split)
+	}
+	if mustCompile(t, in, CompileOptions{Region: "us-east"}).Rule("default").Split != nil {
+		t.Fatal("split without regions")
+	}
 }
+
+func near(a, b float64) bool { return math.Abs(a-b) < 1e-12 }
 
 func TestSharesValidation(t *testing.T) {
 	in := `rules:
