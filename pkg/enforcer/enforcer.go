@@ -52,6 +52,14 @@ type UsageObserver interface {
 // every path below the enforcer (the store's script, lease batches, fallback limits are
 // all derived from the request's limits). An answer outside [0, 1] (or NaN) is ignored:
 // the rule's default share applies.
+//
+// A decrease bites on the next take: the stores clamp a bucket's tokens to the request's
+// burst. An increase adds no tokens at once to a bucket in use: it refills at the new
+// rate from what it holds. The stores do not record the limits a bucket was last taken
+// under, though, and a bucket idle long enough to be full (a key no longer stored) reads
+// as full at the new burst: a region that had not used the identity since before an
+// increase of Δ may admit up to Δ × the global burst more, once. The sum over regions of
+// what the buckets can hold stays ≤ the global burst (Σ shares ≤ 1).
 type Shares interface {
 	Share(rule *rules.Compiled, identity string, now time.Time) float64
 }

@@ -98,6 +98,18 @@ func TestShareDecreaseAndIncreaseMemory(t *testing.T) {
 	if n, _ := r.admitted(t, 30, a); n != 5 {
 		t.Fatalf("%d admitted after 0.5s at the new rate, want 5", n)
 	}
+
+	// The bound documented on Shares: an idle, full bucket reads as full at the new burst.
+	idle := rules.Attrs{APIKey: "idle"}
+	sh.set("key:idle", 0.25)
+	if n, _ := r.admitted(t, 1, idle); n != 1 {
+		t.Fatal("idle key refused")
+	}
+	r.clk.Advance(time.Minute) // full again at burst 5, and forgotten by the store
+	sh.set("key:idle", 1)
+	if n, _ := r.admitted(t, 30, idle); n != 20 {
+		t.Fatalf("an idle bucket after an increase: %d admitted at once, want the new burst 20 (documented)", n)
+	}
 }
 
 // The same on real Redis: the script clamps the stored tokens to the request's burst.

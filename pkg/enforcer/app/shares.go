@@ -128,12 +128,16 @@ func (c *Config) validateShares(bad func(format string, a ...any)) {
 	}
 }
 
-// buildShares builds the share Holder (always: App.Shares reads it) and, with etcd, the
-// watcher, loading the published set once at start (bounded by Etcd.StartTimeout) so a
+// buildShares builds the share Holder (always: App.Shares reads it) and, with etcd, its
+// metrics and the watcher, loading the published set once at start (bounded by Etcd.StartTimeout) so a
 // restarted enforcer does not enforce the default split over a smaller published share.
 func (a *App) buildShares() error {
 	hc := shares.DefaultConfig()
-	hc.Region, hc.Stale, hc.Clock, hc.Logger, hc.Registerer = a.cfg.Region, a.cfg.Shares.StaleAfter, a.clock, a.log, a.reg
+	hc.Region, hc.Stale, hc.Clock, hc.Logger = a.cfg.Region, a.cfg.Shares.StaleAfter, a.clock, a.log
+	if a.cfg.watchShares() {
+		// Only then: a share age that grows without a balancer to refresh it would page.
+		hc.Registerer = a.reg
+	}
 	h, err := shares.NewHolder(hc)
 	if err != nil {
 		return fmt.Errorf("app: shares: %w", err)
