@@ -36,6 +36,7 @@ package shares
 import (
 	"errors"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -112,6 +113,7 @@ type set struct {
 // one map lookup (no lock, no allocation). Safe for concurrent use. The zero value is not
 // usable: call NewHolder. Before any set is applied every identity has its default share.
 type Holder struct {
+	mu      sync.Mutex // mu serialises Apply (its read, build and swap); Share takes no lock
 	cfg     Config
 	log     hclog.Logger
 	cur     atomic.Pointer[set]
@@ -144,6 +146,8 @@ func NewHolder(cfg Config) (*Holder, error) {
 // shareset.Entry.Validate are skipped (logged and counted), never enforced. now is the
 // time the set was read (it bounds PublishedAt: see the package doc).
 func (h *Holder) Apply(head shareset.Head, entries []shareset.Entry, now time.Time) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
 	old := h.cur.Load()
 	fresh := head.PublishedAt
 	if fresh.IsZero() || fresh.After(now) {

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -296,4 +297,37 @@ func BenchmarkShare(b *testing.B) {
 			_ = e.Share(r, ids[i%len(ids)], t0)
 		}
 	})
+}
+
+// Checks read while sets are applied: each sees one whole set (race detector, and every
+// answer is one of the versions' shares).
+func TestHolderConcurrentApplyAndShare(t *testing.T) {
+	fc := clock.NewFake(t0)
+	h := newHolder(t, fc, nil)
+	r := compiled(t)
+	var wg sync.WaitGroup
+	for w := range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for v := range 200 {
+				ver := uint64(2*v + w + 1)
+				h.Apply(head(1, ver, t0), []shareset.Entry{entry("key:a", 0.5, 0.25, 0.25)}, t0)
+			}
+		}()
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for range 2000 {
+			if s := h.Share(r, "key:a", t0); !near(s, 0.5) && !near(s, 1.0/3) {
+				t.Errorf("share %g", s)
+				return
+			}
+		}
+	}()
+	wg.Wait()
+	if _, v := h.Applied(); v != 400 {
+		t.Fatalf("version %d, want the highest, 400", v)
+	}
 }
