@@ -406,3 +406,10 @@ func (c *Core) Published(p *Publication, now time.Time) {
 		c.lastHeadAt = now
 	}
 }
+
+// recomputes is how many recomputes the core made (for the service's timing).
+func (c *Core) recomputes() uint64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.stats.recomputes
+}
