@@ -441,3 +441,58 @@ func TestMaxIdentitiesEvictsLeastDemanded(t *testing.T) {
 		t.Fatal("the least demanded identity is still tracked")
 	}
 }
+
+func TestEarlyReportRecomputesSpacedByEarlyGap(t *testing.T) {
+	c := newTestCore(t, func(c *CoreConfig) { c.Learning = time.Second })
+	now := t0
+	c.Published(c.Tick(now), now)
+	for i, name := range regions3 {
+		_ = c.Ingest(now, report(name, "e1", 1, now, use("key:a", float64(100*(1-min(i, 1))), 0)))
+	}
+	now = now.Add(time.Second)
+	c.Published(c.Tick(now), now) // learning over: the first recompute
+	if st := c.Stats(now); st.Recomputes != 1 {
+		t.Fatalf("recomputes %d, want 1", st.Recomputes)
+	}
+	early := func(seq uint64) {
+		rq := report("eu-west", "e1", seq, now, use("key:a", 0, 500))
+		rq.Early = true
+		if err := c.Ingest(now, rq); err != nil {
+			t.Fatal(err)
+		}
+	}
+	now = now.Add(time.Second)
+	early(2)
+	c.Published(c.Tick(now), now)
+	if st := c.Stats(now); st.Recomputes != 1 {
+		t.Fatalf("early report %v after the last recompute (EarlyGap %v): recomputes %d, want still 1", time.Second, c.cfg.EarlyGap, st.Recomputes)
+	}
+	now = now.Add(time.Second)
+	c.Published(c.Tick(now), now)
+	if st := c.Stats(now); st.Recomputes != 2 {
+		t.Fatalf("EarlyGap after the last recompute with an early report pending: recomputes %d, want 2", st.Recomputes)
+	}
+	now = now.Add(3 * time.Second)
+	c.Published(c.Tick(now), now)
+	if st := c.Stats(now); st.Recomputes != 2 {
+		t.Fatalf("no early report pending, interval not due: recomputes %d, want 2", st.Recomputes)
+	}
+	now = t0.Add(time.Second + c.cfg.Interval)
+	c.Published(c.Tick(now), now)
+	if st := c.Stats(now); st.Recomputes != 3 {
+		t.Fatalf("interval due: recomputes %d, want 3", st.Recomputes)
+	}
+}
+
+func TestTooManyEnforcersRefused(t *testing.T) {
+	c := newTestCore(t, func(c *CoreConfig) { c.MaxEnforcers = 2 })
+	for i, id := range []string{"e1", "e2", "e3"} {
+		err := c.Ingest(t0, report("us-east", id, 1, t0))
+		if (i < 2) != (err == nil) || (i == 2 && !errors.Is(err, ErrTooManyEnforcers)) {
+			t.Fatalf("enforcer %s: %v", id, err)
+		}
+	}
+	if err := c.Ingest(t0, report("eu-west", "e3", 1, t0)); err != nil {
+		t.Fatalf("the cap is per region: %v", err)
+	}
+}
