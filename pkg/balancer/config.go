@@ -51,6 +51,12 @@ type CoreConfig struct {
 	// for an enforcer that has not yet swapped in the decrease; longer holds the increase
 	// back (the key stays under its limit) for longer. Default 5s.
 	AckTimeout time.Duration
+	// MinVersionGap is the least time between two new versions (a retried write aside).
+	// Every version rewrites every chunk, so with it the bytes written per Interval are at
+	// most (Interval/MinVersionGap + 1) × MaxPublished × ~150 B; plan steps (an increase
+	// after its decreases were acknowledged) wait up to this long for their version.
+	// Default 2s.
+	MinVersionGap time.Duration
 	// SilentAfter: a region none of whose enforcers reported for this long is silent: it
 	// is held at its last share (others get no more than the rest) and only its own
 	// reports (or Stale, see below) acknowledge its decreases. Also the window in which an
@@ -99,6 +105,7 @@ func DefaultCoreConfig() CoreConfig {
 		EarlyGap:      2 * time.Second,
 		Learning:      20 * time.Second,
 		AckTimeout:    5 * time.Second,
+		MinVersionGap: 2 * time.Second,
 		SilentAfter:   20 * time.Second,
 		Stale:         5 * time.Minute,
 		KeyTTL:        time.Minute,
@@ -145,7 +152,7 @@ func (c *CoreConfig) Validate() error {
 	for _, d := range []struct {
 		name string
 		v    time.Duration
-	}{{"Interval", c.Interval}, {"EarlyGap", c.EarlyGap}, {"Learning", c.Learning}, {"AckTimeout", c.AckTimeout},
+	}{{"Interval", c.Interval}, {"EarlyGap", c.EarlyGap}, {"Learning", c.Learning}, {"AckTimeout", c.AckTimeout}, {"MinVersionGap", c.MinVersionGap},
 		{"SilentAfter", c.SilentAfter}, {"Stale", c.Stale}, {"KeyTTL", c.KeyTTL}} {
 		if d.v <= 0 {
 			bad("%s %v, must be > 0", d.name, d.v)

@@ -135,13 +135,15 @@ type Core struct {
 	slab    []ident   // identities not handed out yet
 	slabVal []float64 // their vals
 
-	started      bool
-	start        time.Time
-	learning     bool
-	nextDue      time.Time
-	lastCompute  time.Time
-	earlyPending bool
-	window       uint64
+	started       bool
+	start         time.Time
+	learning      bool
+	nextDue       time.Time
+	lastCompute   time.Time
+	fullStep      bool // a recompute's targets wait for the next advance over every identity
+	lastVersionAt time.Time
+	earlyPending  bool
+	window        uint64
 
 	version     uint64 // the last version returned by Tick
 	landed      uint64 // the last version Published

@@ -378,7 +378,11 @@ func (s *Service) Report(ctx context.Context, req *allotv1.ReportRequest) (*allo
 	now := s.cfg.Clock.Now()
 	if err := core.Ingest(now, req); err != nil {
 		s.m.reports.WithLabelValues(region, "invalid").Inc()
-		return nil, status.Error(codes.InvalidArgument, err.Error())
+		code := codes.InvalidArgument
+		if errors.Is(err, ErrTooManyEnforcers) {
+			code = codes.ResourceExhausted
+		}
+		return nil, status.Error(code, err.Error())
 	}
 	s.m.reports.WithLabelValues(region, "accepted").Inc()
 	s.m.observeLag(region, now.Sub(time.UnixMilli(req.GetIntervalEndMs())))

@@ -146,6 +146,7 @@ type world struct {
 	delay   func() time.Duration                            // watch propagation
 	sets    map[uint64]map[key][]float64                    // version → listed shares
 	rev     int64
+	lastVer time.Time // when the last new version was returned
 	maxPub  float64
 	maxAppl float64
 }
@@ -231,6 +232,10 @@ func (w *world) tickOnce() {
 		return
 	}
 	if p.Changed {
+		if !w.lastVer.IsZero() && w.now.Sub(w.lastVer) < c.cfg.MinVersionGap {
+			w.t.Fatalf("%v: version %d %v after the last, MinVersionGap %v", w.now, p.Head.Version, w.now.Sub(w.lastVer), c.cfg.MinVersionGap)
+		}
+		w.lastVer = w.now
 		set := map[key][]float64{}
 		for _, en := range p.Entries {
 			s := make([]float64, n)

@@ -41,9 +41,17 @@ func (c *Core) Tick(now time.Time) *Publication {
 		c.recompute(now, ack)
 		recomputed = true
 	}
-	changed := c.advance(now, ack, recomputed)
+	// A new version at most every MinVersionGap (the first of a term aside): each one
+	// rewrites every chunk, so this bounds the bytes written per interval.
+	changed := false
+	c.fullStep = c.fullStep || recomputed
+	if c.lastVersionAt.IsZero() || now.Sub(c.lastVersionAt) >= c.cfg.MinVersionGap {
+		changed = c.advance(now, ack, c.fullStep)
+		c.fullStep = false
+	}
 	if changed || c.dirty {
 		c.dirty = false
+		c.lastVersionAt = now
 		c.version++
 		c.log = append(c.log, verEntry{v: c.version})
 		c.trimLog(ack)

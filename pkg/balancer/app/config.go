@@ -105,6 +105,7 @@ type BalanceConfig struct {
 	EarlyGap      time.Duration `yaml:"early_gap"`
 	Learning      time.Duration `yaml:"learning"`
 	AckTimeout    time.Duration `yaml:"ack_timeout"`
+	MinVersionGap time.Duration `yaml:"min_version_gap"`
 	SilentAfter   time.Duration `yaml:"silent_after"`
 	Stale         time.Duration `yaml:"stale"`
 	KeyTTL        time.Duration `yaml:"key_ttl"`
@@ -131,7 +132,8 @@ func DefaultConfig() Config {
 			SharesPrefix: shareset.DefaultPrefix, SessionTTL: sc.SessionTTL, WriteTimeout: sc.WriteTimeout},
 		Rules: RulesConfig{PollInterval: 2 * time.Second, IPv6Prefix: 64},
 		Balance: BalanceConfig{Interval: cc.Interval, EarlyGap: cc.EarlyGap, Learning: cc.Learning, AckTimeout: cc.AckTimeout,
-			SilentAfter: cc.SilentAfter, Stale: cc.Stale, KeyTTL: cc.KeyTTL, TickEvery: sc.TickEvery,
+			MinVersionGap: cc.MinVersionGap,
+			SilentAfter:   cc.SilentAfter, Stale: cc.Stale, KeyTTL: cc.KeyTTL, TickEvery: sc.TickEvery,
 			MaxEntries: cc.MaxEntries, MaxIdentities: cc.MaxIdentities, MaxPublished: cc.MaxPublished, MaxEnforcers: cc.MaxEnforcers},
 		Share:        ShareConfig{Floor: cc.Share.Floor, Alpha: cc.Share.Alpha, DeadBand: cc.Share.DeadBand},
 		DrainTimeout: 10 * time.Second,
@@ -175,7 +177,7 @@ func (c *Config) coreConfig() balancer.CoreConfig {
 	b := c.Balance
 	cc.Regions, cc.Weights = c.Regions, c.weights()
 	cc.Interval, cc.EarlyGap, cc.Learning, cc.AckTimeout = b.Interval, b.EarlyGap, b.Learning, b.AckTimeout
-	cc.SilentAfter, cc.Stale, cc.KeyTTL = b.SilentAfter, b.Stale, b.KeyTTL
+	cc.SilentAfter, cc.Stale, cc.KeyTTL, cc.MinVersionGap = b.SilentAfter, b.Stale, b.KeyTTL, b.MinVersionGap
 	cc.MaxEntries, cc.MaxIdentities, cc.MaxPublished, cc.MaxEnforcers = b.MaxEntries, b.MaxIdentities, b.MaxPublished, b.MaxEnforcers
 	cc.Share.Floor, cc.Share.Alpha, cc.Share.DeadBand = c.Share.Floor, c.Share.Alpha, c.Share.DeadBand
 	return cc

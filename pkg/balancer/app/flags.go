@@ -128,6 +128,7 @@ var overrides = []override{
 	{name: "interval", usage: "balancing interval", apply: dur(func(c *Config) *time.Duration { return &c.Balance.Interval })},
 	{name: "learning", usage: "a new leader's learning period", apply: dur(func(c *Config) *time.Duration { return &c.Balance.Learning })},
 	{name: "ack-timeout", usage: "how long an increase waits for unacknowledged decreases (>= propagation)", apply: dur(func(c *Config) *time.Duration { return &c.Balance.AckTimeout })},
+	{name: "min-version-gap", usage: "least time between two share set versions", apply: dur(func(c *Config) *time.Duration { return &c.Balance.MinVersionGap })},
 	{name: "stale", usage: "staleness period (as the enforcers')", apply: dur(func(c *Config) *time.Duration { return &c.Balance.Stale })},
 	{name: "key-ttl", usage: "an unreported identity returns to the default split after this", apply: dur(func(c *Config) *time.Duration { return &c.Balance.KeyTTL })},
 	{name: "max-identities", usage: "identities tracked at most", apply: integer(func(c *Config) *int { return &c.Balance.MaxIdentities })},
