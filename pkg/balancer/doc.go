@@ -49,9 +49,11 @@
 //
 // # Silence and staleness
 //
-// A region not heard for SilentAfter is held (share.Input.Held) at mayApply_r: the others
-// get no more than the rest. After Stale it is held at min(mayApply_r, default_r), which is
-// what its enforcers enforce on their own after Stale without a fresh head. The decrease
+// A region not heard for SilentAfter is held (share.Input.Held) at its last published
+// share: the others' targets get no more than the rest (and while it may still apply an
+// older, larger share, the plan keeps their increases back). After Stale it is held at
+// min(last, default_r), which is what its enforcers enforce on their own after Stale
+// without a fresh head. The decrease
 // this publishes is acknowledged only by the region's own reports or Stale after it
 // landed: by then each enforcer of that region has either read the decrease from etcd or
 // gone stale on its own (its last head is older than Stale), so no mix sums above 1. A

@@ -38,7 +38,7 @@ func (c *Core) Tick(now time.Time) *Publication {
 	}
 	recomputed := false
 	if !c.learning && (!now.Before(c.nextDue) || (c.earlyPending && now.Sub(c.lastCompute) >= c.cfg.EarlyGap)) {
-		c.recompute(now, ack)
+		c.recompute(now)
 		recomputed = true
 	}
 	// A new version at most every MinVersionGap (the first of a term aside): each one
@@ -231,7 +231,7 @@ func (c *Core) advance(now time.Time, ack []uint64, all bool) bool {
 
 // recompute sets every identity's target from this window's demand and closes the
 // window.
-func (c *Core) recompute(now time.Time, ack []uint64) {
+func (c *Core) recompute(now time.Time) {
 	n := c.n
 	c.stats.recomputes++
 	perEnf := make([]float64, n) // D_r, seconds; NaN: region not heard this window
@@ -256,10 +256,8 @@ func (c *Core) recompute(now time.Time, ack []uint64) {
 			}
 		}
 	}
-	anySilent := slices.Contains(silent, true)
 	demand := make([]float64, n)
 	held := make([]float64, n)
-	may := make([]float64, n)
 	nonDefault := 0
 	for _, id := range c.all {
 		tok := id.tokens(n)
@@ -282,16 +280,17 @@ func (c *Core) recompute(now time.Time, ack []uint64) {
 			clear(tok)
 			continue
 		}
-		if anySilent {
-			c.mayApply(id, ack, may)
-		}
+		// A silent region is held at its last published share (the others' targets get
+		// the rest; if it may still apply an older, larger one, share.Step keeps their
+		// increases back until that is acknowledged), after Stale at min(last, default).
+		pub := id.published(n)
 		for r := range n {
 			demand[r] = tok[r] / perEnf[r] // NaN when not heard
 			held[r] = math.NaN()
 			if silent[r] {
-				held[r] = may[r]
+				held[r] = pub[r]
 				if stale[r] {
-					held[r] = min(may[r], id.def[r])
+					held[r] = min(pub[r], id.def[r])
 				}
 			}
 		}
