@@ -198,6 +198,14 @@ func TestEtcdElectionFencingAndRedirect(t *testing.T) {
 		if got := testutil.ToFloat64(b.s.m.reports.WithLabelValues("us-east", "redirected")); got != 1 {
 			t.Fatalf("redirected reports %g, want 1", got)
 		}
+		// A closed standby leaves the election at once (its lease is revoked).
+		_ = b.s.Close()
+		gctx, gcancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer gcancel()
+		keys, err := a.cli.Get(gctx, prefix+"election/", clientv3.WithPrefix(), clientv3.WithCountOnly())
+		if err != nil || keys.Count != 1 {
+			t.Fatalf("election keys after the standby closed: %v (%v), want 1", keys, err)
+		}
 	})
 
 	t.Run("a deposed leader's late write is refused by etcd", func(t *testing.T) {

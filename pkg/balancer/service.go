@@ -231,11 +231,23 @@ var errSessionLost = errors.New("balancer: election session lost")
 
 // term campaigns, then leads until the session ends, a write is fenced or Close.
 func (s *Service) term() error {
-	sess, err := concurrency.NewSession(s.cfg.Etcd, concurrency.WithTTL(int(s.cfg.SessionTTL/time.Second)), concurrency.WithContext(s.ctx))
+	// The session outlives s.ctx by its revoke, so Close revokes the lease at once rather
+	// than leaving it to expire (with s.ctx as the session's context the revoke would be
+	// cancelled before it is sent). Close still aborts a session being created.
+	sessCtx, sessCancel := context.WithCancel(context.Background())
+	defer sessCancel()
+	abort := context.AfterFunc(s.ctx, sessCancel)
+	sess, err := concurrency.NewSession(s.cfg.Etcd, concurrency.WithTTL(int(s.cfg.SessionTTL/time.Second)), concurrency.WithContext(sessCtx))
+	if !abort() { // closed meanwhile
+		if err == nil {
+			sess.Orphan()
+		}
+		return nil
+	}
 	if err != nil {
 		return fmt.Errorf("while creating the election session: %w", err)
 	}
-	defer sess.Close() // revokes the lease: our election key goes with it
+	defer sess.Close() // revokes the lease (bounded by its TTL): our election key goes with it
 	e := concurrency.NewElection(sess, s.cfg.ElectionPrefix)
 	cctx, cancel := context.WithCancel(s.ctx)
 	defer cancel()
