@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"sync"
 	"time"
 
@@ -414,4 +415,29 @@ func (c *Core) recomputes() uint64 {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.stats.recomputes
+}
+
+// IdentityState is one tracked identity as the core sees it, by region (copies).
+type IdentityState struct {
+	Rate      float64   // global rate, tokens/s
+	Default   []float64 // default split
+	Published []float64 // in the newest version
+	Target    []float64 // where the plan is going
+	Smoothed  []float64 // smoothed demand, tokens/s (nil before the first recompute)
+	Pending   bool      // the plan has not finished (or a region may still apply an older version)
+}
+
+// Identity returns the state of (rule, identity); ok is false when it is not tracked
+// (it has the default split). For tools (explain) and simulations.
+func (c *Core) Identity(rule, identity string) (IdentityState, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	id := c.ids[key{rule, identity}]
+	if id == nil {
+		return IdentityState{}, false
+	}
+	return IdentityState{
+		Rate: id.rate, Default: slices.Clone(id.def), Published: slices.Clone(id.published(c.n)),
+		Target: slices.Clone(id.target(c.n)), Smoothed: slices.Clone(id.st.Smoothed), Pending: id.pending,
+	}, true
 }
