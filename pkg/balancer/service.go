@@ -194,7 +194,7 @@ func (s *Service) Leading() (bool, int64) {
 	return s.core != nil, s.rev
 }
 
-// Core returns the current term's core (nil while standing by), for tests and tools.
+// currentCore returns the current term's core (nil while standing by).
 func (s *Service) currentCore() *Core {
 	s.mu.Lock()
 	defer s.mu.Unlock()
