@@ -40,6 +40,14 @@
 // at once, increases only when Σ_q max(mayApply_q, next_q) ≤ 1, so whatever mix of old
 // and new versions the regions apply, the shares in force sum to ≤ 1.
 //
+// Worked example: an identity at the default split (1/3, 1/3, 1/3) whose traffic is all in
+// us-east gets the target (0.98, 0.01, 0.01). Version v publishes only the decreases,
+// (1/3, 0.01, 0.01): any region may apply v or v−1, and the largest shares sum to 1/3 +
+// 1/3 + 1/3 = 1. Once eu-west and ap-south report applying ≥ v, mayApply = (1/3, 0.01,
+// 0.01) and version v' raises us-east to 0.98: 0.98 + 0.01 + 0.01 = 1 whatever us-east
+// applies. us-east was held at 1/3 of the limit (under, never over) for about one report
+// interval, or AckTimeout.
+//
 // AckTimeout is the trade-off: an enforcer that reports is acknowledged by its report
 // (≈ one report interval); AckTimeout lets an increase go sooner on the assumption that a
 // write that landed reaches every watching enforcer within AckTimeout. Too short and an
@@ -64,6 +72,7 @@
 // Reports hold at most MaxEntries identities; at most MaxIdentities are tracked (the least
 // demanded are evicted: back to the default split through the plan, then forgotten); a
 // publication lists at most MaxPublished (the least demanded of the rest go back to the
-// default split), so the bytes written per version are bounded whatever the key count.
+// default split), so the bytes written per version are bounded whatever the key count;
+// a new version comes at most every MinVersionGap, so the bytes per interval are too.
 // Identities absent from every report for KeyTTL go back to the default split, never to 0.
 package balancer
