@@ -48,6 +48,7 @@ case "${1:-}" in
       docker run -d --name "allot-redis-$p" --label allot-stack=1 --network host "$image" \
         redis-server --port "$p" --bind 127.0.0.1 --cluster-enabled yes \
         --cluster-config-file "/tmp/nodes-$p.conf" --cluster-node-timeout 2000 \
+        --cluster-require-full-coverage no \
         --save '' --appendonly no >/dev/null
       wait_for "redis $p" docker exec "allot-redis-$p" redis-cli -p "$p" ping
       addrs+=("127.0.0.1:$p")
