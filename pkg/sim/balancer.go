@@ -2,11 +2,264 @@ package sim
 
 import (
 	"fmt"
+	"time"
 
+	"github.com/allot-dev/allot/pkg/balancer"
+	"github.com/allot-dev/allot/pkg/enforcer"
+	"github.com/allot-dev/allot/pkg/rules"
+	"github.com/allot-dev/allot/pkg/shares"
+	"github.com/allot-dev/allot/pkg/shareset"
 	"github.com/allot-dev/allot/pkg/sim/scenario"
+	"github.com/allot-dev/allot/pkg/usage"
+	allotv1 "github.com/allot-dev/allot/proto/allot/v1"
 )
 
-// newBalancerPlane is wired to pkg/balancer's Core once that lands on main.
-func newBalancerPlane(sc *scenario.Scenario) (plane, error) {
-	return nil, fmt.Errorf("%w %q: pkg/balancer is not merged yet", ErrPolicy, PolicyBalancer)
+// The balancer's control plane in virtual mode, on the run's clock:
+//
+//   - every enforcer has a real usage.Table (its enforcer's UsageObserver) and reports it
+//     every Interval, at a phase of its own (spread evenly over the interval), and early
+//     when the table says refusals jumped (checked every EarlyPoll); a report reaches the
+//     balancer ReportDelay later;
+//   - the balancer is the real balancer.Core, ticked every TickEvery; each Publication it
+//     returns lands at once in the virtual etcd (the set as a Watcher would list it:
+//     the head and the entries of the newest version) and reaches every region's
+//     shares.Holder Propagation (the scenario's) later;
+//   - each region's enforcers enforce through the region's real shares.Holder
+//     (enforcer.Config.Shares), with its staleness rule.
+//
+// Faults: balancer-down drops every report and stops the ticks; when it ends a new leader
+// (a new Core, LeaderRev one higher) restores the persisted set and learns again.
+// region-isolated drops the region's reports and the sets sent to it; when it ends the
+// region reads the set in force (after Propagation), as a Watcher re-listing would.
+
+// Virtual-mode timing of the control plane.
+const (
+	ReportDelay = 50 * time.Millisecond  // enforcer → balancer, one way
+	TickEvery   = 250 * time.Millisecond // how often the balancer's core is ticked
+	EarlyPoll   = 100 * time.Millisecond // how often an enforcer looks at WantEarly
+)
+
+type reporter struct {
+	region int
+	id     string
+	table  *usage.Table
+	seq    uint64
+}
+
+type balancerPlane struct {
+	sc      *scenario.Scenario
+	w       *world
+	cfg     balancer.CoreConfig
+	core    *balancer.Core
+	holders []*shares.Holder
+	reps    [][]*reporter // [region][enforcer]
+
+	down     bool
+	isolated []bool
+	// the virtual etcd: the set as last written
+	head    shareset.Head
+	entries []shareset.Entry
+	written bool
+}
+
+func newBalancerPlane(sc *scenario.Scenario) (*balancerPlane, error) {
+	p := &balancerPlane{sc: sc, isolated: make([]bool, len(sc.Regions)), reps: make([][]*reporter, len(sc.Regions))}
+	def := DefaultSplit(sc)
+	idx := make(map[string]int, len(sc.Keys))
+	for k, key := range sc.Keys {
+		idx[key.Name] = k
+	}
+	cfg := balancer.DefaultCoreConfig()
+	for _, r := range sc.Regions {
+		cfg.Regions = append(cfg.Regions, r.Name)
+	}
+	cfg.Interval = sc.Interval
+	cfg.Learning = 2 * sc.Interval
+	cfg.SilentAfter = 2 * sc.Interval
+	cfg.Limits = func(rule, _ string) (float64, []float64, bool) {
+		k, ok := idx[rule]
+		if !ok {
+			return 0, nil, false
+		}
+		return sc.Keys[k].Limit.PerSecond(), def, true
+	}
+	core, err := balancer.NewCore(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("sim: %w", err)
+	}
+	p.cfg, p.core = cfg, core
+	return p, nil
+}
+
+func (p *balancerPlane) name() string { return PolicyBalancer }
+
+// initial: the rules carry the default split; the Holder scales from there.
+func (p *balancerPlane) initial() [][]float64 { return newFixedPlane(p.sc, PolicyStatic).shares }
+
+func (p *balancerPlane) bind(w *world) error {
+	p.w = w
+	for r, reg := range p.sc.Regions {
+		hc := shares.DefaultConfig()
+		hc.Region = reg.Name
+		hc.Clock = w.clk
+		h, err := shares.NewHolder(hc)
+		if err != nil {
+			return fmt.Errorf("sim: %w", err)
+		}
+		p.holders = append(p.holders, h)
+		uc := usage.DefaultConfig()
+		uc.Interval = p.sc.Interval
+		uc.EarlyGap = min(uc.EarlyGap, p.sc.Interval)
+		uc.RegionalRate = func(rule *rules.Compiled, identity string) float64 {
+			if rule == nil || len(rule.Global) == 0 {
+				return 0
+			}
+			return rule.Global[0].Rate * h.Share(rule, identity, w.clk.Now())
+		}
+		for e := range reg.Enforcers {
+			// The enforcers have been running for a while: their report phases are spread
+			// evenly over the interval, the first report covering [phase − Interval, phase).
+			t, err := usage.NewTable(uc, w.clk.Now().Add(p.phase(r, e)-p.sc.Interval))
+			if err != nil {
+				return fmt.Errorf("sim: %w", err)
+			}
+			p.reps[r] = append(p.reps[r], &reporter{region: r, id: fmt.Sprintf("%s-%d", reg.Name, e), table: t})
+		}
+	}
+	return nil
+}
+
+func (p *balancerPlane) sharesFor(r int) enforcer.Shares { return p.holders[r] }
+
+func (p *balancerPlane) observer(r, e int) enforcer.UsageObserver { return p.reps[r][e].table }
+
+func (p *balancerPlane) start(w *world) {
+	end := p.sc.Duration
+	for r, rs := range p.reps {
+		for e, rep := range rs {
+			rep := rep
+			// Like usage.Reporter: a report when the table's interval is over (its Start +
+			// Interval, so an early report restarts the interval) or when WantEarly.
+			phase := p.phase(r, e)
+			var regular func()
+			regular = func() {
+				due := rep.table.Start().Add(p.sc.Interval)
+				if now := w.clk.Now(); now.Before(due) { // an early report moved the interval
+					w.clk.at(due.Sub(Epoch), regular)
+					return
+				}
+				p.report(rep, false)
+				w.clk.after(p.sc.Interval, regular)
+			}
+			w.clk.at(phase, regular)
+			w.clk.every(EarlyPoll, EarlyPoll, end, func() {
+				if rep.table.WantEarly(w.clk.Now()) {
+					p.report(rep, true)
+				}
+			})
+		}
+	}
+	w.clk.every(TickEvery, TickEvery, end, p.tick)
+}
+
+// phase is when enforcer e of region r first reports: the enforcers' phases are spread
+// evenly over (0, Interval].
+func (p *balancerPlane) phase(r, e int) time.Duration {
+	i, total := 0, 0
+	for q, reg := range p.sc.Regions {
+		if q < r {
+			i += reg.Enforcers
+		}
+		total += reg.Enforcers
+	}
+	return p.sc.Interval * time.Duration(i+e+1) / time.Duration(total)
+}
+
+// report drains rep's table and sends it to the balancer (unless cut off).
+func (p *balancerPlane) report(rep *reporter, early bool) {
+	now := p.w.clk.Now()
+	r := rep.table.Report(now)
+	rep.seq++
+	r.Region, r.EnforcerId, r.Seq, r.Early = p.sc.Regions[rep.region].Name, rep.id, rep.seq, early
+	r.ShareLeaderRev, r.ShareVersion = p.holders[rep.region].Applied()
+	if p.down || p.isolated[rep.region] {
+		return
+	}
+	p.w.clk.after(ReportDelay, func() {
+		if !p.down { // the balancer went down while the report was on its way
+			p.ingest(r)
+		}
+	})
+}
+
+func (p *balancerPlane) ingest(r *allotv1.ReportRequest) {
+	// A report the core refuses is a bug of the simulator or of the core: there is no
+	// operator to tell, so it is dropped; the tests see its effect on the figures.
+	_ = p.core.Ingest(p.w.clk.Now(), r)
+}
+
+func (p *balancerPlane) tick() {
+	if p.down {
+		return
+	}
+	now := p.w.clk.Now()
+	pub := p.core.Tick(now)
+	if pub == nil {
+		return
+	}
+	p.core.Published(pub, now)
+	if pub.Changed || !p.written {
+		p.entries = pub.Entries
+	}
+	p.head, p.written = pub.Head, true
+	for r := range p.holders {
+		if !p.isolated[r] {
+			p.deliver(r)
+		}
+	}
+}
+
+// deliver sends the set in the virtual etcd to region r, arriving after Propagation.
+func (p *balancerPlane) deliver(r int) {
+	head, entries, h := p.head, p.entries, p.holders[r]
+	p.w.clk.after(p.sc.Propagation, func() {
+		if !p.isolated[r] {
+			h.Apply(head, entries, p.w.clk.Now())
+		}
+	})
+}
+
+func (p *balancerPlane) fault(f scenario.Fault, on bool) {
+	switch f.Kind {
+	case scenario.BalancerDown:
+		p.down = on
+		if !on {
+			p.newLeader()
+		}
+	case scenario.RegionIsolated:
+		p.isolated[f.Region] = on
+		if !on && p.written {
+			p.deliver(f.Region)
+		}
+	}
+}
+
+// newLeader replaces the core with a new leader's, restored from the virtual etcd.
+func (p *balancerPlane) newLeader() {
+	cfg := p.cfg
+	cfg.LeaderRev = p.cfg.LeaderRev + 1
+	core, err := balancer.NewCore(cfg)
+	if err != nil {
+		return // the config was valid a moment ago
+	}
+	if p.written {
+		// A fresh core accepts one Restore before it starts: an error here is impossible.
+		_ = core.Restore(p.head, p.entries)
+	}
+	p.cfg, p.core = cfg, core
+}
+
+func (p *balancerPlane) share(r, k int) float64 {
+	rule := p.w.regions[r].rules.Current().Rule(p.sc.Keys[k].Name)
+	return p.holders[r].Share(rule, p.w.keys[k].identity, p.w.clk.Now())
 }

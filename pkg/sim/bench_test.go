@@ -13,7 +13,7 @@ func BenchmarkManyKeys(b *testing.B) {
 		b.Fatal(err)
 	}
 	for b.Loop() {
-		if _, err := Run(sc, Options{Policy: PolicyStatic}); err != nil {
+		if _, err := Run(sc, Options{Policy: PolicyBalancer}); err != nil {
 			b.Fatal(err)
 		}
 	}

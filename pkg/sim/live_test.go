@@ -30,7 +30,7 @@ func serveRegion(t *testing.T, sc *scenario.Scenario, region string) string {
 	if err != nil {
 		t.Fatalf("RulesYAML does not parse: %v\n%s", err, y.String())
 	}
-	snap, err := rules.Compile(set, rules.CompileOptions{Region: region, DefaultShare: 0.5})
+	snap, err := rules.Compile(set, rules.CompileOptions{Region: region, Regions: map[string]float64{"us-east": 1, "eu-west": 1}})
 	if err != nil {
 		t.Fatal(err)
 	}

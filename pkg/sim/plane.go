@@ -26,6 +26,11 @@ type plane interface {
 	// initial is the shares the regions compile their first rules with: [region][key],
 	// nil for the whole limit.
 	initial() [][]float64
+	// bind is called once, before the enforcers are built, with the world they live in.
+	bind(w *world) error
+	// sharesFor is what region r's enforcers consult for each identity's share
+	// (enforcer.Config.Shares); nil: the share the rules were compiled with.
+	sharesFor(r int) enforcer.Shares
 	// observer is the usage observer of enforcer e of region r (nil: none listens).
 	observer(r, e int) enforcer.UsageObserver
 	// start schedules the plane's background work on w.clk.
@@ -69,6 +74,8 @@ func DefaultSplit(sc *scenario.Scenario) []float64 {
 
 func (p *fixedPlane) name() string                             { return p.policy }
 func (p *fixedPlane) initial() [][]float64                     { return p.shares }
+func (p *fixedPlane) bind(*world) error                        { return nil }
+func (p *fixedPlane) sharesFor(int) enforcer.Shares            { return nil }
 func (p *fixedPlane) observer(int, int) enforcer.UsageObserver { return nil }
 func (p *fixedPlane) start(*world)                             {}
 func (p *fixedPlane) fault(scenario.Fault, bool)               {}

@@ -155,6 +155,9 @@ func newWorld(sc *scenario.Scenario, p plane) (*world, error) {
 	for k := range w.keys {
 		keyOf[w.keys[k].identity] = k
 	}
+	if err := p.bind(w); err != nil {
+		return nil, err
+	}
 	for r, rg := range sc.Regions {
 		reg := &region{
 			name:  rg.Name,
@@ -229,6 +232,7 @@ func (w *world) newNode(reg *region, r, e int, peers func() int) (*node, error) 
 	ec.Clock = w.clk
 	ec.Registerer = prometheus.NewRegistry()
 	ec.Usage = w.plane.observer(r, e)
+	ec.Shares = w.plane.sharesFor(r)
 	ec.DecisionLogEvery, ec.RefusalLogEvery = 0, 0
 	enf, err := enforcer.New(ec)
 	if err != nil {
