@@ -14,7 +14,9 @@ import (
 	allotv1 "github.com/allot-dev/allot/proto/allot/v1"
 )
 
-// The balancer's control plane in virtual mode, on the run's clock:
+// The balancer's control plane in virtual mode. The enforcers' side (reports, share
+// tables) runs on each region's clock; the balancer's (ticks, reports arriving,
+// publication) on the coordinator's, at barriers (see Slice):
 //
 //   - every enforcer has a real usage.Table (its enforcer's UsageObserver) and reports it
 //     every Interval, at a phase of its own (spread evenly over the interval), and early
@@ -35,7 +37,7 @@ import (
 // Virtual-mode timing of the control plane.
 const (
 	ReportDelay = 50 * time.Millisecond  // enforcer → balancer, one way
-	TickEvery   = 250 * time.Millisecond // how often the balancer's core is ticked
+	TickEvery   = 250 * time.Millisecond // how often the balancer's core is ticked (a multiple of Slice)
 	EarlyPoll   = 100 * time.Millisecond // how often an enforcer looks at WantEarly
 )
 
@@ -46,6 +48,12 @@ type reporter struct {
 	seq    uint64
 }
 
+// sent is a report on its way to the balancer.
+type sent struct {
+	at time.Duration // arrival, since Epoch
+	r  *allotv1.ReportRequest
+}
+
 type balancerPlane struct {
 	sc      *scenario.Scenario
 	w       *world
@@ -54,6 +62,10 @@ type balancerPlane struct {
 	holders []*shares.Holder
 	reps    [][]*reporter // [region][enforcer]
 
+	// outbox holds each region's reports sent since the last barrier (written by the
+	// region's goroutine between barriers, read by the coordinator at them).
+	outbox [][]sent
+	// down and isolated are the control plane's faults; set only at barriers.
 	down     bool
 	isolated []bool
 	// the virtual etcd: the set as last written
@@ -63,7 +75,8 @@ type balancerPlane struct {
 }
 
 func newBalancerPlane(sc *scenario.Scenario) (*balancerPlane, error) {
-	p := &balancerPlane{sc: sc, isolated: make([]bool, len(sc.Regions)), reps: make([][]*reporter, len(sc.Regions))}
+	p := &balancerPlane{sc: sc, isolated: make([]bool, len(sc.Regions)), reps: make([][]*reporter, len(sc.Regions)),
+		outbox: make([][]sent, len(sc.Regions))}
 	def := DefaultSplit(sc)
 	idx := make(map[string]int, len(sc.Keys))
 	for k, key := range sc.Keys {
@@ -99,9 +112,10 @@ func (p *balancerPlane) initial() [][]float64 { return newFixedPlane(p.sc, Polic
 func (p *balancerPlane) bind(w *world) error {
 	p.w = w
 	for r, reg := range p.sc.Regions {
+		clk := w.regions[r].clk
 		hc := shares.DefaultConfig()
 		hc.Region = reg.Name
-		hc.Clock = w.clk
+		hc.Clock = clk
 		h, err := shares.NewHolder(hc)
 		if err != nil {
 			return fmt.Errorf("sim: %w", err)
@@ -114,12 +128,12 @@ func (p *balancerPlane) bind(w *world) error {
 			if rule == nil || len(rule.Global) == 0 {
 				return 0
 			}
-			return rule.Global[0].Rate * h.Share(rule, identity, w.clk.Now())
+			return rule.Global[0].Rate * h.Share(rule, identity, clk.Now())
 		}
 		for e := range reg.Enforcers {
 			// The enforcers have been running for a while: their report phases are spread
 			// evenly over the interval, the first report covering [phase − Interval, phase).
-			t, err := usage.NewTable(uc, w.clk.Now().Add(p.phase(r, e)-p.sc.Interval))
+			t, err := usage.NewTable(uc, clk.Now().Add(p.phase(r, e)-p.sc.Interval))
 			if err != nil {
 				return fmt.Errorf("sim: %w", err)
 			}
@@ -136,24 +150,24 @@ func (p *balancerPlane) observer(r, e int) enforcer.UsageObserver { return p.rep
 func (p *balancerPlane) start(w *world) {
 	end := p.sc.Duration
 	for r, rs := range p.reps {
+		clk := w.regions[r].clk
 		for e, rep := range rs {
 			rep := rep
 			// Like usage.Reporter: a report when the table's interval is over (its Start +
 			// Interval, so an early report restarts the interval) or when WantEarly.
-			phase := p.phase(r, e)
 			var regular func()
 			regular = func() {
 				due := rep.table.Start().Add(p.sc.Interval)
-				if now := w.clk.Now(); now.Before(due) { // an early report moved the interval
-					w.clk.at(due.Sub(Epoch), regular)
+				if now := clk.Now(); now.Before(due) { // an early report moved the interval
+					clk.at(due.Sub(Epoch), regular)
 					return
 				}
 				p.report(rep, false)
-				w.clk.after(p.sc.Interval, regular)
+				clk.after(p.sc.Interval, regular)
 			}
-			w.clk.at(phase, regular)
-			w.clk.every(EarlyPoll, EarlyPoll, end, func() {
-				if rep.table.WantEarly(w.clk.Now()) {
+			clk.at(p.phase(r, e), regular)
+			clk.every(EarlyPoll, EarlyPoll, end, func() {
+				if rep.table.WantEarly(clk.Now()) {
 					p.report(rep, true)
 				}
 			})
@@ -175,9 +189,10 @@ func (p *balancerPlane) phase(r, e int) time.Duration {
 	return p.sc.Interval * time.Duration(i+e+1) / time.Duration(total)
 }
 
-// report drains rep's table and sends it to the balancer (unless cut off).
+// report drains rep's table and sends it to the balancer (unless cut off). It runs on the
+// region's goroutine: the report waits in the region's outbox for the next barrier.
 func (p *balancerPlane) report(rep *reporter, early bool) {
-	now := p.w.clk.Now()
+	now := p.w.regions[rep.region].clk.Now()
 	r := rep.table.Report(now)
 	rep.seq++
 	r.Region, r.EnforcerId, r.Seq, r.Early = p.sc.Regions[rep.region].Name, rep.id, rep.seq, early
@@ -185,11 +200,23 @@ func (p *balancerPlane) report(rep *reporter, early bool) {
 	if p.down || p.isolated[rep.region] {
 		return
 	}
-	p.w.clk.after(ReportDelay, func() {
-		if !p.down { // the balancer went down while the report was on its way
-			p.ingest(r)
+	p.outbox[rep.region] = append(p.outbox[rep.region], sent{at: now.Add(ReportDelay).Sub(Epoch), r: r})
+}
+
+// barrier hands the reports sent during the slice to the coordinator, region by region,
+// to arrive ReportDelay after they were sent (at or after this barrier).
+func (p *balancerPlane) barrier() {
+	for q, box := range p.outbox {
+		for _, m := range box {
+			r := m.r
+			p.w.clk.at(m.at, func() {
+				if !p.down { // the balancer went down while the report was on its way
+					p.ingest(r)
+				}
+			})
 		}
-	})
+		p.outbox[q] = box[:0]
+	}
 }
 
 func (p *balancerPlane) ingest(r *allotv1.ReportRequest) {
@@ -221,10 +248,10 @@ func (p *balancerPlane) tick() {
 
 // deliver sends the set in the virtual etcd to region r, arriving after Propagation.
 func (p *balancerPlane) deliver(r int) {
-	head, entries, h := p.head, p.entries, p.holders[r]
-	p.w.clk.after(p.sc.Propagation, func() {
+	head, entries, h, clk := p.head, p.entries, p.holders[r], p.w.regions[r].clk
+	clk.at(p.w.clk.elapsed()+p.sc.Propagation, func() {
 		if !p.isolated[r] {
-			h.Apply(head, entries, p.w.clk.Now())
+			h.Apply(head, entries, clk.Now())
 		}
 	})
 }

@@ -209,7 +209,6 @@ loop:
 		j := liveJob{key: st.key, region: st.region, sec: sec, client: cl[pick.IntN(len(cl))]}
 		mu.Lock()
 		keys[st.key].cells[sec*R+st.region].Offered++
-		keys[st.key].requests++
 		mu.Unlock()
 		// Wait a little for a free worker (the schedule slips by as much), then give up on
 		// the request: it stays offered and not admitted.

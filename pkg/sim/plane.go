@@ -33,8 +33,11 @@ type plane interface {
 	sharesFor(r int) enforcer.Shares
 	// observer is the usage observer of enforcer e of region r (nil: none listens).
 	observer(r, e int) enforcer.UsageObserver
-	// start schedules the plane's background work on w.clk.
+	// start schedules the plane's background work: the enforcers' on their region's
+	// clock, the balancer's on the coordinator's (w.clk).
 	start(w *world)
+	// barrier is called by the coordinator at each barrier, before the events due then.
+	barrier()
 	// fault starts (on) or ends a balancer-down or region-isolated fault.
 	fault(f scenario.Fault, on bool)
 	// share is the share region r enforces for key k now.
@@ -86,3 +89,5 @@ func (p *fixedPlane) share(r, k int) float64 {
 	}
 	return p.shares[r][k]
 }
+
+func (p *fixedPlane) barrier() {}

@@ -3,11 +3,15 @@
 //
 // # The virtual mode
 //
-// One goroutine, one virtual clock (a discrete-event scheduler implementing
-// clock.Clock). Each region has one exact in-memory bucket store standing for its Redis
-// Cluster; each enforcer of a region is the real stack — pkg/enforcer.Enforcer deciding
-// checks against the region's compiled pkg/rules snapshot, over pkg/fallback over
-// pkg/lease over that store — built with the virtual clock. Requests arrive as Poisson
+// One process on virtual clocks (discrete-event schedulers implementing clock.Clock): one
+// per region, which every layer of the region's enforcers reads, and one for the control
+// plane. Regions run in parallel between barriers every Slice (50 ms) of virtual time and
+// the control plane runs at the barriers; reports take ReportDelay = Slice to reach the
+// balancer, so the parallel run is the sequential one (see Slice). Each region has one
+// exact in-memory bucket store standing for its Redis Cluster; each enforcer of a region
+// is the real stack — pkg/enforcer.Enforcer deciding checks against the region's
+// compiled pkg/rules snapshot, over pkg/fallback over pkg/lease over that store — built
+// with the region's clock. Requests arrive as Poisson
 // processes per key and region at the offered rates, each on a random enforcer of its
 // region. Background work runs at known points of the schedule (lease refills inside the
 // check that makes them due, control-plane reports and publication as events), so one
@@ -119,13 +123,14 @@ func judgeRun(sc *scenario.Scenario, policy string, secs int, keys []keyState, s
 		ser := &KeySeries{
 			Key: key.Name, Rate: ks.rate, Burst: key.Limit.Burst,
 			Offered: make([]float64, secs), Admitted: make([]float64, secs),
-			Requests: ks.requests, StoreCalls: storeCalls[k],
+			StoreCalls: storeCalls[k],
 		}
 		for s := 0; s < secs; s++ {
 			for r := 0; r < R; r++ {
 				c := &ks.cells[s*R+r]
 				ser.Offered[s] += float64(c.Offered)
 				ser.Admitted[s] += float64(c.Admitted)
+				ser.Requests += c.Offered
 			}
 		}
 		for _, ph := range key.Phases {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -58,17 +59,24 @@ func (n *node) close() {
 	n.lease.Close()
 }
 
-// region is one region of a run.
+// region is one region of a run: its own virtual clock (every layer of its enforcers reads
+// it), its arrivals and its enforcers. Between two barriers (see run) a region touches
+// nothing outside itself, so regions run in parallel.
 type region struct {
-	name  string
-	store *regionStore
-	rules *rules.Holder
-	nodes []*node
+	idx     int
+	name    string
+	clk     *scheduler
+	streams streamHeap
+	store   *regionStore
+	rules   *rules.Holder
+	nodes   []*node
 }
 
 // world is everything one run holds.
 type world struct {
-	sc      *scenario.Scenario
+	sc *scenario.Scenario
+	// clk is the coordinator's clock: the control plane (balancer ticks, reports
+	// arriving, publication) and the per-second samples run on it, at barriers.
 	clk     *scheduler
 	plane   plane
 	regions []*region
@@ -84,7 +92,6 @@ type keyState struct {
 	identity string
 	rate     float64 // per second
 	cells    []Cell  // [second × regions + region]
-	requests int64
 }
 
 // Cell is one key's traffic in one region during one second of a run.
@@ -155,21 +162,21 @@ func newWorld(sc *scenario.Scenario, p plane) (*world, error) {
 	for k := range w.keys {
 		keyOf[w.keys[k].identity] = k
 	}
+	for r, rg := range sc.Regions {
+		w.regions = append(w.regions, &region{idx: r, name: rg.Name, clk: &scheduler{}})
+	}
 	if err := p.bind(w); err != nil {
 		return nil, err
 	}
 	for r, rg := range sc.Regions {
-		reg := &region{
-			name:  rg.Name,
-			store: &regionStore{mem: bucket.NewMemory(w.clk, 0), keyOf: keyOf, calls: make([]int64, len(sc.Keys))},
-		}
-		snap, err := compileRegion(sc, r, p.initial(), w.clk.Now())
+		reg := w.regions[r]
+		reg.store = &regionStore{mem: bucket.NewMemory(reg.clk, 0), keyOf: keyOf, calls: make([]int64, len(sc.Keys))}
+		snap, err := compileRegion(sc, r, p.initial(), Epoch)
 		if err != nil {
 			w.close()
 			return nil, err
 		}
 		reg.rules = rules.NewHolder(snap)
-		w.regions = append(w.regions, reg)
 		n := rg.Enforcers
 		peers := func() int { return n }
 		for e := range n {
@@ -180,6 +187,10 @@ func newWorld(sc *scenario.Scenario, p plane) (*world, error) {
 			}
 			reg.nodes = append(reg.nodes, nd)
 		}
+		for k := range sc.Keys {
+			reg.streams = append(reg.streams, newStream(sc, k, r))
+		}
+		reg.streams.init()
 	}
 	w.spans = faultSpans(sc)
 	return w, nil
@@ -209,7 +220,7 @@ func newKeyStates(sc *scenario.Scenario, secs int) []keyState {
 
 func (w *world) newNode(reg *region, r, e int, peers func() int) (*node, error) {
 	lc := lease.DefaultConfig()
-	lc.Clock = w.clk
+	lc.Clock = reg.clk
 	lc.Peers = peers
 	lc.SyncRefill = true
 	ls, err := lease.New(reg.store, lc)
@@ -217,7 +228,7 @@ func (w *world) newNode(reg *region, r, e int, peers func() int) (*node, error) 
 		return nil, fmt.Errorf("sim: region %s enforcer %d: %w", reg.name, e, err)
 	}
 	fc := fallback.DefaultConfig()
-	fc.Clock = w.clk
+	fc.Clock = reg.clk
 	fc.Peers = peers
 	fc.StallGrace = 0 // virtual time: the process's scheduler says nothing about it
 	fb, err := fallback.New(ls, fc)
@@ -229,7 +240,7 @@ func (w *world) newNode(reg *region, r, e int, peers func() int) (*node, error) 
 	ec.Region = reg.name
 	ec.Rules = reg.rules
 	ec.Store = fb
-	ec.Clock = w.clk
+	ec.Clock = reg.clk
 	ec.Registerer = prometheus.NewRegistry()
 	ec.Usage = w.plane.observer(r, e)
 	ec.Shares = w.plane.sharesFor(r)
@@ -251,18 +262,31 @@ func (w *world) close() {
 	}
 }
 
+// Slice is the virtual time between two barriers. Within a slice each region runs on its
+// own (in parallel with the others); at the barrier that ends it the coordinator runs the
+// control plane's events due by then. Reports take ReportDelay = Slice to reach the
+// balancer, so a report sent within a slice is delivered at or after its barrier: the
+// parallel run is the sequential one, event for event. Faults of the control plane
+// (balancer-down, region-isolated) start and end at the first barrier at or after their
+// time (at most Slice late); a redis-down fault is the region's own, exact to the
+// nanosecond.
+const Slice = ReportDelay
+
+// barrierAt is the first barrier at or after t.
+func barrierAt(t time.Duration) time.Duration { return (t + Slice - 1) / Slice * Slice }
+
 // scheduleFaults turns the scenario's faults into events.
 func (w *world) scheduleFaults() {
 	for _, f := range w.sc.Faults {
 		f := f
 		switch f.Kind {
 		case scenario.RedisDown:
-			st := w.regions[f.Region].store
-			w.clk.at(f.At, func() { st.down.Store(true) })
-			w.clk.at(f.End(), func() { st.down.Store(false) })
+			reg := w.regions[f.Region]
+			reg.clk.at(f.At, func() { reg.store.down.Store(true) })
+			reg.clk.at(f.End(), func() { reg.store.down.Store(false) })
 		default:
-			w.clk.at(f.At, func() { w.plane.fault(f, true) })
-			w.clk.at(f.End(), func() { w.plane.fault(f, false) })
+			w.clk.at(barrierAt(f.At), func() { w.plane.fault(f, true) })
+			w.clk.at(barrierAt(f.End()), func() { w.plane.fault(f, false) })
 		}
 	}
 }
@@ -280,58 +304,78 @@ func (w *world) sample(s int) {
 	}
 }
 
-// run replays the scenario: arrivals from the Poisson streams and the scheduled events,
-// merged in time order (events first on a tie), on the one goroutine.
-func (w *world) run() {
-	sc := w.sc
+// runUntil runs the region's arrivals and events due before b (ns since Epoch), in time
+// order (events first on a tie), then sets its clock to b.
+func (w *world) runUntil(reg *region, b int64) {
 	R := len(w.regions)
-	end := int64(sc.Duration)
-	var streams streamHeap
-	for k := range sc.Keys {
-		for r := range sc.Regions {
-			streams = append(streams, newStream(sc, k, r))
-		}
-	}
-	streams.init()
-	w.scheduleFaults()
-	w.plane.start(w)
-	for s := 1; s <= w.secs; s++ {
-		s := s
-		w.clk.at(time.Duration(s)*time.Second-1, func() { w.sample(s - 1) })
-	}
 	ctx := context.Background()
 	for {
-		st := streams[0]
-		evAt, ok := w.clk.peek()
-		if ok && evAt <= st.next && evAt < end {
-			w.clk.runNext()
+		st := reg.streams[0]
+		evAt, ok := reg.clk.peek()
+		if ok && evAt < b && evAt <= st.next {
+			reg.clk.runNext()
 			continue
 		}
-		if st.next >= end {
+		if st.next >= b {
 			break
 		}
-		w.clk.set(st.next)
-		reg := w.regions[st.region]
+		reg.clk.set(st.next)
 		nd := reg.nodes[st.rng.IntN(len(reg.nodes))] // a random enforcer of its region
 		ks := &w.keys[st.key]
 		sec := int(st.next / int64(time.Second))
-		c := &ks.cells[sec*R+st.region]
+		c := &ks.cells[sec*R+reg.idx]
 		c.Offered++
-		ks.requests++
 		d, err := nd.enf.Check(ctx, &ks.req)
 		if err == nil && d.Allowed {
 			c.Admitted++
 		}
 		c.Sources[sourceCol(d.Source)]++
 		st.advance()
-		streams.down(0)
+		reg.streams.down(0)
 	}
-	// Drain the events due before the end (samples of the last second).
-	for {
-		evAt, ok := w.clk.peek()
-		if !ok || evAt >= end {
-			break
+	reg.clk.set(b)
+}
+
+// run replays the scenario slice by slice: every region up to the barrier (the first on
+// this goroutine, the others on one goroutine each, owned here and ended before run
+// returns), then the coordinator's events due by the barrier.
+func (w *world) run() {
+	end := w.sc.Duration
+	w.scheduleFaults()
+	w.plane.start(w)
+	for s := 1; s <= w.secs; s++ {
+		s := s
+		w.clk.at(time.Duration(s)*time.Second, func() { w.sample(s - 1) })
+	}
+	var wg sync.WaitGroup
+	work := make([]chan int64, len(w.regions))
+	for i := 1; i < len(w.regions); i++ {
+		work[i] = make(chan int64)
+		go func(reg *region, c chan int64) {
+			for b := range c {
+				w.runUntil(reg, b)
+				wg.Done()
+			}
+		}(w.regions[i], work[i])
+	}
+	for b := Slice; b <= end; b += Slice {
+		wg.Add(len(w.regions) - 1)
+		for i := 1; i < len(w.regions); i++ {
+			work[i] <- int64(b)
 		}
-		w.clk.runNext()
+		w.runUntil(w.regions[0], int64(b))
+		wg.Wait()
+		w.plane.barrier()
+		for {
+			at, ok := w.clk.peek()
+			if !ok || at > int64(b) {
+				break
+			}
+			w.clk.runNext()
+		}
+		w.clk.set(int64(b))
+	}
+	for i := 1; i < len(w.regions); i++ {
+		close(work[i])
 	}
 }
