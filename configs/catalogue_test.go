@@ -1,0 +1,107 @@
+package configs
+
+import (
+	"regexp"
+	"sort"
+	"testing"
+	"time"
+
+	"github.com/allot-dev/allot/pkg/enforcer/app"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// catalogue is every series name a process's /metrics can show.
+type catalogue map[string]string // name → where it comes from
+
+func (c catalogue) sorted() []string {
+	out := make([]string, 0, len(c))
+	for n := range c {
+		out = append(out, n)
+	}
+	sort.Strings(out)
+	return out
+}
+
+var fqName = regexp.MustCompile(`^Desc\{fqName: "([^"]+)"`)
+
+// add puts in every metric g registers. Names come from the collectors' descriptors, so a
+// vector without children yet (a breaker that never tripped) is known too; histograms and
+// summaries, which show as <name>_bucket / _sum / _count (and _created), are expanded from
+// the gathered families' types. A histogram vector with no child at gather time would be
+// missing its suffixes: the test then fails on it, and the process must pre-create a child.
+func (c catalogue) add(t *testing.T, from string, r *prometheus.Registry) {
+	t.Helper()
+	ch := make(chan *prometheus.Desc)
+	go func() { r.Describe(ch); close(ch) }()
+	for d := range ch {
+		m := fqName.FindStringSubmatch(d.String())
+		if m == nil {
+			t.Fatalf("%s: cannot read the name of %s", from, d)
+		}
+		c[m[1]] = from
+	}
+	mfs, err := r.Gather()
+	if err != nil {
+		t.Fatalf("%s: gather: %v", from, err)
+	}
+	for _, mf := range mfs {
+		n := mf.GetName()
+		c[n] = from
+		switch mf.GetType() {
+		case dto.MetricType_HISTOGRAM, dto.MetricType_GAUGE_HISTOGRAM:
+			c[n+"_bucket"], c[n+"_sum"], c[n+"_count"] = from, from, from
+		case dto.MetricType_SUMMARY:
+			c[n+"_sum"], c[n+"_count"] = from, from
+		}
+	}
+}
+
+// processes builds each process in-process and gathers its registry: an enforcer on the
+// memory store, and one on the Redis stack (lease and fallback layers; the Redis address
+// is a closed loopback port, so nothing is ever reached). The registry is the one the
+// process serves /metrics from (App.Registry).
+func processes(t *testing.T) catalogue {
+	t.Helper()
+	c := catalogue{}
+	for _, tc := range []struct {
+		name  string
+		store app.StoreConfig
+	}{
+		{"enforcer (memory store)", app.StoreConfig{Kind: "memory"}},
+		{"enforcer (redis store)", app.StoreConfig{Kind: "redis", Addrs: []string{"127.0.0.1:1"}}},
+	} {
+		cfg := app.DefaultConfig()
+		cfg.Region, cfg.ID = "us-east", "catalogue"
+		cfg.Rules.File = "rules/example.yaml"
+		cfg.Listen.GRPC, cfg.Listen.HTTP = "127.0.0.1:0", "127.0.0.1:0"
+		cfg.Store.Kind, cfg.Store.Addrs = tc.store.Kind, tc.store.Addrs
+		cfg.Store.DialTimeout = 100 * time.Millisecond // a closed port refuses at once anyway
+		a, err := app.New(cfg, nil)
+		if err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		c.add(t, tc.name, a.Registry())
+		if err := a.Close(); err != nil {
+			t.Fatalf("%s: close: %v", tc.name, err)
+		}
+	}
+	return c
+}
+
+func TestCatalogueHasTheLayers(t *testing.T) {
+	c := processes(t)
+	for _, n := range []string{
+		"allot_enforcer_decisions_total", "allot_enforcer_check_seconds_bucket",
+		"allot_enforcer_plan_decisions_total", "allot_fallback_breaker_state",
+		"allot_fallback_transitions_total", "allot_lease_table_keys", "allot_memory_store_keys",
+		"allot_rules_failures_total",
+	} {
+		if _, ok := c[n]; !ok {
+			t.Errorf("%s is not in the catalogue; have %q", n, c.sorted())
+		}
+	}
+}
