@@ -1,12 +1,16 @@
 package configs
 
 import (
+	"context"
+	"errors"
 	"regexp"
 	"sort"
 	"testing"
 	"time"
 
+	"github.com/allot-dev/allot/pkg/clock"
 	"github.com/allot-dev/allot/pkg/enforcer/app"
+	"github.com/allot-dev/allot/pkg/usage"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	"go.uber.org/goleak"
@@ -89,7 +93,37 @@ func processes(t *testing.T) catalogue {
 			t.Fatalf("%s: close: %v", tc.name, err)
 		}
 	}
+	c.add(t, "usage reporter", usageReporter(t))
 	return c
+}
+
+// noLeader is a balancer that is never found.
+type noLeader struct{}
+
+func (noLeader) Leader(context.Context) (string, error) {
+	return "", errors.New("no leader in this test")
+}
+
+// usageReporter builds the enforcer's usage reporter on a fake clock (it never reaches
+// its first report) and returns the registry it registered into.
+func usageReporter(t *testing.T) *prometheus.Registry {
+	t.Helper()
+	clk := clock.NewFake(time.Unix(1_700_000_000, 0))
+	tab, err := usage.NewTable(usage.DefaultConfig(), clk.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	rc := usage.DefaultReporterConfig()
+	rc.Table, rc.Region, rc.EnforcerID, rc.Leader, rc.Clock, rc.Registerer = tab, "us-east", "catalogue", noLeader{}, clk, reg
+	r, err := usage.NewReporter(rc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return reg
 }
 
 func TestCatalogueHasTheLayers(t *testing.T) {
@@ -98,7 +132,7 @@ func TestCatalogueHasTheLayers(t *testing.T) {
 		"allot_enforcer_decisions_total", "allot_enforcer_check_seconds_bucket",
 		"allot_enforcer_plan_decisions_total", "allot_fallback_breaker_state",
 		"allot_fallback_transitions_total", "allot_lease_table_keys", "allot_memory_store_keys",
-		"allot_rules_failures_total",
+		"allot_rules_failures_total", "allot_usage_reports_sent_total", "allot_usage_report_identities_bucket",
 	} {
 		if _, ok := c[n]; !ok {
 			t.Errorf("%s is not in the catalogue; have %q", n, c.sorted())
