@@ -30,7 +30,8 @@ func (a API) String() string {
 }
 
 // metrics are the enforcer's Prometheus metrics, resolved once so the hot path only adds
-// to atomics. Label sets are bounded: results × sources, apis, fail modes.
+// to atomics. Label sets are bounded: results × sources, apis, fail modes, and plans (at
+// most MaxPlanLabels + 2, see planmetrics.go).
 type metrics struct {
 	decisions   [2][numSources]prometheus.Counter // [allowed][source]
 	shadow      [3]prometheus.Counter             // would-allow, would-refuse, error
