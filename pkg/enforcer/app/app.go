@@ -22,6 +22,7 @@ import (
 	"github.com/allot-dev/allot/pkg/lease"
 	"github.com/allot-dev/allot/pkg/registry"
 	"github.com/allot-dev/allot/pkg/rules"
+	"github.com/allot-dev/allot/pkg/shares"
 	"github.com/hashicorp/go-hclog"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -50,6 +51,9 @@ type App struct {
 
 	etcd     *clientv3.Client
 	registry *registry.Registry
+
+	shares  *shares.Holder  // always set; fed by sharesW when etcd is configured
+	sharesW *shares.Watcher // nil without etcd or with shares.disabled
 
 	redis      redis.UniversalClient
 	redisStore *bucket.Redis
@@ -127,11 +131,17 @@ func newApp(cfg Config, log hclog.Logger, store bucket.Store) (_ *App, err error
 	if err := a.buildRules(); err != nil {
 		return nil, err
 	}
+	if err := a.buildShares(); err != nil {
+		return nil, err
+	}
 	if err := a.buildStore(); err != nil {
 		return nil, err
 	}
 	ec := cfg.enforcerConfig()
 	ec.Rules, ec.Store, ec.Clock, ec.Logger, ec.Registerer = a.holder, a.store, a.clock, log, a.reg
+	if a.sharesW != nil {
+		ec.Shares = a.shares
+	}
 	if a.enf, err = enforcer.New(ec); err != nil {
 		return nil, err
 	}
@@ -150,7 +160,7 @@ func newApp(cfg Config, log hclog.Logger, store bucket.Store) (_ *App, err error
 }
 
 func (a *App) compileOptions() rules.CompileOptions {
-	return rules.CompileOptions{Region: a.cfg.Region, DefaultShare: a.cfg.Rules.DefaultShare, IPv6Prefix: a.cfg.Rules.IPv6Prefix}
+	return rules.CompileOptions{Region: a.cfg.Region, Regions: a.cfg.Regions, IPv6Prefix: a.cfg.Rules.IPv6Prefix}
 }
 
 func (a *App) onRulesError(err error) {

@@ -14,6 +14,8 @@ import (
 
 	"github.com/allot-dev/allot/pkg/enforcer"
 	"github.com/allot-dev/allot/pkg/enforcer/httpapi"
+	"github.com/allot-dev/allot/pkg/shares"
+	"github.com/allot-dev/allot/pkg/shareset"
 	"gopkg.in/yaml.v3"
 )
 
@@ -25,6 +27,9 @@ type Config struct {
 	Region string `yaml:"region"`
 	// ID names this enforcer within its region (etcd registration). Default: host-pid.
 	ID string `yaml:"id"`
+	// Regions are every region that enforces the global limits, with weights for the
+	// default split (see Regions). Empty: a single region.
+	Regions Regions `yaml:"regions"`
 
 	Store    StoreConfig    `yaml:"store"`
 	Etcd     EtcdConfig     `yaml:"etcd"`
@@ -35,6 +40,7 @@ type Config struct {
 	Check    CheckConfig    `yaml:"check"`
 	Auth     AuthConfig     `yaml:"forward_auth"`
 	RLS      RLSConfig      `yaml:"envoy_rls"`
+	Shares   SharesConfig   `yaml:"shares"`
 
 	// Peers is N, the live enforcers in the region, when etcd is not configured; with
 	// etcd, the registry counts them. Default 1.
@@ -112,8 +118,8 @@ type RulesConfig struct {
 	EtcdPrefix string `yaml:"etcd_prefix"`
 	// PollInterval is how often the file is checked for changes. Default 2s.
 	PollInterval time.Duration `yaml:"poll_interval"`
-	// DefaultShare is this region's share of a rule that names no share for it (0 → 1).
-	DefaultShare float64 `yaml:"default_share"`
+	// DefaultShare is removed: setting it is an error (see Regions for the default split).
+	DefaultShare *float64 `yaml:"default_share"`
 	// IPv6Prefix is the prefix IPv6 clients are limited by. Default 64.
 	IPv6Prefix int `yaml:"ipv6_prefix"`
 }
@@ -193,6 +199,7 @@ func DefaultConfig() Config {
 			RegistrationTTL: 10 * time.Second, StartTimeout: 5 * time.Second,
 		},
 		Rules:        RulesConfig{PollInterval: 2 * time.Second, IPv6Prefix: 64},
+		Shares:       SharesConfig{EtcdPrefix: shareset.DefaultPrefix, StaleAfter: shares.DefaultStale},
 		Listen:       ListenConfig{GRPC: "127.0.0.1:8081", HTTP: "127.0.0.1:8080", MaxConcurrentStreams: 1024},
 		Peers:        1,
 		DrainTimeout: 10 * time.Second,
@@ -262,6 +269,7 @@ levelOK:
 	if s := c.Auth.RefuseStatus; s != 0 && (s < 400 || s > 599) {
 		bad("forward_auth.refuse_status %d, must be 4xx or 5xx", s)
 	}
+	c.validateShares(bad)
 	return errors.Join(errs...)
 }
 
