@@ -65,18 +65,22 @@ func (c catalogue) add(t *testing.T, from string, r *prometheus.Registry) {
 }
 
 // processes builds each process in-process and gathers its registry: an enforcer on the
-// memory store, and one on the Redis stack (lease and fallback layers; the Redis address
-// is a closed loopback port, so nothing is ever reached). The registry is the one the
-// process serves /metrics from (App.Registry).
+// memory store, one on the Redis stack (lease and fallback layers), and one with etcd
+// configured too (registry, etcd rules, shares). Redis and etcd are closed loopback ports,
+// so nothing is ever reached: the layers are built, which is what registers their metrics.
+// The registry is the one the process serves /metrics from (App.Registry).
 func processes(t *testing.T) catalogue {
 	t.Helper()
 	c := catalogue{}
 	for _, tc := range []struct {
 		name  string
 		store app.StoreConfig
+		etcd  bool
 	}{
-		{"enforcer (memory store)", app.StoreConfig{Kind: "memory"}},
-		{"enforcer (redis store)", app.StoreConfig{Kind: "redis", Addrs: []string{"127.0.0.1:1"}}},
+		{"enforcer (memory store)", app.StoreConfig{Kind: "memory"}, false},
+		{"enforcer (redis store)", app.StoreConfig{Kind: "redis", Addrs: []string{"127.0.0.1:1"}}, false},
+		// With etcd configured: the registry, the etcd rules source and the share table.
+		{"enforcer (redis store, etcd)", app.StoreConfig{Kind: "redis", Addrs: []string{"127.0.0.1:1"}}, true},
 	} {
 		cfg := app.DefaultConfig()
 		cfg.Region, cfg.ID = "us-east", "catalogue"
@@ -84,6 +88,11 @@ func processes(t *testing.T) catalogue {
 		cfg.Listen.GRPC, cfg.Listen.HTTP = "127.0.0.1:0", "127.0.0.1:0"
 		cfg.Store.Kind, cfg.Store.Addrs = tc.store.Kind, tc.store.Addrs
 		cfg.Store.DialTimeout = 100 * time.Millisecond // a closed port refuses at once anyway
+		if tc.etcd {
+			cfg.Etcd.Endpoints = []string{"127.0.0.1:1"}
+			cfg.Rules.EtcdPrefix = "/allot/rules/"
+			cfg.Etcd.DialTimeout, cfg.Etcd.StartTimeout = 100*time.Millisecond, 200*time.Millisecond
+		}
 		a, err := app.New(cfg, nil)
 		if err != nil {
 			t.Fatalf("%s: %v", tc.name, err)
@@ -133,6 +142,7 @@ func TestCatalogueHasTheLayers(t *testing.T) {
 		"allot_enforcer_plan_decisions_total", "allot_fallback_breaker_state",
 		"allot_fallback_transitions_total", "allot_lease_table_keys", "allot_memory_store_keys",
 		"allot_rules_failures_total", "allot_usage_reports_sent_total", "allot_usage_report_identities_bucket",
+		"allot_shares_age_seconds", "allot_registry_healthy",
 	} {
 		if _, ok := c[n]; !ok {
 			t.Errorf("%s is not in the catalogue; have %q", n, c.sorted())
