@@ -31,8 +31,10 @@ type Config struct {
 	// default split (see Regions). Empty: a single region.
 	Regions Regions `yaml:"regions"`
 
-	Store    StoreConfig    `yaml:"store"`
-	Etcd     EtcdConfig     `yaml:"etcd"`
+	Store StoreConfig `yaml:"store"`
+	Etcd  EtcdConfig  `yaml:"etcd"`
+	// Balancer: usage reports to the quota balancer's leader, found through etcd.
+	Balancer BalancerConfig `yaml:"balancer"`
 	Rules    RulesConfig    `yaml:"rules"`
 	Listen   ListenConfig   `yaml:"listen"`
 	Lease    LeaseConfig    `yaml:"lease"`
@@ -244,6 +246,23 @@ func (c *Config) Validate() error {
 	if c.Rules.File == "" && c.Rules.EtcdPrefix == "" {
 		bad("no rules: set rules.file and/or rules.etcd_prefix")
 	}
+	if c.Balancer.Enabled && len(c.Etcd.Endpoints) == 0 {
+		bad("balancer.enabled needs etcd.endpoints (the leader is found there)")
+	}
+	// Zero takes pkg/usage's default; a negative value is a mistake, not a default.
+	for _, f := range [...]struct {
+		name string
+		v    int64
+	}{
+		{"balancer.interval", int64(c.Balancer.Interval)},
+		{"balancer.capacity", int64(c.Balancer.Capacity)},
+		{"balancer.max_identities", int64(c.Balancer.MaxIdentities)},
+		{"balancer.send_timeout", int64(c.Balancer.SendTimeout)},
+	} {
+		if f.v < 0 {
+			bad("%s must be > 0 (or unset for the default)", f.name)
+		}
+	}
 	if c.Rules.EtcdPrefix != "" && len(c.Etcd.Endpoints) == 0 {
 		bad("rules.etcd_prefix %q needs etcd.endpoints", c.Rules.EtcdPrefix)
 	}
@@ -296,4 +315,23 @@ func (c *Config) authConfig() httpapi.Config {
 		EndpointHeader: a.EndpointHeader, RealIPHeader: a.RealIPHeader,
 		ForwardedForHeader: a.ForwardedForHeader, TrustedHops: a.TrustedHops, RefuseStatus: a.RefuseStatus,
 	}
+}
+
+// BalancerConfig: usage reports to the quota balancer (pkg/usage). Zero fields take
+// pkg/usage's defaults.
+type BalancerConfig struct {
+	// Enabled turns usage reports on; needs etcd.endpoints (the leader is found there).
+	Enabled bool `yaml:"enabled"`
+	// ElectionPrefix is the balancer's election prefix. Default "/allot/balancer/election".
+	ElectionPrefix string `yaml:"election_prefix"`
+	// Interval between reports. Default 10s.
+	Interval time.Duration `yaml:"interval"`
+	// Capacity is how many (rule, identity) pairs are tracked. Default 16384.
+	Capacity int `yaml:"capacity"`
+	// MaxIdentities caps one report; keep it <= the balancer's cap. Default 4096.
+	MaxIdentities int `yaml:"max_identities"`
+	// SendTimeout bounds each report RPC. Default 2s.
+	SendTimeout time.Duration `yaml:"send_timeout"`
+	// TLS for the report API.
+	TLS TLSConfig `yaml:"tls"`
 }

@@ -208,6 +208,9 @@ func (a *App) Close() error {
 			a.health.Shutdown()
 		}
 		a.drain(serving)
+		if a.reporter != nil {
+			_ = a.reporter.Close() // before the etcd client it reads the leader with
+		}
 		if a.registry != nil {
 			if err := a.registry.Close(); err != nil {
 				errs = append(errs, fmt.Errorf("app: while releasing the registration: %w", err))
