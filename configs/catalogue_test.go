@@ -1,16 +1,12 @@
 package configs
 
 import (
-	"context"
-	"errors"
 	"regexp"
 	"sort"
 	"testing"
 	"time"
 
-	"github.com/allot-dev/allot/pkg/clock"
 	"github.com/allot-dev/allot/pkg/enforcer/app"
-	"github.com/allot-dev/allot/pkg/usage"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	"go.uber.org/goleak"
@@ -66,7 +62,7 @@ func (c catalogue) add(t *testing.T, from string, r *prometheus.Registry) {
 
 // processes builds each process in-process and gathers its registry: an enforcer on the
 // memory store, one on the Redis stack (lease and fallback layers), and one with etcd
-// configured too (registry, etcd rules, shares). Redis and etcd are closed loopback ports,
+// configured too (registry, etcd rules, shares, usage reports). Redis and etcd are closed loopback ports,
 // so nothing is ever reached: the layers are built, which is what registers their metrics.
 // The registry is the one the process serves /metrics from (App.Registry).
 func processes(t *testing.T) catalogue {
@@ -79,8 +75,9 @@ func processes(t *testing.T) catalogue {
 	}{
 		{"enforcer (memory store)", app.StoreConfig{Kind: "memory"}, false},
 		{"enforcer (redis store)", app.StoreConfig{Kind: "redis", Addrs: []string{"127.0.0.1:1"}}, false},
-		// With etcd configured: the registry, the etcd rules source and the share table.
-		{"enforcer (redis store, etcd)", app.StoreConfig{Kind: "redis", Addrs: []string{"127.0.0.1:1"}}, true},
+		// With etcd configured: the registry, the etcd rules source, the share table and
+		// the usage reporter.
+		{"enforcer (redis store, etcd, balancer)", app.StoreConfig{Kind: "redis", Addrs: []string{"127.0.0.1:1"}}, true},
 	} {
 		cfg := app.DefaultConfig()
 		cfg.Region, cfg.ID = "us-east", "catalogue"
@@ -92,6 +89,7 @@ func processes(t *testing.T) catalogue {
 			cfg.Etcd.Endpoints = []string{"127.0.0.1:1"}
 			cfg.Rules.EtcdPrefix = "/allot/rules/"
 			cfg.Etcd.DialTimeout, cfg.Etcd.StartTimeout = 100*time.Millisecond, 200*time.Millisecond
+			cfg.Balancer.Enabled = true
 		}
 		a, err := app.New(cfg, nil)
 		if err != nil {
@@ -102,37 +100,7 @@ func processes(t *testing.T) catalogue {
 			t.Fatalf("%s: close: %v", tc.name, err)
 		}
 	}
-	c.add(t, "usage reporter", usageReporter(t))
 	return c
-}
-
-// noLeader is a balancer that is never found.
-type noLeader struct{}
-
-func (noLeader) Leader(context.Context) (string, error) {
-	return "", errors.New("no leader in this test")
-}
-
-// usageReporter builds the enforcer's usage reporter on a fake clock (it never reaches
-// its first report) and returns the registry it registered into.
-func usageReporter(t *testing.T) *prometheus.Registry {
-	t.Helper()
-	clk := clock.NewFake(time.Unix(1_700_000_000, 0))
-	tab, err := usage.NewTable(usage.DefaultConfig(), clk.Now())
-	if err != nil {
-		t.Fatal(err)
-	}
-	reg := prometheus.NewRegistry()
-	rc := usage.DefaultReporterConfig()
-	rc.Table, rc.Region, rc.EnforcerID, rc.Leader, rc.Clock, rc.Registerer = tab, "us-east", "catalogue", noLeader{}, clk, reg
-	r, err := usage.NewReporter(rc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := r.Close(); err != nil {
-		t.Fatal(err)
-	}
-	return reg
 }
 
 func TestCatalogueHasTheLayers(t *testing.T) {
