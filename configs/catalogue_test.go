@@ -62,9 +62,10 @@ func (c catalogue) add(t *testing.T, from string, r *prometheus.Registry) {
 
 // processes builds each process in-process and gathers its registry: an enforcer on the
 // memory store, one on the Redis stack (lease and fallback layers), and one with etcd
-// configured too (registry, etcd rules, shares, usage reports). Redis and etcd are closed loopback ports,
-// so nothing is ever reached: the layers are built, which is what registers their metrics.
-// The registry is the one the process serves /metrics from (App.Registry).
+// configured too (registry, etcd rules, shares, usage reports). Redis and etcd are closed
+// loopback ports, so nothing is ever reached: the layers are built, which is what
+// registers their metrics. The registry is the one the process serves /metrics from
+// (App.Registry).
 func processes(t *testing.T) catalogue {
 	t.Helper()
 	c := catalogue{}
