@@ -1,7 +1,9 @@
 package configs
 
 import (
+	"errors"
 	"regexp"
+	"slices"
 	"sort"
 	"testing"
 	"time"
@@ -28,36 +30,79 @@ func (c catalogue) sorted() []string {
 
 var fqName = regexp.MustCompile(`^Desc\{fqName: "([^"]+)"`)
 
-// add puts in every metric g registers. Names come from the collectors' descriptors, so a
-// vector without children yet (a breaker that never tripped) is known too; histograms and
-// summaries, which show as <name>_bucket / _sum / _count (and _created), are expanded from
-// the gathered families' types. A histogram vector with no child at gather time would be
-// missing its suffixes: the test then fails on it, and the process must pre-create a child.
+// add puts in every metric r registers. Names come from the collectors' descriptors, so a
+// vector without children yet (a breaker that never tripped) is known too. Histograms and
+// summaries show as <name>_bucket / _sum / _count: their type comes from the gathered
+// families, or, for a vector without children, from the registry itself: registering a
+// collector that describes the same descriptor fails with AlreadyRegisteredError naming
+// the collector already there (*prometheus.HistogramVec, ...). Nothing is registered.
 func (c catalogue) add(t *testing.T, from string, r *prometheus.Registry) {
 	t.Helper()
 	ch := make(chan *prometheus.Desc)
 	go func() { r.Describe(ch); close(ch) }()
+	descs := map[string]*prometheus.Desc{}
 	for d := range ch {
 		m := fqName.FindStringSubmatch(d.String())
 		if m == nil {
 			t.Fatalf("%s: cannot read the name of %s", from, d)
 		}
-		c[m[1]] = from
+		descs[m[1]] = d
 	}
 	mfs, err := r.Gather()
 	if err != nil {
 		t.Fatalf("%s: gather: %v", from, err)
 	}
+	gathered := map[string]dto.MetricType{}
 	for _, mf := range mfs {
-		n := mf.GetName()
-		c[n] = from
-		switch mf.GetType() {
-		case dto.MetricType_HISTOGRAM, dto.MetricType_GAUGE_HISTOGRAM:
-			c[n+"_bucket"], c[n+"_sum"], c[n+"_count"] = from, from, from
-		case dto.MetricType_SUMMARY:
-			c[n+"_sum"], c[n+"_count"] = from, from
+		gathered[mf.GetName()] = mf.GetType()
+	}
+	for n, d := range descs {
+		typ, ok := gathered[n]
+		if !ok {
+			typ = vectorType(t, r, d)
+		}
+		c.put(n, typ, from)
+	}
+	for n, typ := range gathered {
+		c.put(n, typ, from)
+	}
+}
+
+func (c catalogue) put(name string, typ dto.MetricType, from string) {
+	c[name] = from
+	switch typ {
+	case dto.MetricType_HISTOGRAM, dto.MetricType_GAUGE_HISTOGRAM:
+		c[name+"_bucket"], c[name+"_sum"], c[name+"_count"] = from, from, from
+	case dto.MetricType_SUMMARY:
+		c[name+"_sum"], c[name+"_count"] = from, from
+	}
+}
+
+// descCollector describes one descriptor and collects nothing.
+type descCollector struct{ d *prometheus.Desc }
+
+func (c descCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.d }
+func (c descCollector) Collect(chan<- prometheus.Metric)    {}
+
+// vectorType is the type of the collector registered in r with exactly descriptor d, when
+// it is a histogram or summary vector; untyped (a plain name) otherwise.
+func vectorType(t *testing.T, r *prometheus.Registry, d *prometheus.Desc) dto.MetricType {
+	t.Helper()
+	err := r.Register(descCollector{d})
+	if err == nil {
+		r.Unregister(descCollector{d})
+		t.Fatalf("%s registered twice: the catalogue's probe must never succeed", d)
+	}
+	var are prometheus.AlreadyRegisteredError
+	if errors.As(err, &are) {
+		switch are.ExistingCollector.(type) {
+		case *prometheus.HistogramVec:
+			return dto.MetricType_HISTOGRAM
+		case *prometheus.SummaryVec:
+			return dto.MetricType_SUMMARY
 		}
 	}
+	return dto.MetricType_UNTYPED
 }
 
 // processes builds each process in-process and gathers its registry: an enforcer on the
@@ -116,5 +161,22 @@ func TestCatalogueHasTheLayers(t *testing.T) {
 		if _, ok := c[n]; !ok {
 			t.Errorf("%s is not in the catalogue; have %q", n, c.sorted())
 		}
+	}
+}
+
+// The probe finds a histogram vector that has no child yet, and registers nothing.
+func TestCatalogueTypesVectorsWithoutChildren(t *testing.T) {
+	r := prometheus.NewRegistry()
+	r.MustRegister(prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "h_seconds", Help: "h"}, []string{"region"}),
+		prometheus.NewSummaryVec(prometheus.SummaryOpts{Name: "s_seconds", Help: "s"}, []string{"region"}),
+		prometheus.NewCounterVec(prometheus.CounterOpts{Name: "c_total", Help: "c"}, []string{"region"}))
+	c := catalogue{}
+	c.add(t, "test", r)
+	want := []string{"c_total", "h_seconds", "h_seconds_bucket", "h_seconds_count", "h_seconds_sum", "s_seconds", "s_seconds_count", "s_seconds_sum"}
+	if got := c.sorted(); !slices.Equal(got, want) {
+		t.Fatalf("got %q, want %q", got, want)
+	}
+	if mfs, _ := r.Gather(); len(mfs) != 0 {
+		t.Fatalf("the probe left %d families behind", len(mfs))
 	}
 }
