@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	bapp "github.com/allot-dev/allot/pkg/balancer/app"
 	"github.com/allot-dev/allot/pkg/enforcer/app"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
@@ -110,7 +111,7 @@ func vectorType(t *testing.T, r *prometheus.Registry, d *prometheus.Desc) dto.Me
 // configured too (registry, etcd rules, shares, usage reports). Redis and etcd are closed
 // loopback ports, so nothing is ever reached: the layers are built, which is what
 // registers their metrics. The registry is the one the process serves /metrics from
-// (App.Registry).
+// (App.Registry). Then a balancer replica, built but not run (it never campaigns).
 func processes(t *testing.T) catalogue {
 	t.Helper()
 	c := catalogue{}
@@ -146,6 +147,19 @@ func processes(t *testing.T) catalogue {
 			t.Fatalf("%s: close: %v", tc.name, err)
 		}
 	}
+	bc := bapp.DefaultConfig()
+	bc.Regions, bc.ID = []string{"us-east", "eu-west", "ap-south"}, "catalogue"
+	bc.Etcd.Endpoints, bc.Etcd.DialTimeout = []string{"127.0.0.1:1"}, 100*time.Millisecond
+	bc.Rules.File = "rules/example.yaml"
+	bc.Listen.GRPC, bc.Listen.HTTP = "127.0.0.1:0", "127.0.0.1:0"
+	b, err := bapp.New(bc, nil)
+	if err != nil {
+		t.Fatalf("balancer: %v", err)
+	}
+	c.add(t, "balancer", b.Registry())
+	if err := b.Close(); err != nil {
+		t.Fatalf("balancer: close: %v", err)
+	}
 	return c
 }
 
@@ -157,6 +171,8 @@ func TestCatalogueHasTheLayers(t *testing.T) {
 		"allot_fallback_transitions_total", "allot_lease_table_keys", "allot_memory_store_keys",
 		"allot_rules_failures_total", "allot_usage_reports_sent_total", "allot_usage_report_identities_bucket",
 		"allot_shares_age_seconds", "allot_registry_healthy",
+		"allot_balancer_leader", "allot_balancer_report_lag_seconds_bucket", "allot_balancer_recompute_seconds_bucket",
+		"allot_balancer_share_drift_max",
 	} {
 		if _, ok := c[n]; !ok {
 			t.Errorf("%s is not in the catalogue; have %q", n, c.sorted())
