@@ -89,6 +89,16 @@ type App struct {
 // already built is closed.
 func New(cfg Config, log hclog.Logger) (*App, error) { return newApp(cfg, log, nil) }
 
+// NewWithStore is New with store in place of the memory store cfg.Store configures: the
+// enforcers of one region in one process (regionsim's demo, pkg/localstack) share one
+// store standing for that region's Redis Cluster. cfg.Store.Kind must be "memory".
+func NewWithStore(cfg Config, log hclog.Logger, store bucket.Store) (*App, error) {
+	if cfg.Store.Kind != "memory" || store == nil {
+		return nil, fmt.Errorf("app: NewWithStore needs store.kind memory and a store (kind %q)", cfg.Store.Kind)
+	}
+	return newApp(cfg, log, store)
+}
+
 // newApp is New with, for tests, a store used instead of the configured memory store.
 func newApp(cfg Config, log hclog.Logger, store bucket.Store) (_ *App, err error) {
 	if err := cfg.Validate(); err != nil {
@@ -174,7 +184,7 @@ func newApp(cfg Config, log hclog.Logger, store bucket.Store) (_ *App, err error
 		rc.Leader = usage.EtcdLeader(a.etcd, cfg.Balancer.ElectionPrefix)
 		rc.Clock, rc.Logger, rc.Registerer, rc.TLS = a.clock, log.Named("usage"), a.reg, tlsCfg
 		overrideIfSet(&rc.SendTimeout, cfg.Balancer.SendTimeout)
-		rc.Shares = a.shares.Applied
+		rc.Shares, rc.SharesChanged = a.shares.Applied, a.shares.Changed()
 		if a.reporter, err = usage.NewReporter(rc); err != nil {
 			return nil, err
 		}
