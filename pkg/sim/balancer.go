@@ -19,9 +19,10 @@ import (
 // publication) on the coordinator's, at barriers (see Slice):
 //
 //   - every enforcer has a real usage.Table (its enforcer's UsageObserver) and reports it
-//     every Interval, at a phase of its own (spread evenly over the interval), and early
-//     when the table says refusals jumped (checked every EarlyPoll); a report reaches the
-//     balancer ReportDelay later;
+//     like usage.Reporter: every Interval, at a phase of its own (spread evenly over the
+//     interval), early when the table says refusals jumped (checked every EarlyPoll), and
+//     early (AckGap after its last report) when its region applied a new share set; a
+//     report reaches the balancer ReportDelay later;
 //   - the balancer is the real balancer.Core, ticked every TickEvery; each Publication it
 //     returns lands at once in the virtual etcd (the set as a Watcher would list it:
 //     the head and the entries of the newest version) and reaches every region's
@@ -46,6 +47,7 @@ type reporter struct {
 	id     string
 	table  *usage.Table
 	seq    uint64
+	ack    bool // a new share set was applied and not reported yet
 }
 
 // sent is a report on its way to the balancer.
@@ -197,6 +199,7 @@ func (p *balancerPlane) report(rep *reporter, early bool) {
 	rep.seq++
 	r.Region, r.EnforcerId, r.Seq, r.Early = p.sc.Regions[rep.region].Name, rep.id, rep.seq, early
 	r.ShareLeaderRev, r.ShareVersion = p.holders[rep.region].Applied()
+	rep.ack = false
 	if p.down || p.isolated[rep.region] {
 		return
 	}
@@ -250,11 +253,40 @@ func (p *balancerPlane) tick() {
 func (p *balancerPlane) deliver(r int) {
 	head, entries, h, clk := p.head, p.entries, p.holders[r], p.w.regions[r].clk
 	clk.at(p.w.clk.elapsed()+p.sc.Propagation, func() {
-		if !p.isolated[r] {
-			h.Apply(head, entries, clk.Now())
+		if !p.isolated[r] && h.Apply(head, entries, clk.Now()) {
+			for _, rep := range p.reps[r] {
+				p.ack(rep)
+			}
 		}
 	})
 }
+
+// ack reports early that rep's region applied a new share set, as usage.Reporter does on
+// shares.Holder.Changed: at least AckGap after rep's last report, so the balancer sees the
+// version applied (what its change plan waits for before it publishes an increase).
+func (p *balancerPlane) ack(rep *reporter) {
+	if rep.ack {
+		return
+	}
+	rep.ack = true
+	clk := p.w.regions[rep.region].clk
+	var try func()
+	try = func() {
+		if !rep.ack { // another report went meanwhile and carried the version
+			return
+		}
+		start := rep.table.Start()
+		if at := start.Add(ackGap); clk.Now().Before(at) {
+			clk.at(at.Sub(Epoch), try)
+			return
+		}
+		p.report(rep, clk.Now().Before(start.Add(p.sc.Interval)))
+	}
+	try()
+}
+
+// ackGap is the real Reporter's default AckGap.
+var ackGap = usage.DefaultReporterConfig().AckGap
 
 func (p *balancerPlane) fault(f scenario.Fault, on bool) {
 	switch f.Kind {
