@@ -124,6 +124,10 @@ func (p *balancerPlane) bind(w *world) error {
 		}
 		p.holders = append(p.holders, h)
 		uc := usage.DefaultConfig()
+		// One stripe holding every key twice over: nothing is ever evicted (so the hash
+		// seed cannot change a report), and each report clears a small table, not the
+		// 16,384 pairs a production enforcer keeps.
+		uc.Stripes, uc.Capacity = 1, max(64, 2*len(p.sc.Keys))
 		uc.Interval = p.sc.Interval
 		uc.EarlyGap = min(uc.EarlyGap, p.sc.Interval)
 		uc.RegionalRate = func(rule *rules.Compiled, identity string) float64 {
