@@ -347,11 +347,13 @@ func (w *world) run() {
 		s := s
 		w.clk.at(time.Duration(s)*time.Second, func() { w.sample(s - 1) })
 	}
-	var wg sync.WaitGroup
+	var wg, exited sync.WaitGroup
 	work := make([]chan int64, len(w.regions))
 	for i := 1; i < len(w.regions); i++ {
 		work[i] = make(chan int64)
+		exited.Add(1)
 		go func(reg *region, c chan int64) {
+			defer exited.Done()
 			for b := range c {
 				w.runUntil(reg, b)
 				wg.Done()
@@ -378,4 +380,5 @@ func (w *world) run() {
 	for i := 1; i < len(w.regions); i++ {
 		close(work[i])
 	}
+	exited.Wait()
 }
