@@ -295,8 +295,9 @@ func (a *App) buildStore() error {
 	fc.Clock, fc.Peers, fc.Shard, fc.Logger = a.clock, a.peers, a.redisStore.ShardOf, a.log.Named("fallback")
 	f := a.cfg.Fallback
 	overrideIfSet(&fc.Timeout, f.Timeout)
-	overrideIfSet(&fc.MaxTimeout, f.MaxTimeout)
-	overrideIfSet(&fc.StallGrace, f.StallGrace)
+	overrideIfSet(&fc.ReplyTimeout, f.ReplyTimeout)
+	overrideIfSet(&fc.ProbeTimeout, f.ProbeTimeout)
+	overrideIfSet(&fc.MaxInFlight, f.MaxInFlight)
 	overrideIfSet(&fc.TripAfter, f.TripAfter)
 	overrideIfSet(&fc.OpenFor, f.OpenFor)
 	overrideIfSet(&fc.Slack, f.Slack)

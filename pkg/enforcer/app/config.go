@@ -62,7 +62,7 @@ type StoreConfig struct {
 	// KeyPrefix starts every Redis key. Default "allot:".
 	KeyPrefix string `yaml:"key_prefix"`
 	// DialTimeout, ReadTimeout, WriteTimeout of the Redis client. The fallback layer puts
-	// its own, shorter, deadline on each take. Defaults 1s, 100ms, 100ms.
+	// its own deadline (fallback.reply_timeout) on each take. Defaults 1s, 100ms, 100ms.
 	DialTimeout  time.Duration `yaml:"dial_timeout"`
 	ReadTimeout  time.Duration `yaml:"read_timeout"`
 	WriteTimeout time.Duration `yaml:"write_timeout"`
@@ -142,10 +142,11 @@ type LeaseConfig struct {
 // fields keep fallback.DefaultConfig's values.
 type FallbackConfig struct {
 	Timeout      time.Duration `yaml:"timeout"`
-	MaxTimeout   time.Duration `yaml:"max_timeout"`
+	ReplyTimeout time.Duration `yaml:"reply_timeout"`
+	ProbeTimeout time.Duration `yaml:"probe_timeout"`
 	TripAfter    int           `yaml:"trip_after"`
 	OpenFor      time.Duration `yaml:"open_for"`
-	StallGrace   time.Duration `yaml:"stall_grace"`
+	MaxInFlight  int           `yaml:"max_in_flight"`
 	Slack        float64       `yaml:"slack"`
 	MaxLocalKeys int           `yaml:"max_local_keys"`
 }
