@@ -40,15 +40,17 @@ type call struct {
 
 // ask makes a call for a validated request and waits for its answer: Timeout, and one
 // Timeout more each time either the shard answered some call within the last
-// ReplyTimeout/2 (it is alive; this process or its queue is slow) or the wait ended a
-// whole Timeout late (this process was not running, and the answer may be waiting to be
-// read); at most until the call's own deadline. A check that stops waiting is answered
+// ReplyTimeout/2 (it is alive; this process or its queue is slow) or has never answered
+// yet (its first calls pay for dialling), or the wait ended a whole Timeout late (this
+// process was not running, and the answer may be waiting to be read); at most until the
+// call's own deadline. A check that stops waiting is answered
 // locally, or gets its context's error if that ended first; the call goes on.
 //
 // Which way it errs: on a shard that has just died, checks made within ReplyTimeout/2 of
 // its last answer wait until that much time has passed since it (≤ 50 ms by default)
-// before they are answered locally: slower, never refused or loosened. Later checks wait
-// Timeout, until the breaker opens.
+// before they are answered locally, and on a shard dead since start checks wait up to
+// ReplyTimeout until its breaker opens: slower, never refused or loosened. Later checks
+// wait Timeout, until the breaker opens.
 func (s *Store) ask(ctx context.Context, b *breaker, w uint64, req *bucket.Request, probe bool) (bucket.Result, error) {
 	c := s.start(b, w, req, probe)
 	if c == nil {
@@ -78,7 +80,8 @@ func (s *Store) ask(ctx context.Context, b *breaker, w uint64, req *bucket.Reque
 		}
 		now := s.clock.Now().UnixMicro()
 		late := now-due >= s.cfg.Timeout.Microseconds()
-		if (now-b.replied.Load() <= alive || late) && now < end {
+		r := b.replied.Load() // 0: never heard from; its first calls may be dialling
+		if (r == 0 || now-r <= alive || late) && now < end {
 			due = now + s.cfg.Timeout.Microseconds()
 			continue
 		}

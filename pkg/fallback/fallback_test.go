@@ -332,6 +332,7 @@ func TestCallerCancellationDoesNotTrip(t *testing.T) {
 // opens the breaker.
 func TestMissingReplyTrips(t *testing.T) {
 	h := newHarness(t, nil)
+	h.prime(t, "a")
 	h.next.set("a", hang)
 	done := h.takeAsync(req("a:k", 100, 100))
 	h.waitEntered(t)
@@ -364,6 +365,7 @@ func TestMissingReplyTrips(t *testing.T) {
 // counts as a failure and re-opens the breaker.
 func TestProbeHasProbeTimeout(t *testing.T) {
 	h := newHarness(t, func(c *Config) { c.ProbeTimeout = 300 * time.Millisecond })
+	h.prime(t, "a")
 	h.trip(t, "a")
 	h.next.set("a", hang)
 	h.clk.Advance(DefaultOpenFor)

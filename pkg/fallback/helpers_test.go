@@ -284,3 +284,20 @@ func (r *recorder) failureCount() int {
 	defer r.mu.Unlock()
 	return r.failures
 }
+
+// prime has shard answer one call and lets ReplyTimeout pass: the shard is known (it has
+// answered) but not fresh, so a check whose wait passes is answered locally at Timeout.
+func (h *harness) prime(t *testing.T, shard string) {
+	t.Helper()
+	h.next.mu.Lock()
+	m, had := h.next.modes[shard]
+	h.next.mu.Unlock()
+	h.next.set(shard, healthy)
+	if res := h.take(t, req(shard+":prime", 1e6, 1e6)); res.Source != bucket.SourceRedis {
+		t.Fatalf("priming %s: %v", shard, res.Source)
+	}
+	if had {
+		h.next.set(shard, m)
+	}
+	h.clk.Advance(h.s.cfg.ReplyTimeout)
+}
