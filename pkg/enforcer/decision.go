@@ -83,6 +83,10 @@ type Decision struct {
 	RetryAfter time.Duration
 	// Source says where the deciding answer came from.
 	Source Source
+	// CountedBy names what the deciding rule counted this request by (rules.CountedBy):
+	// "api_key", "ip" (also for a keyless request under a rule counted by api_key),
+	// "anonymous" (neither key nor IP), "org", "endpoint" or "global"; "" when no rule.
+	CountedBy string
 
 	shadowN     int
 	shadowNames [maxShadowNames]string

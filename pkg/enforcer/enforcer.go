@@ -262,7 +262,7 @@ func (e *Enforcer) fill(d *Decision, m *rules.Matched, i int, res *bucket.Result
 		i = 0
 	}
 	l := &m.Rule.Limits[i]
-	d.Rule, d.Limit = m.Rule.ID, l.Name
+	d.Rule, d.Limit, d.CountedBy = m.Rule.ID, l.Name, rules.CountedBy(m.Identity)
 	d.Quota, d.Window = quotaWindow(l)
 	d.Remaining = res.Remaining
 	d.Reset = res.Reset + jitter(m.Identity, res.Reset, e.cfg.ResetJitterMax, e.cfg.ResetJitterRatio)
