@@ -69,7 +69,7 @@ type App struct {
 	wg     sync.WaitGroup
 
 	mu       sync.Mutex        // mu guards etcdSrc, serving and closeErr
-	etcdSrc  *rules.EtcdSource // replaced by Reload when a file base is layered under it
+	etcdSrc  *rules.EtcdSource // set once by buildRules; Reload gives it a new base (SetBase)
 	serving  bool              // Run has started the servers
 	closeErr error             // Close's result
 	once     sync.Once         // Close
