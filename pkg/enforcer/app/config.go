@@ -260,9 +260,10 @@ func (c *Config) Validate() error {
 	}
 	bad("log_level %q, want trace, debug, info, warn or error", c.LogLevel)
 levelOK:
-	if s := c.Auth.RefuseStatus; s != 0 && (s < 400 || s > 599) {
-		bad("forward_auth.refuse_status %d, must be 4xx or 5xx", s)
+	if err := c.authConfig().Validate(); err != nil {
+		bad("forward_auth: %v", err)
 	}
+	errs = append(errs, c.validateSections()...)
 	return errors.Join(errs...)
 }
 
