@@ -78,7 +78,8 @@ rules:
 //	refused-%          share of RLS answers OVER_LIMIT
 //	p50/p99/p999-ms    open loop, at half the closed-loop throughput
 //
-// ALLOT_BENCH_BIN runs a prebuilt enforcer instead of building ./cmd/enforcer;
+// ALLOT_BENCH_LOG=1 prints the enforcer's log (warn and above: breaker transitions) at
+// the end. ALLOT_BENCH_BIN runs a prebuilt enforcer instead of building ./cmd/enforcer;
 // ALLOT_BENCH_ARGS adds flags to it (e.g. "-fallback-timeout 50ms"); ALLOT_BENCH_PROFILE
 // writes a 5 s CPU profile of the enforcer taken during the closed loop.
 //
@@ -249,7 +250,7 @@ func startEnforcer(b *testing.B, bin, rulesFile string, redisAddrs []string, pre
 			_ = p.cmd.Process.Kill()
 			<-done
 		}
-		if b.Failed() {
+		if b.Failed() || os.Getenv("ALLOT_BENCH_LOG") != "" {
 			b.Logf("enforcer stderr:\n%s", p.stderr.String())
 		}
 	})
