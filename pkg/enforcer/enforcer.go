@@ -308,7 +308,7 @@ func (e *Enforcer) fill(d *Decision, m *rules.Matched, lim limits, i int, res *b
 		i = 0
 	}
 	l := &lim.l[i]
-	d.Rule, d.Limit, d.Share = m.Rule.ID, l.Name, lim.share
+	d.Rule, d.Limit, d.Share, d.CountedBy = m.Rule.ID, l.Name, lim.share, rules.CountedBy(m.Identity)
 	d.Quota, d.Window = quotaWindow(l)
 	d.Remaining = res.Remaining
 	d.Reset = res.Reset + jitter(m.Identity, res.Reset, e.cfg.ResetJitterMax, e.cfg.ResetJitterRatio)

@@ -230,7 +230,6 @@ func (w *world) newNode(reg *region, r, e int, peers func() int) (*node, error) 
 	fc := fallback.DefaultConfig()
 	fc.Clock = reg.clk
 	fc.Peers = peers
-	fc.StallGrace = 0 // virtual time: the process's scheduler says nothing about it
 	fb, err := fallback.New(ls, fc)
 	if err != nil {
 		ls.Close()
