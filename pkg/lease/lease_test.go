@@ -317,3 +317,20 @@ func TestSyncRefill(t *testing.T) {
 	}
 	f.s.wg.Wait() // no refiller was started: returns at once
 }
+
+// TakeCached (pkg/fallback's cache path) runs a refill it makes due the same way, after it
+// released the key's lock.
+func TestSyncRefillTakeCached(t *testing.T) {
+	f := newFixture(t, func(c *Config) { c.BusyHits = 1; c.SyncRefill = true })
+	f.peers.Store(10)
+	r := req("k", 1000, 1000, 1)
+	f.take(f.s, r) // miss: lease of 2, spend 1
+	res, ok := f.s.TakeCached(r)
+	if !ok || res.Granted != 1 || res.Source != bucket.SourceLease {
+		t.Fatalf("TakeCached = %+v, %v", res, ok)
+	}
+	// 1 → 0 <= 2/2: the refill of 4 has landed when TakeCached returns.
+	if h, n := f.s.heldFor("k"), f.rec.n[EventRefill].Load(); h != 4 || n != 1 {
+		t.Fatalf("held %d after %d refills, want 4 after 1", h, n)
+	}
+}
