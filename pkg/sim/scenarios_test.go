@@ -41,8 +41,8 @@ func TestShippedScenarios(t *testing.T) {
 		t.Run(strings.TrimSuffix(name, ".yaml"), func(t *testing.T) {
 			t.Parallel() // each run is one goroutine on its own virtual clock
 			sc := load(t, name)
-			if testing.Short() && sc.Duration.Seconds()*float64(len(sc.Keys)) > 2000 {
-				t.Skipf("%s is long (%v × %d keys); run without -short", name, sc.Duration, len(sc.Keys))
+			if (testing.Short() || raceEnabled) && sc.Duration.Seconds()*float64(len(sc.Keys)) > 2000 {
+				t.Skipf("%s is long (%v × %d keys): it runs without -short and without -race", name, sc.Duration, len(sc.Keys))
 			}
 			res := run(t, sc, PolicyBalancer)
 			var b strings.Builder
