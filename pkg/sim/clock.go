@@ -30,6 +30,7 @@ type event struct {
 	at  int64 // ns since Epoch
 	seq uint64
 	fn  func()
+	tm  *vtimer // a timer to fire instead of fn (no closure per timer)
 }
 
 var _ clock.Clock = (*scheduler)(nil)
@@ -83,6 +84,10 @@ func (s *scheduler) runNext() {
 	ev := s.queue.pop()
 	s.mu.Unlock()
 	s.set(ev.at)
+	if ev.tm != nil {
+		ev.tm.fire(s.Now())
+		return
+	}
 	ev.fn()
 }
 
@@ -100,15 +105,22 @@ func (s *scheduler) NewTimer(d time.Duration) clock.Timer {
 		t.c <- s.Now()
 		return t
 	}
-	s.after(d, func() {
-		if t.stopped.CompareAndSwap(false, true) {
-			select {
-			case t.c <- s.Now():
-			default:
-			}
-		}
-	})
+	s.mu.Lock()
+	s.seq++
+	s.queue.push(event{at: s.now.Load() + int64(d), seq: s.seq, tm: t})
+	s.mu.Unlock()
 	return t
+}
+
+// fire delivers the timer's tick unless it was stopped (a stopped timer's event is left
+// in the queue and fires as nothing).
+func (t *vtimer) fire(now time.Time) {
+	if t.stopped.CompareAndSwap(false, true) {
+		select {
+		case t.c <- now:
+		default:
+		}
+	}
 }
 
 type vtimer struct {
