@@ -1,0 +1,76 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/allot-dev/allot/e2e/stack"
+)
+
+// The drill rule (stack.DrillRules): 100 a second, bursts of 100.
+const drillRate, drillBurst = 100.0, 100.0
+
+// drillEnforcerKilled: one of eu-west's two enforcers is SIGKILLed while it holds leased
+// tokens of a busy key that both are serving above its limit. Promise (DESIGN.md §6):
+// leases err under, never over — tokens are taken from Redis before they are spent, so
+// the key's admitted count never exceeds burst + rate × elapsed, in the whole run and in
+// any 1 s window, and the tokens the dead enforcer held are simply lost.
+func drillEnforcerKilled(t *testing.T, s *stack.Stack) {
+	r := s.Region("eu-west")
+	live, victim := r.Enforcers[0], r.Enforcers[1]
+	key := fmt.Sprintf("lease-hot-%d", time.Now().UnixNano())
+	const rate, d, killAt = 300.0, 8 * time.Second, 2500 * time.Millisecond
+	var killed atomic.Bool
+	var killedAt atomic.Int64
+	done := make(chan []stack.Answer)
+	go func() {
+		done <- stack.Drive(t, context.Background(), rate, d, 16, func(i int64, at time.Duration) *stack.Call {
+			to := live
+			if i%2 == 1 && !killed.Load() {
+				to = victim
+			}
+			return &stack.Call{To: to, Req: req("drill", key, ""), Class: "hot"}
+		})
+	}()
+	time.Sleep(killAt)
+	victim.Proc.Kill(t)
+	killed.Store(true)
+	killedAt.Store(int64(killAt))
+	answers := <-done
+
+	all := stack.Count(answers, nil)
+	before := stack.Count(answers, func(a *stack.Answer) bool { return a.At < killAt })
+	after := stack.Count(answers, func(a *stack.Answer) bool { return a.At >= killAt+time.Second })
+	var last time.Duration
+	for _, a := range answers {
+		last = max(last, a.At)
+	}
+	span := last.Seconds()
+	bound := drillBurst + drillRate*span
+	win := stack.MaxWindow(answers, time.Second, nil)
+	t.Logf("enforcer killed holding leases: %d checks over %.1f s at %.0f/s of a key limited to %.0f/s (burst %.0f): admitted %d (bound burst+rate×t = %.0f, %.1f%% of it), max in any 1 s %d (bound %.0f); sources before the kill %v; errors %d (calls in flight to the killed process); after the kill (+1 s) %d admitted in %.1f s = %.0f/s",
+		all.Calls, span, rate, drillRate, drillBurst, all.Allowed, bound, 100*float64(all.Allowed)/bound, win, drillBurst+drillRate,
+		before.Sources, all.Errors, after.Allowed, d.Seconds()-killAt.Seconds()-1, float64(after.Allowed)/(d.Seconds()-killAt.Seconds()-1))
+	if before.Sources["lease"] == 0 {
+		t.Errorf("no answer came from leased tokens before the kill (sources %v): the drill did not test leases", before.Sources)
+	}
+	if float64(all.Allowed) > bound*1.01 {
+		t.Errorf("admitted %d > burst + rate × %.1f s = %.0f: the key was held over its limit", all.Allowed, span, bound)
+	}
+	if float64(win) > (drillBurst+drillRate)*1.01 {
+		t.Errorf("%d admitted in one 1 s window > burst + rate = %.0f", win, drillBurst+drillRate)
+	}
+	if after.Errors > 0 || after.Allowed == 0 {
+		t.Errorf("the surviving enforcer after the kill: %d errors, %d admitted; want it answering and admitting", after.Errors, after.Allowed)
+	}
+
+	// Leave the stack whole: the killed enforcer comes back with the same command.
+	victim.Proc.Start(t)
+	victim.WaitReady(t, time.Minute)
+	for _, e := range r.Enforcers {
+		e.WaitPeers(t, len(r.Enforcers), time.Minute)
+	}
+}
