@@ -50,7 +50,7 @@ done
 curl -sf localhost:8080/readyz >/dev/null || { echo "demo: enforcers not ready; see $work"; exit 1; }
 echo "   live enforcers in us-east, as each one counts them: $(curl -s localhost:8080/metrics | awk '/^allot_registry_peers/{print $2}')"
 
-say "120 checks for key k_demo under the default rule (20/s, bursts of 40, shared by both enforcers)"
+say "120 checks for key k_demo under the default rule (20/s, bursts of 40 globally; us-east enforces its third, 6.7/s and bursts of 13, shared by both enforcers)"
 burst 120 k_demo
 echo "   a refused answer, as a gateway sees it:"
 for _ in $(seq 1 50); do
@@ -60,7 +60,7 @@ for _ in $(seq 1 50); do
   fi
 done
 
-say "raising k_demo to 200/s (bursts of 400) with an override written to etcd — no restart"
+say "raising k_demo to 200/s (bursts of 400 globally; 67/s and 133 in us-east) with an override written to etcd — no restart"
 rule='{"match":{"api_key":"k_demo"},"limits":[{"name":"second","rate":200,"per":"1s","burst":400}],"expires_at":"2030-01-01T00:00:00Z","reason":"demo"}'
 b64() { printf '%s' "$1" | base64 -w0; }
 curl -sf -X POST localhost:2379/v3/kv/put \

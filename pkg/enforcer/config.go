@@ -83,6 +83,10 @@ type Config struct {
 	// Usage, if set, is told the outcome of every enforcing take (milestone 2's usage
 	// reports). Nil means no one listens.
 	Usage UsageObserver
+	// Shares, if set, gives each identity's share of a rule's global limits in this region
+	// (the balancer's, pkg/shares); nil means every identity has its rule's default share
+	// (rules.Compiled.Share, the limits the rule was compiled with).
+	Shares Shares
 
 	// Limits bound the input of one check.
 	Limits InputLimits

@@ -83,6 +83,10 @@ type Decision struct {
 	RetryAfter time.Duration
 	// Source says where the deciding answer came from.
 	Source Source
+	// Share is the part of the deciding rule's global limits this region enforced for the
+	// identity (its default share, or the balancer's; see Config.Shares); Quota is already
+	// scaled by it. 0 when no enforcing rule applied.
+	Share float64
 
 	shadowN     int
 	shadowNames [maxShadowNames]string

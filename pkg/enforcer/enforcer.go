@@ -44,6 +44,26 @@ type UsageObserver interface {
 	ObserveTake(rule *rules.Compiled, identity string, tokens int64, allowed bool, source Source)
 }
 
+// Shares says which part of a rule's global limits one identity may use in this region:
+// a share in [0, 1] (pkg/shares.Holder is the production one). It is asked on every take,
+// on the checking goroutine, so it must be quick, must not block or allocate, and must be
+// safe for concurrent use. An answer equal to rule.Share keeps the compiled limits; any
+// other enforces rule.LimitsFor(share) — global rate and burst × share — for that take, on
+// every path below the enforcer (the store's script, lease batches, fallback limits are
+// all derived from the request's limits). An answer outside [0, 1] (or NaN) is ignored:
+// the rule's default share applies.
+//
+// A decrease bites on the next take: the stores clamp a bucket's tokens to the request's
+// burst. An increase adds no tokens at once to a bucket in use: it refills at the new
+// rate from what it holds. The stores do not record the limits a bucket was last taken
+// under, though, and a bucket idle long enough to be full (a key no longer stored) reads
+// as full at the new burst: a region that had not used the identity since before an
+// increase of Δ may admit up to Δ × the global burst more, once. The sum over regions of
+// what the buckets can hold stays ≤ the global burst (Σ shares ≤ 1).
+type Shares interface {
+	Share(rule *rules.Compiled, identity string, now time.Time) float64
+}
+
 // Enforcer decides checks. Safe for concurrent use; it owns no goroutines, so it needs no
 // Close. Build it with New.
 //
@@ -70,6 +90,7 @@ type Enforcer struct {
 type scratch struct {
 	matched []rules.Matched
 	req     bucket.Request
+	limits  [bucket.MaxLimits]bucket.Limit // a take's limits rescaled by its identity's share
 }
 
 // New validates cfg and builds an Enforcer, registering its metrics with cfg.Registerer.
@@ -159,7 +180,7 @@ func (e *Enforcer) Check(ctx context.Context, req *Request) (Decision, error) {
 		m := &sc.matched[i]
 		if m.Rule.Mode == rules.ModeShadow {
 			if d.Allowed {
-				e.shadow(ctx, sc, m, hits, &d)
+				e.shadow(ctx, sc, m, hits, now, &d)
 			}
 			continue
 		}
@@ -168,14 +189,15 @@ func (e *Enforcer) Check(ctx context.Context, req *Request) (Decision, error) {
 		}
 		var res bucket.Result
 		want, ok := tokens(m.Cost, hits)
+		lim := e.limitsOf(sc, m, now)
 		var err error
 		if ok {
-			err = e.take(ctx, sc, m, want, &res)
+			err = e.take(ctx, sc, m, lim, want, &res)
 		}
 		switch {
 		case !ok || errors.Is(err, bucket.ErrInvalid):
 			// Only the cost can make a compiled rule's request invalid: it can never fit.
-			e.fill(&d, m, 0, &bucket.Result{})
+			e.fill(&d, m, lim, 0, &bucket.Result{})
 			d.Allowed, d.Source, d.RetryAfter = false, SourceTooLarge, 0
 		case err != nil:
 			if ctxErr := ctx.Err(); ctxErr != nil {
@@ -184,20 +206,20 @@ func (e *Enforcer) Check(ctx context.Context, req *Request) (Decision, error) {
 			e.metrics.storeErrors[m.Rule.FailMode&1].Inc()
 			e.log.Warn("store could not answer", "rule", m.Rule.ID, "fail-mode", failModeName(m.Rule.FailMode), "error", err)
 			if m.Rule.FailMode == rules.FailClosed {
-				e.fill(&d, m, 0, &bucket.Result{Reset: e.cfg.FailClosedRetryAfter})
+				e.fill(&d, m, lim, 0, &bucket.Result{Reset: e.cfg.FailClosedRetryAfter})
 				d.Allowed, d.Source, d.RetryAfter = false, SourceFailClosed, e.cfg.FailClosedRetryAfter
 			} else if !chosen && d.Rule == "" {
 				// Budget unknown: say the quota is whole rather than invent a shortage.
-				e.fill(&d, m, 0, &bucket.Result{})
+				e.fill(&d, m, lim, 0, &bucket.Result{})
 				d.Remaining, d.Source = d.Quota, SourceFailOpen
 			}
 			e.observeUsage(m, want, m.Rule.FailMode != rules.FailClosed, d.Source)
 			continue
 		case !res.Allowed():
-			e.fill(&d, m, res.Limiting, &res)
+			e.fill(&d, m, lim, res.Limiting, &res)
 			d.Allowed = false
 		case !chosen || res.Remaining < d.Remaining:
-			e.fill(&d, m, res.Limiting, &res)
+			e.fill(&d, m, lim, res.Limiting, &res)
 			d.RetryAfter = 0
 			chosen = true
 		}
@@ -216,11 +238,34 @@ func (e *Enforcer) putScratch(sc *scratch) {
 	e.scratch.Put(sc)
 }
 
-// take asks the store for want tokens from every limit of m's rule, all or nothing.
-func (e *Enforcer) take(ctx context.Context, sc *scratch, m *rules.Matched, want int64, res *bucket.Result) error {
+// limits is what one take of one identity is held to.
+type limits struct {
+	l     []bucket.Limit
+	share float64
+}
+
+// limitsOf returns the limits m's identity is held to in this region and the share they
+// stand for: the rule's compiled limits (its default share), or its global limits × the
+// identity's share when Shares says otherwise, built in sc (valid until the next call on
+// sc; no allocation).
+func (e *Enforcer) limitsOf(sc *scratch, m *rules.Matched, now time.Time) limits {
+	def := limits{m.Rule.Limits, m.Rule.Share}
+	if e.cfg.Shares == nil {
+		return def
+	}
+	s := e.cfg.Shares.Share(m.Rule, m.Identity, now)
+	if s == m.Rule.Share || !(s >= 0 && s <= 1) || len(m.Rule.Global) > len(sc.limits) {
+		return def
+	}
+	return limits{m.Rule.LimitsFor(s, sc.limits[:0]), s}
+}
+
+// take asks the store for want tokens from every limit in lim (m's rule's limits for
+// this identity), all or nothing.
+func (e *Enforcer) take(ctx context.Context, sc *scratch, m *rules.Matched, lim limits, want int64, res *bucket.Result) error {
 	sc.req = bucket.Request{
 		Identity:   m.Identity,
-		Limits:     m.Rule.Limits,
+		Limits:     lim.l,
 		Want:       want,
 		Min:        want,
 		FailClosed: m.Rule.FailMode == rules.FailClosed,
@@ -232,12 +277,12 @@ func (e *Enforcer) take(ctx context.Context, sc *scratch, m *rules.Matched, want
 
 // shadow evaluates one shadow rule and notes a "would refuse" in d; it never changes
 // whether d allows.
-func (e *Enforcer) shadow(ctx context.Context, sc *scratch, m *rules.Matched, hits int64, d *Decision) {
+func (e *Enforcer) shadow(ctx context.Context, sc *scratch, m *rules.Matched, hits int64, now time.Time, d *Decision) {
 	want, ok := tokens(m.Cost, hits)
 	var res bucket.Result
 	var err error
 	if ok {
-		err = e.take(ctx, sc, m, want, &res)
+		err = e.take(ctx, sc, m, e.limitsOf(sc, m, now), want, &res)
 	}
 	switch {
 	case ok && err != nil && !errors.Is(err, bucket.ErrInvalid):
@@ -256,13 +301,14 @@ func (e *Enforcer) shadow(ctx context.Context, sc *scratch, m *rules.Matched, hi
 	}
 }
 
-// fill makes m's rule, limit i and res the deciding budget of d.
-func (e *Enforcer) fill(d *Decision, m *rules.Matched, i int, res *bucket.Result) {
-	if i < 0 || i >= len(m.Rule.Limits) {
+// fill makes m's rule, limit i of lim (the limits the take was held to) and res the
+// deciding budget of d.
+func (e *Enforcer) fill(d *Decision, m *rules.Matched, lim limits, i int, res *bucket.Result) {
+	if i < 0 || i >= len(lim.l) {
 		i = 0
 	}
-	l := &m.Rule.Limits[i]
-	d.Rule, d.Limit = m.Rule.ID, l.Name
+	l := &lim.l[i]
+	d.Rule, d.Limit, d.Share = m.Rule.ID, l.Name, lim.share
 	d.Quota, d.Window = quotaWindow(l)
 	d.Remaining = res.Remaining
 	d.Reset = res.Reset + jitter(m.Identity, res.Reset, e.cfg.ResetJitterMax, e.cfg.ResetJitterRatio)

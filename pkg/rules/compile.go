@@ -10,19 +10,24 @@ import (
 	"math"
 	"net/netip"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/allot-dev/allot/pkg/bucket"
 )
 
-// CompileOptions say where a set is compiled for. The zero value works: no region (every
-// rule gets DefaultShare), share 1, IPv6 limited per /64.
+// CompileOptions say where a set is compiled for. The zero value works: one region (every
+// rule gets share 1, or its own shares: entry for Region), IPv6 limited per /64.
 type CompileOptions struct {
-	// Region names this enforcer's region; it picks each rule's share. "" uses DefaultShare.
+	// Region names this enforcer's region; it picks each rule's share. "" compiles the
+	// global limits (share 1) for tools and the balancer, with or without Regions.
 	Region string
-	// DefaultShare is the share of a rule that lists no share for Region, in [0, 1];
-	// 0 means 1 (a single region enforces the whole global limit).
-	DefaultShare float64
+	// Regions are every region that enforces the global limits, with their weights
+	// (finite, > 0): the default split of a rule that lists no shares: gives region r
+	// weight_r / Σ weights. Empty means a single-region deployment: every rule's share is
+	// its own shares: entry for Region, else 1. When set, Region must be one of them and
+	// every region a rule's shares: names must be one of them.
+	Regions map[string]float64
 	// IPv6Prefix is the prefix length IPv6 clients are counted by (1-128); 0 means 64.
 	IPv6Prefix int
 	// Now is the snapshot's Created time; zero means time.Now(). Sources pass their clock's.
@@ -31,19 +36,28 @@ type CompileOptions struct {
 
 // withDefaults fills defaults and checks the options, naming the bad field and value.
 func (o CompileOptions) withDefaults() (CompileOptions, error) {
-	if o.DefaultShare == 0 {
-		o.DefaultShare = 1
-	}
 	if o.IPv6Prefix == 0 {
 		o.IPv6Prefix = 64
 	}
 	switch {
-	case !finite(o.DefaultShare) || o.DefaultShare < 0 || o.DefaultShare > 1:
-		return o, fmt.Errorf("rules: CompileOptions.DefaultShare %g, must be in [0, 1]", o.DefaultShare)
 	case o.IPv6Prefix < 1 || o.IPv6Prefix > 128:
 		return o, fmt.Errorf("rules: CompileOptions.IPv6Prefix %d, must be in [1, 128]", o.IPv6Prefix)
 	case o.Region != "" && !regionRE.MatchString(o.Region):
 		return o, fmt.Errorf("rules: CompileOptions.Region %q, want a name like us-east", o.Region)
+	}
+	for _, r := range sortedKeys(o.Regions) {
+		w := o.Regions[r]
+		switch {
+		case !regionRE.MatchString(r):
+			return o, fmt.Errorf("rules: CompileOptions.Regions: region %.60q, want a name like us-east", r)
+		case !finite(w) || w <= 0 || w > 1e6:
+			return o, fmt.Errorf("rules: CompileOptions.Regions: region %q weight %g, must be finite and in (0, 1e6]", r, w)
+		}
+	}
+	if len(o.Regions) > 0 && o.Region != "" {
+		if _, ok := o.Regions[o.Region]; !ok {
+			return o, fmt.Errorf("rules: CompileOptions.Region %q is not one of CompileOptions.Regions (%s)", o.Region, strings.Join(sortedKeys(o.Regions), ", "))
+		}
 	}
 	if o.Now.IsZero() {
 		o.Now = time.Now()
@@ -51,9 +65,43 @@ func (o CompileOptions) withDefaults() (CompileOptions, error) {
 	return o, nil
 }
 
+// DefaultShare is the share region gets of a rule with the given shares: under the
+// default split, before the balancer says otherwise (DESIGN §9). With regions listed:
+//
+//	region named in shares:        shares[region]
+//	otherwise:                     (1 − Σ shares) × w_region / Σ_{r not named} w_r
+//
+// so a rule without shares: splits by weight (equal when the weights are), a rule that
+// names some regions leaves the rest of the limit to the others by weight, and the shares
+// of all regions sum to at most 1 (exactly 1 unless shares: names every region with a sum
+// under 1). Without regions (one region) it is shares[region] if named, else 1. The
+// regions and shares are assumed valid (Compile checks them).
+func DefaultShare(region string, regions map[string]float64, shares map[string]float64) float64 {
+	if s, ok := shares[region]; ok && region != "" {
+		return s
+	}
+	if len(regions) == 0 {
+		return 1
+	}
+	rest, unnamed := 1.0, 0.0
+	for r, w := range regions {
+		if s, ok := shares[r]; ok {
+			rest -= s
+		} else {
+			unnamed += w
+		}
+	}
+	if rest <= 0 || unnamed <= 0 {
+		return 0
+	}
+	return min(1, rest*regions[region]/unnamed)
+}
+
 // Compiled is one rule ready to enforce. Limits are per-second bucket.Limits already scaled
-// by this region's share, named "<rule id>/<limit name>" so that two rules never share a
-// bucket of one identity. Read-only: it belongs to an immutable Snapshot.
+// by this region's default share, named "<rule id>/<limit name>" so that two rules never
+// share a bucket of one identity; Global are the same limits unscaled (the global limit,
+// share 1), kept so that a per-identity share from the balancer can rescale them
+// (LimitsFor). Read-only: it belongs to an immutable Snapshot.
 //
 // Scaling by a share s multiplies rate and burst by s. Two clamps keep every Limit valid
 // for a store, and both err over (more admitted than rate × s): burst is raised to at least
@@ -65,12 +113,37 @@ type Compiled struct {
 	Mode      Mode
 	FailMode  FailMode
 	By        By
-	Limits    []bucket.Limit
-	ExpiresAt time.Time // zero: never expires
+	Limits    []bucket.Limit // scaled by Share
+	Global    []bucket.Limit // unscaled: the global limits (LimitsFor(1))
+	ExpiresAt time.Time      // zero: never expires
 	Reason    string
 	Policy    string  // "<rule id>": what the IETF RateLimit-Policy field names
-	Share     float64 // the share Limits were scaled by
-	Match     Match   // as written, for logs and tools
+	Share     float64 // this region's default share: the one Limits were scaled by
+	// Split is the default split over every configured region (CompileOptions.Regions;
+	// nil without): what the balancer starts from and returns an identity to.
+	Split map[string]float64
+	Match Match // as written, for logs and tools
+
+	maxCost float64 // max(1, the largest cost): the burst clamp
+}
+
+// LimitsFor appends to dst the rule's limits scaled by share (in [0, 1]) with the clamps
+// described on Compiled, and returns the extended slice: LimitsFor(c.Share, nil) equals
+// c.Limits. It allocates nothing when dst has room for len(c.Global) limits.
+//
+//	rate_i  = max(global rate_i × share, burst_i / MaxRefill)
+//	burst_i = max(global burst_i × share, max cost)
+func (c *Compiled) LimitsFor(share float64, dst []bucket.Limit) []bucket.Limit {
+	for _, g := range c.Global {
+		dst = append(dst, scaleLimit(g, share, c.maxCost))
+	}
+	return dst
+}
+
+func scaleLimit(g bucket.Limit, share, maxCost float64) bucket.Limit {
+	burst := math.Max(g.Burst*share, maxCost)
+	rate := math.Max(g.Rate*share, burst/MaxRefill.Seconds())
+	return bucket.Limit{Name: g.Name, Rate: rate, Burst: burst}
 }
 
 // crule is a compiled rule with its matching data.
@@ -121,6 +194,9 @@ func Compile(s *Set, opt CompileOptions) (*Snapshot, error) {
 	if err := s.Validate(); err != nil {
 		return nil, err
 	}
+	if err := s.validateRegions(opt.Regions); err != nil {
+		return nil, err
+	}
 	snap := &Snapshot{
 		version:  s.Version,
 		created:  opt.Now,
@@ -147,9 +223,16 @@ func Compile(s *Set, opt CompileOptions) (*Snapshot, error) {
 }
 
 func compileRule(r *Rule, order int, opt CompileOptions, cr *crule) {
-	share, ok := r.Shares[opt.Region]
-	if !ok || opt.Region == "" {
-		share = opt.DefaultShare
+	share := 1.0
+	if opt.Region != "" {
+		share = DefaultShare(opt.Region, opt.Regions, r.Shares)
+	}
+	var split map[string]float64
+	if len(opt.Regions) > 0 {
+		split = make(map[string]float64, len(opt.Regions))
+		for region := range opt.Regions {
+			split[region] = DefaultShare(region, opt.Regions, r.Shares)
+		}
 	}
 	maxCost := int64(1)
 	for _, c := range r.Cost {
@@ -158,8 +241,9 @@ func compileRule(r *Rule, order int, opt CompileOptions, cr *crule) {
 	*cr = crule{
 		c: Compiled{
 			ID: r.ID, Mode: r.Mode, FailMode: r.FailMode, By: r.By,
-			Limits:    make([]bucket.Limit, len(r.Limits)),
-			ExpiresAt: r.ExpiresAt, Reason: r.Reason, Policy: r.ID, Share: share, Match: r.Match,
+			Global:    make([]bucket.Limit, len(r.Limits)),
+			ExpiresAt: r.ExpiresAt, Reason: r.Reason, Policy: r.ID, Share: share, Split: split, Match: r.Match,
+			maxCost: float64(maxCost),
 		},
 		m:     r.Match,
 		cost:  maps.Clone(r.Cost), // the snapshot must not change if the Set does
@@ -174,11 +258,10 @@ func compileRule(r *Rule, order int, opt CompileOptions, cr *crule) {
 		if burst == 0 {
 			burst = l.Rate
 		}
-		rate := l.Rate / l.Per.Seconds() * share
-		burst = math.Max(burst*share, float64(maxCost))
-		rate = math.Max(rate, burst/MaxRefill.Seconds())
-		cr.c.Limits[j] = bucket.Limit{Name: r.ID + "/" + l.Name, Rate: rate, Burst: burst}
+		g := bucket.Limit{Name: r.ID + "/" + l.Name, Rate: l.Rate / l.Per.Seconds(), Burst: burst}
+		cr.c.Global[j] = scaleLimit(g, 1, cr.c.maxCost) // Validate keeps share 1 unclamped
 	}
+	cr.c.Limits = cr.c.LimitsFor(share, make([]bucket.Limit, 0, len(r.Limits)))
 }
 
 // contentHash names a set without a version by its content: equal sets get equal names.

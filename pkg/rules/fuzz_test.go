@@ -29,7 +29,7 @@ func FuzzParseYAML(f *testing.F) {
 		}
 		verr := s.Validate()
 		for _, region := range []string{"", "us-east"} {
-			snap, err := Compile(s, CompileOptions{Region: region, DefaultShare: 0.5})
+			snap, err := Compile(s, CompileOptions{Region: region})
 			if (err == nil) != (verr == nil) {
 				t.Fatalf("Validate said %v but Compile said %v", verr, err)
 			}
@@ -55,6 +55,30 @@ func FuzzParseYAML(f *testing.F) {
 			}
 			a := Attrs{APIKey: "k", Plan: "pro", Org: "o", Endpoint: "GET /", IP: netip.MustParseAddr("10.1.2.3")}
 			checkMatch(t, snap, &a, t0)
+		}
+		// With regions: the default split of every rule is in [0, 1] per region and sums
+		// to at most 1, and each region's limits are its share of the global ones.
+		regions := map[string]float64{"us-east": 2, "eu-west": 1, "ap-south": 1}
+		snap, err := Compile(s, CompileOptions{Region: "eu-west", Regions: regions})
+		if err != nil {
+			return // a shares: entry naming another region
+		}
+		for _, c := range snap.Rules() {
+			sum := 0.0
+			for _, v := range c.Split {
+				if !(v >= 0 && v <= 1) {
+					t.Fatalf("rule %s: split %v", c.ID, c.Split)
+				}
+				sum += v
+			}
+			if sum > 1+1e-9 || c.Share != c.Split["eu-west"] {
+				t.Fatalf("rule %s: split %v sums to %g (share %g)", c.ID, c.Split, sum, c.Share)
+			}
+			for i, l := range c.LimitsFor(c.Share, nil) {
+				if l != c.Limits[i] {
+					t.Fatalf("rule %s: LimitsFor(Share) %+v, Limits %+v", c.ID, l, c.Limits[i])
+				}
+			}
 		}
 	})
 }

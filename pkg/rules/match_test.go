@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/allot-dev/allot/pkg/bucket"
 	"github.com/allot-dev/allot/pkg/clock"
 )
 
@@ -187,10 +188,20 @@ rules:
 	if l := c.Limits[1]; l.Name != "r/minute" || l.Rate != 50 || l.Burst != 3000 {
 		t.Fatalf("minute: %+v", l)
 	}
-	// A region not listed gets DefaultShare.
-	c = mustCompile(t, in, CompileOptions{Region: "ap-south", DefaultShare: 0.25}).Rule("r")
-	if c.Share != 0.25 || c.Limits[0].Rate != 25 || c.Limits[0].Burst != 50 {
+	// A region not listed shares the rest (1 - 0.5 - 0) with the other unlisted regions,
+	// by weight: ap-south 1 of 1+3.
+	c = mustCompile(t, in, CompileOptions{Region: "ap-south", Regions: map[string]float64{"us-east": 1, "eu-west": 1, "ap-south": 1, "sa-east": 3}}).Rule("r")
+	if c.Share != 0.125 || c.Limits[0].Rate != 12.5 || c.Limits[0].Burst != 25 {
 		t.Fatalf("default share: %+v", c)
+	}
+	// The global limits are kept unscaled beside the scaled ones.
+	if g := c.Global; len(g) != 2 || g[0] != (bucket.Limit{Name: "r/second", Rate: 100, Burst: 200}) || g[1] != (bucket.Limit{Name: "r/minute", Rate: 100, Burst: 6000}) {
+		t.Fatalf("global: %+v", g)
+	}
+	// Without regions (one region) an unlisted region gets the whole limit.
+	c = mustCompile(t, in, CompileOptions{Region: "ap-south"}).Rule("r")
+	if c.Share != 1 || c.Limits[0].Rate != 100 || c.Limits[0].Burst != 200 {
+		t.Fatalf("single region: %+v", c)
 	}
 	// Share 0 clamps to a valid, nearly closed bucket that still fits the largest cost.
 	c = mustCompile(t, in, CompileOptions{Region: "eu-west"}).Rule("r")

@@ -185,7 +185,10 @@ func TestValidateGoRules(t *testing.T) {
 	if _, err := Compile(s, CompileOptions{}); err == nil {
 		t.Fatal("compiled a bad set")
 	}
-	if _, err := Compile(&Set{}, CompileOptions{DefaultShare: 2}); err == nil || !strings.Contains(err.Error(), "DefaultShare 2") {
+	if _, err := Compile(&Set{}, CompileOptions{Region: "us-east", Regions: map[string]float64{"us-east": 0}}); err == nil || !strings.Contains(err.Error(), `region "us-east" weight 0`) {
+		t.Fatalf("bad options: %v", err)
+	}
+	if _, err := Compile(&Set{}, CompileOptions{Region: "us-west", Regions: map[string]float64{"us-east": 1}}); err == nil || !strings.Contains(err.Error(), `Region "us-west" is not one of CompileOptions.Regions (us-east)`) {
 		t.Fatalf("bad options: %v", err)
 	}
 	if _, err := Compile(&Set{}, CompileOptions{IPv6Prefix: 129}); err == nil || !strings.Contains(err.Error(), "IPv6Prefix 129") {

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"regexp"
+	"strings"
 	"time"
 
 	"github.com/allot-dev/allot/pkg/bucket"
@@ -163,6 +164,7 @@ func validateRule(r *Rule, i int, file string, errs *errList) {
 			bad("cost", "endpoint is %d bytes, more than %d", len(ep), MaxMatchLen)
 		}
 	}
+	sum, sumOK := 0.0, true
 	for _, region := range sortedKeys(r.Shares) {
 		sh := r.Shares[region]
 		if !regionRE.MatchString(region) {
@@ -170,6 +172,45 @@ func validateRule(r *Rule, i int, file string, errs *errList) {
 		}
 		if !finite(sh) || sh < 0 || sh > 1 {
 			bad("shares", "region %q: %g, must be in [0, 1]", region, sh)
+			sumOK = false
+		}
+		sum += sh
+	}
+	if sumOK && sum > 1+shareSumSlack {
+		bad("shares", "%s sum to %g, more than 1: the regions would admit more than the global limit", formatShares(r.Shares), sum)
+	}
+}
+
+// shareSumSlack forgives the rounding of decimal shares (0.1 + 0.2 + 0.7).
+const shareSumSlack = 1e-9
+
+func formatShares(m map[string]float64) string {
+	var b strings.Builder
+	b.WriteByte('{')
+	for i, k := range sortedKeys(m) {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		fmt.Fprintf(&b, "%s: %g", k, m[k])
+	}
+	b.WriteByte('}')
+	return b.String()
+}
+
+// validateRegions checks the regions every rule's shares: names against the deployment's
+// regions (CompileOptions.Regions; nothing to check when there are none).
+func (s *Set) validateRegions(regions map[string]float64) error {
+	if len(regions) == 0 {
+		return nil
+	}
+	var errs errList
+	for i := range s.Rules {
+		r := &s.Rules[i]
+		for _, region := range sortedKeys(r.Shares) {
+			if _, ok := regions[region]; !ok {
+				errs.add(ruleErr(r, i, s.file, "shares", "region %q is not one of the configured regions (%s)", region, strings.Join(sortedKeys(regions), ", ")))
+			}
 		}
 	}
+	return errs.err()
 }

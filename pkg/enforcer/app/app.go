@@ -22,6 +22,8 @@ import (
 	"github.com/allot-dev/allot/pkg/lease"
 	"github.com/allot-dev/allot/pkg/registry"
 	"github.com/allot-dev/allot/pkg/rules"
+	"github.com/allot-dev/allot/pkg/shares"
+	"github.com/allot-dev/allot/pkg/usage"
 	"github.com/hashicorp/go-hclog"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -51,18 +53,23 @@ type App struct {
 	etcd     *clientv3.Client
 	registry *registry.Registry
 
+	shares  *shares.Holder  // always set; fed by sharesW when etcd is configured
+	sharesW *shares.Watcher // nil without etcd or with shares.disabled
+
 	redis      redis.UniversalClient
 	redisStore *bucket.Redis
 	lease      *lease.Store
 	fallback   *fallback.Store
 	store      bucket.Store
 
-	enf    *enforcer.Enforcer
-	grpc   *grpc.Server
-	health *health.Server
-	http   *http.Server
-	grpcL  net.Listener
-	httpL  net.Listener
+	enf      *enforcer.Enforcer
+	usage    *usage.Table    // nil unless balancer.enabled
+	reporter *usage.Reporter // nil unless balancer.enabled
+	grpc     *grpc.Server
+	health   *health.Server
+	http     *http.Server
+	grpcL    net.Listener
+	httpL    net.Listener
 
 	ctx    context.Context // ended by Close: the parent of every background goroutine
 	cancel context.CancelFunc
@@ -127,13 +134,50 @@ func newApp(cfg Config, log hclog.Logger, store bucket.Store) (_ *App, err error
 	if err := a.buildRules(); err != nil {
 		return nil, err
 	}
+	if err := a.buildShares(); err != nil {
+		return nil, err
+	}
 	if err := a.buildStore(); err != nil {
 		return nil, err
 	}
 	ec := cfg.enforcerConfig()
 	ec.Rules, ec.Store, ec.Clock, ec.Logger, ec.Registerer = a.holder, a.store, a.clock, log, a.reg
+	if a.sharesW != nil {
+		ec.Shares = a.shares
+	}
+	if cfg.Balancer.Enabled {
+		uc := usage.DefaultConfig()
+		overrideIfSet(&uc.Interval, cfg.Balancer.Interval)
+		overrideIfSet(&uc.Capacity, cfg.Balancer.Capacity)
+		overrideIfSet(&uc.MaxIdentities, cfg.Balancer.MaxIdentities)
+		uc.EarlyGap = min(uc.EarlyGap, uc.Interval) // a short interval needs no longer gap
+		if a.usage, err = usage.NewTable(uc, a.clock.Now()); err != nil {
+			return nil, fmt.Errorf("app: balancer: %w", err)
+		}
+		// The pressure test compares admitted tokens with the allowance this identity
+		// has here: its global rate times this region's share of it.
+		uc.RegionalRate = func(r *rules.Compiled, id string) float64 {
+			return r.Global[0].Rate * a.shares.Share(r, id, a.clock.Now())
+		}
+		ec.Usage = a.usage
+	}
 	if a.enf, err = enforcer.New(ec); err != nil {
 		return nil, err
+	}
+	if a.usage != nil {
+		tlsCfg, err := cfg.Balancer.TLS.build()
+		if err != nil {
+			return nil, fmt.Errorf("app: balancer tls: %w", err)
+		}
+		rc := usage.DefaultReporterConfig()
+		rc.Table, rc.Region, rc.EnforcerID = a.usage, a.cfg.Region, a.cfg.ID
+		rc.Leader = usage.EtcdLeader(a.etcd, cfg.Balancer.ElectionPrefix)
+		rc.Clock, rc.Logger, rc.Registerer, rc.TLS = a.clock, log.Named("usage"), a.reg, tlsCfg
+		overrideIfSet(&rc.SendTimeout, cfg.Balancer.SendTimeout)
+		rc.Shares = a.shares.Applied
+		if a.reporter, err = usage.NewReporter(rc); err != nil {
+			return nil, err
+		}
 	}
 	if err := a.listen(); err != nil {
 		return nil, err
@@ -150,7 +194,7 @@ func newApp(cfg Config, log hclog.Logger, store bucket.Store) (_ *App, err error
 }
 
 func (a *App) compileOptions() rules.CompileOptions {
-	return rules.CompileOptions{Region: a.cfg.Region, DefaultShare: a.cfg.Rules.DefaultShare, IPv6Prefix: a.cfg.Rules.IPv6Prefix}
+	return rules.CompileOptions{Region: a.cfg.Region, Regions: a.cfg.Regions, IPv6Prefix: a.cfg.Rules.IPv6Prefix}
 }
 
 func (a *App) onRulesError(err error) {

@@ -14,6 +14,8 @@ import (
 
 	"github.com/allot-dev/allot/pkg/enforcer"
 	"github.com/allot-dev/allot/pkg/enforcer/httpapi"
+	"github.com/allot-dev/allot/pkg/shares"
+	"github.com/allot-dev/allot/pkg/shareset"
 	"gopkg.in/yaml.v3"
 )
 
@@ -25,9 +27,14 @@ type Config struct {
 	Region string `yaml:"region"`
 	// ID names this enforcer within its region (etcd registration). Default: host-pid.
 	ID string `yaml:"id"`
+	// Regions are every region that enforces the global limits, with weights for the
+	// default split (see Regions). Empty: a single region.
+	Regions Regions `yaml:"regions"`
 
-	Store    StoreConfig    `yaml:"store"`
-	Etcd     EtcdConfig     `yaml:"etcd"`
+	Store StoreConfig `yaml:"store"`
+	Etcd  EtcdConfig  `yaml:"etcd"`
+	// Balancer: usage reports to the quota balancer's leader, found through etcd.
+	Balancer BalancerConfig `yaml:"balancer"`
 	Rules    RulesConfig    `yaml:"rules"`
 	Listen   ListenConfig   `yaml:"listen"`
 	Lease    LeaseConfig    `yaml:"lease"`
@@ -35,6 +42,7 @@ type Config struct {
 	Check    CheckConfig    `yaml:"check"`
 	Auth     AuthConfig     `yaml:"forward_auth"`
 	RLS      RLSConfig      `yaml:"envoy_rls"`
+	Shares   SharesConfig   `yaml:"shares"`
 
 	// Peers is N, the live enforcers in the region, when etcd is not configured; with
 	// etcd, the registry counts them. Default 1.
@@ -112,8 +120,8 @@ type RulesConfig struct {
 	EtcdPrefix string `yaml:"etcd_prefix"`
 	// PollInterval is how often the file is checked for changes. Default 2s.
 	PollInterval time.Duration `yaml:"poll_interval"`
-	// DefaultShare is this region's share of a rule that names no share for it (0 → 1).
-	DefaultShare float64 `yaml:"default_share"`
+	// DefaultShare is removed: setting it is an error (see Regions for the default split).
+	DefaultShare *float64 `yaml:"default_share"`
 	// IPv6Prefix is the prefix IPv6 clients are limited by. Default 64.
 	IPv6Prefix int `yaml:"ipv6_prefix"`
 }
@@ -193,6 +201,7 @@ func DefaultConfig() Config {
 			RegistrationTTL: 10 * time.Second, StartTimeout: 5 * time.Second,
 		},
 		Rules:        RulesConfig{PollInterval: 2 * time.Second, IPv6Prefix: 64},
+		Shares:       SharesConfig{EtcdPrefix: shareset.DefaultPrefix, StaleAfter: shares.DefaultStale},
 		Listen:       ListenConfig{GRPC: "127.0.0.1:8081", HTTP: "127.0.0.1:8080", MaxConcurrentStreams: 1024},
 		Peers:        1,
 		DrainTimeout: 10 * time.Second,
@@ -237,6 +246,23 @@ func (c *Config) Validate() error {
 	if c.Rules.File == "" && c.Rules.EtcdPrefix == "" {
 		bad("no rules: set rules.file and/or rules.etcd_prefix")
 	}
+	if c.Balancer.Enabled && len(c.Etcd.Endpoints) == 0 {
+		bad("balancer.enabled needs etcd.endpoints (the leader is found there)")
+	}
+	// Zero takes pkg/usage's default; a negative value is a mistake, not a default.
+	for _, f := range [...]struct {
+		name string
+		v    int64
+	}{
+		{"balancer.interval", int64(c.Balancer.Interval)},
+		{"balancer.capacity", int64(c.Balancer.Capacity)},
+		{"balancer.max_identities", int64(c.Balancer.MaxIdentities)},
+		{"balancer.send_timeout", int64(c.Balancer.SendTimeout)},
+	} {
+		if f.v < 0 {
+			bad("%s must be > 0 (or unset for the default)", f.name)
+		}
+	}
 	if c.Rules.EtcdPrefix != "" && len(c.Etcd.Endpoints) == 0 {
 		bad("rules.etcd_prefix %q needs etcd.endpoints", c.Rules.EtcdPrefix)
 	}
@@ -262,6 +288,7 @@ levelOK:
 	if s := c.Auth.RefuseStatus; s != 0 && (s < 400 || s > 599) {
 		bad("forward_auth.refuse_status %d, must be 4xx or 5xx", s)
 	}
+	c.validateShares(bad)
 	return errors.Join(errs...)
 }
 
@@ -288,4 +315,23 @@ func (c *Config) authConfig() httpapi.Config {
 		EndpointHeader: a.EndpointHeader, RealIPHeader: a.RealIPHeader,
 		ForwardedForHeader: a.ForwardedForHeader, TrustedHops: a.TrustedHops, RefuseStatus: a.RefuseStatus,
 	}
+}
+
+// BalancerConfig: usage reports to the quota balancer (pkg/usage). Zero fields take
+// pkg/usage's defaults.
+type BalancerConfig struct {
+	// Enabled turns usage reports on; needs etcd.endpoints (the leader is found there).
+	Enabled bool `yaml:"enabled"`
+	// ElectionPrefix is the balancer's election prefix. Default "/allot/balancer/election".
+	ElectionPrefix string `yaml:"election_prefix"`
+	// Interval between reports. Default 10s.
+	Interval time.Duration `yaml:"interval"`
+	// Capacity is how many (rule, identity) pairs are tracked. Default 16384.
+	Capacity int `yaml:"capacity"`
+	// MaxIdentities caps one report; keep it <= the balancer's cap. Default 4096.
+	MaxIdentities int `yaml:"max_identities"`
+	// SendTimeout bounds each report RPC. Default 2s.
+	SendTimeout time.Duration `yaml:"send_timeout"`
+	// TLS for the report API.
+	TLS TLSConfig `yaml:"tls"`
 }

@@ -114,7 +114,24 @@ var overrides = []override{
 	{name: "rules-file", usage: "YAML rules file", apply: str(func(c *Config) *string { return &c.Rules.File })},
 	{name: "rules-etcd-prefix", usage: "etcd prefix holding one rule per key", apply: str(func(c *Config) *string { return &c.Rules.EtcdPrefix })},
 	{name: "rules-poll-interval", usage: "how often the rules file is checked for changes", apply: dur(func(c *Config) *time.Duration { return &c.Rules.PollInterval })},
-	{name: "default-share", usage: "this region's share of rules that name none for it (0 means 1)", apply: float(func(c *Config) *float64 { return &c.Rules.DefaultShare })},
+	{name: "default-share", usage: "removed (an error if set): the default split now comes from -regions", apply: func(c *Config, v string) error {
+		f, err := strconv.ParseFloat(v, 64)
+		c.Rules.DefaultShare = &f
+		return err
+	}},
+	{name: "regions", usage: "every region enforcing the global limits, for the default split: us-east,eu-west or us-east=2,eu-west=1 (weights)", apply: func(c *Config, v string) error {
+		r, err := parseRegions(v)
+		c.Regions = r
+		return err
+	}},
+	{name: "shares-etcd-prefix", usage: "etcd prefix the balancer publishes shares under", apply: str(func(c *Config) *string { return &c.Shares.EtcdPrefix })},
+	{name: "shares-stale-after", usage: "shares not refreshed this long fall back to min(last, default)", apply: dur(func(c *Config) *time.Duration { return &c.Shares.StaleAfter })},
+	{name: "shares-disabled", usage: "do not watch the balancer's shares (default split only)", isBool: true, apply: boolean(func(c *Config) *bool { return &c.Shares.Disabled })},
+	{name: "balancer", usage: "send usage reports to the quota balancer's leader (found through etcd)", isBool: true, apply: boolean(func(c *Config) *bool { return &c.Balancer.Enabled })},
+	{name: "balancer-election-prefix", usage: "etcd prefix of the balancer's leader election", apply: str(func(c *Config) *string { return &c.Balancer.ElectionPrefix })},
+	{name: "balancer-interval", usage: "interval between usage reports", apply: dur(func(c *Config) *time.Duration { return &c.Balancer.Interval })},
+	{name: "balancer-tls", usage: "use TLS to the balancer's report API", isBool: true, apply: boolean(func(c *Config) *bool { return &c.Balancer.TLS.Enabled })},
+	{name: "balancer-tls-ca", usage: "CA file for the balancer's report API", apply: str(func(c *Config) *string { return &c.Balancer.TLS.CAFile })},
 	{name: "grpc-addr", usage: "gRPC listen address (Envoy RLS and allot.v1)", apply: str(func(c *Config) *string { return &c.Listen.GRPC })},
 	{name: "http-addr", usage: "HTTP listen address (/v1/check, /v1/auth, /metrics, /healthz, /readyz)", apply: str(func(c *Config) *string { return &c.Listen.HTTP })},
 	{name: "advertise-addr", usage: "address registered in etcd (default the gRPC address)", apply: str(func(c *Config) *string { return &c.Listen.Advertise })},

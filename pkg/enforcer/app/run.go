@@ -62,6 +62,11 @@ func (a *App) Run(ctx context.Context) error {
 	if src != nil {
 		a.goFn(func() { src.Run(a.ctx) })
 	}
+	if a.sharesW != nil {
+		if err := a.sharesW.Start(); err != nil { // only after Close, which Run checked
+			a.log.Error("shares watch not started", "error", err)
+		}
+	}
 	a.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	a.log.Info("serving", "region", a.cfg.Region, "id", a.cfg.ID, "grpc", a.GRPCAddr(), "http", a.HTTPAddr(),
 		"store", a.cfg.Store.Kind, "peers", a.peers(), "rules", a.holder.Current().Version())
@@ -203,6 +208,9 @@ func (a *App) Close() error {
 			a.health.Shutdown()
 		}
 		a.drain(serving)
+		if a.reporter != nil {
+			_ = a.reporter.Close() // before the etcd client it reads the leader with
+		}
 		if a.registry != nil {
 			if err := a.registry.Close(); err != nil {
 				errs = append(errs, fmt.Errorf("app: while releasing the registration: %w", err))
@@ -217,6 +225,9 @@ func (a *App) Close() error {
 		a.mu.Unlock()
 		if src != nil {
 			src.Close()
+		}
+		if a.sharesW != nil {
+			_ = a.sharesW.Close() // waits for its goroutine; never fails
 		}
 		a.wg.Wait()
 		if a.fallback != nil {

@@ -1,0 +1,164 @@
+package app
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"math"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/allot-dev/allot/pkg/shares"
+	"github.com/allot-dev/allot/pkg/shareset"
+	"gopkg.in/yaml.v3"
+)
+
+// Regions are the regions that enforce the global limits, with their weights: the default
+// split gives region r weight_r / Σ weights of a rule that lists no shares: (see
+// rules.DefaultShare). Written as a mapping (`{us-east: 2, eu-west: 1}`; an empty weight
+// means 1) or as a list (`[us-east, eu-west]`: equal weights). Empty: a single-region
+// deployment, every rule's share is 1 unless its shares: names this region.
+type Regions map[string]float64
+
+// UnmarshalYAML reads the list or the mapping form.
+func (r *Regions) UnmarshalYAML(n *yaml.Node) error {
+	out := Regions{}
+	switch n.Kind {
+	case yaml.SequenceNode:
+		var names []string
+		if err := n.Decode(&names); err != nil {
+			return err
+		}
+		for _, name := range names {
+			out[name] = 1
+		}
+	case yaml.MappingNode:
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			k, v := n.Content[i], n.Content[i+1]
+			if v.Tag == "!!null" {
+				out[k.Value] = 1
+				continue
+			}
+			var w float64
+			if err := v.Decode(&w); err != nil {
+				return fmt.Errorf("regions: %s: %w", k.Value, err)
+			}
+			out[k.Value] = w
+		}
+	default:
+		return fmt.Errorf("line %d: regions: want a list of names or a mapping of name: weight", n.Line)
+	}
+	*r = out
+	return nil
+}
+
+// parseRegions reads the flag and environment form: "us-east,eu-west" or
+// "us-east=2,eu-west=1" (a name without "=" has weight 1).
+func parseRegions(v string) (Regions, error) {
+	out := Regions{}
+	for _, part := range strings.Split(v, ",") {
+		if part = strings.TrimSpace(part); part == "" {
+			continue
+		}
+		name, w, hasW := strings.Cut(part, "=")
+		weight := 1.0
+		if hasW {
+			var err error
+			if weight, err = strconv.ParseFloat(strings.TrimSpace(w), 64); err != nil {
+				return nil, fmt.Errorf("region %q: weight %q: %w", name, w, err)
+			}
+		}
+		out[strings.TrimSpace(name)] = weight
+	}
+	return out, nil
+}
+
+func (r Regions) String() string {
+	names := make([]string, 0, len(r))
+	for n := range r {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	parts := make([]string, len(names))
+	for i, n := range names {
+		parts[i] = fmt.Sprintf("%s=%g", n, r[n])
+	}
+	return strings.Join(parts, ",")
+}
+
+// SharesConfig: the per-identity shares the quota balancer publishes in etcd.
+type SharesConfig struct {
+	// Disabled: do not watch the balancer's shares; every identity keeps the default split.
+	Disabled bool `yaml:"disabled"`
+	// EtcdPrefix is where the balancer publishes (watched when etcd.endpoints is set).
+	// Default shareset.DefaultPrefix, "/allot/shares/".
+	EtcdPrefix string `yaml:"etcd_prefix"`
+	// StaleAfter: shares not refreshed by the balancer for this long fall back to
+	// min(last share, default share). Default 5m; must be > 0.
+	StaleAfter time.Duration `yaml:"stale_after"`
+}
+
+// watchShares says whether the balancer's shares are watched.
+func (c *Config) watchShares() bool { return len(c.Etcd.Endpoints) > 0 && !c.Shares.Disabled }
+
+// validateShares checks regions, shares and the removed rules.default_share.
+func (c *Config) validateShares(bad func(format string, a ...any)) {
+	if c.Rules.DefaultShare != nil {
+		bad("rules.default_share %g is no longer supported: a rule without shares: for a region now gets the default split "+
+			"by region weight; list the regions under regions: (e.g. regions: {us-east: 1, eu-west: 1}; none means one region, share 1) and remove it",
+			*c.Rules.DefaultShare)
+	}
+	for _, name := range slices.Sorted(maps.Keys(c.Regions)) {
+		if w := c.Regions[name]; math.IsNaN(w) || math.IsInf(w, 0) || w <= 0 || w > 1e6 {
+			bad("regions: %s weight %g, must be finite and in (0, 1e6]", name, w)
+		}
+	}
+	if len(c.Regions) > 0 && c.Region != "" {
+		if _, ok := c.Regions[c.Region]; !ok {
+			bad("region %q is not one of regions (%s)", c.Region, c.Regions)
+		}
+	}
+	if c.Shares.StaleAfter <= 0 {
+		bad("shares.stale_after %v, must be > 0", c.Shares.StaleAfter)
+	}
+	if c.watchShares() && c.Shares.EtcdPrefix == "" {
+		bad("shares.etcd_prefix is empty; set it (default %s) or shares.disabled: true", shareset.DefaultPrefix)
+	}
+}
+
+// buildShares builds the share Holder (always: App.Shares reads it) and, with etcd, its
+// metrics and the watcher, loading the published set once at start (bounded by Etcd.StartTimeout) so a
+// restarted enforcer does not enforce the default split over a smaller published share.
+func (a *App) buildShares() error {
+	hc := shares.DefaultConfig()
+	hc.Region, hc.Stale, hc.Clock, hc.Logger = a.cfg.Region, a.cfg.Shares.StaleAfter, a.clock, a.log
+	if a.cfg.watchShares() {
+		// Only then: a share age that grows without a balancer to refresh it would page.
+		hc.Registerer = a.reg
+	}
+	h, err := shares.NewHolder(hc)
+	if err != nil {
+		return fmt.Errorf("app: shares: %w", err)
+	}
+	a.shares = h
+	if !a.cfg.watchShares() {
+		return nil
+	}
+	wc := shares.DefaultWatcherConfig()
+	wc.Prefix, wc.Clock, wc.Logger = a.cfg.Shares.EtcdPrefix, a.clock, a.log
+	if a.sharesW, err = shares.NewWatcher(a.etcd, h, wc); err != nil {
+		return fmt.Errorf("app: shares: %w", err)
+	}
+	ctx, cancel := context.WithTimeout(a.ctx, a.cfg.Etcd.StartTimeout)
+	defer cancel()
+	if err := a.sharesW.Load(ctx); err != nil {
+		a.log.Warn("shares not loaded from etcd at start; enforcing the default split until they are", "error", err)
+	}
+	return nil
+}
+
+// Shares returns the holder of the per-identity shares in force (Applied() is what usage
+// reports carry). Never nil; without etcd it holds no set and gives the default split.
+func (a *App) Shares() *shares.Holder { return a.shares }

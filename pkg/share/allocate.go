@@ -1,0 +1,359 @@
+package share
+
+import "math"
+
+const (
+	// maxStack regions are computed in stack scratch; more use the heap (one allocation).
+	maxStack = 8
+	// settle: an EWMA within this fraction of the demand it follows is set to it, so
+	// unchanged demand gives bit-identical shares after finitely many intervals.
+	// (Demand falling to zero is not snapped: every region decays by the same factor, so
+	// the split stands until the balancer's TTL returns an idle identity to its default.)
+	settle = 1e-3
+	// minMove: a move smaller than this is never a change, whatever DeadBand, so float
+	// rounding cannot make unchanged demand publish.
+	minMove = 1e-9
+	// maxFraction caps a demand as a fraction of the limit (a million limits is
+	// "unbounded" for the water-filling and keeps every sum finite).
+	maxFraction = 1e6
+	// floorTolerance: a previous share this far under the floor still counts as at it
+	// (the Σ ≤ 1 guard may have taken an ulp off a share sitting at the floor).
+	floorTolerance = 1e-12
+)
+
+// Allocate computes the identity's next target shares. It returns the new State; the
+// target is State.Shares (new slices; st is not modified).
+//
+// Guarantees (fuzzed): every share ≥ 0; Σ ≤ 1 (summed in region order); each free
+// region ≥ Floor where floors fit in what Held leaves; Held regions get exactly Held
+// (when Σ Held ≤ 1); unchanged demand gives unchanged shares after finitely many
+// intervals and never flaps.
+//
+// Allocate does not fail: input it cannot use is clamped as documented in the package
+// doc (# Bad input). AllocateChecked reports it instead.
+func Allocate(cfg Config, st State, in Input) State {
+	next, _ := AllocateInto(State{}, cfg, st, in)
+	return next
+}
+
+// AllocateChecked is Allocate after cfg.Validate and a check of in and st (slice lengths,
+// Limit finite and > 0, Demand NaN or ≥ 0, Default and Held in range and summing ≤ 1,
+// Floor × regions ≤ 1). The error wraps ErrConfig or ErrInput and names the field and
+// value.
+func AllocateChecked(cfg Config, st State, in Input) (State, error) {
+	if err := cfg.Validate(); err != nil {
+		return State{}, err
+	}
+	if err := in.check(cfg, st); err != nil {
+		return State{}, err
+	}
+	return Allocate(cfg, st, in), nil
+}
+
+// AllocateInto is Allocate writing into dst's slices when they have the capacity (dst may
+// be st itself: st is read in full before anything is written). With up to 8 regions and
+// dst's slices of capacity ≥ regions it does not allocate. dst's slices are overwritten:
+// do not pass as dst a State whose Shares are still needed elsewhere (e.g. held in a
+// published set). changed reports whether the new Shares differ from the previous ones
+// (st.Shares, or Input.Default for a fresh State), i.e. whether there is something to
+// publish; when false, Shares are bit-identical to the previous ones.
+//
+// A new leader restoring persisted shares passes State{Shares: persisted}: the previous
+// shares are then the persisted ones and smoothing starts from the first demand.
+func AllocateInto(dst State, cfg Config, st State, in Input) (next State, changed bool) {
+	cfg = cfg.clamped()
+	n := len(in.Demand)
+	var stack [7 * maxStack]float64
+	var sc []float64
+	if n <= maxStack {
+		sc = stack[:7*n]
+	} else {
+		sc = make([]float64, 7*n)
+	}
+	raw, prev, sm, held := sc[:n], sc[n:2*n], sc[2*n:3*n], sc[3*n:4*n]
+	def, w, t := sc[4*n:5*n], sc[5*n:6*n], sc[6*n:]
+
+	// Inputs, sanitized (package doc, # Bad input).
+	limitOK := in.Limit > 0 && !math.IsInf(in.Limit, 1)
+	perLimit := 1 / in.Limit // a multiplication is cheaper than a division, 1M times over
+	var defSum float64
+	for r := 0; r < n; r++ {
+		d := math.NaN()
+		if v := in.Demand[r]; v >= 0 && !math.IsInf(v, 1) {
+			d = v
+		}
+		raw[r] = d
+		h := math.NaN()
+		if r < len(in.Held) && !math.IsNaN(in.Held[r]) {
+			h = min(max(in.Held[r], 0), 1)
+		}
+		held[r] = h
+		def[r] = 0
+		if r < len(in.Default) && in.Default[r] > 0 {
+			def[r] = min(in.Default[r], 1)
+		}
+		defSum += def[r]
+	}
+	if defSum > 1 {
+		for r := range def {
+			def[r] /= defSum
+		}
+	}
+	if len(st.Shares) != n { // fresh: the enforcers apply the default split
+		copy(prev, def)
+	} else {
+		copy(prev, st.Shares)
+	}
+	havePrevSmoothed := len(st.Smoothed) == n
+
+	// The previous smoothed demand (NaN: none usable).
+	for r := 0; r < n; r++ {
+		sm[r] = math.NaN()
+		if havePrevSmoothed {
+			if v := st.Smoothed[r]; v >= 0 && !math.IsInf(v, 1) {
+				sm[r] = v
+			}
+		}
+	}
+
+	// Fast path (package doc, step 1): some free region is short (asks for more than
+	// DeadBand over its share), or one is refused at all while another's demand
+	// collapsed (fell to half its smoothed demand or less, releasing ≥ DeadBand/4).
+	fast := false
+	if limitOK {
+		wanting, collapsed := false, false
+		for r := 0; r < n; r++ {
+			if !math.IsNaN(held[r]) || math.IsNaN(raw[r]) {
+				continue
+			}
+			w := raw[r] * perLimit
+			fast = fast || w > prev[r]+cfg.DeadBand
+			wanting = wanting || w > prev[r]
+			if s := sm[r]; raw[r] <= s/2 && (s-raw[r])*perLimit >= cfg.DeadBand/4 {
+				collapsed = true
+			}
+		}
+		fast = fast || wanting && collapsed
+	}
+
+	// Smoothed demand: s' = s + α(d − s), or d itself on the fast path, on the first
+	// interval, or within `settle` of d; a region not heard keeps s.
+	for r := 0; r < n; r++ {
+		s, d := sm[r], raw[r]
+		switch {
+		case math.IsNaN(d):
+			if math.IsNaN(s) {
+				s = 0
+			}
+		case math.IsNaN(s) || fast:
+			s = d
+		default:
+			s += cfg.Alpha * (d - s)
+			if math.Abs(d-s) <= settle*max(d, s) {
+				s = d
+			}
+		}
+		sm[r] = s
+	}
+
+	// Free capacity F = 1 − Σ Held (Held scaled down to sum 1 if it sums above).
+	var heldSum float64
+	m := 0
+	for r := 0; r < n; r++ {
+		if math.IsNaN(held[r]) {
+			m++
+		} else {
+			heldSum += held[r]
+		}
+	}
+	free := max(1-heldSum, 0)
+	if heldSum > 1 {
+		for r := range held {
+			if !math.IsNaN(held[r]) {
+				held[r] /= heldSum
+			}
+		}
+	}
+
+	// Demand of the free regions as a fraction of the limit (0 when the limit is
+	// unusable), and the default split over the free regions, normalized to sum 1 (equal
+	// if the default gives them nothing): the weights of the slack.
+	var wSum, dSum float64
+	for r := 0; r < n; r++ {
+		w[r] = 0
+		if math.IsNaN(held[r]) {
+			if limitOK {
+				w[r] = min(sm[r]*perLimit, maxFraction)
+				wSum += w[r]
+			}
+			dSum += def[r]
+		}
+	}
+	perDefault := 1 / dSum
+	for r := 0; r < n; r++ {
+		switch {
+		case !math.IsNaN(held[r]):
+			def[r] = 0
+		case dSum > 0:
+			def[r] *= perDefault
+		default:
+			def[r] = 1 / float64(m)
+		}
+	}
+
+	floor := 0.0
+	if m > 0 {
+		floor = min(cfg.Floor, free/float64(m))
+	}
+	waterFill(t, w, def, held, free, floor)
+	for r := 0; r < n; r++ {
+		if !math.IsNaN(held[r]) {
+			t[r] = held[r]
+		}
+	}
+	fitSum(t, held)
+
+	// Dead-band: keep the previous shares when they are still a valid answer and the
+	// target moved no region by DeadBand or more — unless a region that wants more than
+	// it has would gain DeadBand/4.
+	keep := prevValid(prev, held, floor)
+	band, gain := max(cfg.DeadBand, minMove), max(cfg.DeadBand/4, minMove)
+	for r := 0; keep && r < n; r++ {
+		delta := t[r] - prev[r]
+		if math.Abs(delta) >= band || (wSum > 0 && math.IsNaN(held[r]) && w[r] > prev[r] && delta >= gain) {
+			keep = false
+		}
+	}
+	if keep {
+		copy(t, prev)
+	}
+	for r := 0; r < n; r++ {
+		if t[r] != prev[r] {
+			changed = true
+			break
+		}
+	}
+
+	next.Smoothed = append(dst.Smoothed[:0], sm...)
+	next.Shares = append(dst.Shares[:0], t...)
+	return next, changed
+}
+
+// waterFill writes into t the max-min fair split of the free capacity among the free
+// regions (held[r] not NaN are skipped), each region's claim being c[r] = max(floor,
+// w[r]) (package doc, steps 3 and 4):
+//
+//	visit the free regions by claim, smallest first; with C capacity left for k regions,
+//	the region gets min(c[r], C/k);
+//	any capacity left once every claim is met (slack) is added by the weights d[r]
+//	(the default split over the free regions, summing to 1).
+func waterFill(t, w, d, held []float64, capacity, floor float64) {
+	n := len(t)
+	var stack [maxStack]int
+	var idx []int
+	if n <= maxStack {
+		idx = stack[:0]
+	} else {
+		idx = make([]int, 0, n)
+	}
+	for r := 0; r < n; r++ {
+		t[r] = 0
+		if !math.IsNaN(held[r]) {
+			continue
+		}
+		// Insertion sort by claim: n is the number of regions, a handful.
+		c := max(floor, w[r])
+		i := len(idx)
+		idx = append(idx, r)
+		for i > 0 && max(floor, w[idx[i-1]]) > c {
+			idx[i] = idx[i-1]
+			i--
+		}
+		idx[i] = r
+	}
+	// Claims in ascending order: while a claim fits the even part of what is left it is
+	// met; the first that does not fixes the level (left/k), and every later (larger)
+	// claim gets the same level, since giving left/k to one of k leaves the same level
+	// for the other k − 1. One division per identity instead of one per region.
+	left := capacity
+	for k, r := range idx {
+		c, rest := max(floor, w[r]), float64(len(idx)-k)
+		if c*rest <= left {
+			t[r] = c
+			left = max(left-c, 0)
+			continue
+		}
+		level := left / rest
+		for _, q := range idx[k:] {
+			t[q] = level
+		}
+		left = 0
+		break
+	}
+	if left > 0 {
+		for _, r := range idx {
+			t[r] += left * d[r]
+		}
+	}
+	for _, r := range idx {
+		t[r] = max(t[r], floor)
+	}
+}
+
+// fitSum makes Σ t ≤ 1 (summed in index order) where rounding left it an ulp or so above,
+// by lowering the largest free share (held[r] NaN), or the largest share if none is free.
+func fitSum(t, held []float64) {
+	s := sum(t)
+	if s <= 1 {
+		return
+	}
+	j := -1
+	for r := range t {
+		if math.IsNaN(held[r]) && (j < 0 || t[r] > t[j]) {
+			j = r
+		}
+	}
+	if j < 0 || t[j] == 0 {
+		j = 0
+		for r := range t {
+			if t[r] > t[j] {
+				j = r
+			}
+		}
+	}
+	t[j] = max(t[j]-(s-1), 0)
+	for i := 0; i < 64 && t[j] > 0 && sum(t) > 1; i++ {
+		t[j] = math.Nextafter(t[j], 0)
+	}
+	if s = sum(t); s > 1 { // not reached with sane input; stays correct with any
+		for r := range t {
+			t[r] *= (1 - 1e-9) / s
+		}
+	}
+}
+
+// prevValid reports whether the previous shares are still an answer the policy could
+// give: Held regions exactly at Held, free ones at the floor or above, Σ ≤ 1.
+func prevValid(prev, held []float64, floor float64) bool {
+	for r, p := range prev {
+		if !(p >= 0 && p <= 1) {
+			return false
+		}
+		if math.IsNaN(held[r]) {
+			if p < floor-floorTolerance {
+				return false
+			}
+		} else if p != held[r] {
+			return false
+		}
+	}
+	return sum(prev) <= 1
+}
+
+func sum(x []float64) float64 {
+	var s float64
+	for _, v := range x {
+		s += v
+	}
+	return s
+}

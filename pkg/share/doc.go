@@ -1,0 +1,184 @@
+// Package share is the balancer's allocation policy: pure functions from usage reports to
+// each region's share of one limited identity's global limit. No I/O, no clock, no
+// goroutines, no state beyond what the caller passes in; every function is safe for
+// concurrent use. The model is youtube/doorman's algorithm.go: the policy a pure function,
+// its formula below, and its invariant asserted at every step of table and fuzz tests.
+//
+// # Guarantees
+//
+// For any input (bad input is clamped, see # Bad input), the shares Allocate returns are
+// each ≥ 0 and sum to ≤ 1 (in region order, in float64); regions with Held get exactly
+// Held (when Σ Held ≤ 1); every free region gets at least Floor when floors fit
+// (Floor × free regions ≤ 1 − Σ Held), else an equal part of what Held leaves; every
+// free region gets at least its smoothed demand (less at most DeadBand/4 the dead-band
+// may hold back) when the demands fit in what Held leaves, else its max-min fair part; unchanged demand gives bit-identical shares after
+// finitely many intervals and never flaps (both fuzzed). Step
+// keeps Σ_q max(mayApply[q], next[q]) ≤ 1, so the sum stays ≤ 1 while a change is being
+// applied, whichever regions have applied it. Which way it errs: under. A region short of
+// share is refused until the next recompute; capacity is never handed out twice.
+//
+// # The formula
+//
+// Per identity, per interval, with L the global limit (tokens/s), regions r = 1..n, d_r
+// this interval's demand (admitted + refused, tokens/s; NaN = not heard), s_r the smoothed
+// demand, p_r the previous shares (the Default split for a fresh State):
+//
+//  1. Fast path. A free region is short when d_r/L > p_r + DeadBand: it is refused and
+//     asks for more than a dead-band beyond its share. A free region's demand collapsed
+//     when d_q ≤ s_q/2 and s_q − d_q ≥ DeadBand/4 × L. When any region is short, or one
+//     is refused at all (d_r/L > p_r) while another's demand collapsed, every heard
+//     region's smoothed demand is set to its demand, s_r := d_r: the traffic moved, so
+//     believe the newest report, and a shift is one recompute, not several EWMA steps
+//     (nor several pushes of a share released half at a time).
+//
+//  2. Smoothing otherwise (nobody short: every region has about what it asks for):
+//
+//     s_r := s_r + Alpha × (d_r − s_r)
+//
+//     and s_r := d_r once within 0.1% of d_r, so the EWMA lands on constant demand
+//     exactly instead of creeping toward it forever. Demand falling to zero decays
+//     geometrically; the shares drift toward the default split (step 4) and stop being
+//     published once what is left of the drift is inside the dead-band. (The balancer's
+//     TTL returns an identity that left the reports to the default split itself.)
+//
+//     A region not heard (NaN) keeps s_r; the first interval starts at s_r := d_r.
+//
+//  3. Max-min fair water-filling. Free capacity F = 1 − Σ Held over the m free regions;
+//     floor f = min(Floor, F/m); claim c_r = max(f, s_r/L). Visit the free regions by
+//     claim, smallest first; with C capacity left for k regions, region r gets
+//     min(c_r, C/k), and C decreases by it. This is the unique max-min fair split of F
+//     with lower bound f: there is a level λ with share_r = min(c_r, λ), and every region
+//     under the level gets all it claims.
+//
+//  4. Slack. When every claim is met (Σ c_r < F), the rest S = F − Σ c_r is handed out
+//     by the default split over the free regions: share_r = c_r + S × D_r, with
+//     D_r = Default_r / Σ_free Default (equal if the default gives the free regions
+//     nothing). So share_r = max(f, w_r) + S × D_r, w_r = s_r/L.
+//
+//     Why the default split and not demand. Both keep every claim met, so steady-state
+//     admission is the same (all of the offered rate). They differ in where the headroom
+//     sits until the next recompute. By demand, the busiest region gets nearly all of it
+//     (one region at 90%: 98%, others at the 1% floor), and the split follows the ratio of
+//     the demands even when they are tiny: a key using 3% of its limit swings its whole
+//     slack from one region to another as two small demands decay, a publication each
+//     time, and an identity whose demand fell to zero stays pinned to where it last was.
+//     By the default split, the shares move only as much as the demand does (share_r −
+//     w_r is constant while nobody's claim binds), an idle identity drifts to its default
+//     split, and an idle region keeps a reserve in proportion to the slack (at 50% load
+//     all in region 0: (0.66, 0.17, 0.17) with an equal default), which absorbs traffic
+//     that moves there better than the 1% floor would. The busiest region still has
+//     S × D_r of headroom over its demand (90% load: 92.7%), and a region that outgrows
+//     its share is short and takes the fast path at the next recompute.
+//
+//  5. Held regions get exactly Held; a guard takes the last ulp off the largest free share
+//     if rounding left Σ above 1.
+//
+//  6. Dead-band. The previous shares p stand when they are still valid for this input
+//     (Held regions at Held, free ones ≥ f, Σ ≤ 1) and every region's target t_r is
+//     within DeadBand of p_r (and always when within 10⁻⁹, so rounding never
+//     publishes) — except that a region that wants more than it has (s_r/L > p_r) and
+//     would gain at least DeadBand/4 is always pushed. So small wobbles are not
+//     published, yet a region held below what it wants loses at most DeadBand/4 of the
+//     limit to the dead-band.
+//
+// # Defaults and why
+//
+// Floor 0.01 (fixed, not a reserve that decays for idle regions). With a key offered at
+// or above its limit in one of three regions, the busy region gets 1 − 2 × 0.01 = 98% of
+// the limit (under its limit, every region gets at least its demand anyway);
+// with the dead-band's worst case (DeadBand/4 = 0.5%) that is ≥ 97.5% steady state, above
+// the 97% target. A decaying reserve would win at most those 2% back, at the price of a
+// counter per region in State and of serving less at once when traffic appears in a region
+// idle for long, which is what the floor is for. With n regions the busy one gets
+// 1 − (n − 1) × Floor: for five regions, choose Floor ≈ 0.0075.
+//
+// Alpha 0.5. Without the fast path, after a full shift (all demand from region A to B)
+// B's smoothed demand after k intervals is 1 − (1 − Alpha)^k of it:
+//
+//	Alpha            0.3   0.5   0.7   0.8   0.95   1
+//	intervals to 95%   9     5     3     2     1    1
+//
+// so pure EWMA at any real smoothing misses "back to 95% within 15 s" at a 10 s interval.
+// The fast path (step 1) makes a shift independent of Alpha: the first recompute whose
+// report shows the new region refused moves it to the reported demand at once (a report
+// that straddles the shift moves it part of the way, the next one the rest). Alpha only
+// smooths while every region has what it asks for, where it decides how the shares follow
+// wobbles; 0.5 halves a wobble each interval and settles within a few.
+//
+// The 15 s target is then a matter of when the balancer recomputes: a shift seen in an
+// early report (sent ≥ 2 s after refusals jump) and recomputed at once is published
+// within a few seconds, its increase after the decreases are acknowledged (≈ 1 s). With
+// recomputes only every 10 s, a shift in the middle of an interval is seen half-way in
+// the first report (region B at about half of its new demand) and fully in the second:
+// up to 20 s. So the balancer should recompute an identity on an early report.
+//
+// DeadBand 0.02: moves under 2% of the limit are not worth a write and a change plan; a
+// region short of what it wants is still pushed at 0.5% (step 6). It is also the margin
+// of "short" in step 1, so a region at its share with a few refusals (bursts) does not
+// switch the smoothing off.
+//
+// # Worked example
+//
+// Limit 1000/s, three regions, DefaultConfig, Default (0.5, 0.3, 0.2), nothing Held.
+//
+// Interval 1, fresh State (p = the default split), demand (500, 300, 100): nobody short
+// (0.5 < 0.5 + 0.02, ...), first interval so s = (500, 300, 100). Claims (0.5, 0.3, 0.1)
+// sum to 0.9 < 1, slack S = 0.1 goes 0.5 : 0.3 : 0.2 = (0.05, 0.03, 0.02): shares
+// (0.55, 0.33, 0.12). Region 2 moved 0.08 ≥ DeadBand: pushed.
+//
+// Interval 2, demand (560, 280, 60). Nobody short (0.56 < 0.55 + 0.02), no collapse
+// (60 > 100/2): EWMA, s = (500 + ½·60, 300 − ½·20, 100 − ½·40) = (530, 290, 80). Claims
+// (0.53, 0.29, 0.08), S = 0.1: shares (0.58, 0.32, 0.10). Region 0 moved 0.03: pushed.
+//
+// Interval 3, demand (540, 290, 70): s = (535, 290, 75), target (0.585, 0.32, 0.095).
+// Every region moved < 0.02 and region 0 has more than it wants (0.535 < 0.58): the
+// dead-band keeps (0.58, 0.32, 0.10); nothing to publish.
+//
+// Interval 4, the traffic moves to region 2: demand (0, 100, 1200). Region 2 wants 1.2 >
+// 0.10 + 0.02: fast path, s = (0, 100, 1200). Claims (0.01, 0.1, 1.2) sum above 1, so
+// water-filling: region 0 gets min(0.01, 1/3) = 0.01 (0.99 left), region 1 min(0.1, 0.495)
+// = 0.1 (0.89 left), region 2 min(1.2, 0.89) = 0.89: shares (0.01, 0.1, 0.89).
+//
+// The change plan from (0.58, 0.32, 0.10) to it: Step gives (0.01, 0.1, 0.10) — both
+// decreases at once, region 2 waits (Σ max(old, next) = 0.58 + 0.32 + 0.10 = 1, no
+// headroom). Once regions 0 and 1 acknowledged that version, Step((0.01, 0.1, 0.10),
+// target) = (0.01, 0.1, 0.89), done.
+//
+// Interval 5, the same demand (0, 100, 1200): region 2 is still short (1.2 > 0.89 + 0.02,
+// it is refused above its share), so the fast path runs, but s is already the demand: the
+// target is the same and nothing is pushed. A key over its limit thus keeps following
+// the newest report, which is right for it, and stands still when its demand does.
+// TestWorkedExample holds these numbers; Example and ExampleStep run them.
+//
+// # Change plan
+//
+// The balancer keeps, per identity and region, mayApply[r]: the highest share region r
+// may be enforcing — the maximum of the shares in r's last version acknowledged by every
+// enforcer of r (reports carry the applied version) and in every version published since.
+// Then, each time it has a new target (from Allocate) or new acknowledgements:
+//
+//  1. next, done := Step(mayApply, target); publish next as a new version.
+//  2. For every region, mayApply[r] = max(mayApply[r], next[r]) until all of r's
+//     enforcers acknowledged that version (or a bounded delay ≥ the measured propagation
+//     time passed); then mayApply[r] = next[r].
+//  3. If not done, call Step again with the new mayApply when the acknowledgements come
+//     in (a new target from Allocate simply replaces the old one: Step is stateless).
+//
+// A region that cannot acknowledge (silent) keeps its old mayApply; Allocate gives it
+// exactly Held, so it is not decreased while silent and blocks nothing it is not holding.
+// After the staleness period it enforces at most min(last, default) on its own; the
+// balancer may then set mayApply[r] to that without an acknowledgement. A new leader that
+// does not know what is applied must assume the most (the persisted shares, or 1 for an
+// unknown region): Step then only decreases until acknowledgements arrive.
+//
+// # Bad input
+//
+// AllocateChecked and StepChecked return an error (wrapping ErrConfig or ErrInput, naming
+// the field and value). Allocate and Step never panic and clamp instead: an invalid
+// Config field is forced into range (Alpha to 1); a Limit that is not finite and > 0
+// leaves the demand unusable (the default split is allocated, smoothing still runs); a
+// negative or infinite demand counts as not heard; Default entries are clamped to
+// [0, 1] and scaled to sum 1 if they sum above; Held is clamped to [0, 1] and, if it
+// sums above 1, scaled to sum 1 (the free regions then get 0); a State whose slices have
+// the wrong length starts fresh; missing Default and Held entries count as 0 and NaN.
+package share

@@ -1,0 +1,247 @@
+// Package shares is the enforcer's table of per-identity shares: which part of each
+// limited identity's global limit this region enforces, as the quota balancer published
+// it (DESIGN §9, the etcd format in pkg/shareset).
+//
+// # What a check sees
+//
+// A limited identity is (rule id, identity), e.g. the `default` rule for "key:k_123". The
+// balancer lists only the identities whose shares differ from the default split; every
+// other identity keeps its rule's default share for this region (rules.Compiled.Share, the
+// rule's shares: or the region weights). For one check the enforcer asks Holder.Share and,
+// when the answer differs from the rule's default, enforces the rule's global limits × the
+// share, rate and burst (rules.Compiled.LimitsFor).
+//
+// # Which way it errs
+//
+// The Holder never enforces more than the balancer allowed this region. When the set it
+// holds has not been refreshed for Config.Stale (the balancer republishes its head every
+// interval, so this means the leader is lost or this region is cut off from etcd), each
+// listed identity falls back to min(last share, default share): both the balancer's shares
+// and the default split sum to at most 1 over the regions, so the minimum does too,
+// whichever of the two every other region is enforcing. The error is then under the
+// global limit, never over it. A set from an older leader (a lower fencing token,
+// Head.LeaderRev) is ignored whatever its version, so a deposed leader cannot undo a newer
+// leader's decreases.
+//
+// "Refreshed" is Head.PublishedAt as the balancer wrote it, but never later than the time
+// the Holder saw it: a balancer whose clock is ahead cannot make a set look fresher than
+// it is, and an enforcer that starts and finds a head last written an hour ago treats it
+// as an hour old at once. A balancer clock behind by δ makes sets look δ older (they go
+// stale δ early: under).
+//
+// An entry that does not list this region (a balancer that does not know it) is held at
+// min(default, 1 − Σ the listed shares), so it too keeps the sum ≤ 1.
+package shares
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/allot-dev/allot/pkg/clock"
+	"github.com/allot-dev/allot/pkg/rules"
+	"github.com/allot-dev/allot/pkg/shareset"
+	"github.com/hashicorp/go-hclog"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// ErrConfig is wrapped by every configuration error.
+var ErrConfig = errors.New("shares: bad config")
+
+// DefaultStale is how long a set stays in force without a refresh (DESIGN §9: 5 minutes).
+const DefaultStale = 5 * time.Minute
+
+// Config configures a Holder. Start from DefaultConfig and set Region.
+type Config struct {
+	// Region is this enforcer's region: the share of each entry it enforces. Required.
+	Region string
+	// Stale is how long a set stays in force without a refresh; after it every listed
+	// identity enforces min(last share, default share). Default DefaultStale; must be > 0.
+	Stale time.Duration
+	// Clock tells the time for the share-age metric. Default clock.Real().
+	Clock clock.Clock
+	// Logger receives one line per set applied or ignored. Default hclog.NewNullLogger().
+	Logger hclog.Logger
+	// Registerer, if set, gets the Holder's metrics (allot_shares_*). Nil: no metrics.
+	Registerer prometheus.Registerer
+}
+
+// DefaultConfig returns the defaults; Region is left for the caller.
+func DefaultConfig() Config {
+	return Config{Stale: DefaultStale, Clock: clock.Real(), Logger: hclog.NewNullLogger()}
+}
+
+// Validate names the first bad field and value.
+func (c *Config) Validate() error {
+	switch {
+	case c.Region == "":
+		return fmt.Errorf("%w: region is empty", ErrConfig)
+	case c.Stale <= 0:
+		return fmt.Errorf("%w: stale %v, must be > 0", ErrConfig, c.Stale)
+	case c.Clock == nil:
+		return fmt.Errorf("%w: clock is nil", ErrConfig)
+	case c.Logger == nil:
+		return fmt.Errorf("%w: logger is nil", ErrConfig)
+	}
+	return nil
+}
+
+// key names one limited identity. A struct of two strings: a map lookup hashes both
+// without building a string, so Share allocates nothing.
+type key struct{ rule, identity string }
+
+// held is this region's part of one entry.
+type held struct {
+	share  float64 // the entry's share for this region, or 1 − Σ listed when not listed
+	listed bool    // the entry names this region
+}
+
+// set is one immutable snapshot: the shares of one published version.
+type set struct {
+	leaderRev int64
+	version   uint64
+	shares    map[key]held
+	fresh     time.Time // when the balancer last confirmed it (see the package doc)
+	phase     string
+	invalid   int // entries skipped as invalid
+}
+
+// Holder serves this region's per-identity shares and swaps the whole table atomically: a
+// check sees one published version or the next, never a mix. Share is one atomic load and
+// one map lookup (no lock, no allocation). Safe for concurrent use. The zero value is not
+// usable: call NewHolder. Before any set is applied every identity has its default share.
+type Holder struct {
+	mu      sync.Mutex // mu serialises Apply (its read, build and swap); Share takes no lock
+	cfg     Config
+	log     hclog.Logger
+	cur     atomic.Pointer[set]
+	started time.Time // for the age metric before the first set
+	m       *metrics
+}
+
+// NewHolder validates cfg and returns a Holder with no set (the default split for all).
+func NewHolder(cfg Config) (*Holder, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	h := &Holder{cfg: cfg, log: cfg.Logger.Named("shares"), started: cfg.Clock.Now()}
+	h.cur.Store(&set{})
+	if cfg.Registerer != nil {
+		m, err := newMetrics(cfg.Registerer, h)
+		if err != nil {
+			return nil, fmt.Errorf("shares: while registering metrics: %w", err)
+		}
+		h.m = m
+	}
+	return h, nil
+}
+
+// Apply offers a published set: head and all its entries (entries may be nil for a head
+// that only confirms the set in force). It returns true when the set was swapped in,
+// which happens only when (head.LeaderRev, head.Version) is newer than the set held
+// (shareset.Newer). A head naming the set in force refreshes it (PublishedAt moves, so it
+// does not go stale) and returns false; anything older is ignored. Entries that fail
+// shareset.Entry.Validate are skipped (logged and counted), never enforced. now is the
+// time the set was read (it bounds PublishedAt: see the package doc).
+func (h *Holder) Apply(head shareset.Head, entries []shareset.Entry, now time.Time) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	old := h.cur.Load()
+	fresh := head.PublishedAt
+	if fresh.IsZero() || fresh.After(now) {
+		fresh = now
+	}
+	if !shareset.Newer(head.LeaderRev, head.Version, old.leaderRev, old.version) {
+		if head.LeaderRev == old.leaderRev && head.Version == old.version && fresh.After(old.fresh) {
+			next := *old // same table, later confirmation
+			next.fresh = fresh
+			h.cur.Store(&next)
+			return false
+		}
+		h.count(ignoredOlder)
+		h.log.Warn("share set ignored: not newer than the one in force",
+			"leader-rev", head.LeaderRev, "version", head.Version, "held-leader-rev", old.leaderRev, "held-version", old.version)
+		return false
+	}
+	s := &set{leaderRev: head.LeaderRev, version: head.Version, fresh: fresh, phase: head.Phase,
+		shares: make(map[key]held, len(entries))}
+	for i := range entries {
+		e := &entries[i]
+		if err := e.Validate(); err != nil {
+			s.invalid++
+			if s.invalid <= 3 {
+				h.log.Warn("share entry skipped", "error", err)
+			}
+			continue
+		}
+		v, ok := e.Shares[h.cfg.Region]
+		if !ok {
+			v = 1
+			for _, o := range e.Shares {
+				v -= o
+			}
+			v = max(0, v)
+		}
+		s.shares[key{e.Rule, e.Identity}] = held{share: v, listed: ok}
+	}
+	h.cur.Store(s)
+	h.count(appliedSet)
+	h.log.Info("share set applied", "leader-rev", s.leaderRev, "version", s.version, "phase", s.phase,
+		"entries", len(s.shares), "invalid", s.invalid, "published-at", head.PublishedAt)
+	return true
+}
+
+// Share returns the share of rule's limits that identity may use in this region at now:
+// the balancer's when the set in force lists it, else rule.Share (the default split).
+// After Config.Stale without a refresh, or for an entry that does not list this region,
+// it is min(that share, rule.Share). Zero allocations; one atomic load and a map lookup.
+func (h *Holder) Share(rule *rules.Compiled, identity string, now time.Time) float64 {
+	def := rule.Share
+	s := h.cur.Load()
+	if len(s.shares) == 0 {
+		return def
+	}
+	e, ok := s.shares[key{rule.ID, identity}]
+	if !ok {
+		return def
+	}
+	if !e.listed || !now.Before(s.fresh.Add(h.cfg.Stale)) {
+		return min(e.share, def)
+	}
+	return e.share
+}
+
+// Applied returns the fencing token and version of the set in force (0, 0 before any):
+// what usage reports say this enforcer applies.
+func (h *Holder) Applied() (leaderRev int64, version uint64) {
+	s := h.cur.Load()
+	return s.leaderRev, s.version
+}
+
+// Age is how long ago the set in force was last confirmed by the balancer (since
+// NewHolder before any set).
+func (h *Holder) Age(now time.Time) time.Duration {
+	s := h.cur.Load()
+	if s.fresh.IsZero() {
+		return now.Sub(h.started)
+	}
+	return now.Sub(s.fresh)
+}
+
+// Stale reports whether the set in force is past Config.Stale at now (false before any
+// set: the default split is never stale).
+func (h *Holder) Stale(now time.Time) bool {
+	s := h.cur.Load()
+	return !s.fresh.IsZero() && !now.Before(s.fresh.Add(h.cfg.Stale))
+}
+
+// Len is the number of identities the set in force lists.
+func (h *Holder) Len() int { return len(h.cur.Load().shares) }
+
+func (h *Holder) count(o outcome) {
+	if h.m != nil {
+		h.m.sets[o].Inc()
+	}
+}

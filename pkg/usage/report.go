@@ -1,0 +1,125 @@
+package usage
+
+import (
+	"cmp"
+	"slices"
+	"time"
+
+	allotv1 "github.com/allot-dev/allot/proto/allot/v1"
+)
+
+// drained is one tracked pair of a finished interval, with what Report decides about it.
+type drained struct {
+	e         entry
+	rate      float64
+	pressured bool
+}
+
+func (d *drained) volume() int64 { return d.e.admitted + d.e.refused }
+
+// Report ends the current interval at now and returns its report; the next interval
+// starts at now. It fills interval_start_ms/interval_end_ms ([start, now) in Unix ms),
+// usage and the omitted counts; the caller fills region, enforcer_id, seq, the share
+// version and early. It never returns nil: an interval with no traffic gives a report
+// with no usage, which still tells the balancer this enforcer is alive.
+//
+// Which pairs: every pair under pressure — refused anything, or admitted more than
+// PressureFraction × RegionalRate × (now − start) — then the busiest of the rest by
+// volume (admitted + refused), MaxIdentities in all; pressured pairs first, each group by
+// volume, largest first (ties by rule, then identity). omitted_identities counts the
+// tracked pairs left out plus the pairs evicted during the interval (an identity evicted
+// and seen again counts again, so it is an upper bound on distinct identities);
+// omitted_tokens is exact: every token observed that no reported count includes.
+//
+// The work (a copy and a sort of at most Capacity pairs, one RegionalRate call each) is
+// done outside the stripe locks: a stripe is locked only to swap in its empty spare.
+func (t *Table) Report(now time.Time) *allotv1.ReportRequest {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	start := t.start
+	length := max(now.Sub(start), 0)
+	// Cleared before the stripes are swapped: a jump counted in the old interval after
+	// this point can only cause one spare early report, never hide a jump in the new one.
+	t.jumped.Store(false)
+	t.start = now
+	t.startN.Store(now.UnixNano())
+
+	// Last interval's refusals, scaled to a whole Interval, are what a jump is measured
+	// against; a very short interval is taken as EarlyGap long, so the scale stays <=
+	// Interval/EarlyGap.
+	scale := float64(t.cfg.Interval) / float64(max(length, t.cfg.EarlyGap))
+	var items []drained
+	var total, evicted int64
+	for i := range t.stripes {
+		s := &t.stripes[i]
+		s.mu.Lock()
+		old := s.cur
+		s.cur = s.spare
+		s.mu.Unlock()
+
+		total += old.total
+		evicted += old.evicted
+		var prev map[pair]int64
+		for _, e := range old.heap {
+			items = append(items, drained{e: *e})
+			if e.refused > 0 {
+				if prev == nil {
+					prev = make(map[pair]int64)
+				}
+				prev[e.key] = int64(float64(e.refused) * scale)
+			}
+		}
+		s.mu.Lock()
+		s.prev = prev
+		s.mu.Unlock()
+		old.reset()
+		s.spare = old
+	}
+
+	secs := length.Seconds()
+	for i := range items {
+		d := &items[i]
+		d.rate = t.rate(d.e.rule, d.e.key.identity)
+		d.pressured = d.e.refused > 0 || float64(d.e.admitted) > t.cfg.PressureFraction*d.rate*secs
+	}
+	slices.SortFunc(items, func(a, b drained) int {
+		switch {
+		case a.pressured != b.pressured:
+			if a.pressured {
+				return -1
+			}
+			return 1
+		case a.volume() != b.volume():
+			return cmp.Compare(b.volume(), a.volume())
+		case a.e.key.rule != b.e.key.rule:
+			return cmp.Compare(a.e.key.rule, b.e.key.rule)
+		}
+		return cmp.Compare(a.e.key.identity, b.e.key.identity)
+	})
+	n := min(len(items), t.cfg.MaxIdentities)
+	req := &allotv1.ReportRequest{
+		IntervalStartMs: start.UnixMilli(),
+		IntervalEndMs:   now.UnixMilli(),
+		Usage:           make([]*allotv1.IdentityUsage, n),
+	}
+	var reported int64
+	for i, d := range items[:n] {
+		reported += d.volume()
+		req.Usage[i] = &allotv1.IdentityUsage{
+			Rule: d.e.key.rule, Identity: d.e.key.identity,
+			Admitted: float64(d.e.admitted), Refused: float64(d.e.refused),
+			RegionalRate: d.rate, Error: float64(d.e.err),
+		}
+	}
+	req.OmittedIdentities = uint64(len(items)-n) + uint64(evicted)
+	req.OmittedTokens = float64(total - reported)
+	return req
+}
+
+// WantEarly reports whether an early report is due at now: some identity's refusals
+// jumped this interval (refused > max(EarlyMinRefused, EarlyFactor × its refusals last
+// interval scaled to one Interval); see the package doc) and at least EarlyGap has passed
+// since the interval started (the last Report). Cheap: two atomic loads.
+func (t *Table) WantEarly(now time.Time) bool {
+	return t.jumped.Load() && now.Sub(time.Unix(0, t.startN.Load())) >= t.cfg.EarlyGap
+}

@@ -1,0 +1,289 @@
+package usage
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/allot-dev/allot/pkg/clock"
+	allotv1 "github.com/allot-dev/allot/proto/allot/v1"
+	"github.com/hashicorp/go-hclog"
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+)
+
+// ReporterConfig configures a Reporter. Start from DefaultReporterConfig and set the
+// required fields (Table, Region, EnforcerID, Leader, Registerer).
+type ReporterConfig struct {
+	// Table is drained every Table.Interval(), or early when Table.WantEarly. Required.
+	Table *Table
+	// Region and EnforcerID fill every report. Required.
+	Region     string
+	EnforcerID string
+	// Leader names the balancer leader's report address; EtcdLeader in production.
+	// Asked when no leader is cached: at the first report and after a failed attempt.
+	// Required.
+	Leader LeaderSource
+	// Shares returns the share set this enforcer applies (the leader revision and version
+	// of pkg/shareset.Head), read once per report. nil reports 0, 0.
+	Shares func() (leaderRev int64, version uint64)
+	// Clock paces the reports; nil means clock.Real().
+	Clock clock.Clock
+	// Logger gets send failures and drops; nil means hclog.NewNullLogger().
+	Logger hclog.Logger
+	// Registerer is where the Reporter's metrics go; never the global one. Required.
+	Registerer prometheus.Registerer
+	// SendTimeout bounds each RPC and each leader lookup. Must be > 0. Default 2s.
+	SendTimeout time.Duration
+	// MaxRedirects is how many standby redirects one attempt follows, in [0, 5].
+	// Default 2.
+	MaxRedirects int
+	// TLS, if not nil, is the gRPC client's TLS (CA, client certificate); nil means
+	// plaintext.
+	TLS *tls.Config
+}
+
+// DefaultReporterConfig returns the defaults described on each ReporterConfig field.
+func DefaultReporterConfig() ReporterConfig {
+	return ReporterConfig{SendTimeout: 2 * time.Second, MaxRedirects: 2}
+}
+
+// Validate reports the first bad field, naming it and its value.
+func (c ReporterConfig) Validate() error {
+	switch {
+	case c.Table == nil:
+		return fmt.Errorf("%w: Table is nil", ErrConfig)
+	case c.Region == "":
+		return fmt.Errorf("%w: Region is empty", ErrConfig)
+	case c.EnforcerID == "":
+		return fmt.Errorf("%w: EnforcerID is empty", ErrConfig)
+	case c.Leader == nil:
+		return fmt.Errorf("%w: Leader is nil", ErrConfig)
+	case c.Registerer == nil:
+		return fmt.Errorf("%w: Registerer is nil", ErrConfig)
+	case c.SendTimeout <= 0:
+		return fmt.Errorf("%w: SendTimeout %v, must be > 0", ErrConfig, c.SendTimeout)
+	case c.MaxRedirects < 0 || c.MaxRedirects > 5:
+		return fmt.Errorf("%w: MaxRedirects %d, must be in [0, 5]", ErrConfig, c.MaxRedirects)
+	}
+	return nil
+}
+
+// Reporter owns one goroutine that drains its Table every interval (or early) and sends
+// the report to the balancer leader. A report is tried at most twice (the retry with the
+// same seq, after re-resolving the leader) and then dropped; nothing is queued, so a
+// leader that is down costs memory for one report at most and the check path nothing.
+//
+// seq starts at the Unix milliseconds of NewReporter's clock reading and grows by one per
+// report (a retry repeats it), so a restarted process with the same EnforcerID continues
+// above its predecessor's numbers. Every interval gets a report, one with no usage too: it
+// tells the balancer the region is alive and which share version it applies (the
+// acknowledgement the balancer's change plan waits for). Close stops the goroutine and
+// waits; it is idempotent and safe to call from any goroutine. The zero Reporter is not
+// usable: build it with NewReporter.
+type Reporter struct {
+	cfg   ReporterConfig
+	clock clock.Clock
+	log   hclog.Logger
+	m     *metrics
+	creds grpc.DialOption
+
+	// Owned by the goroutine (and by Close once it has exited).
+	seq      uint64
+	addr     string // the cached leader address; "" means ask Leader
+	conn     *grpc.ClientConn
+	connAddr string
+
+	ctx    context.Context // cancelled by Close: aborts an RPC in flight
+	cancel context.CancelFunc
+	stop   chan struct{}
+	done   chan struct{}
+	once   sync.Once
+	err    error // Close's result
+}
+
+// NewReporter validates cfg, registers the metrics and starts the reporting goroutine.
+func NewReporter(cfg ReporterConfig) (*Reporter, error) {
+	if cfg.Clock == nil {
+		cfg.Clock = clock.Real()
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = hclog.NewNullLogger()
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	m, err := newMetrics(cfg.Registerer)
+	if err != nil {
+		return nil, err
+	}
+	r := &Reporter{cfg: cfg, clock: cfg.Clock, log: cfg.Logger, m: m,
+		seq: uint64(cfg.Clock.Now().UnixMilli()), stop: make(chan struct{}), done: make(chan struct{})}
+	r.creds = grpc.WithTransportCredentials(insecure.NewCredentials())
+	if cfg.TLS != nil {
+		r.creds = grpc.WithTransportCredentials(credentials.NewTLS(cfg.TLS))
+	}
+	r.ctx, r.cancel = context.WithCancel(context.Background())
+	go r.run()
+	return r, nil
+}
+
+// Close stops the goroutine (aborting a send in flight), waits for it and closes the
+// connection. Safe to call more than once.
+func (r *Reporter) Close() error {
+	r.once.Do(func() {
+		close(r.stop)
+		r.cancel()
+		<-r.done
+		if r.conn != nil {
+			r.err = r.conn.Close()
+		}
+	})
+	<-r.done
+	return r.err
+}
+
+// run reports when the interval is over (Table.Start() + Interval) or an early report is
+// wanted, and otherwise sleeps on the clock until the sooner of those two can be true.
+func (r *Reporter) run() {
+	defer close(r.done)
+	t := r.cfg.Table
+	for {
+		now := r.clock.Now()
+		start := t.Start()
+		due := start.Add(t.cfg.Interval)
+		if early := t.WantEarly(now); early || !now.Before(due) {
+			r.report(now, now.Before(due))
+			select {
+			case <-r.stop:
+				return
+			default:
+			}
+			continue
+		}
+		wait := due.Sub(now)
+		if t.jumped.Load() { // jumped, but EarlyGap has not passed: wake when it has
+			wait = min(wait, start.Add(t.cfg.EarlyGap).Sub(now))
+		}
+		tm := r.clock.NewTimer(wait)
+		select {
+		case <-tm.C():
+		case <-t.Early():
+		case <-r.stop:
+			tm.Stop()
+			return
+		}
+		tm.Stop()
+	}
+}
+
+// report drains the table at now and sends the report: one attempt, one retry, or drop.
+func (r *Reporter) report(now time.Time, early bool) {
+	req := r.cfg.Table.Report(now)
+	r.seq++
+	req.Region, req.EnforcerId, req.Seq, req.Early = r.cfg.Region, r.cfg.EnforcerID, r.seq, early
+	if r.cfg.Shares != nil {
+		req.ShareLeaderRev, req.ShareVersion = r.cfg.Shares()
+	}
+	if early {
+		r.m.early.Inc()
+	}
+	r.m.identities.Observe(float64(len(req.Usage)))
+	r.m.omittedIDs.Add(float64(req.OmittedIdentities))
+	r.m.omittedTokens.Add(req.OmittedTokens)
+
+	var err error
+	for try := 0; try < 2; try++ {
+		if err = r.send(req); err == nil {
+			at := r.clock.Now()
+			r.m.sent.Inc()
+			r.m.lag.Set(at.Sub(now).Seconds())
+			r.m.lastSent.Set(float64(at.UnixNano()) / 1e9)
+			return
+		}
+		r.m.failures.Inc()
+		// Ask the LeaderSource again, and reconnect: a connection that failed may sit in
+		// gRPC's reconnect backoff (up to minutes) after the leader is back.
+		r.addr = ""
+		r.closeConn()
+		if r.ctx.Err() != nil || status.Code(err) == codes.InvalidArgument {
+			break // closing, or the same report would be rejected again
+		}
+		r.log.Debug("usage report failed", "seq", req.Seq, "try", try+1, "error", err)
+	}
+	r.m.dropped.Inc()
+	if r.ctx.Err() == nil {
+		r.log.Warn("usage report dropped", "seq", req.Seq, "identities", len(req.Usage), "error", err)
+	}
+}
+
+var (
+	errStandby   = errors.New("usage: balancer standby knows no leader")
+	errRedirects = errors.New("usage: too many balancer redirects")
+)
+
+// send makes one attempt: to the cached leader (or the one Leader names), following at
+// most MaxRedirects standby redirects.
+func (r *Reporter) send(req *allotv1.ReportRequest) error {
+	addr := r.addr
+	if addr == "" {
+		ctx, cancel := context.WithTimeout(r.ctx, r.cfg.SendTimeout)
+		a, err := r.cfg.Leader.Leader(ctx)
+		cancel()
+		if err != nil {
+			return err
+		}
+		addr = a
+	}
+	for redirects := 0; ; redirects++ {
+		cc, err := r.dial(addr)
+		if err != nil {
+			return err
+		}
+		ctx, cancel := context.WithTimeout(r.ctx, r.cfg.SendTimeout)
+		resp, err := allotv1.NewBalancerClient(cc).Report(ctx, req)
+		cancel()
+		switch {
+		case err != nil:
+			return fmt.Errorf("while reporting to %s: %w", addr, err)
+		case resp.GetAccepted():
+			r.addr = addr
+			return nil
+		case resp.GetLeaderAddr() == "" || resp.GetLeaderAddr() == addr:
+			return fmt.Errorf("%w (asked %s)", errStandby, addr)
+		case redirects == r.cfg.MaxRedirects:
+			return fmt.Errorf("%w: %d followed, %s points at %s", errRedirects, redirects, addr, resp.GetLeaderAddr())
+		}
+		r.m.redirects.Inc()
+		addr = resp.GetLeaderAddr()
+	}
+}
+
+// dial returns a connection to addr, replacing (and closing) the one to another address.
+// grpc.NewClient does not connect; the RPC does, within its timeout.
+func (r *Reporter) dial(addr string) (*grpc.ClientConn, error) {
+	if r.conn != nil && r.connAddr == addr {
+		return r.conn, nil
+	}
+	r.closeConn()
+	cc, err := grpc.NewClient(addr, r.creds)
+	if err != nil {
+		return nil, fmt.Errorf("while dialling balancer %s: %w", addr, err)
+	}
+	r.conn, r.connAddr = cc, addr
+	return cc, nil
+}
+
+func (r *Reporter) closeConn() {
+	if r.conn != nil {
+		_ = r.conn.Close()
+		r.conn, r.connAddr = nil, ""
+	}
+}

@@ -1,0 +1,365 @@
+package usage
+
+import (
+	"context"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/allot-dev/allot/pkg/clock"
+	allotv1 "github.com/allot-dev/allot/proto/allot/v1"
+	"github.com/hashicorp/go-hclog"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// fakeBalancer is an allot.v1.Balancer on loopback: a leader that records what it is sent
+// (optionally failing the next calls), or a standby that redirects to redirect.
+type fakeBalancer struct {
+	allotv1.UnimplementedBalancerServer
+	addr string
+	srv  *grpc.Server
+
+	mu       sync.Mutex // mu guards the fields below
+	leader   bool
+	redirect string
+	failNext int
+	got      []*allotv1.ReportRequest
+}
+
+func startBalancer(t *testing.T, leader bool, redirect string) *fakeBalancer {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := &fakeBalancer{addr: lis.Addr().String(), srv: grpc.NewServer(), leader: leader, redirect: redirect}
+	allotv1.RegisterBalancerServer(b.srv, b)
+	done := make(chan struct{})
+	go func() { defer close(done); _ = b.srv.Serve(lis) }()
+	t.Cleanup(func() { b.srv.Stop(); <-done })
+	return b
+}
+
+func (b *fakeBalancer) Report(_ context.Context, r *allotv1.ReportRequest) (*allotv1.ReportResponse, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.got = append(b.got, r)
+	if b.failNext > 0 {
+		b.failNext--
+		return nil, status.Error(codes.Unavailable, "fake: failing once")
+	}
+	if !b.leader {
+		return &allotv1.ReportResponse{LeaderAddr: b.redirect}, nil
+	}
+	return &allotv1.ReportResponse{Accepted: true, LeaderRev: 7}, nil
+}
+
+func (b *fakeBalancer) reports() []*allotv1.ReportRequest {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return append([]*allotv1.ReportRequest(nil), b.got...)
+}
+
+// poll waits, bounded, for cond (the network parts run in real time).
+func poll(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+type rig struct {
+	clk *clock.Fake
+	tb  *Table
+	rep *Reporter
+	reg *prometheus.Registry
+}
+
+func newRig(t *testing.T, leader LeaderSource, mod func(*ReporterConfig)) *rig {
+	t.Helper()
+	g := &rig{clk: clock.NewFake(t0), reg: prometheus.NewRegistry()}
+	g.tb = newTable(t, nil)
+	cfg := DefaultReporterConfig()
+	cfg.Table, cfg.Region, cfg.EnforcerID, cfg.Leader = g.tb, "us-east", "e1", leader
+	cfg.Clock, cfg.Registerer = g.clk, g.reg
+	cfg.Logger = hclog.New(&hclog.LoggerOptions{Output: testWriter{t}, Level: hclog.Debug})
+	cfg.Shares = func() (int64, uint64) { return 42, 9 }
+	if mod != nil {
+		mod(&cfg)
+	}
+	rep, err := NewReporter(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g.rep = rep
+	t.Cleanup(func() { _ = rep.Close() })
+	return g
+}
+
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}
+
+// tick waits until the Reporter has parked on its timer, then advances the fake clock.
+func (g *rig) tick(t *testing.T, d time.Duration) {
+	t.Helper()
+	poll(t, "the reporter to park on the clock", func() bool { return g.clk.Timers() == 1 })
+	g.clk.Advance(d)
+}
+
+func counter(t *testing.T, g *rig, name string) float64 {
+	t.Helper()
+	mfs, err := g.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			return mf.GetMetric()[0].GetCounter().GetValue()
+		}
+	}
+	t.Fatalf("no metric %s", name)
+	return 0
+}
+
+func TestReporterValidate(t *testing.T) {
+	tb := newTable(t, nil)
+	good := DefaultReporterConfig()
+	good.Table, good.Region, good.EnforcerID, good.Leader, good.Registerer = tb, "r", "e", StaticLeader("x:1"), prometheus.NewRegistry()
+	for name, mod := range map[string]func(*ReporterConfig){
+		"Table":        func(c *ReporterConfig) { c.Table = nil },
+		"Region":       func(c *ReporterConfig) { c.Region = "" },
+		"EnforcerID":   func(c *ReporterConfig) { c.EnforcerID = "" },
+		"Leader":       func(c *ReporterConfig) { c.Leader = nil },
+		"Registerer":   func(c *ReporterConfig) { c.Registerer = nil },
+		"SendTimeout":  func(c *ReporterConfig) { c.SendTimeout = 0 },
+		"MaxRedirects": func(c *ReporterConfig) { c.MaxRedirects = -1 },
+	} {
+		c := good
+		mod(&c)
+		if err := c.Validate(); err == nil || !strings.Contains(err.Error(), name) {
+			t.Errorf("%s: err = %v, want one naming the field", name, err)
+		}
+	}
+	if err := good.Validate(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A standby redirects to the leader; the report arrives there filled in, and the next
+// one goes straight to the leader it learned.
+func TestReporterFollowsRedirect(t *testing.T) {
+	lead := startBalancer(t, true, "")
+	standby := startBalancer(t, false, lead.addr)
+	g := newRig(t, StaticLeader(standby.addr), nil)
+	a := rule("default", 10)
+	g.tb.ObserveTake(a, "key:k1", 30, true, 0)
+	g.tb.ObserveTake(a, "key:k1", 4, false, 0)
+
+	g.tick(t, 10*time.Second)
+	poll(t, "a report at the leader", func() bool { return len(lead.reports()) == 1 })
+	r := lead.reports()[0]
+	if r.Region != "us-east" || r.EnforcerId != "e1" || r.ShareLeaderRev != 42 || r.ShareVersion != 9 || r.Early {
+		t.Fatalf("report header %v", r)
+	}
+	if r.Seq != uint64(t0.UnixMilli())+1 || r.IntervalStartMs != t0.UnixMilli() || r.IntervalEndMs != t0.Add(10*time.Second).UnixMilli() {
+		t.Fatalf("seq %d interval [%d, %d)", r.Seq, r.IntervalStartMs, r.IntervalEndMs)
+	}
+	if len(r.Usage) != 1 || r.Usage[0].Admitted != 30 || r.Usage[0].Refused != 4 {
+		t.Fatalf("usage %v", r.Usage)
+	}
+	if n := len(standby.reports()); n != 1 {
+		t.Fatalf("standby saw %d reports, want 1", n)
+	}
+
+	g.tick(t, 10*time.Second)
+	poll(t, "a second report at the leader", func() bool { return len(lead.reports()) == 2 })
+	if r2 := lead.reports()[1]; r2.Seq != r.Seq+1 || r2.IntervalStartMs != r.IntervalEndMs {
+		t.Fatalf("second report seq %d start %d, want %d and %d", r2.Seq, r2.IntervalStartMs, r.Seq+1, r.IntervalEndMs)
+	}
+	if n := len(standby.reports()); n != 1 {
+		t.Fatalf("standby asked again (%d reports): the leader should be cached", n)
+	}
+	poll(t, "the sent counter", func() bool { return counter(t, g, "allot_usage_reports_sent_total") == 2 })
+	if v := counter(t, g, "allot_usage_report_redirects_total"); v != 1 {
+		t.Fatalf("redirects %v, want 1", v)
+	}
+}
+
+// Standbys pointing at each other: the attempt gives up after MaxRedirects, the retry
+// too, and the report is dropped.
+func TestReporterRedirectsBounded(t *testing.T) {
+	a := startBalancer(t, false, "")
+	b := startBalancer(t, false, a.addr)
+	a.mu.Lock()
+	a.redirect = b.addr
+	a.mu.Unlock()
+	g := newRig(t, StaticLeader(a.addr), func(c *ReporterConfig) { c.MaxRedirects = 2 })
+	g.tick(t, 10*time.Second)
+	poll(t, "the drop", func() bool { return counter(t, g, "allot_usage_reports_dropped_total") == 1 })
+	// Two attempts × (1 + 2 redirects) calls.
+	if n := len(a.reports()) + len(b.reports()); n != 6 {
+		t.Fatalf("%d calls, want 6", n)
+	}
+}
+
+// A leader that fails once gets the same seq again, and counts it once.
+func TestReporterRetriesOnceWithSameSeq(t *testing.T) {
+	lead := startBalancer(t, true, "")
+	lead.failNext = 1
+	g := newRig(t, StaticLeader(lead.addr), nil)
+	g.tb.ObserveTake(rule("default", 10), "key:k1", 1, true, 0)
+	g.tick(t, 10*time.Second)
+	poll(t, "the retry", func() bool { return len(lead.reports()) == 2 })
+	got := lead.reports()
+	if got[0].Seq != got[1].Seq || len(got[1].Usage) != 1 {
+		t.Fatalf("retry seq %d after %d, usage %v", got[1].Seq, got[0].Seq, got[1].Usage)
+	}
+	poll(t, "the sent counter", func() bool { return counter(t, g, "allot_usage_reports_sent_total") == 1 })
+	if f, d := counter(t, g, "allot_usage_report_failures_total"), counter(t, g, "allot_usage_reports_dropped_total"); f != 1 || d != 0 {
+		t.Fatalf("failures %v dropped %v, want 1 and 0", f, d)
+	}
+}
+
+// A leader that is down: each report is tried twice and dropped, nothing piles up, the
+// next seq moves on, and the check path neither allocates nor waits.
+func TestReporterLeaderDownDrops(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := lis.Addr().String()
+	_ = lis.Close() // nothing listens there now: connection refused
+	src := &movingLeader{addr: dead}
+	g := newRig(t, src, func(c *ReporterConfig) { c.SendTimeout = 500 * time.Millisecond })
+	a := rule("default", 10)
+	for i := 1; i <= 3; i++ {
+		for j := 0; j < 1000; j++ {
+			g.tb.ObserveTake(a, "key:k"+string(rune('a'+j%26)), 1, true, 0)
+		}
+		g.tick(t, 10*time.Second)
+		want := float64(i)
+		poll(t, "a drop", func() bool { return counter(t, g, "allot_usage_reports_dropped_total") == want })
+	}
+	if f := counter(t, g, "allot_usage_report_failures_total"); f != 6 {
+		t.Fatalf("failures %v, want 2 per report", f)
+	}
+	// While the Reporter is failing, observes stay allocation-free and the table bounded.
+	g.tb.ObserveTake(a, "key:x", 1, true, 0)
+	if n := testing.AllocsPerRun(200, func() { g.tb.ObserveTake(a, "key:x", 1, true, 0) }); n != 0 {
+		t.Fatalf("%v allocs per observe while the leader is down", n)
+	}
+	if g.tb.Len() > g.tb.cfg.Capacity {
+		t.Fatalf("table Len %d above capacity", g.tb.Len())
+	}
+	// A leader is elected again: the next report carries the next seq (dropped ones are
+	// not resent) and covers only its own interval.
+	lead := startBalancer(t, true, "")
+	src.set(lead.addr)
+	g.tick(t, 10*time.Second)
+	poll(t, "a report at the new leader", func() bool { return len(lead.reports()) == 1 })
+	r := lead.reports()[0]
+	if r.Seq != uint64(t0.UnixMilli())+4 || r.IntervalStartMs != t0.Add(30*time.Second).UnixMilli() {
+		t.Fatalf("seq %d start %d", r.Seq, r.IntervalStartMs)
+	}
+}
+
+// movingLeader is a LeaderSource whose answer the test changes.
+type movingLeader struct {
+	mu   sync.Mutex // mu guards addr
+	addr string
+}
+
+func (m *movingLeader) set(addr string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.addr = addr
+}
+
+func (m *movingLeader) Leader(context.Context) (string, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.addr, nil
+}
+
+// A jump in refusals sends an early report once EarlyGap has passed, well before the
+// interval ends.
+func TestReporterEarly(t *testing.T) {
+	lead := startBalancer(t, true, "")
+	g := newRig(t, StaticLeader(lead.addr), nil)
+	poll(t, "the reporter to park", func() bool { return g.clk.Timers() == 1 })
+	g.clk.Advance(time.Second)
+	g.tb.ObserveTake(rule("default", 10), "key:k1", 500, false, 0) // a jump, 1 s in
+	// The Reporter wakes (Early channel), finds the gap not passed, and parks until t0+2s.
+	g.tick(t, time.Second)
+	poll(t, "an early report", func() bool { return len(lead.reports()) == 1 })
+	r := lead.reports()[0]
+	if !r.Early || r.IntervalEndMs != t0.Add(2*time.Second).UnixMilli() || len(r.Usage) != 1 {
+		t.Fatalf("early %v end %d usage %v", r.Early, r.IntervalEndMs-t0.UnixMilli(), r.Usage)
+	}
+	// The regular schedule restarts from the early report.
+	g.tick(t, 10*time.Second)
+	poll(t, "the regular report", func() bool { return len(lead.reports()) == 2 })
+	if r2 := lead.reports()[1]; r2.Early || r2.IntervalEndMs != t0.Add(12*time.Second).UnixMilli() {
+		t.Fatalf("second report early %v end %d", r2.Early, r2.IntervalEndMs-t0.UnixMilli())
+	}
+	poll(t, "counters", func() bool { return counter(t, g, "allot_usage_reports_sent_total") == 2 })
+	if v := counter(t, g, "allot_usage_reports_early_total"); v != 1 {
+		t.Fatalf("early counter %v", v)
+	}
+}
+
+// Close while a send hangs returns promptly (the RPC is cancelled) and is idempotent.
+func TestReporterCloseAbortsSend(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer()
+	block := make(chan struct{})
+	allotv1.RegisterBalancerServer(srv, blocking{c: block})
+	done := make(chan struct{})
+	go func() { defer close(done); _ = srv.Serve(lis) }()
+	defer func() { close(block); srv.Stop(); <-done }()
+
+	g := newRig(t, StaticLeader(lis.Addr().String()), func(c *ReporterConfig) { c.SendTimeout = time.Minute })
+	g.tick(t, 10*time.Second)
+	began := time.Now()
+	if err := g.rep.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if d := time.Since(began); d > 5*time.Second {
+		t.Fatalf("Close took %v", d)
+	}
+	_ = g.rep.Close()
+	if v := testutil.ToFloat64(g.rep.m.sent); v != 0 {
+		t.Fatalf("sent %v", v)
+	}
+}
+
+type blocking struct {
+	allotv1.UnimplementedBalancerServer
+	c chan struct{}
+}
+
+func (b blocking) Report(ctx context.Context, _ *allotv1.ReportRequest) (*allotv1.ReportResponse, error) {
+	select {
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	case <-b.c:
+		return &allotv1.ReportResponse{Accepted: true}, nil
+	}
+}

@@ -1,0 +1,258 @@
+package usage
+
+import (
+	"hash/maphash"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/allot-dev/allot/pkg/enforcer"
+	"github.com/allot-dev/allot/pkg/rules"
+)
+
+// Table counts, per interval and per (rule id, identity), the tokens this enforcer
+// admitted and refused, in bounded memory: each of Config.Stripes stripes is a weighted
+// Space-Saving table of Capacity/Stripes pairs (see the package doc for the bounds and
+// which way they err). It implements enforcer.UsageObserver.
+//
+// ObserveTake is safe for concurrent use and cheap: one stripe lock, one map lookup and a
+// sift in a min-heap of the stripe's pairs (O(log m)), no allocation for a pair already
+// tracked; an untracked pair costs the same plus one copy of its identity string.
+// Report and WantEarly are safe for concurrent use with ObserveTake and with each other
+// (Reports are serialized). The zero Table is not usable: build it with NewTable.
+type Table struct {
+	mu    sync.Mutex // mu guards start and every stripe's spare; serializes Report
+	start time.Time  // the current interval's start: NewTable's start, then each Report's now
+
+	cfg     Config
+	rate    func(rule *rules.Compiled, identity string) float64
+	seed    maphash.Seed
+	mask    uint64
+	stripes []stripe
+
+	jumped atomic.Bool   // some identity's refusals jumped this interval (see entry.earlyAt)
+	early  chan struct{} // cap 1: poked when jumped goes true, so a Reporter need not poll
+	startN atomic.Int64  // start as Unix ns, for WantEarly without mu
+}
+
+var _ enforcer.UsageObserver = (*Table)(nil)
+
+// pair is the key of a tracked count.
+type pair struct {
+	rule     string
+	identity string
+}
+
+type stripe struct {
+	mu   sync.Mutex // mu guards cur (and all of it) and prev
+	cur  *ssTable
+	prev map[pair]int64 // last interval's refused tokens, scaled to one Interval; read-only
+	// spare is the table Report drains into next; owned by Report (guarded by Table.mu).
+	spare *ssTable
+	_     [64]byte // keep neighbouring stripes' locks off one cache line
+}
+
+// ssTable is one stripe's Space-Saving table for one interval.
+type ssTable struct {
+	m       map[pair]*entry
+	slab    []entry  // backing store, len = capacity; entries never move
+	heap    []*entry // min-heap by count(); len = pairs tracked
+	total   int64    // tokens observed this interval in this stripe (N_s)
+	evicted int64    // pairs evicted this interval
+}
+
+// entry is one tracked pair. admitted and refused are exact counts since the pair was
+// (last) inserted; err bounds what it may have had before that.
+type entry struct {
+	key      pair
+	rule     *rules.Compiled // the latest compiled rule seen for key.rule
+	admitted int64
+	refused  int64
+	err      int64 // the evicted minimum count when the pair was inserted
+	earlyAt  int64 // refused above this is a jump; maxInt64 once flagged
+	heap     int   // index in ssTable.heap
+}
+
+// count is the Space-Saving count: an upper bound on the pair's true tokens.
+func (e *entry) count() int64 { return e.admitted + e.refused + e.err }
+
+func newSSTable(capacity int) *ssTable {
+	return &ssTable{
+		m:    make(map[pair]*entry, capacity),
+		slab: make([]entry, capacity),
+		heap: make([]*entry, 0, capacity),
+	}
+}
+
+// reset empties t for reuse; the map keeps its buckets, so refilling it allocates nothing.
+func (t *ssTable) reset() {
+	clear(t.m)
+	clear(t.heap[:cap(t.heap)])
+	t.heap = t.heap[:0]
+	clear(t.slab) // drop references to rules and identity strings
+	t.total, t.evicted = 0, 0
+}
+
+// NewTable validates cfg and returns an empty Table whose first interval starts at start.
+func NewTable(cfg Config, start time.Time) (*Table, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	t := &Table{cfg: cfg, rate: cfg.RegionalRate, seed: maphash.MakeSeed(), start: start,
+		mask: uint64(cfg.Stripes - 1), stripes: make([]stripe, cfg.Stripes), early: make(chan struct{}, 1)}
+	if t.rate == nil {
+		t.rate = defaultRegionalRate
+	}
+	t.startN.Store(start.UnixNano())
+	per := cfg.Capacity / cfg.Stripes
+	for i := range t.stripes {
+		t.stripes[i].cur, t.stripes[i].spare = newSSTable(per), newSSTable(per)
+	}
+	return t, nil
+}
+
+// ObserveTake counts one enforcing take: tokens admitted when allowed, else refused.
+// Every source counts (a refusal from the refusal cache or a fail-closed rule is still
+// demand). tokens <= 0 or a nil rule count nothing.
+func (t *Table) ObserveTake(rule *rules.Compiled, identity string, tokens int64, allowed bool, _ enforcer.Source) {
+	if tokens <= 0 || rule == nil {
+		return
+	}
+	s := &t.stripes[maphash.String(t.seed, identity)&t.mask]
+	s.mu.Lock()
+	tb := s.cur
+	tb.total += tokens
+	e := tb.m[pair{rule.ID, identity}]
+	leaf := false
+	if e == nil {
+		e, leaf = t.insert(s, tb, rule, identity)
+	} else if e.rule != rule {
+		e.rule = rule
+	}
+	jumped := false
+	if allowed {
+		e.admitted += tokens
+	} else {
+		e.refused += tokens
+		if e.refused > e.earlyAt {
+			e.earlyAt, jumped = maxInt64, true
+		}
+	}
+	if leaf {
+		tb.up(e.heap)
+	} else {
+		tb.down(e.heap)
+	}
+	s.mu.Unlock()
+	if jumped && t.jumped.CompareAndSwap(false, true) {
+		select {
+		case t.early <- struct{}{}:
+		default:
+		}
+	}
+}
+
+const maxInt64 = 1<<63 - 1
+
+// insert tracks a new pair with zero counts, evicting the stripe's minimum if it is full
+// (weighted Space-Saving: the newcomer inherits the evicted count as its error). Called
+// with s.mu held; the caller adds the tokens and restores the heap from e.heap: up when
+// leaf (a new last leaf), else down (the evicted root's count only grew).
+func (t *Table) insert(s *stripe, tb *ssTable, rule *rules.Compiled, identity string) (e *entry, leaf bool) {
+	var inherited int64
+	if n := len(tb.heap); n < len(tb.slab) {
+		e, leaf = &tb.slab[n], true
+		e.heap = n
+		tb.heap = append(tb.heap, e)
+	} else {
+		e = tb.heap[0]
+		inherited = e.count()
+		delete(tb.m, e.key)
+		tb.evicted++
+	}
+	key := pair{rule.ID, strings.Clone(identity)} // the caller's string may pin a request buffer
+	prev := s.prev[key]
+	earlyAt := t.cfg.EarlyMinRefused
+	if f := t.cfg.EarlyFactor * float64(prev); f > float64(earlyAt) {
+		earlyAt = maxInt64
+		if f < float64(maxInt64) {
+			earlyAt = int64(f)
+		}
+	}
+	*e = entry{key: key, rule: rule, err: inherited, earlyAt: earlyAt, heap: e.heap}
+	tb.m[key] = e
+	return e, leaf
+}
+
+// up restores the min-heap after heap[i] was appended as a leaf.
+func (t *ssTable) up(i int) {
+	h := t.heap
+	e := h[i]
+	c := e.count()
+	for i > 0 {
+		p := (i - 1) / 2
+		if h[p].count() <= c {
+			break
+		}
+		h[i] = h[p]
+		h[i].heap = i
+		i = p
+	}
+	h[i] = e
+	e.heap = i
+}
+
+// down restores the min-heap after the count of heap[i] grew (it can only sink).
+func (t *ssTable) down(i int) {
+	h := t.heap
+	n := len(h)
+	e := h[i]
+	c := e.count()
+	for {
+		l := 2*i + 1
+		if l >= n {
+			break
+		}
+		m := l
+		if r := l + 1; r < n && h[r].count() < h[l].count() {
+			m = r
+		}
+		if h[m].count() >= c {
+			break
+		}
+		h[i] = h[m]
+		h[i].heap = i
+		i = m
+	}
+	h[i] = e
+	e.heap = i
+}
+
+// Len returns the pairs tracked in the current interval (at most Config.Capacity).
+func (t *Table) Len() int {
+	n := 0
+	for i := range t.stripes {
+		s := &t.stripes[i]
+		s.mu.Lock()
+		n += len(s.cur.heap)
+		s.mu.Unlock()
+	}
+	return n
+}
+
+// Interval returns Config.Interval: the Reporter's period.
+func (t *Table) Interval() time.Duration { return t.cfg.Interval }
+
+// Start returns when the current interval began (NewTable's start, then the last Report's
+// now).
+func (t *Table) Start() time.Time {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.start
+}
+
+// Early returns a channel that receives (capacity 1, never closed) when some identity's
+// refusals jump; a Reporter waits on it instead of polling WantEarly. A receive is a hint:
+// check WantEarly.
+func (t *Table) Early() <-chan struct{} { return t.early }

@@ -1,0 +1,402 @@
+package usage
+
+import (
+	"fmt"
+	"hash/maphash"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/allot-dev/allot/pkg/bucket"
+	"github.com/allot-dev/allot/pkg/enforcer"
+	"github.com/allot-dev/allot/pkg/rules"
+	allotv1 "github.com/allot-dev/allot/proto/allot/v1"
+)
+
+var t0 = time.Unix(1_700_000_000, 0)
+
+func rule(id string, rate float64) *rules.Compiled {
+	return &rules.Compiled{ID: id, Limits: []bucket.Limit{{Name: "s", Rate: rate, Burst: rate}}}
+}
+
+func newTable(t testing.TB, mod func(*Config)) *Table {
+	t.Helper()
+	cfg := DefaultConfig()
+	if mod != nil {
+		mod(&cfg)
+	}
+	tb, err := NewTable(cfg, t0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tb
+}
+
+func byKey(r *allotv1.ReportRequest) map[string]*allotv1.IdentityUsage {
+	m := make(map[string]*allotv1.IdentityUsage, len(r.Usage))
+	for _, u := range r.Usage {
+		m[u.Rule+"|"+u.Identity] = u
+	}
+	return m
+}
+
+func TestConfigValidate(t *testing.T) {
+	if err := DefaultConfig().Validate(); err != nil {
+		t.Fatal(err)
+	}
+	for name, mod := range map[string]func(*Config){
+		"Stripes":          func(c *Config) { c.Stripes = 3 },
+		"Capacity":         func(c *Config) { c.Capacity = 100 },
+		"Interval":         func(c *Config) { c.Interval = 0 },
+		"MaxIdentities":    func(c *Config) { c.MaxIdentities = 0 },
+		"PressureFraction": func(c *Config) { c.PressureFraction = 0 },
+		"EarlyGap":         func(c *Config) { c.EarlyGap = -time.Second },
+		"EarlyMinRefused":  func(c *Config) { c.EarlyMinRefused = 0 },
+		"EarlyFactor":      func(c *Config) { c.EarlyFactor = 0.5 },
+	} {
+		c := DefaultConfig()
+		mod(&c)
+		if _, err := NewTable(c, t0); err == nil || !strings.Contains(err.Error(), name) {
+			t.Errorf("%s: err = %v, want one naming the field", name, err)
+		}
+	}
+}
+
+func TestExactBelowCapacity(t *testing.T) {
+	tb := newTable(t, nil)
+	a, b := rule("a", 1000), rule("b", 1000)
+	tb.ObserveTake(a, "k1", 3, true, enforcer.SourceRedis)
+	tb.ObserveTake(a, "k1", 2, false, enforcer.SourceRefusalCache)
+	tb.ObserveTake(b, "k1", 7, true, enforcer.SourceLease)
+	tb.ObserveTake(a, "k2", 1, true, enforcer.SourceRedis)
+	tb.ObserveTake(a, "k3", 0, true, enforcer.SourceRedis) // counts nothing
+	tb.ObserveTake(nil, "k3", 5, true, enforcer.SourceRedis)
+	r := tb.Report(t0.Add(10 * time.Second))
+	if r.IntervalStartMs != t0.UnixMilli() || r.IntervalEndMs != t0.Add(10*time.Second).UnixMilli() {
+		t.Fatalf("interval [%d, %d)", r.IntervalStartMs, r.IntervalEndMs)
+	}
+	got := byKey(r)
+	want := map[string][3]float64{"a|k1": {3, 2, 0}, "b|k1": {7, 0, 0}, "a|k2": {1, 0, 0}}
+	if len(got) != len(want) {
+		t.Fatalf("got %d identities, want %d: %v", len(got), len(want), r.Usage)
+	}
+	for k, w := range want {
+		u := got[k]
+		if u == nil || u.Admitted != w[0] || u.Refused != w[1] || u.Error != w[2] || u.RegionalRate != 1000 {
+			t.Errorf("%s = %v, want admitted/refused/error %v rate 1000", k, u, w)
+		}
+	}
+	if r.OmittedIdentities != 0 || r.OmittedTokens != 0 {
+		t.Errorf("omitted %d/%v, want 0/0", r.OmittedIdentities, r.OmittedTokens)
+	}
+	// The interval was drained: the next one starts empty at the last report.
+	r = tb.Report(t0.Add(15 * time.Second))
+	if len(r.Usage) != 0 || r.IntervalStartMs != t0.Add(10*time.Second).UnixMilli() {
+		t.Fatalf("second report %v", r)
+	}
+}
+
+// A new compiled rule with the same id (a rules reload) counts into the same pair and
+// the drain sees the latest rule.
+func TestRuleReloadSamePair(t *testing.T) {
+	var seen *rules.Compiled
+	tb := newTable(t, func(c *Config) {
+		c.RegionalRate = func(r *rules.Compiled, _ string) float64 { seen = r; return r.Limits[0].Rate }
+	})
+	old, cur := rule("a", 10), rule("a", 20)
+	tb.ObserveTake(old, "k", 1, true, 0)
+	tb.ObserveTake(cur, "k", 1, true, 0)
+	r := tb.Report(t0.Add(time.Second))
+	if len(r.Usage) != 1 || r.Usage[0].Admitted != 2 || seen != cur || r.Usage[0].RegionalRate != 20 {
+		t.Fatalf("report %v, hook saw %p want %p", r.Usage, seen, cur)
+	}
+}
+
+// The hook runs at drain time only, once per pair.
+func TestRegionalRateOnlyAtDrain(t *testing.T) {
+	calls := 0
+	tb := newTable(t, func(c *Config) {
+		c.RegionalRate = func(*rules.Compiled, string) float64 { calls++; return 5 }
+	})
+	a := rule("a", 1)
+	for i := 0; i < 100; i++ {
+		tb.ObserveTake(a, "k"+strconv.Itoa(i%3), 1, i%2 == 0, 0)
+	}
+	if calls != 0 {
+		t.Fatalf("hook called %d times on the check path", calls)
+	}
+	tb.Report(t0.Add(time.Second))
+	if calls != 3 {
+		t.Fatalf("hook called %d times at drain, want 3", calls)
+	}
+}
+
+func TestPressureFirstThenVolume(t *testing.T) {
+	// Interval 10 s; rate 10/s → allowance 100 tokens; pressure above 50 admitted.
+	tb := newTable(t, func(c *Config) { c.MaxIdentities = 3 })
+	r10 := rule("r", 10)
+	big := rule("big", 1e6)
+	tb.ObserveTake(big, "huge", 5000, true, 0)  // busiest, not pressured
+	tb.ObserveTake(big, "large", 4000, true, 0) // second, not pressured
+	tb.ObserveTake(r10, "refused", 1, false, 0) // pressured: a refusal
+	tb.ObserveTake(r10, "hot", 51, true, 0)     // pressured: 51 > 0.5 × 10 × 10
+	tb.ObserveTake(r10, "warm", 50, true, 0)    // not: 50 is not above 50
+	tb.ObserveTake(big, "small", 10, true, 0)   // not
+	r := tb.Report(t0.Add(10 * time.Second))
+	var order []string
+	for _, u := range r.Usage {
+		order = append(order, u.Identity)
+	}
+	if fmt.Sprint(order) != "[hot refused huge]" {
+		t.Fatalf("order %v, want [hot refused huge]", order)
+	}
+	if r.OmittedIdentities != 3 || r.OmittedTokens != 4000+50+10 {
+		t.Fatalf("omitted %d identities %v tokens, want 3 and 4060", r.OmittedIdentities, r.OmittedTokens)
+	}
+}
+
+// The pressure test uses the interval's real length: an early report after 2 s judges
+// against 2 s of allowance.
+func TestPressureScalesWithIntervalLength(t *testing.T) {
+	tb := newTable(t, func(c *Config) { c.MaxIdentities = 1 })
+	r10 := rule("r", 10)
+	tb.ObserveTake(rule("big", 1e6), "busy", 1000, true, 0)
+	tb.ObserveTake(r10, "hot", 11, true, 0) // > 0.5 × 10/s × 2 s
+	r := tb.Report(t0.Add(2 * time.Second))
+	if len(r.Usage) != 1 || r.Usage[0].Identity != "hot" {
+		t.Fatalf("usage %v, want only hot", r.Usage)
+	}
+}
+
+// Ties in volume are broken by rule then identity, so reports are deterministic.
+func TestCapOrderingTies(t *testing.T) {
+	tb := newTable(t, func(c *Config) { c.MaxIdentities = 4 })
+	for _, id := range []string{"d", "b", "c", "a", "e"} {
+		tb.ObserveTake(rule("x", 1e9), id, 7, true, 0)
+	}
+	r := tb.Report(t0.Add(time.Second))
+	var order []string
+	for _, u := range r.Usage {
+		order = append(order, u.Identity)
+	}
+	if fmt.Sprint(order) != "[a b c d]" || r.OmittedIdentities != 1 || r.OmittedTokens != 7 {
+		t.Fatalf("order %v omitted %d/%v", order, r.OmittedIdentities, r.OmittedTokens)
+	}
+}
+
+// One stripe of two pairs: a third pair evicts the minimum and inherits its count as error.
+func TestEvictionInheritsMinimum(t *testing.T) {
+	tb := newTable(t, func(c *Config) { c.Capacity, c.Stripes, c.MaxIdentities = 2, 1, 10 })
+	a := rule("a", 1e9)
+	tb.ObserveTake(a, "x", 5, true, 0)
+	tb.ObserveTake(a, "y", 3, false, 0)
+	tb.ObserveTake(a, "z", 4, true, 0) // evicts y (count 3): z count 7, error 3
+	tb.ObserveTake(a, "y", 1, true, 0) // evicts x (count 5): y count 6, error 5
+	r := tb.Report(t0.Add(time.Second))
+	got := byKey(r)
+	if z := got["a|z"]; z == nil || z.Admitted != 4 || z.Error != 3 {
+		t.Fatalf("z = %v, want admitted 4 error 3", z)
+	}
+	if y := got["a|y"]; y == nil || y.Admitted != 1 || y.Refused != 0 || y.Error != 5 {
+		t.Fatalf("y = %v, want admitted 1 error 5", y)
+	}
+	if r.OmittedIdentities != 2 || r.OmittedTokens != 5+3 {
+		t.Fatalf("omitted %d/%v, want 2 evictions and 8 tokens", r.OmittedIdentities, r.OmittedTokens)
+	}
+}
+
+func TestWantEarly(t *testing.T) {
+	tb := newTable(t, func(c *Config) { c.EarlyMinRefused, c.EarlyFactor = 100, 2 })
+	a := rule("a", 10)
+	at := func(d time.Duration) time.Time { return t0.Add(d) }
+	if tb.WantEarly(at(5 * time.Second)) {
+		t.Fatal("early with no refusals")
+	}
+	tb.ObserveTake(a, "k", 100, false, 0) // not above 100
+	if tb.WantEarly(at(5 * time.Second)) {
+		t.Fatal("early at exactly EarlyMinRefused")
+	}
+	tb.ObserveTake(a, "k", 1, false, 0) // 101 > 100: a jump
+	select {
+	case <-tb.Early():
+	default:
+		t.Fatal("Early channel not poked")
+	}
+	if tb.WantEarly(at(1999 * time.Millisecond)) {
+		t.Fatal("early before EarlyGap")
+	}
+	if !tb.WantEarly(at(2 * time.Second)) {
+		t.Fatal("no early report at EarlyGap after a jump")
+	}
+	// An early report after 2 s: 101 refused scale to 505 a 10 s interval; the next jump
+	// for k needs refused > 2 × 505 = 1010.
+	tb.Report(at(2 * time.Second))
+	if tb.WantEarly(at(10 * time.Second)) {
+		t.Fatal("early still wanted after the report")
+	}
+	tb.ObserveTake(a, "k", 1010, false, 0)
+	if tb.WantEarly(at(10 * time.Second)) {
+		t.Fatal("1010 refused is not above 2 × last interval's 505")
+	}
+	tb.ObserveTake(a, "k", 1, false, 0)
+	if !tb.WantEarly(at(10 * time.Second)) {
+		t.Fatal("1011 refused is above 2 × 505: want early")
+	}
+	// Another identity starting to be refused jumps on its own.
+	tb.Report(at(12 * time.Second)) // k refused 1011 over 10 s → threshold 2022
+	tb.ObserveTake(a, "other", 101, false, 0)
+	if tb.WantEarly(at(13*time.Second)) || !tb.WantEarly(at(14*time.Second)) {
+		t.Fatal("a new identity's refusals above EarlyMinRefused should want early after EarlyGap")
+	}
+}
+
+// FuzzSpaceSaving drives a small striped table with an arbitrary weighted stream and
+// checks the package doc's bounds against the true counts, per stripe: every tracked
+// pair's true admitted and refused lie in [reported, reported + error]; error ≤ N_s/m;
+// every pair whose true tokens exceed N_s/m is reported; omitted_tokens is exact.
+func FuzzSpaceSaving(f *testing.F) {
+	f.Add([]byte{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 1, 1, 1, 1, 200, 3, 3}, uint8(0))
+	f.Add([]byte("the quick brown fox jumps over the lazy dog again and again"), uint8(1))
+	f.Add(make([]byte, 64), uint8(2))
+	f.Fuzz(func(t *testing.T, data []byte, shape uint8) {
+		stripes := 1 << (shape % 3)                 // 1, 2, 4
+		capacity := stripes * (1 + int(shape>>2)%4) // 1..4 pairs a stripe
+		tb := newTable(t, func(c *Config) {
+			c.Capacity, c.Stripes, c.MaxIdentities = capacity, stripes, capacity
+		})
+		rs := []*rules.Compiled{rule("a", 1), rule("b", 1)}
+		type truth struct{ admitted, refused int64 }
+		true_ := map[pair]*truth{}
+		for i := 0; i+1 < len(data); i += 2 {
+			k, w := data[i], int64(data[i+1]%16)+1
+			r := rs[k>>7]
+			id := "id" + strconv.Itoa(int(k&0x0f)) // 16 identities × 2 rules
+			allowed := k&0x10 == 0
+			tb.ObserveTake(r, id, w, allowed, 0)
+			p := pair{r.ID, id}
+			if true_[p] == nil {
+				true_[p] = &truth{}
+			}
+			if allowed {
+				true_[p].admitted += w
+			} else {
+				true_[p].refused += w
+			}
+		}
+		// Per-stripe totals and bound N_s/m, from the same hash the table uses.
+		m := int64(capacity / stripes)
+		ns := make([]int64, stripes)
+		stripeOf := func(id string) int { return int(maphash.String(tb.seed, id) & tb.mask) }
+		var total int64
+		for p, tr := range true_ {
+			ns[stripeOf(p.identity)] += tr.admitted + tr.refused
+			total += tr.admitted + tr.refused
+		}
+		rep := tb.Report(t0.Add(time.Second))
+		got := byKey(rep)
+		var reported int64
+		for _, u := range rep.Usage {
+			tr := true_[pair{u.Rule, u.Identity}]
+			if tr == nil {
+				t.Fatalf("reported a pair never seen: %v", u)
+			}
+			a, r, e := int64(u.Admitted), int64(u.Refused), int64(u.Error)
+			if a > tr.admitted || tr.admitted > a+e || r > tr.refused || tr.refused > r+e ||
+				tr.admitted+tr.refused > a+r+e {
+				t.Fatalf("%s|%s: reported %d/%d ±%d, true %d/%d", u.Rule, u.Identity, a, r, e, tr.admitted, tr.refused)
+			}
+			if bound := ns[stripeOf(u.Identity)] / m; e > bound {
+				t.Fatalf("%s|%s: error %d above N_s/m = %d", u.Rule, u.Identity, e, bound)
+			}
+			reported += a + r
+		}
+		for p, tr := range true_ {
+			s := stripeOf(p.identity)
+			if (tr.admitted+tr.refused)*m > ns[s] && got[p.rule+"|"+p.identity] == nil {
+				t.Fatalf("heavy hitter %v (%d tokens > N_s/m = %d/%d) not reported", p, tr.admitted+tr.refused, ns[s], m)
+			}
+		}
+		if int64(rep.OmittedTokens) != total-reported {
+			t.Fatalf("omitted tokens %v, want %d", rep.OmittedTokens, total-reported)
+		}
+	})
+}
+
+// Observers racing a drain lose and double-count nothing: over all reports, reported plus
+// omitted tokens equal what was observed.
+func TestConcurrentObserveAndReport(t *testing.T) {
+	tb := newTable(t, func(c *Config) { c.Capacity, c.Stripes, c.MaxIdentities = 64, 4, 64 })
+	a := rule("a", 1e9)
+	const workers, each = 4, 5000
+	var wg sync.WaitGroup
+	for w := 0; w < workers; w++ {
+		wg.Add(1)
+		go func(w int) {
+			defer wg.Done()
+			for i := 0; i < each; i++ {
+				tb.ObserveTake(a, "k"+strconv.Itoa((i*7+w)%200), 1, i%3 != 0, 0)
+			}
+		}(w)
+	}
+	var sum float64
+	add := func(r *allotv1.ReportRequest) {
+		for _, u := range r.Usage {
+			sum += u.Admitted + u.Refused
+		}
+		sum += r.OmittedTokens
+	}
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	for i := 1; ; i++ {
+		select {
+		case <-done:
+			add(tb.Report(t0.Add(time.Duration(i) * time.Second)))
+			if sum != workers*each {
+				t.Fatalf("reports account for %v tokens, want %d", sum, workers*each)
+			}
+			if n := tb.Len(); n != 0 {
+				t.Fatalf("Len %d after the last drain", n)
+			}
+			return
+		default:
+			add(tb.Report(t0.Add(time.Duration(i) * time.Second)))
+		}
+	}
+}
+
+func TestObserveTrackedDoesNotAllocate(t *testing.T) {
+	tb := newTable(t, nil)
+	a := rule("a", 10)
+	id := "key:k_123"
+	tb.ObserveTake(a, id, 1, true, 0)
+	if n := testing.AllocsPerRun(1000, func() {
+		tb.ObserveTake(a, id, 1, true, 0)
+		tb.ObserveTake(a, id, 1, false, 0)
+	}); n != 0 {
+		t.Fatalf("%v allocations per tracked observe", n)
+	}
+	// After a drain the table is refilled without growing its maps.
+	tb.Report(t0.Add(time.Second))
+	tb.ObserveTake(a, id, 1, true, 0)
+	if n := testing.AllocsPerRun(1000, func() { tb.ObserveTake(a, id, 1, true, 0) }); n != 0 {
+		t.Fatalf("%v allocations per tracked observe after a drain", n)
+	}
+}
+
+// Memory stays bounded whatever the key count: the table never tracks more than Capacity.
+func TestBoundedWhateverTheKeys(t *testing.T) {
+	tb := newTable(t, func(c *Config) { c.Capacity, c.Stripes = 256, 16 })
+	a := rule("a", 10)
+	for i := 0; i < 20000; i++ {
+		tb.ObserveTake(a, "k"+strconv.Itoa(i), 1, true, 0)
+	}
+	if n := tb.Len(); n > 256 {
+		t.Fatalf("Len %d above Capacity 256", n)
+	}
+	r := tb.Report(t0.Add(time.Second))
+	if len(r.Usage) > 256 || r.OmittedTokens+float64(len(r.Usage)) != 20000 {
+		t.Fatalf("%d identities, %v omitted tokens", len(r.Usage), r.OmittedTokens)
+	}
+}
