@@ -84,41 +84,67 @@ func drillRedisPrimaryKilled(t *testing.T, s *stack.Stack) {
 		t.Errorf("%d of %d checks failed (first: %v): no error may reach a caller", all.Errors, all.Calls, all.FirstErr)
 	}
 
-	// Where the victim shard's answers came from, over time: the outage is from the kill
-	// to the last fallback answer; shared counts resume with the first redis/lease answer
-	// after it.
-	var lastFallback, resumed time.Duration
+	// Where the killed shard's answers came from, second by second: the outage is from the
+	// kill to the first second in which its keys' answers are all shared again (redis,
+	// lease, refusal cache) — shared counts resumed. Fallback answers after that are
+	// strays (a starved process's stall guard); they are reported and bounded.
+	onVictim := func(a *stack.Answer) bool { return a.Class == "hot" || a.Class == "victim" }
+	t.Logf("killed shard's keys (busy + quiet), per second:%s", stack.Timeline(answers, time.Second, onVictim))
+	local := map[int]int{}
+	shared := map[int]int{}
 	for _, a := range answers {
-		if (a.Class == "victim" || a.Class == "hot" || a.Class == "closed") && a.Err == nil && a.At >= killAt {
-			if src := stack.SourceName(a.Resp.GetSource()); src == "fallback" || src == "fail-closed" {
-				lastFallback = max(lastFallback, a.At)
-			}
-		}
-	}
-	for _, a := range answers {
-		if a.Class != "hot" && a.Class != "victim" || a.Err != nil || a.At <= lastFallback {
+		if !onVictim(&a) || a.Err != nil || a.At < killAt {
 			continue
 		}
-		if src := stack.SourceName(a.Resp.GetSource()); (src == "redis" || src == "lease") && (resumed == 0 || a.At < resumed) {
-			resumed = a.At
+		switch stack.SourceName(a.Resp.GetSource()) {
+		case "fallback", "fail-open", "fail-closed":
+			local[int(a.At/time.Second)]++
+		case "redis", "lease", "refusal-cache":
+			shared[int(a.At/time.Second)]++
 		}
 	}
-	if lastFallback == 0 {
-		t.Errorf("no answer on the killed shard came from fallback or fail-closed: did the breaker open?")
+	killSec := int(killAt / time.Second)
+	resumedSec := -1
+	for k := killSec + 1; k < int(d/time.Second); k++ {
+		if local[k] == 0 && shared[k] > 0 {
+			resumedSec = k
+			break
+		}
 	}
-	if resumed == 0 {
-		t.Errorf("shared counts never resumed on the killed shard's keys (last fallback answer at %v of %v)", lastFallback, d)
+	var localTotal int
+	for _, n := range local {
+		localTotal += n
+	}
+	if localTotal == 0 {
+		t.Errorf("no answer on the killed shard came from fallback: did its breaker open?")
+	}
+	lastFallback := d
+	if resumedSec < 0 {
+		t.Errorf("shared counts never resumed on the killed shard's keys: fallback answers every second until the end")
 	} else {
-		t.Logf("killed shard: local answers until %v after the kill, shared counts (redis/lease) again from %v after the kill", (lastFallback - killAt).Round(time.Millisecond), (resumed - killAt).Round(time.Millisecond))
+		lastFallback = time.Duration(resumedSec) * time.Second
+		var strays, after int
+		for k := resumedSec; k < int(d/time.Second); k++ {
+			strays += local[k]
+			after += local[k] + shared[k]
+		}
+		t.Logf("killed shard: shared counts resumed in second %d, %v after the kill; %d stray local answers of %d after that",
+			resumedSec, lastFallback-killAt, strays, after)
+		if float64(strays) > 0.01*float64(after) {
+			t.Errorf("%d of %d answers on the killed shard's keys came from fallback after shared counts resumed", strays, after)
+		}
 	}
 
 	inOutage := func(class string) func(a *stack.Answer) bool {
-		return func(a *stack.Answer) bool { return a.Class == class && a.At >= killAt && a.At <= lastFallback }
+		return func(a *stack.Answer) bool { return a.Class == class && a.At >= killAt && a.At < lastFallback }
 	}
 	other := stack.Count(answers, func(a *stack.Answer) bool { return a.Class == "other" })
-	t.Logf("other shards' keys: %d checks, sources %v, %d refused", other.Calls, other.Sources, other.Refused)
-	if n := other.Sources["fallback"] + other.Sources["fail-open"] + other.Sources["fail-closed"]; n > 0 {
-		t.Errorf("%d answers for keys on the healthy shards came from fallback: one bad shard must degrade only its own keys", n)
+	t.Logf("other shards' keys: %d checks, sources %v, %d refused; per second:%s", other.Calls, other.Sources, other.Refused,
+		stack.Timeline(answers, time.Second, func(a *stack.Answer) bool { return a.Class == "other" }))
+	// Their breakers must never open (checked below); a single take that misses its 5 ms
+	// deadline while the cluster reconfigures is answered locally, once: allow 0.5%.
+	if n := other.Sources["fallback"] + other.Sources["fail-open"] + other.Sources["fail-closed"]; float64(n) > 0.005*float64(other.Calls) {
+		t.Errorf("%d of %d answers for keys on the healthy shards came from fallback: one bad shard must degrade only its own keys", n, other.Calls)
 	}
 	if other.Refused > 0 {
 		t.Errorf("%d checks of keys under their limit on the healthy shards were refused", other.Refused)
@@ -137,18 +163,21 @@ func drillRedisPrimaryKilled(t *testing.T, s *stack.Stack) {
 		t.Errorf("%d answers of the fail-closed rule came from local limits during the outage", n)
 	}
 
-	// The busy key: offered 200/s against 100/s. Over-admission is what fallback (and the
-	// failover's lost takes) let through above rate × time.
+	// The busy key: offered 200/s against its regional 33/s. Over-admission is what
+	// fallback (and the failover's lost takes) let through above rate × time.
 	hotOut := stack.Count(answers, inOutage("hot"))
 	outage := (lastFallback - killAt).Seconds()
 	if outage > 0 {
-		over := float64(hotOut.Allowed) - drillRate*outage
-		t.Logf("busy key on the killed shard during the %.1f s outage: %d admitted of %d offered (limit %.0f/s → %.0f): over-admission %.0f (%.2f× the limit); sources %v",
-			outage, hotOut.Allowed, hotOut.Calls, drillRate, drillRate*outage, over, float64(hotOut.Allowed)/(drillRate*outage), hotOut.Sources)
-		// Fallback enforces limit × slack (2) / N per enforcer, so the region at most 2× the
-		// limit, plus each enforcer's local burst once.
-		if bound := 2*drillRate*outage + 2*drillBurst; float64(hotOut.Allowed) > bound {
-			t.Errorf("busy key admitted %d during the outage > 2 × limit × %.1f s + 2 bursts = %.0f", hotOut.Allowed, outage, bound)
+		over := float64(hotOut.Allowed) - regionRate*outage
+		t.Logf("busy key on the killed shard during the %.1f s outage: %d admitted of %d offered (regional limit %.1f/s → %.0f): over-admission %.0f (%.2f× the limit); sources %v",
+			outage, hotOut.Allowed, hotOut.Calls, regionRate, regionRate*outage, over, float64(hotOut.Allowed)/(regionRate*outage), hotOut.Sources)
+		// Fallback enforces limit × share × slack (2) / N per enforcer, so the region at
+		// most 2× its limit plus each enforcer's local burst once; and when shared counts
+		// resume, the key's Redis bucket has refilled over the outage: one regional burst.
+		bound := 2*regionRate*outage + 2*regionBurst + regionBurst
+		t.Logf("busy key: bound slack × rate × outage + N local bursts + one regional burst = %.0f (admitted %.0f%% of it)", bound, 100*float64(hotOut.Allowed)/bound)
+		if float64(hotOut.Allowed) > bound {
+			t.Errorf("busy key admitted %d during the outage > %.0f", hotOut.Allowed, bound)
 		}
 	}
 
@@ -160,7 +189,12 @@ func drillRedisPrimaryKilled(t *testing.T, s *stack.Stack) {
 			}
 		}
 	}
-	t.Logf("breakers opened (both enforcers, by shard): %v; killed master %s", opened, victim.Addr)
+	var now []string
+	for _, m := range cl.Masters() {
+		now = append(now, m.Addr)
+	}
+	t.Logf("breakers opened (both enforcers, by shard): %v; killed master %s, healthy masters %s %s, masters now %v",
+		opened, victim.Addr, masters[1].Addr, masters[2].Addr, now)
 	if opened[victim.Addr] == 0 {
 		t.Errorf("the killed master's breaker never opened")
 	}

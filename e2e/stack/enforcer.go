@@ -30,16 +30,18 @@ type Enforcer struct {
 }
 
 // enforcerConfig is the region's config file: the shape of configs/regions/*.yaml with the
-// stack's addresses. refuse403 is the README's nginx setting (auth_request takes only
+// stack's addresses; every region of the stack enforces the global limits with equal
+// weight (a third each of three). refuse403 is the README's nginx setting (auth_request takes only
 // 2xx/401/403). extra is YAML merged over it.
-func enforcerConfig(t testing.TB, r *Region, rulesFile string, refuse403 bool, extra string) string {
+func enforcerConfig(t testing.TB, r *Region, regions []string, rulesFile string, refuse403 bool, extra string) string {
 	t.Helper()
 	status := 429
 	if refuse403 {
 		status = 403
 	}
 	cfg := map[string]any{
-		"region": r.Name,
+		"region":  r.Name,
+		"regions": regions,
 		"store": map[string]any{
 			"kind": "redis-cluster", "addrs": r.Redis.Addrs(), "key_prefix": "allot:",
 			"dial_timeout": "1s", "read_timeout": "100ms", "write_timeout": "100ms",
@@ -48,7 +50,11 @@ func enforcerConfig(t testing.TB, r *Region, rulesFile string, refuse403 bool, e
 			"endpoints": r.EtcdEndpoints, "registry_prefix": "/allot/enforcers/",
 			"registration_ttl": "5s", "start_timeout": "10s", "dial_timeout": "2s",
 		},
-		"rules": map[string]any{"file": rulesFile, "etcd_prefix": "/allot/rules/", "ipv6_prefix": 64},
+		"rules":  map[string]any{"file": rulesFile, "etcd_prefix": "/allot/rules/", "ipv6_prefix": 64},
+		"shares": map[string]any{"etcd_prefix": "/allot/shares/", "stale_after": "5m"},
+		// Usage reports go to the balancer's leader once one runs; until then they are
+		// dropped, which costs checks nothing (configs/regions/*.yaml).
+		"balancer": map[string]any{"enabled": true, "election_prefix": "/allot/balancer/election", "interval": "10s"},
 		"lease": map[string]any{"ttl": "1s", "window": "100ms", "busy_hits": 3, "max_keys": 65536},
 		"fallback": map[string]any{
 			"timeout": "5ms", "max_timeout": "25ms", "trip_after": 5, "open_for": "2s",

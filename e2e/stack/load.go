@@ -2,6 +2,7 @@ package stack
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -160,4 +161,42 @@ func MaxWindow(answers []Answer, w time.Duration, keep func(a *Answer) bool) int
 		best = max(best, hi-lo+1)
 	}
 	return best
+}
+
+// Timeline is, per step of the run, how many answers of those keep selects came from
+// each source ("3s: lease 120 redis 14 fallback 2"), one line per step, for the logs.
+func Timeline(answers []Answer, step time.Duration, keep func(a *Answer) bool) string {
+	type row map[string]int
+	var rows []row
+	for i := range answers {
+		a := &answers[i]
+		if keep != nil && !keep(a) {
+			continue
+		}
+		k := int(a.At / step)
+		for len(rows) <= k {
+			rows = append(rows, row{})
+		}
+		src := "error"
+		if a.Err == nil {
+			src = SourceName(a.Resp.GetSource())
+			if !a.Resp.GetAllowed() {
+				src += "(refused)"
+			}
+		}
+		rows[k][src]++
+	}
+	var b []byte
+	for k, r := range rows {
+		names := make([]string, 0, len(r))
+		for n := range r {
+			names = append(names, n)
+		}
+		slices.Sort(names)
+		b = fmt.Appendf(b, "\n  %5v:", time.Duration(k)*step)
+		for _, n := range names {
+			b = fmt.Appendf(b, " %s %d", n, r[n])
+		}
+	}
+	return string(b)
 }

@@ -148,9 +148,13 @@ func Start(t testing.TB, opt Options) *Stack {
 	}
 	s.RulesFile = filepath.Join(s.Dir, "rules.yaml")
 	writeFile(t, s.RulesFile, rules)
+	var names []string
+	for _, r := range s.Regions {
+		names = append(names, r.Name)
+	}
 	for i, r := range s.Regions {
 		r.config = filepath.Join(s.Dir, r.Name+".yaml")
-		writeFile(t, r.config, enforcerConfig(t, r, s.RulesFile, i == 0 && opt.Gateway, opt.Enforcer))
+		writeFile(t, r.config, enforcerConfig(t, r, names, s.RulesFile, i == 0 && opt.Gateway, opt.Enforcer))
 	}
 	var starts []func(tb testing.TB)
 	for i, r := range s.Regions {
@@ -206,6 +210,7 @@ func (s *Stack) Enforcers() []*Enforcer {
 //
 //	drill         100/s, burst 100 (no minute limit): over-admission is easy to count
 //	drill-closed  the same, fail_mode: closed
+//	drill-lease   600/s, burst 600: busy keys lease batches (200/s a region, 10 a batch)
 //	drill-slow    5/s, burst 5: a limit a few checks exhaust
 const DrillRules = `
 - id: drill
@@ -217,6 +222,10 @@ const DrillRules = `
   limits: [{name: second, rate: 100, per: 1s, burst: 100}]
   fail_mode: closed
   reason: e2e drills, failing closed
+- id: drill-lease
+  match: {plan: drill-lease}
+  limits: [{name: second, rate: 600, per: 1s, burst: 600}]
+  reason: e2e drills, busy enough for leases
 - id: drill-slow
   match: {plan: drill-slow}
   limits: [{name: second, rate: 5, per: 1s, burst: 5}]

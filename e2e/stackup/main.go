@@ -54,6 +54,9 @@ func main() {
 		tb.cleanup()
 		os.Exit(1)
 	}
+	pidFile := filepath.Join(filepath.Dir(*env), "stack.pid")
+	_ = os.WriteFile(pidFile, []byte(fmt.Sprintln(os.Getpid())), 0o644)
+	defer os.Remove(pidFile)
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
 	fmt.Println("\nstack up; Ctrl-C (or make stack-down) removes it.")
