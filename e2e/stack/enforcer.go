@@ -55,7 +55,7 @@ func enforcerConfig(t testing.TB, r *Region, regions []string, rulesFile string,
 		// Usage reports go to the balancer's leader once one runs; until then they are
 		// dropped, which costs checks nothing (configs/regions/*.yaml).
 		"balancer": map[string]any{"enabled": true, "election_prefix": "/allot/balancer/election", "interval": "10s"},
-		"lease": map[string]any{"ttl": "1s", "window": "100ms", "busy_hits": 3, "max_keys": 65536},
+		"lease":    map[string]any{"ttl": "1s", "window": "100ms", "busy_hits": 3, "max_keys": 65536},
 		"fallback": map[string]any{
 			"timeout": "5ms", "max_timeout": "25ms", "trip_after": 5, "open_for": "2s",
 			"stall_grace": "500ms", "slack": 2, "max_local_keys": 100000,
