@@ -1,0 +1,51 @@
+// Command balancer is the quota balancer: one of several replicas, one of which leads
+// (etcd election). The leader takes the enforcers' usage reports (allot.v1.Balancer) and
+// publishes each region's share of every busy identity's global limit in etcd; standbys
+// redirect reports to it. See pkg/balancer for the decision and pkg/balancer/app for the
+// wiring, configs/balancer.yaml for an example config.
+//
+//	balancer -config configs/balancer.yaml [flags]
+//
+// SIGINT/SIGTERM shut down gracefully: leadership is resigned so a standby takes over at
+// once.
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/allot-dev/allot/pkg/balancer/app"
+	"github.com/hashicorp/go-hclog"
+)
+
+func main() { os.Exit(run(os.Args[1:], os.Getenv, os.Stderr)) }
+
+func run(args []string, getenv func(string) string, stderr io.Writer) int {
+	cfg, err := app.Parse(args, getenv, stderr)
+	if app.IsHelp(err) {
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintln(stderr, err)
+		return 2
+	}
+	log := hclog.New(&hclog.LoggerOptions{
+		Name: "balancer", Level: hclog.LevelFromString(cfg.LogLevel), JSONFormat: cfg.LogJSON, Output: stderr,
+	})
+	a, err := app.New(cfg, log)
+	if err != nil {
+		log.Error("could not start", "error", err)
+		return 1
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	if err := a.Run(ctx); err != nil {
+		log.Error("stopped with an error", "error", err)
+		return 1
+	}
+	return 0
+}

@@ -1,0 +1,367 @@
+package app
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/allot-dev/allot/pkg/balancer"
+	"github.com/allot-dev/allot/pkg/rules"
+	allotv1 "github.com/allot-dev/allot/proto/allot/v1"
+	"github.com/hashicorp/go-hclog"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/credentials"
+)
+
+// ErrClosed is returned by Run after Close.
+var ErrClosed = errors.New("app: closed")
+
+// App is one running balancer replica. New builds and binds everything; Run serves and
+// campaigns until its context ends, then shuts down gracefully (resigning leadership so a
+// standby takes over at once); Close does the shutdown alone. Safe for concurrent use;
+// Close is idempotent and waits for every goroutine App started.
+type App struct {
+	mu       sync.Mutex // mu guards serving and closeErr
+	serving  bool
+	closeErr error
+
+	cfg   Config
+	log   hclog.Logger
+	reg   *prometheus.Registry
+	etcd  *clientv3.Client
+	files []*rules.FileSource
+	srcs  []*rules.EtcdSource
+	table *balancer.RuleTable
+	svc   *balancer.Service
+	grpc  *grpc.Server
+	http  *http.Server
+	grpcL net.Listener
+	httpL net.Listener
+
+	ctx    context.Context // ended by Close: the parent of every background goroutine
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	once   sync.Once
+	closed chan struct{}
+}
+
+// New builds a replica from cfg: etcd client, rules loaded (a bad rules file is an error;
+// etcd rules not loaded yet is not), both listeners bound. On error everything already
+// built is closed.
+func New(cfg Config, log hclog.Logger) (_ *App, err error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if log == nil {
+		log = hclog.NewNullLogger()
+	}
+	a := &App{cfg: cfg, log: log, reg: prometheus.NewRegistry(), closed: make(chan struct{})}
+	a.ctx, a.cancel = context.WithCancel(context.Background())
+	defer func() {
+		if err != nil {
+			a.Close()
+		}
+	}()
+	if a.cfg.ID == "" {
+		host, _ := os.Hostname()
+		a.cfg.ID = fmt.Sprintf("%s-%d", strings.ReplaceAll(host, "/", "_"), os.Getpid())
+	}
+	a.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	tlsCfg, err := cfg.Etcd.TLS.build()
+	if err != nil {
+		return nil, fmt.Errorf("app: etcd tls: %w", err)
+	}
+	a.etcd, err = clientv3.New(clientv3.Config{
+		Endpoints: cfg.Etcd.Endpoints, Username: cfg.Etcd.Username, Password: cfg.Etcd.Password,
+		TLS: tlsCfg, DialTimeout: cfg.Etcd.DialTimeout, Logger: zap.NewNop(),
+		DialOptions: []grpc.DialOption{grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff:           backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 500 * time.Millisecond},
+			MinConnectTimeout: time.Second,
+		})},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("app: while creating the etcd client: %w", err)
+	}
+	if err := a.buildRules(); err != nil {
+		return nil, err
+	}
+	if err := a.listen(); err != nil {
+		return nil, err
+	}
+	sc := cfg.serviceConfig()
+	sc.Core.Limits = a.table.Limits
+	sc.Etcd, sc.Logger, sc.Registerer = a.etcd, log.Named("balancer"), a.reg
+	if sc.Advertise == "" {
+		sc.Advertise = a.GRPCAddr()
+	}
+	if a.svc, err = balancer.NewService(sc); err != nil {
+		return nil, err
+	}
+	allotv1.RegisterBalancerServer(a.grpc, a.svc)
+	return a, nil
+}
+
+// buildRules loads the rules once per region and once unscaled (see balancer.RuleTable).
+func (a *App) buildRules() error {
+	rc := a.cfg.Rules
+	gopt, per, err := balancer.CompileOptionsFor(a.cfg.Regions, a.cfg.weights(), rules.CompileOptions{IPv6Prefix: rc.IPv6Prefix})
+	if err != nil {
+		return err
+	}
+	var base *rules.Set
+	if rc.EtcdPrefix != "" && rc.File != "" {
+		if base, err = rules.LoadFile(rc.File); err == nil {
+			err = base.Validate()
+		}
+		if err != nil {
+			return fmt.Errorf("app: base rules file: %w", err)
+		}
+	}
+	opts := []rules.Option{rules.WithInterval(rc.PollInterval), rules.WithLogger(a.log.Named("rules")),
+		rules.WithOnError(func(err error) { a.log.Error("rules rejected; the previous rules keep serving", "error", err) })}
+	var holders []*rules.Holder
+	for _, opt := range append([]rules.CompileOptions{gopt}, per...) {
+		h := rules.NewHolder(nil)
+		holders = append(holders, h)
+		if rc.EtcdPrefix == "" {
+			f, err := rules.NewFileSource(rc.File, h, opt, opts...)
+			if err != nil {
+				return fmt.Errorf("app: rules file: %w", err)
+			}
+			a.files = append(a.files, f)
+			continue
+		}
+		o := opts
+		if base != nil {
+			o = append(o, rules.WithBase(base))
+			snap, err := rules.Compile(base, opt)
+			if err != nil {
+				return fmt.Errorf("app: base rules file: %w", err)
+			}
+			h.Store(snap) // serve the base until etcd answers
+		}
+		src, err := rules.NewEtcdSource(a.etcd, rc.EtcdPrefix, h, opt, o...)
+		if err != nil {
+			return fmt.Errorf("app: etcd rules: %w", err)
+		}
+		a.srcs = append(a.srcs, src)
+		ctx, cancel := context.WithTimeout(a.ctx, 5*time.Second)
+		if err := src.Load(ctx); err != nil {
+			a.log.Warn("rules not loaded from etcd at start; retrying", "error", err)
+		}
+		cancel()
+	}
+	a.table = balancer.NewRuleTable(holders[0], holders[1:])
+	return nil
+}
+
+func (a *App) listen() (err error) {
+	var opts []grpc.ServerOption
+	srvTLS, err := a.cfg.Listen.TLS.build()
+	if err != nil {
+		return fmt.Errorf("app: listen.tls: %w", err)
+	}
+	if srvTLS != nil {
+		opts = append(opts, grpc.Creds(credentials.NewTLS(srvTLS)))
+	}
+	// A report of MaxEntries identities is ≈ 60 bytes an entry.
+	opts = append(opts, grpc.MaxRecvMsgSize(max(4<<20, 128*a.cfg.Balance.MaxEntries)))
+	a.grpc = grpc.NewServer(opts...)
+	if a.grpcL, err = net.Listen("tcp", a.cfg.Listen.GRPC); err != nil {
+		return fmt.Errorf("app: grpc listen %s: %w", a.cfg.Listen.GRPC, err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(a.reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if err := a.Ready(); err != nil {
+			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		role := "standby"
+		if ok, _ := a.svc.Leading(); ok {
+			role = "leader"
+		}
+		fmt.Fprintln(w, "ready:", role)
+	})
+	a.http = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, WriteTimeout: 30 * time.Second}
+	if a.cfg.Listen.HTTP != "" {
+		if a.httpL, err = net.Listen("tcp", a.cfg.Listen.HTTP); err != nil {
+			return fmt.Errorf("app: http listen %s: %w", a.cfg.Listen.HTTP, err)
+		}
+	}
+	return nil
+}
+
+// GRPCAddr and HTTPAddr are the bound addresses ("" when not listening).
+func (a *App) GRPCAddr() string { return addrOf(a.grpcL) }
+
+// HTTPAddr is the bound HTTP address.
+func (a *App) HTTPAddr() string { return addrOf(a.httpL) }
+
+func addrOf(l net.Listener) string {
+	if l == nil {
+		return ""
+	}
+	return l.Addr().String()
+}
+
+// Service returns the balancer service (for tests).
+func (a *App) Service() *balancer.Service { return a.svc }
+
+// Registry returns the Prometheus registry every metric is in.
+func (a *App) Registry() *prometheus.Registry { return a.reg }
+
+// Ready is /readyz: it fails only when closed or when etcd rules never loaded (without a
+// base file): a replica without rules would ignore every identity. A standby is ready (it
+// answers reports with a redirect).
+func (a *App) Ready() error {
+	select {
+	case <-a.closed:
+		return ErrClosed
+	default:
+	}
+	if a.cfg.Rules.File == "" {
+		for _, s := range a.srcs {
+			if st := s.Status(); st.Loads == 0 {
+				return fmt.Errorf("rules: none loaded from etcd yet (last error: %v)", st.LastError)
+			}
+		}
+	}
+	return nil
+}
+
+func (a *App) goFn(f func()) {
+	a.wg.Add(1)
+	go func() {
+		defer a.wg.Done()
+		f()
+	}()
+}
+
+// Run serves the report API and HTTP, keeps the rules sources running and campaigns; it
+// returns when ctx ends or a server fails, after a graceful Close.
+func (a *App) Run(ctx context.Context) error {
+	a.mu.Lock()
+	select {
+	case <-a.closed:
+		a.mu.Unlock()
+		return ErrClosed
+	default:
+	}
+	if a.serving {
+		a.mu.Unlock()
+		return errors.New("app: Run called twice")
+	}
+	a.serving = true
+	a.mu.Unlock()
+	errc := make(chan error, 2)
+	a.goFn(func() {
+		if err := a.grpc.Serve(a.grpcL); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+			errc <- fmt.Errorf("app: grpc serve: %w", err)
+		}
+	})
+	if a.httpL != nil {
+		a.goFn(func() {
+			if err := a.http.Serve(a.httpL); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				errc <- fmt.Errorf("app: http serve: %w", err)
+			}
+		})
+	}
+	for _, f := range a.files {
+		a.goFn(func() { f.Run(a.ctx) })
+	}
+	for _, s := range a.srcs {
+		a.goFn(func() { s.Run(a.ctx) })
+	}
+	if err := a.svc.Start(); err != nil {
+		return errors.Join(err, a.Close())
+	}
+	a.log.Info("serving", "id", a.cfg.ID, "regions", a.cfg.Regions, "grpc", a.GRPCAddr(), "http", a.HTTPAddr())
+	var err error
+	select {
+	case <-ctx.Done():
+	case err = <-errc:
+	case <-a.closed:
+	}
+	return errors.Join(err, a.Close())
+}
+
+// Close resigns leadership, drains the servers (up to DrainTimeout), stops the rules
+// sources and closes the etcd client. Idempotent; every call returns the first's result.
+func (a *App) Close() error {
+	a.once.Do(func() {
+		var errs []error
+		if a.svc != nil {
+			errs = append(errs, a.svc.Close())
+		}
+		a.mu.Lock()
+		serving := a.serving
+		a.mu.Unlock()
+		a.drain(serving)
+		a.cancel()
+		for _, f := range a.files {
+			f.Close()
+		}
+		for _, s := range a.srcs {
+			s.Close()
+		}
+		a.wg.Wait()
+		if a.etcd != nil {
+			if err := a.etcd.Close(); err != nil {
+				errs = append(errs, fmt.Errorf("app: while closing etcd: %w", err))
+			}
+		}
+		a.mu.Lock()
+		a.closeErr = errors.Join(errs...)
+		a.mu.Unlock()
+		close(a.closed)
+		a.log.Info("stopped", "id", a.cfg.ID)
+	})
+	<-a.closed
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.closeErr
+}
+
+func (a *App) drain(serving bool) {
+	deadline := time.Now().Add(a.cfg.DrainTimeout)
+	if a.grpc != nil {
+		done := make(chan struct{})
+		go func() { defer close(done); a.grpc.GracefulStop() }()
+		t := time.NewTimer(time.Until(deadline))
+		select {
+		case <-done:
+			t.Stop()
+		case <-t.C:
+			a.grpc.Stop()
+			<-done
+		}
+	}
+	if a.http != nil {
+		ctx, cancel := context.WithDeadline(context.Background(), deadline)
+		if err := a.http.Shutdown(ctx); err != nil {
+			a.http.Close()
+		}
+		cancel()
+	}
+	if !serving {
+		for _, l := range []net.Listener{a.grpcL, a.httpL} {
+			if l != nil {
+				l.Close()
+			}
+		}
+	}
+}

@@ -1,0 +1,155 @@
+package app
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net/http"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/allot-dev/allot/pkg/shareset"
+	"github.com/allot-dev/allot/pkg/testenv"
+	allotv1 "github.com/allot-dev/allot/proto/allot/v1"
+	"github.com/hashicorp/go-hclog"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+)
+
+var configFile = filepath.Join("..", "..", "..", "configs", "balancer.yaml")
+var rulesFile = filepath.Join("..", "..", "..", "configs", "rules", "example.yaml")
+
+func env(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
+
+func TestParseConfigFileEnvAndFlags(t *testing.T) {
+	var out bytes.Buffer
+	cfg, err := Parse([]string{"-config", configFile, "-interval", "5s", "-weights", "us-east=2"},
+		env(map[string]string{"ALLOT_INTERVAL": "7s", "ALLOT_KEY_TTL": "2m", "ALLOT_ETCD_ENDPOINTS": "http://a:1, http://b:2"}), &out)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out.String())
+	}
+	if cfg.Balance.Interval != 5*time.Second || cfg.Balance.KeyTTL != 2*time.Minute || len(cfg.Etcd.Endpoints) != 2 {
+		t.Fatalf("interval %v key_ttl %v endpoints %v: flags over env over file", cfg.Balance.Interval, cfg.Balance.KeyTTL, cfg.Etcd.Endpoints)
+	}
+	if w := cfg.weights(); w[0] != 2 || w[1] != 1 || cfg.Regions[2] != "ap-south" {
+		t.Fatalf("weights %v regions %v", w, cfg.Regions)
+	}
+	if cc := cfg.coreConfig(); cc.Stale != 5*time.Minute || cc.Share.Floor != 0.01 || cc.MaxPublished != 50000 {
+		t.Fatalf("core config %+v", cc)
+	}
+}
+
+func TestParseNamesBadValues(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"-config", configFile, "-regions", ""}, "regions is empty"},
+		{[]string{"-config", configFile, "-weights", "mars=1"}, `weights names region "mars"`},
+		{[]string{"-config", configFile, "-interval", "0s"}, "Interval 0s, must be > 0"},
+		{[]string{"-config", configFile, "-session-ttl", "1500ms"}, "SessionTTL 1.5s"},
+		{[]string{"-config", configFile, "-log-level", "loud"}, `log_level "loud"`},
+		{[]string{"-config", configFile, "-weights", "us-east"}, "want region=weight"},
+	} {
+		_, err := Parse(tc.args, env(nil), io.Discard)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%v: error %v, want one naming %q", tc.args, err, tc.want)
+		}
+	}
+}
+
+// TestAppLeadsPublishesAndResigns runs one replica against real etcd: it leads, takes a
+// report over gRPC, publishes a share set, serves /metrics and /readyz, and resigns on
+// Close.
+func TestAppLeadsPublishesAndResigns(t *testing.T) {
+	e := testenv.Etcd(t, 1)
+	cfg, err := Parse([]string{"-config", configFile, "-grpc-addr", "127.0.0.1:0", "-http-addr", "127.0.0.1:0",
+		"-etcd-endpoints", strings.Join(e.Endpoints(), ","), "-rules-file", rulesFile, "-rules-etcd-prefix", "",
+		"-interval", "1s", "-learning", "1s", "-session-ttl", "2s"}, env(nil), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := New(cfg, hclog.New(&hclog.LoggerOptions{Level: hclog.Info, Output: testWriter{t}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	poll(t, 10*time.Second, "leading", func() bool { ok, _ := a.Service().Leading(); return ok })
+
+	cc, err := grpc.NewClient(a.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	bc := allotv1.NewBalancerClient(cc)
+	cli := e.Client(t)
+	var head shareset.Head
+	seq := uint64(0)
+	poll(t, 15*time.Second, "the busy key published", func() bool {
+		seq++
+		now := time.Now()
+		for _, region := range cfg.Regions {
+			rate := 0.0
+			if region == "eu-west" {
+				rate = 200
+			}
+			rq := &allotv1.ReportRequest{Region: region, EnforcerId: "e1", Seq: seq, IntervalStartMs: now.Add(-time.Second).UnixMilli(),
+				IntervalEndMs: now.UnixMilli(), Usage: []*allotv1.IdentityUsage{{Rule: "default", Identity: "key:k1", Admitted: rate}}}
+			resp, err := bc.Report(context.Background(), rq)
+			if err != nil || !resp.Accepted {
+				t.Fatalf("report: %v %v", resp, err)
+			}
+		}
+		r, err := cli.Get(context.Background(), shareset.HeadKey(shareset.DefaultPrefix))
+		if err != nil || len(r.Kvs) == 0 {
+			return false
+		}
+		head, _ = shareset.DecodeHead(r.Kvs[0].Value)
+		return head.Version >= 1
+	})
+	for path, want := range map[string]string{"/readyz": "ready: leader", "/healthz": "ok",
+		"/metrics": "allot_balancer_leader 1"} {
+		resp, err := http.Get("http://" + a.HTTPAddr() + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || !strings.Contains(string(b), want) {
+			t.Fatalf("%s: %d %q, want %q", path, resp.StatusCode, b, want)
+		}
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	done <- nil
+	r, err := cli.Get(context.Background(), cfg.Etcd.ElectionPrefix+"/", clientv3.WithPrefix())
+	if err != nil || len(r.Kvs) != 0 {
+		t.Fatalf("after Close: election keys %v (%v), want none (resigned)", r.Kvs, err)
+	}
+}
+
+func poll(t *testing.T, within time.Duration, what string, cond func() bool) {
+	t.Helper()
+	end := time.Now().Add(within)
+	for !cond() {
+		if time.Now().After(end) {
+			t.Fatalf("not within %v: %s", within, what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+type testWriter struct{ t testing.TB }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}

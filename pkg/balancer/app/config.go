@@ -1,0 +1,252 @@
+// Package app wires one balancer replica: configuration (file, flags, ALLOT_*
+// environment), the etcd client, the rules sources the identity limits come from, the
+// balancer Service (election, fenced publisher, report API), the gRPC and HTTP servers,
+// metrics and graceful shutdown (resigning leadership). cmd/balancer stays a few lines.
+package app
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/allot-dev/allot/pkg/balancer"
+	"github.com/allot-dev/allot/pkg/shareset"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"gopkg.in/yaml.v3"
+)
+
+// Config is one balancer replica's configuration (configs/balancer.yaml). Every field has
+// a default except Regions and the etcd endpoints; flags and ALLOT_* variables override
+// the file (see Parse).
+type Config struct {
+	// Regions are the regions shares are split between, in a fixed order. Required.
+	Regions []string `yaml:"regions"`
+	// Weights give the default split of rules that list no `shares:` (region → weight,
+	// > 0; regions not listed weigh 1). Empty: equal. Enforcers must be given the same.
+	Weights map[string]float64 `yaml:"weights"`
+	// ID names this replica in logs. Default host-pid.
+	ID string `yaml:"id"`
+
+	Listen  ListenConfig  `yaml:"listen"`
+	Etcd    EtcdConfig    `yaml:"etcd"`
+	Rules   RulesConfig   `yaml:"rules"`
+	Balance BalanceConfig `yaml:"balance"`
+	Share   ShareConfig   `yaml:"share"`
+
+	// DrainTimeout bounds graceful shutdown. Default 10s.
+	DrainTimeout time.Duration `yaml:"drain_timeout"`
+	// LogLevel is trace, debug, info, warn or error; LogJSON writes JSON lines.
+	LogLevel string `yaml:"log_level"`
+	LogJSON  bool   `yaml:"log_json"`
+}
+
+// ListenConfig: where the report API (gRPC) and /metrics, /healthz, /readyz (HTTP) listen.
+type ListenConfig struct {
+	GRPC string `yaml:"grpc"`
+	HTTP string `yaml:"http"`
+	// Advertise is the report address enforcers are redirected to (the campaign value).
+	// Default: the bound gRPC address.
+	Advertise string `yaml:"advertise"`
+	// TLS for the report API (server side).
+	TLS ServerTLSConfig `yaml:"tls"`
+}
+
+// ServerTLSConfig is the report API's TLS. With ClientCAFile set, enforcers must present
+// a certificate signed by it.
+type ServerTLSConfig struct {
+	Enabled      bool   `yaml:"enabled"`
+	CertFile     string `yaml:"cert_file"`
+	KeyFile      string `yaml:"key_file"`
+	ClientCAFile string `yaml:"client_ca_file"`
+}
+
+// TLSConfig is client TLS to etcd. Files are PEM.
+type TLSConfig struct {
+	Enabled            bool   `yaml:"enabled"`
+	CAFile             string `yaml:"ca_file"`
+	CertFile           string `yaml:"cert_file"`
+	KeyFile            string `yaml:"key_file"`
+	ServerName         string `yaml:"server_name"`
+	InsecureSkipVerify bool   `yaml:"insecure_skip_verify"`
+}
+
+// EtcdConfig: the cluster holding the election, the share sets and (optionally) rules.
+type EtcdConfig struct {
+	Endpoints   []string      `yaml:"endpoints"`
+	Username    string        `yaml:"username"`
+	Password    string        `yaml:"password"`
+	TLS         TLSConfig     `yaml:"tls"`
+	DialTimeout time.Duration `yaml:"dial_timeout"`
+	// ElectionPrefix is where replicas campaign. Default /allot/balancer/election.
+	ElectionPrefix string `yaml:"election_prefix"`
+	// SharesPrefix is where share sets are published. Default /allot/shares/.
+	SharesPrefix string `yaml:"shares_prefix"`
+	// SessionTTL is the election lease (whole seconds): a dead leader is replaced after
+	// it. Default 10s.
+	SessionTTL time.Duration `yaml:"session_ttl"`
+	// WriteTimeout bounds each etcd transaction. Default 5s.
+	WriteTimeout time.Duration `yaml:"write_timeout"`
+}
+
+// RulesConfig: the same rules the enforcers load (a file, an etcd prefix, or both).
+type RulesConfig struct {
+	File         string        `yaml:"file"`
+	EtcdPrefix   string        `yaml:"etcd_prefix"`
+	PollInterval time.Duration `yaml:"poll_interval"`
+	IPv6Prefix   int           `yaml:"ipv6_prefix"`
+}
+
+// BalanceConfig tunes the core (balancer.CoreConfig); see its fields for the meaning.
+type BalanceConfig struct {
+	Interval      time.Duration `yaml:"interval"`
+	EarlyGap      time.Duration `yaml:"early_gap"`
+	Learning      time.Duration `yaml:"learning"`
+	AckTimeout    time.Duration `yaml:"ack_timeout"`
+	MinVersionGap time.Duration `yaml:"min_version_gap"`
+	SilentAfter   time.Duration `yaml:"silent_after"`
+	Stale         time.Duration `yaml:"stale"`
+	KeyTTL        time.Duration `yaml:"key_ttl"`
+	TickEvery     time.Duration `yaml:"tick_every"`
+	MaxEntries    int           `yaml:"max_entries"`
+	MaxIdentities int           `yaml:"max_identities"`
+	MaxPublished  int           `yaml:"max_published"`
+	MaxEnforcers  int           `yaml:"max_enforcers"`
+}
+
+// ShareConfig tunes the policy (share.Config).
+type ShareConfig struct {
+	Floor    float64 `yaml:"floor"`
+	Alpha    float64 `yaml:"alpha"`
+	DeadBand float64 `yaml:"dead_band"`
+}
+
+// DefaultConfig returns the defaults (balancer.DefaultCoreConfig's, DefaultServiceConfig's).
+func DefaultConfig() Config {
+	cc, sc := balancer.DefaultCoreConfig(), balancer.DefaultServiceConfig()
+	return Config{
+		Listen: ListenConfig{GRPC: "127.0.0.1:9090", HTTP: "127.0.0.1:9091"},
+		Etcd: EtcdConfig{DialTimeout: 2 * time.Second, ElectionPrefix: balancer.DefaultElectionPrefix,
+			SharesPrefix: shareset.DefaultPrefix, SessionTTL: sc.SessionTTL, WriteTimeout: sc.WriteTimeout},
+		Rules: RulesConfig{PollInterval: 2 * time.Second, IPv6Prefix: 64},
+		Balance: BalanceConfig{Interval: cc.Interval, EarlyGap: cc.EarlyGap, Learning: cc.Learning, AckTimeout: cc.AckTimeout,
+			MinVersionGap: cc.MinVersionGap,
+			SilentAfter:   cc.SilentAfter, Stale: cc.Stale, KeyTTL: cc.KeyTTL, TickEvery: sc.TickEvery,
+			MaxEntries: cc.MaxEntries, MaxIdentities: cc.MaxIdentities, MaxPublished: cc.MaxPublished, MaxEnforcers: cc.MaxEnforcers},
+		Share:        ShareConfig{Floor: cc.Share.Floor, Alpha: cc.Share.Alpha, DeadBand: cc.Share.DeadBand},
+		DrainTimeout: 10 * time.Second,
+		LogLevel:     "info",
+	}
+}
+
+// LoadFile reads a YAML config over the defaults. Unknown fields are errors.
+func LoadFile(path string) (Config, error) {
+	cfg := DefaultConfig()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return cfg, fmt.Errorf("app: while reading config: %w", err)
+	}
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	if err := dec.Decode(&cfg); err != nil {
+		return cfg, fmt.Errorf("app: config %s: %w", path, err)
+	}
+	return cfg, nil
+}
+
+// weights returns the weights in Regions order (nil: equal).
+func (c *Config) weights() []float64 {
+	if len(c.Weights) == 0 {
+		return nil
+	}
+	out := make([]float64, len(c.Regions))
+	for i, r := range c.Regions {
+		out[i] = 1
+		if w, ok := c.Weights[r]; ok {
+			out[i] = w
+		}
+	}
+	return out
+}
+
+// coreConfig is the balancer.CoreConfig the file describes (Limits unset).
+func (c *Config) coreConfig() balancer.CoreConfig {
+	cc := balancer.DefaultCoreConfig()
+	b := c.Balance
+	cc.Regions, cc.Weights = c.Regions, c.weights()
+	cc.Interval, cc.EarlyGap, cc.Learning, cc.AckTimeout = b.Interval, b.EarlyGap, b.Learning, b.AckTimeout
+	cc.SilentAfter, cc.Stale, cc.KeyTTL, cc.MinVersionGap = b.SilentAfter, b.Stale, b.KeyTTL, b.MinVersionGap
+	cc.MaxEntries, cc.MaxIdentities, cc.MaxPublished, cc.MaxEnforcers = b.MaxEntries, b.MaxIdentities, b.MaxPublished, b.MaxEnforcers
+	cc.Share.Floor, cc.Share.Alpha, cc.Share.DeadBand = c.Share.Floor, c.Share.Alpha, c.Share.DeadBand
+	return cc
+}
+
+// Validate names every bad field and value.
+func (c *Config) Validate() error {
+	var errs []error
+	bad := func(format string, a ...any) { errs = append(errs, fmt.Errorf("app: config: "+format, a...)) }
+	if len(c.Regions) == 0 {
+		bad("regions is empty (set regions:, -regions or ALLOT_REGIONS)")
+	}
+	for r := range c.Weights {
+		found := false
+		for _, x := range c.Regions {
+			found = found || x == r
+		}
+		if !found {
+			bad("weights names region %q, not in regions %v", r, c.Regions)
+		}
+	}
+	if len(c.Etcd.Endpoints) == 0 {
+		bad("etcd.endpoints is empty: the election and the shares live in etcd")
+	}
+	if c.Rules.File == "" && c.Rules.EtcdPrefix == "" {
+		bad("no rules: set rules.file and/or rules.etcd_prefix")
+	}
+	if c.Listen.GRPC == "" {
+		bad("listen.grpc is empty: the report API needs an address")
+	}
+	if t := c.Listen.TLS; t.Enabled && (t.CertFile == "" || t.KeyFile == "") {
+		bad("listen.tls.enabled needs cert_file and key_file")
+	}
+	if c.DrainTimeout <= 0 {
+		bad("drain_timeout %v, must be > 0", c.DrainTimeout)
+	}
+	if c.Etcd.DialTimeout <= 0 {
+		bad("etcd.dial_timeout %v, must be > 0", c.Etcd.DialTimeout)
+	}
+	if c.Rules.PollInterval <= 0 {
+		bad("rules.poll_interval %v, must be > 0", c.Rules.PollInterval)
+	}
+	ok := false
+	for _, l := range []string{"trace", "debug", "info", "warn", "error"} {
+		ok = ok || strings.EqualFold(c.LogLevel, l)
+	}
+	if !ok {
+		bad("log_level %q, want trace, debug, info, warn or error", c.LogLevel)
+	}
+	sc := c.serviceConfig()
+	// What New fills in is not the file's to get wrong: stand-ins for the checks.
+	sc.Core.Limits = func(string, string) (float64, []float64, bool) { return 0, nil, false }
+	sc.Etcd = new(clientv3.Client)
+	if sc.Advertise == "" {
+		sc.Advertise = "bound-grpc-address"
+	}
+	if err := sc.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// serviceConfig is the balancer.ServiceConfig the file describes (Etcd, Limits, Clock,
+// Logger and Registerer unset; Advertise from the config, maybe empty).
+func (c *Config) serviceConfig() balancer.ServiceConfig {
+	sc := balancer.DefaultServiceConfig()
+	sc.Core = c.coreConfig()
+	sc.ElectionPrefix, sc.SharesPrefix = c.Etcd.ElectionPrefix, c.Etcd.SharesPrefix
+	sc.SessionTTL, sc.WriteTimeout, sc.TickEvery = c.Etcd.SessionTTL, c.Etcd.WriteTimeout, c.Balance.TickEvery
+	sc.Advertise = c.Listen.Advertise
+	return sc
+}

@@ -1,0 +1,201 @@
+package balancer
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"regexp"
+	"time"
+
+	"github.com/allot-dev/allot/pkg/share"
+)
+
+// LimitsFunc tells the core one limited identity's global rate (tokens/s of its rule's
+// first limit, > 0) and default split (one share per region in CoreConfig.Regions order,
+// summing to ≤ 1; nil means the split from CoreConfig.Weights). ok is false when the rule
+// is unknown: the identity is ignored (and counted, Stats.UnknownRule). The core keeps the
+// returned slice and never modifies it, so one slice per rule may be shared by every
+// identity of that rule; the function must not modify it afterwards either. It is called
+// with the core's mutex held: it must not call back into the Core.
+type LimitsFunc func(rule, identity string) (rate float64, def []float64, ok bool)
+
+// CoreConfig configures a Core. The zero value is not valid: start from DefaultCoreConfig
+// and set Regions and Limits.
+type CoreConfig struct {
+	// Regions are the regions shares are allocated between; their order is the index of
+	// every per-region slice (share.Input, LimitsFunc's default split, Stats). Required,
+	// unique names like "us-east".
+	Regions []string
+	// Weights give the default split of an identity whose LimitsFunc returns no split:
+	// share_r = Weights[r] / Σ Weights. nil: equal. Each > 0, one per region.
+	Weights []float64
+	// LeaderRev is this leadership term's fencing token (the election key's create
+	// revision), written into every Publication's head. > 0. A core lives for one term:
+	// a replica that becomes leader again builds a new Core.
+	LeaderRev int64
+
+	// Interval is the balancing interval: shares are recomputed every Interval (and early,
+	// see EarlyGap). Default 10s, like the enforcers' report interval.
+	Interval time.Duration
+	// EarlyGap is the least time between two recomputes when a report flagged early
+	// arrives (refusals jumped in some region). Default 2s.
+	EarlyGap time.Duration
+	// Learning: a new core (a new leader) does not reallocate until every region has
+	// reported or Learning has passed since its first call, so it does not move shares on
+	// one region's word. Default 2 × Interval.
+	Learning time.Duration
+	// AckTimeout bounds how long an increase waits for the decreases it needs to be
+	// acknowledged: past AckTimeout after the decrease landed in etcd, the decrease counts
+	// as applied by every enforcer of a region still reporting. It must be ≥ the time a
+	// landed write takes to reach every enforcer (the watch, ~1 s): shorter risks Σ > 1
+	// for an enforcer that has not yet swapped in the decrease; longer holds the increase
+	// back (the key stays under its limit) for longer. Default 5s.
+	AckTimeout time.Duration
+	// MinVersionGap is the least time between two new versions (a retried write aside).
+	// Every version rewrites every chunk, so with it the bytes written per Interval are at
+	// most (Interval/MinVersionGap + 1) × MaxPublished × ~150 B; plan steps (an increase
+	// after its decreases were acknowledged) wait up to this long for their version.
+	// Default 2s.
+	MinVersionGap time.Duration
+	// SilentAfter: a region none of whose enforcers reported for this long is silent: it
+	// is held at its last share (others get no more than the rest) and only its own
+	// reports (or Stale, see below) acknowledge its decreases. Also the window in which an
+	// enforcer counts for acknowledgements. Default 2 × Interval.
+	SilentAfter time.Duration
+	// Stale is the enforcers' staleness period: a region silent for Stale is then held at
+	// min(last, default), which is what its enforcers fall back to on their own after
+	// Stale without a refresh. Default 5m.
+	Stale time.Duration
+	// KeyTTL: an identity absent from every report for KeyTTL goes back to the default
+	// split (through the change plan), then is forgotten. Default 1m.
+	KeyTTL time.Duration
+
+	// MaxEntries caps a report's usage entries; a longer report is refused whole.
+	// Default 10,000.
+	MaxEntries int
+	// MaxIdentities caps the identities tracked. Past it, recompute evicts the least
+	// demanded (they go back to the default split through the plan, then are forgotten),
+	// and between recomputes new identities beyond MaxIdentities + MaxIdentities/8 are
+	// dropped (Stats.Dropped). Default 2,000,000.
+	MaxIdentities int
+	// MaxPublished caps the identities a publication lists (those whose shares differ from
+	// the default split), so the bytes written per interval are bounded whatever the key
+	// count (≈ 150 bytes an entry). Past it the least-demanded identities are moved back to
+	// the default split. In-flight changes may exceed it briefly. Default 50,000.
+	MaxPublished int
+	// MaxEnforcers caps the enforcers tracked per region (ack state, dedupe); reports from
+	// more are refused. Default 4,096.
+	MaxEnforcers int
+
+	// Share configures the policy (pkg/share).
+	Share share.Config
+	// Limits gives each identity's global rate and default split. Required.
+	Limits LimitsFunc
+
+	// allocate and step replace share.Allocate and share.Step in tests.
+	allocate func(share.Config, share.State, share.Input) share.State
+	step     func(mayApply, target []float64) ([]float64, bool)
+}
+
+// DefaultCoreConfig returns the defaults above, with LeaderRev 1 and no regions.
+func DefaultCoreConfig() CoreConfig {
+	return CoreConfig{
+		LeaderRev:     1,
+		Interval:      10 * time.Second,
+		EarlyGap:      2 * time.Second,
+		Learning:      20 * time.Second,
+		AckTimeout:    5 * time.Second,
+		MinVersionGap: 2 * time.Second,
+		SilentAfter:   20 * time.Second,
+		Stale:         5 * time.Minute,
+		KeyTTL:        time.Minute,
+		MaxEntries:    10_000,
+		MaxIdentities: 2_000_000,
+		MaxPublished:  50_000,
+		MaxEnforcers:  4096,
+		Share:         share.DefaultConfig(),
+	}
+}
+
+var regionRE = regexp.MustCompile(`^[a-z0-9][a-z0-9-]{0,62}$`)
+
+// Validate names the first bad field and value (all of them, joined).
+func (c *CoreConfig) Validate() error {
+	var errs []error
+	bad := func(format string, a ...any) { errs = append(errs, fmt.Errorf("balancer: CoreConfig."+format, a...)) }
+	if len(c.Regions) == 0 {
+		bad("Regions is empty")
+	}
+	seen := map[string]bool{}
+	for _, r := range c.Regions {
+		if !regionRE.MatchString(r) {
+			bad("Regions: %q, want a name like us-east", r)
+		}
+		if seen[r] {
+			bad("Regions: %q listed twice", r)
+		}
+		seen[r] = true
+	}
+	if c.Weights != nil {
+		if len(c.Weights) != len(c.Regions) {
+			bad("Weights has %d values for %d regions", len(c.Weights), len(c.Regions))
+		}
+		for i, w := range c.Weights {
+			if !(w > 0) || math.IsInf(w, 0) {
+				bad("Weights[%d] %g, must be finite and > 0", i, w)
+			}
+		}
+	}
+	if c.LeaderRev <= 0 {
+		bad("LeaderRev %d, must be > 0", c.LeaderRev)
+	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{"Interval", c.Interval}, {"EarlyGap", c.EarlyGap}, {"Learning", c.Learning}, {"AckTimeout", c.AckTimeout}, {"MinVersionGap", c.MinVersionGap},
+		{"SilentAfter", c.SilentAfter}, {"Stale", c.Stale}, {"KeyTTL", c.KeyTTL}} {
+		if d.v <= 0 {
+			bad("%s %v, must be > 0", d.name, d.v)
+		}
+	}
+	if c.SilentAfter > 0 && c.Stale > 0 && c.Stale < c.SilentAfter {
+		bad("Stale %v, must be >= SilentAfter %v", c.Stale, c.SilentAfter)
+	}
+	for _, n := range []struct {
+		name string
+		v    int
+	}{{"MaxEntries", c.MaxEntries}, {"MaxIdentities", c.MaxIdentities}, {"MaxPublished", c.MaxPublished}, {"MaxEnforcers", c.MaxEnforcers}} {
+		if n.v <= 0 {
+			bad("%s %d, must be > 0", n.name, n.v)
+		}
+	}
+	if c.MaxPublished > c.MaxIdentities && c.MaxIdentities > 0 {
+		bad("MaxPublished %d, must be <= MaxIdentities %d", c.MaxPublished, c.MaxIdentities)
+	}
+	if err := c.Share.Validate(); err != nil {
+		errs = append(errs, fmt.Errorf("balancer: CoreConfig.Share: %w", err))
+	}
+	if c.Limits == nil {
+		bad("Limits is nil")
+	}
+	return errors.Join(errs...)
+}
+
+// weightSplit is the default split from Weights (equal when nil).
+func (c *CoreConfig) weightSplit() []float64 {
+	n := len(c.Regions)
+	out := make([]float64, n)
+	sum := 0.0
+	for i := range out {
+		w := 1.0
+		if c.Weights != nil {
+			w = c.Weights[i]
+		}
+		out[i] = w
+		sum += w
+	}
+	for i := range out {
+		out[i] /= sum
+	}
+	return out
+}

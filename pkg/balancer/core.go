@@ -1,0 +1,443 @@
+package balancer
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/allot-dev/allot/pkg/share"
+	"github.com/allot-dev/allot/pkg/shareset"
+	allotv1 "github.com/allot-dev/allot/proto/allot/v1"
+)
+
+// Errors of Ingest and Restore. Every invalid report wraps ErrInvalidReport.
+var (
+	ErrInvalidReport = errors.New("balancer: invalid report")
+	// ErrTooManyEnforcers: a report from an enforcer beyond MaxEnforcers in its region.
+	ErrTooManyEnforcers = errors.New("balancer: too many enforcers in the region")
+	// ErrRestoreLate: Restore after the core started (first Ingest or Tick) or twice.
+	ErrRestoreLate = errors.New("balancer: restore after start")
+)
+
+// MaxNameLen bounds a report's rule id, identity and enforcer id (bytes).
+const MaxNameLen = 512
+
+// eps is the tolerance under which two shares are equal.
+const eps = 1e-9
+
+// Publication is what Tick asks to be written. Changed: a new version, Head.Version one
+// more than the last; write Entries (shareset.Split) then the head. Not Changed: a head
+// refresh of the version in force (Entries nil; the publisher keeps the chunk count it
+// wrote), so enforcers see the balancer alive. Head.Chunks is left 0 for the publisher.
+type Publication struct {
+	Head    shareset.Head
+	Entries []shareset.Entry
+	Changed bool
+}
+
+type key struct{ rule, identity string }
+
+// ident is one tracked limited identity. vals holds three per-region slices in one
+// allocation: published, target and this window's tokens.
+type ident struct {
+	k        key
+	idx      int // in Core.all
+	rate     float64
+	def      []float64 // shared, never modified
+	st       share.State
+	vals     []float64
+	hist     []histEntry // earlier versions some region may still apply; nil when settled
+	pubVer   uint64      // the version published took its value at
+	lastSeen time.Time   // last report naming it (zero: since the core started)
+	pending  bool        // in Core.pending
+	evict    bool        // forget it once it is back at the default split
+}
+
+type histEntry struct {
+	v      uint64 // the version these shares were published at
+	shares []float64
+}
+
+func (id *ident) published(n int) []float64 { return id.vals[:n:n] }
+func (id *ident) target(n int) []float64    { return id.vals[n : 2*n : 2*n] }
+func (id *ident) tokens(n int) []float64    { return id.vals[2*n : 3*n : 3*n] }
+
+type enforcerState struct {
+	maxSeq     uint64
+	bits       uint64 // bit d: seq maxSeq-d was seen
+	lastHeard  time.Time
+	appliedRev int64
+	appliedVer uint64
+	window     uint64 // the window it last reported in
+}
+
+// seen records seq and reports whether it was seen before. A seq more than 64 below the
+// highest is a restarted process (its seq starts again): the history restarts.
+func (e *enforcerState) seen(seq uint64) bool {
+	switch {
+	case e.bits == 0 || seq >= e.maxSeq+64:
+		e.maxSeq, e.bits = seq, 1
+	case seq > e.maxSeq:
+		e.bits = e.bits<<(seq-e.maxSeq) | 1
+		e.maxSeq = seq
+	case e.maxSeq-seq < 64:
+		b := uint64(1) << (e.maxSeq - seq)
+		if e.bits&b != 0 {
+			return true
+		}
+		e.bits |= b
+	default:
+		e.maxSeq, e.bits = seq, 1
+	}
+	return false
+}
+
+type regionState struct {
+	name      string
+	enforcers map[string]*enforcerState
+	lastHeard time.Time
+	heard     bool // since the core started (learning)
+	winSecs   float64
+	winEnfs   int
+	reports   uint64
+	lag       time.Duration
+	driftSum  float64
+	driftMax  float64
+}
+
+type verEntry struct {
+	v      uint64
+	landed time.Time // zero until Published
+}
+
+// Core is the balancer's decision: reports in, versioned share sets out. It guarantees
+// that every share set it returns sums to ≤ 1 per identity and that, as long as every
+// enforcer applies a landed write within AckTimeout or reports what it applies, the sets
+// in force across regions sum to ≤ 1 (see the package doc). It errs under: an identity
+// whose traffic moved is held below its global limit until the decrease elsewhere is
+// acknowledged. It does no I/O and starts no goroutine; it is safe for concurrent use (one
+// mutex). Build it with NewCore; the zero value is not usable.
+type Core struct {
+	mu sync.Mutex // mu guards every field below cfg, n and regionIdx
+
+	cfg       CoreConfig
+	n         int
+	regionIdx map[string]int
+	weights   []float64
+
+	regions []regionState
+	ids     map[key]*ident
+	all     []*ident // the same identities, for iteration in allocation order
+	pending map[*ident]struct{}
+	free    []*ident  // forgotten identities, for reuse
+	slab    []ident   // identities not handed out yet
+	slabVal []float64 // their vals
+
+	started       bool
+	start         time.Time
+	learning      bool
+	nextDue       time.Time
+	lastCompute   time.Time
+	fullStep      bool // a recompute's targets wait for the next advance over every identity
+	lastVersionAt time.Time
+	earlyPending  bool
+	window        uint64
+
+	version     uint64 // the last version returned by Tick
+	landed      uint64 // the last version Published
+	dirty       bool   // a new version must be written (new term, or published changed)
+	log         []verEntry
+	lastHeadAt  time.Time
+	restoredRev int64
+	restoredVer uint64
+	listed      int
+	held        bool // the last version held an increase back
+	lastCompDur time.Duration
+	stats       counters
+	mayBuf      []float64
+}
+
+type counters struct {
+	recomputes, duplicates, invalid, unknownRule, dropped, evicted uint64
+}
+
+// NewCore validates cfg and returns a core for one leadership term.
+func NewCore(cfg CoreConfig) (*Core, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg.Regions = append([]string(nil), cfg.Regions...)
+	n := len(cfg.Regions)
+	c := &Core{
+		cfg: cfg, n: n, regionIdx: make(map[string]int, n), weights: cfg.weightSplit(),
+		regions: make([]regionState, n), ids: map[key]*ident{}, pending: map[*ident]struct{}{},
+		learning: true, dirty: true, mayBuf: make([]float64, n),
+	}
+	if c.cfg.allocate == nil {
+		c.cfg.allocate = share.Allocate
+	}
+	if c.cfg.step == nil {
+		c.cfg.step = share.Step
+	}
+	for i, r := range cfg.Regions {
+		c.regionIdx[r] = i
+		c.regions[i] = regionState{name: r, enforcers: map[string]*enforcerState{}}
+	}
+	return c, nil
+}
+
+// begin starts the clock of the core (learning, schedule) at its first call.
+func (c *Core) begin(now time.Time) {
+	if c.started {
+		return
+	}
+	c.started, c.start = true, now
+	c.nextDue = now.Add(c.cfg.Interval)
+	for i := range c.log {
+		if c.log[i].landed.IsZero() {
+			c.log[i].landed = now // the restored version: in force since before us
+		}
+	}
+}
+
+// Restore seeds a new leader's core with the persisted set (head and every chunk's
+// entries): those shares stand until the learning period ends, and the first Publication
+// rewrites them under this core's LeaderRev with head.Version+1. Entries whose rule
+// LimitsFunc does not know are dropped (their enforcers have no such rule either); a
+// region of ours the set does not name gets 0 for those entries. Call it before the first
+// Ingest or Tick, at most once (ErrRestoreLate otherwise).
+func (c *Core) Restore(head shareset.Head, entries []shareset.Entry) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.started || c.restoredRev != 0 || len(c.ids) > 0 {
+		return ErrRestoreLate
+	}
+	c.version, c.landed = head.Version, head.Version
+	c.restoredRev, c.restoredVer = head.LeaderRev, head.Version
+	c.log = append(c.log, verEntry{v: head.Version})
+	for i := range entries {
+		e := &entries[i]
+		if e.Rule == "" || e.Identity == "" || e.Validate() != nil {
+			continue
+		}
+		if c.ids[key{e.Rule, e.Identity}] != nil {
+			continue
+		}
+		id, ok := c.newIdent(e.Rule, e.Identity)
+		if !ok {
+			continue
+		}
+		pub := id.published(c.n)
+		for r, name := range c.cfg.Regions {
+			pub[r] = e.Shares[name]
+		}
+		copy(id.target(c.n), pub)
+		id.st.Shares = append([]float64(nil), pub...)
+		id.pubVer = head.Version
+	}
+	c.listed = c.countListed()
+	return nil
+}
+
+// newIdent builds an identity at the default split; ok is false for an unknown rule.
+func (c *Core) newIdent(rule, identity string) (*ident, bool) {
+	rate, def, ok := c.cfg.Limits(rule, identity)
+	if !ok || !(rate > 0) || math.IsInf(rate, 0) || (def != nil && len(def) != c.n) {
+		c.stats.unknownRule++
+		return nil, false
+	}
+	if def == nil {
+		def = c.weights
+	}
+	const slabLen = 4096
+	var id *ident
+	if f := len(c.free); f > 0 {
+		id = c.free[f-1]
+		c.free = c.free[:f-1]
+	} else {
+		if len(c.slab) == 0 { // identities allocated side by side: recompute walks them in order
+			c.slab, c.slabVal = make([]ident, slabLen), make([]float64, slabLen*3*c.n)
+		}
+		id = &c.slab[0]
+		id.vals = c.slabVal[: 3*c.n : 3*c.n]
+		c.slab, c.slabVal = c.slab[1:], c.slabVal[3*c.n:]
+	}
+	id.k, id.rate, id.def, id.idx = key{rule, identity}, rate, def, len(c.all)
+	copy(id.published(c.n), def)
+	copy(id.target(c.n), def)
+	c.ids[id.k] = id
+	c.all = append(c.all, id)
+	return id, true
+}
+
+// forget drops an identity (back at its default split, every region past its history).
+func (c *Core) forget(id *ident) {
+	delete(c.ids, id.k)
+	delete(c.pending, id)
+	last := c.all[len(c.all)-1]
+	c.all[id.idx], last.idx = last, id.idx
+	c.all = c.all[:len(c.all)-1]
+	vals := id.vals
+	clear(vals)
+	*id = ident{vals: vals}
+	c.free = append(c.free, id)
+	c.stats.evicted++
+}
+
+// validate checks a report whole before anything is recorded.
+func (c *Core) validate(r *allotv1.ReportRequest) (int, error) {
+	bad := func(format string, a ...any) (int, error) {
+		return 0, fmt.Errorf("%w: "+format, append([]any{ErrInvalidReport}, a...)...)
+	}
+	if r == nil {
+		return bad("nil report")
+	}
+	ri, ok := c.regionIdx[r.Region]
+	switch {
+	case !ok:
+		return bad("unknown region %.64q", r.Region)
+	case r.EnforcerId == "" || len(r.EnforcerId) > MaxNameLen:
+		return bad("enforcer_id %.64q: empty or longer than %d bytes", r.EnforcerId, MaxNameLen)
+	case r.IntervalEndMs <= r.IntervalStartMs:
+		return bad("interval [%d, %d) ms is empty", r.IntervalStartMs, r.IntervalEndMs)
+	case len(r.Usage) > c.cfg.MaxEntries:
+		return bad("%d usage entries, more than %d", len(r.Usage), c.cfg.MaxEntries)
+	case !count(r.OmittedTokens):
+		return bad("omitted_tokens %g, must be finite and >= 0", r.OmittedTokens)
+	}
+	for i, u := range r.Usage {
+		switch {
+		case u == nil:
+			return bad("usage[%d] is nil", i)
+		case u.Rule == "" || u.Identity == "" || len(u.Rule) > MaxNameLen || len(u.Identity) > MaxNameLen:
+			return bad("usage[%d]: rule %.64q identity %.64q: empty or longer than %d bytes", i, u.Rule, u.Identity, MaxNameLen)
+		case !count(u.Admitted) || !count(u.Refused) || !count(u.Error) || !count(u.RegionalRate):
+			return bad("usage[%d] (%s %s): admitted %g refused %g error %g regional_rate %g: must be finite and >= 0",
+				i, u.Rule, u.Identity, u.Admitted, u.Refused, u.Error, u.RegionalRate)
+		}
+	}
+	return ri, nil
+}
+
+func count(v float64) bool { return v >= 0 && !math.IsInf(v, 0) } // false for NaN too
+
+// Ingest records one enforcer's report. A malformed report (unknown region, empty
+// enforcer id, a negative or non-finite count, more than MaxEntries entries, an empty
+// interval) is refused whole with an error wrapping ErrInvalidReport and changes nothing;
+// a retry of a report already counted (same region, enforcer id and seq) returns nil and
+// changes nothing. Identities whose rule LimitsFunc does not know are skipped and counted.
+func (c *Core) Ingest(now time.Time, r *allotv1.ReportRequest) error {
+	ri, err := c.validate(r)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err != nil {
+		c.stats.invalid++
+		return err
+	}
+	c.begin(now)
+	rs := &c.regions[ri]
+	e := rs.enforcers[r.EnforcerId]
+	if e == nil {
+		if len(rs.enforcers) >= c.cfg.MaxEnforcers {
+			c.stats.invalid++
+			return fmt.Errorf("%w: %s has %d", ErrTooManyEnforcers, rs.name, len(rs.enforcers))
+		}
+		e = &enforcerState{}
+		rs.enforcers[r.EnforcerId] = e
+	}
+	if e.seen(r.Seq) {
+		c.stats.duplicates++
+		return nil
+	}
+	e.lastHeard, e.appliedRev, e.appliedVer = now, r.ShareLeaderRev, r.ShareVersion
+	if e.window != c.window+1 { // window numbers are offset by one so 0 means never
+		e.window = c.window + 1
+		rs.winEnfs++
+	}
+	secs := float64(r.IntervalEndMs-r.IntervalStartMs) / 1000
+	rs.winSecs += min(max(secs, 0.1), 10*c.cfg.Interval.Seconds())
+	rs.lastHeard, rs.heard = now, true
+	rs.reports++
+	rs.lag = now.Sub(time.UnixMilli(r.IntervalEndMs))
+	if r.Early {
+		c.earlyPending = true
+	}
+	hardCap := c.cfg.MaxIdentities + c.cfg.MaxIdentities/8
+	for _, u := range r.Usage {
+		k := key{u.Rule, u.Identity}
+		id := c.ids[k]
+		if id == nil {
+			if len(c.ids) >= hardCap {
+				c.stats.dropped++
+				continue
+			}
+			var ok bool
+			if id, ok = c.newIdent(u.Rule, u.Identity); !ok {
+				continue
+			}
+		}
+		id.tokens(c.n)[ri] += u.Admitted + u.Refused
+		id.lastSeen = now
+		id.evict = false
+	}
+	return nil
+}
+
+// Published records that p landed (in etcd, or in a simulation): a changed version
+// starts its AckTimeout, and any publication moves the head refresh clock.
+func (c *Core) Published(p *Publication, now time.Time) {
+	if p == nil {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if p.Head.LeaderRev != c.cfg.LeaderRev {
+		return
+	}
+	if p.Changed {
+		for i := range c.log {
+			if c.log[i].v == p.Head.Version && c.log[i].landed.IsZero() {
+				c.log[i].landed = now
+			}
+		}
+		c.landed = max(c.landed, p.Head.Version)
+	}
+	if p.Head.Version == c.version {
+		c.lastHeadAt = now
+	}
+}
+
+// recomputes is how many recomputes the core made (for the service's timing).
+func (c *Core) recomputes() uint64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.stats.recomputes
+}
+
+// IdentityState is one tracked identity as the core sees it, by region (copies).
+type IdentityState struct {
+	Rate      float64   // global rate, tokens/s
+	Default   []float64 // default split
+	Published []float64 // in the newest version
+	Target    []float64 // where the plan is going
+	Smoothed  []float64 // smoothed demand, tokens/s (nil before the first recompute)
+	Pending   bool      // the plan has not finished (or a region may still apply an older version)
+}
+
+// Identity returns the state of (rule, identity); ok is false when it is not tracked
+// (it has the default split). For tools (explain) and simulations.
+func (c *Core) Identity(rule, identity string) (IdentityState, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	id := c.ids[key{rule, identity}]
+	if id == nil {
+		return IdentityState{}, false
+	}
+	return IdentityState{
+		Rate: id.rate, Default: slices.Clone(id.def), Published: slices.Clone(id.published(c.n)),
+		Target: slices.Clone(id.target(c.n)), Smoothed: slices.Clone(id.st.Smoothed), Pending: id.pending,
+	}, true
+}

@@ -1,0 +1,137 @@
+package balancer
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/allot-dev/allot/pkg/shareset"
+	"github.com/hashicorp/go-hclog"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// publisher writes one term's share sets to etcd. Every transaction is fenced on the
+// term's election key: If(CreateRevision(key) == rev), so once the key is gone (lease
+// expired, resigned) or belongs to a newer campaign, etcd refuses the write (ErrFenced).
+//
+// A changed version is written as its chunks (one Txn each, each ≤ maxBytes: within
+// etcd's request limit), then one Txn deleting the chunk keys past the new count, then the
+// head. Writes per version are thus ⌈listed entries × ~150 B / maxBytes⌉ + 2 whatever the
+// key count, and Core.MaxPublished bounds the listed entries. A head refresh is one Txn.
+type publisher struct {
+	cli      *clientv3.Client
+	prefix   string
+	key      string
+	rev      int64
+	maxBytes int
+	timeout  time.Duration
+	m        *metrics
+	chunks   int // chunk keys that may exist in etcd: [0, chunks)
+}
+
+func (p *publisher) txn(ctx context.Context, kind string, ops ...clientv3.Op) error {
+	ctx, cancel := context.WithTimeout(ctx, p.timeout)
+	defer cancel()
+	resp, err := p.cli.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(p.key), "=", p.rev)).Then(ops...).Commit()
+	switch {
+	case err != nil:
+		p.m.writes.WithLabelValues(kind, "error").Inc()
+		return fmt.Errorf("while writing %s: %w", kind, err)
+	case !resp.Succeeded:
+		p.m.writes.WithLabelValues(kind, "fenced").Inc()
+		return ErrFenced
+	}
+	p.m.writes.WithLabelValues(kind, "ok").Inc()
+	return nil
+}
+
+// write publishes pub (chunks then head when Changed; the head alone otherwise).
+func (p *publisher) write(ctx context.Context, pub *Publication) error {
+	head := pub.Head
+	if pub.Changed {
+		chunks := shareset.Split(pub.Entries, head.LeaderRev, head.Version, p.maxBytes)
+		for i, b := range chunks {
+			if err := p.txn(ctx, "chunk", clientv3.OpPut(shareset.ChunkKey(p.prefix, i), string(b))); err != nil {
+				return err
+			}
+			p.m.writeBytes.WithLabelValues("chunk").Add(float64(len(b)))
+		}
+		// Stale chunks past the new count: readers ignore them (Head.Chunks), delete them so
+		// etcd does not keep them. At most 64 deletes a Txn (etcd's default max-txn-ops 128).
+		for lo := len(chunks); lo < p.chunks; lo += 64 {
+			var ops []clientv3.Op
+			for i := lo; i < min(lo+64, p.chunks); i++ {
+				ops = append(ops, clientv3.OpDelete(shareset.ChunkKey(p.prefix, i)))
+			}
+			if err := p.txn(ctx, "delete", ops...); err != nil {
+				return err
+			}
+		}
+		p.chunks = len(chunks)
+	}
+	head.Chunks = p.chunks
+	b, err := json.Marshal(head)
+	if err != nil {
+		return fmt.Errorf("while encoding the head: %w", err)
+	}
+	if err := p.txn(ctx, "head", clientv3.OpPut(shareset.HeadKey(p.prefix), string(b))); err != nil {
+		return err
+	}
+	p.m.writeBytes.WithLabelValues("head").Add(float64(len(b)))
+	return nil
+}
+
+// load reads the persisted set: the head and every chunk under the prefix. Chunks are
+// written before their head, so a leader that died between the two leaves chunks newer
+// than the head: load takes every chunk key, and for an identity in two chunks the entry
+// of the newer (rev, version). Each entry is a set the plan published, so each sums to ≤ 1
+// and the new leader's first version replaces them all anyway. found is false when no
+// head exists (a first start).
+func (p *publisher) load(ctx context.Context, log hclog.Logger) (head shareset.Head, entries []shareset.Entry, found bool, err error) {
+	ctx, cancel := context.WithTimeout(ctx, p.timeout)
+	defer cancel()
+	resp, err := p.cli.Get(ctx, p.prefix, clientv3.WithPrefix())
+	if err != nil {
+		return head, nil, false, err
+	}
+	type src struct {
+		rev int64
+		ver uint64
+		e   shareset.Entry
+	}
+	best := map[key]src{}
+	for _, kv := range resp.Kvs {
+		k := string(kv.Key)
+		if k == shareset.HeadKey(p.prefix) {
+			if head, err = shareset.DecodeHead(kv.Value); err != nil {
+				log.Warn("persisted head is invalid; starting from the default split", "error", err)
+				head = shareset.Head{}
+				continue
+			}
+			found = true
+			continue
+		}
+		i, ok := shareset.ChunkIndex(p.prefix, k)
+		if !ok {
+			continue
+		}
+		p.chunks = max(p.chunks, i+1)
+		c, err := shareset.DecodeChunk(kv.Value)
+		if err != nil {
+			log.Warn("persisted chunk is invalid; its entries are dropped", "key", k, "error", err)
+			continue
+		}
+		for _, e := range c.Entries {
+			kk := key{e.Rule, e.Identity}
+			if b, ok := best[kk]; !ok || cmp.Or(cmp.Compare(c.LeaderRev, b.rev), cmp.Compare(c.Version, b.ver)) > 0 {
+				best[kk] = src{c.LeaderRev, c.Version, e}
+			}
+		}
+	}
+	for _, b := range best {
+		entries = append(entries, b.e)
+	}
+	return head, entries, found, nil
+}

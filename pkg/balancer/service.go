@@ -1,0 +1,411 @@
+package balancer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/allot-dev/allot/pkg/clock"
+	"github.com/allot-dev/allot/pkg/shareset"
+	allotv1 "github.com/allot-dev/allot/proto/allot/v1"
+	"github.com/hashicorp/go-hclog"
+	"github.com/prometheus/client_golang/prometheus"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.etcd.io/etcd/client/v3/concurrency"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// DefaultElectionPrefix is where the balancer replicas campaign (concurrency.Election).
+// The leader's key holds its report address; enforcers find it with a Get of
+// DefaultElectionPrefix+"/" with clientv3.WithFirstCreate().
+const DefaultElectionPrefix = "/allot/balancer/election"
+
+// ErrFenced: an etcd write was refused because this replica's election key is gone or
+// was recreated (another replica leads). The replica steps down.
+var ErrFenced = errors.New("balancer: fenced: no longer the leader")
+
+// ErrClosed is returned by Start after Close.
+var ErrClosed = errors.New("balancer: closed")
+
+// ServiceConfig configures a Service. Start from DefaultServiceConfig.
+type ServiceConfig struct {
+	// Core configures each term's core; LeaderRev is set by the election. Core.Limits is
+	// required (RuleTable.Limits in cmd/balancer).
+	Core CoreConfig
+	// Etcd is the client for the election and the share sets; required. The Service does
+	// not close it.
+	Etcd *clientv3.Client
+	// ElectionPrefix: default DefaultElectionPrefix.
+	ElectionPrefix string
+	// SharesPrefix is where share sets are published. Default shareset.DefaultPrefix.
+	SharesPrefix string
+	// Advertise is this replica's report API address ("host:port"), the campaign value
+	// standbys redirect to. Required.
+	Advertise string
+	// SessionTTL is the election lease: a leader that stops refreshing it (dead, cut off)
+	// loses leadership after it, and its writes fail from then on. Whole seconds ≥ 1s.
+	// Default 10s.
+	SessionTTL time.Duration
+	// TickEvery paces Core.Tick (acknowledged plan steps are published this fast).
+	// Default 1s.
+	TickEvery time.Duration
+	// WriteTimeout bounds each etcd transaction and the initial read. Default 5s.
+	WriteTimeout time.Duration
+	// MaxChunkBytes bounds each chunk's encoding (each chunk is one Txn). Default
+	// shareset.MaxChunkBytes.
+	MaxChunkBytes int
+	// Clock, Logger, Registerer: defaults the wall clock, a null logger, a new registry.
+	Clock      clock.Clock
+	Logger     hclog.Logger
+	Registerer prometheus.Registerer
+}
+
+// DefaultServiceConfig returns the defaults above (Core from DefaultCoreConfig).
+func DefaultServiceConfig() ServiceConfig {
+	return ServiceConfig{
+		Core: DefaultCoreConfig(), ElectionPrefix: DefaultElectionPrefix, SharesPrefix: shareset.DefaultPrefix,
+		SessionTTL: 10 * time.Second, TickEvery: time.Second, WriteTimeout: 5 * time.Second,
+		MaxChunkBytes: shareset.MaxChunkBytes,
+	}
+}
+
+// Validate names the bad fields and values.
+func (c *ServiceConfig) Validate() error {
+	var errs []error
+	bad := func(format string, a ...any) {
+		errs = append(errs, fmt.Errorf("balancer: ServiceConfig."+format, a...))
+	}
+	if c.Etcd == nil {
+		bad("Etcd is nil")
+	}
+	if c.ElectionPrefix == "" {
+		bad("ElectionPrefix is empty")
+	}
+	if c.SharesPrefix == "" {
+		bad("SharesPrefix is empty")
+	}
+	if c.Advertise == "" {
+		bad("Advertise is empty: standbys would have no address to redirect to")
+	}
+	if c.SessionTTL < time.Second || c.SessionTTL%time.Second != 0 {
+		bad("SessionTTL %v, must be whole seconds >= 1s", c.SessionTTL)
+	}
+	if c.TickEvery <= 0 {
+		bad("TickEvery %v, must be > 0", c.TickEvery)
+	}
+	if c.WriteTimeout <= 0 {
+		bad("WriteTimeout %v, must be > 0", c.WriteTimeout)
+	}
+	if c.MaxChunkBytes <= 0 || c.MaxChunkBytes > shareset.MaxChunkBytes {
+		bad("MaxChunkBytes %d, must be in (0, %d]", c.MaxChunkBytes, shareset.MaxChunkBytes)
+	}
+	core := c.Core
+	core.LeaderRev = 1 // set per term
+	if err := core.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// Service is one balancer replica: it campaigns for leadership in etcd; as leader it runs
+// a Core (a new one per term, restored from the persisted set), publishes its share sets
+// with fenced transactions and takes reports; as standby it answers reports with the
+// leader's address. A term ends when the session is lost, a write is fenced or Close is
+// called; the replica then campaigns again. Safe for concurrent use; Close is idempotent
+// and waits for the goroutine Start started.
+type Service struct {
+	allotv1.UnimplementedBalancerServer
+
+	mu         sync.Mutex // mu guards core, rev, leaderAddr, leaderRev, leaderAt, started, closed
+	core       *Core
+	rev        int64
+	leaderAddr string
+	leaderRev  int64
+	leaderAt   time.Time
+	started    bool
+	closed     bool
+
+	cfg    ServiceConfig
+	log    hclog.Logger
+	m      *metrics
+	ctx    context.Context
+	cancel context.CancelFunc
+	done   chan struct{}
+
+	// beforeWrite, in tests, runs before each publication is written (it may block).
+	beforeWrite func(p *Publication)
+}
+
+// NewService validates cfg and registers the metrics. It does no I/O: call Start.
+func NewService(cfg ServiceConfig) (*Service, error) {
+	if cfg.Clock == nil {
+		cfg.Clock = clock.Real()
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = hclog.NewNullLogger()
+	}
+	if cfg.Registerer == nil {
+		cfg.Registerer = prometheus.NewRegistry()
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	s := &Service{cfg: cfg, log: cfg.Logger, done: make(chan struct{})}
+	s.ctx, s.cancel = context.WithCancel(context.Background())
+	s.m = newMetrics(cfg.Registerer, s)
+	return s, nil
+}
+
+// Start begins campaigning in the background.
+func (s *Service) Start() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return ErrClosed
+	}
+	if !s.started {
+		s.started = true
+		go s.loop()
+	}
+	return nil
+}
+
+// Close resigns leadership (the session's lease is revoked, so a standby takes over at
+// once rather than after SessionTTL) and waits for the background goroutine.
+func (s *Service) Close() error {
+	s.mu.Lock()
+	started := s.started
+	s.closed = true
+	s.mu.Unlock()
+	s.cancel()
+	if started {
+		<-s.done
+	}
+	return nil
+}
+
+// Leading reports whether this replica leads now, and its term's fencing token.
+func (s *Service) Leading() (bool, int64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.core != nil, s.rev
+}
+
+// currentCore returns the current term's core (nil while standing by).
+func (s *Service) currentCore() *Core {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.core
+}
+
+func (s *Service) loop() {
+	defer close(s.done)
+	wait := 100 * time.Millisecond
+	for s.ctx.Err() == nil {
+		err := s.term()
+		if s.ctx.Err() != nil {
+			return
+		}
+		if err == nil || errors.Is(err, ErrFenced) || errors.Is(err, errSessionLost) {
+			wait = 100 * time.Millisecond // campaign again at once
+		} else {
+			wait = min(2*wait, 5*time.Second)
+		}
+		if err != nil {
+			s.log.Warn("balancer term ended; campaigning again", "error", err, "retry-in", wait)
+		}
+		t := s.cfg.Clock.NewTimer(wait)
+		select {
+		case <-s.ctx.Done():
+			t.Stop()
+			return
+		case <-t.C():
+		}
+	}
+}
+
+var errSessionLost = errors.New("balancer: election session lost")
+
+// term campaigns, then leads until the session ends, a write is fenced or Close.
+func (s *Service) term() error {
+	// The session outlives s.ctx by its revoke, so Close revokes the lease at once rather
+	// than leaving it to expire (with s.ctx as the session's context the revoke would be
+	// cancelled before it is sent). Close still aborts a session being created.
+	sessCtx, sessCancel := context.WithCancel(context.Background())
+	defer sessCancel()
+	abort := context.AfterFunc(s.ctx, sessCancel)
+	sess, err := concurrency.NewSession(s.cfg.Etcd, concurrency.WithTTL(int(s.cfg.SessionTTL/time.Second)), concurrency.WithContext(sessCtx))
+	if !abort() { // closed meanwhile
+		if err == nil {
+			sess.Orphan()
+		}
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("while creating the election session: %w", err)
+	}
+	defer sess.Close() // revokes the lease (bounded by its TTL): our election key goes with it
+	e := concurrency.NewElection(sess, s.cfg.ElectionPrefix)
+	cctx, cancel := context.WithCancel(s.ctx)
+	defer cancel()
+	watch := make(chan struct{})
+	go func() { // end the campaign if the session dies while waiting
+		defer close(watch)
+		select {
+		case <-sess.Done():
+			cancel()
+		case <-cctx.Done():
+		}
+	}()
+	err = e.Campaign(cctx, s.cfg.Advertise)
+	cancel()
+	<-watch
+	if err != nil {
+		if s.ctx.Err() != nil {
+			return nil
+		}
+		return fmt.Errorf("while campaigning: %w", err)
+	}
+	return s.lead(sess, e)
+}
+
+// lead runs one term as leader.
+func (s *Service) lead(sess *concurrency.Session, e *concurrency.Election) error {
+	rev, key := e.Rev(), e.Key()
+	log := s.log.With("term", rev)
+	cfg := s.cfg.Core
+	cfg.LeaderRev = rev
+	core, err := NewCore(cfg)
+	if err != nil {
+		return err
+	}
+	pub := &publisher{cli: s.cfg.Etcd, prefix: s.cfg.SharesPrefix, key: key, rev: rev, maxBytes: s.cfg.MaxChunkBytes,
+		timeout: s.cfg.WriteTimeout, m: s.m}
+	head, entries, found, err := pub.load(s.ctx, log)
+	if err != nil {
+		return fmt.Errorf("while reading the persisted shares: %w", err)
+	}
+	if found {
+		if err := core.Restore(head, entries); err != nil {
+			return err
+		}
+	}
+	log.Info("leading", "advertise", s.cfg.Advertise, "restored-version", head.Version, "restored-entries", len(entries), "restored-from-term", head.LeaderRev)
+	s.mu.Lock()
+	s.core, s.rev = core, rev
+	s.leaderAddr, s.leaderRev, s.leaderAt = s.cfg.Advertise, rev, s.cfg.Clock.Now()
+	s.mu.Unlock()
+	s.m.setLeader(rev)
+	defer func() {
+		s.mu.Lock()
+		s.core, s.rev, s.leaderAt = nil, 0, time.Time{}
+		s.mu.Unlock()
+		s.m.setLeader(0)
+	}()
+	t := s.cfg.Clock.NewTimer(0)
+	defer func() { t.Stop() }()
+	for {
+		select {
+		case <-s.ctx.Done():
+			ctx, cancel := context.WithTimeout(context.Background(), s.cfg.WriteTimeout)
+			err := e.Resign(ctx)
+			cancel()
+			log.Info("resigned", "error", err)
+			return nil
+		case <-sess.Done():
+			log.Warn("election session lost; stepping down")
+			return errSessionLost
+		case <-t.C():
+		}
+		before := core.recomputes()
+		began := time.Now()
+		p := core.Tick(s.cfg.Clock.Now())
+		if core.recomputes() != before {
+			s.m.recompute.Observe(time.Since(began).Seconds())
+		}
+		if p != nil {
+			if s.beforeWrite != nil {
+				s.beforeWrite(p)
+			}
+			err := pub.write(s.ctx, p)
+			switch {
+			case errors.Is(err, ErrFenced):
+				log.Warn("write refused by etcd: another replica leads; stepping down", "version", p.Head.Version)
+				return err
+			case err != nil:
+				log.Warn("could not publish shares; retrying", "version", p.Head.Version, "error", err)
+			default:
+				core.Published(p, s.cfg.Clock.Now())
+				if p.Changed {
+					log.Debug("published", "version", p.Head.Version, "entries", p.Head.Entries, "phase", p.Head.Phase)
+				}
+			}
+		}
+		t = s.cfg.Clock.NewTimer(s.cfg.TickEvery)
+	}
+}
+
+// leaderLookupEvery bounds how often a standby asks etcd who leads.
+const leaderLookupEvery = time.Second
+
+// leader returns the leader's address and term as last read from etcd (at most
+// leaderLookupEvery old), or this replica's own when it leads.
+func (s *Service) leader(ctx context.Context) (string, int64) {
+	now := s.cfg.Clock.Now()
+	s.mu.Lock()
+	if s.core != nil || (!s.leaderAt.IsZero() && now.Sub(s.leaderAt) < leaderLookupEvery) {
+		defer s.mu.Unlock()
+		return s.leaderAddr, s.leaderRev
+	}
+	s.mu.Unlock()
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	addr, rev := "", int64(0)
+	resp, err := s.cfg.Etcd.Get(ctx, s.cfg.ElectionPrefix+"/", clientv3.WithFirstCreate()...)
+	if err == nil && len(resp.Kvs) > 0 {
+		addr, rev = string(resp.Kvs[0].Value), resp.Kvs[0].CreateRevision
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err == nil {
+		s.leaderAddr, s.leaderRev, s.leaderAt = addr, rev, now
+	}
+	return s.leaderAddr, s.leaderRev
+}
+
+// Report is allot.v1.Balancer/Report: the leader ingests, a standby redirects.
+func (s *Service) Report(ctx context.Context, req *allotv1.ReportRequest) (*allotv1.ReportResponse, error) {
+	region := s.regionLabel(req.GetRegion())
+	s.mu.Lock()
+	core, rev := s.core, s.rev
+	s.mu.Unlock()
+	if core == nil {
+		addr, lrev := s.leader(ctx)
+		s.m.reports.WithLabelValues(region, "redirected").Inc()
+		return &allotv1.ReportResponse{Accepted: false, LeaderAddr: addr, LeaderRev: lrev}, nil
+	}
+	now := s.cfg.Clock.Now()
+	if err := core.Ingest(now, req); err != nil {
+		s.m.reports.WithLabelValues(region, "invalid").Inc()
+		code := codes.InvalidArgument
+		if errors.Is(err, ErrTooManyEnforcers) {
+			code = codes.ResourceExhausted
+		}
+		return nil, status.Error(code, err.Error())
+	}
+	s.m.reports.WithLabelValues(region, "accepted").Inc()
+	s.m.observeLag(region, now.Sub(time.UnixMilli(req.GetIntervalEndMs())))
+	return &allotv1.ReportResponse{Accepted: true, LeaderAddr: s.cfg.Advertise, LeaderRev: rev}, nil
+}
+
+func (s *Service) regionLabel(r string) string {
+	for _, name := range s.cfg.Core.Regions {
+		if r == name {
+			return name
+		}
+	}
+	return "unknown"
+}

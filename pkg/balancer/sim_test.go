@@ -1,0 +1,356 @@
+package balancer
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/allot-dev/allot/pkg/share"
+	allotv1 "github.com/allot-dev/allot/proto/allot/v1"
+)
+
+// testAllocate is a simple policy that follows demand, so the core's mechanics can be
+// tested before the real pkg/share policy lands: EWMA demand, each free region gets
+// Floor plus the rest of what Held leaves in proportion to its smoothed demand (to the
+// default split when nobody wants anything).
+func testAllocate(cfg share.Config, st share.State, in share.Input) share.State {
+	n := len(in.Demand)
+	out := share.State{Smoothed: make([]float64, n), Shares: make([]float64, n)}
+	free, k := 1.0, 0
+	for r := range n {
+		prev := 0.0
+		if st.Smoothed != nil {
+			prev = st.Smoothed[r]
+		}
+		out.Smoothed[r] = prev
+		if !math.IsNaN(in.Demand[r]) {
+			out.Smoothed[r] = cfg.Alpha*in.Demand[r] + (1-cfg.Alpha)*prev
+		}
+		if !math.IsNaN(in.Held[r]) {
+			free -= in.Held[r]
+		} else {
+			k++
+		}
+	}
+	free = max(free, 0)
+	floor := cfg.Floor
+	if floor*float64(k) > free {
+		floor = 0
+	}
+	var sum, dsum float64
+	for r := range n {
+		if math.IsNaN(in.Held[r]) {
+			sum += out.Smoothed[r]
+			dsum += in.Default[r]
+		}
+	}
+	for r := range n {
+		switch {
+		case !math.IsNaN(in.Held[r]):
+			out.Shares[r] = in.Held[r]
+		case sum > 0:
+			out.Shares[r] = floor + (free-floor*float64(k))*out.Smoothed[r]/sum
+		case dsum > 0:
+			out.Shares[r] = free * in.Default[r] / dsum
+		}
+	}
+	if st.Shares != nil { // dead-band
+		moved := false
+		for r := range n {
+			moved = moved || math.Abs(out.Shares[r]-st.Shares[r]) >= cfg.DeadBand
+		}
+		if !moved {
+			copy(out.Shares, st.Shares)
+		}
+	}
+	return out
+}
+
+// testStep applies decreases at once and grants increases out of 1 − Σ mayApply, in
+// proportion to what each increasing region wants.
+func testStep(may, target []float64) ([]float64, bool) {
+	next := make([]float64, len(target))
+	room, want := 1.0, 0.0
+	for r := range target {
+		room -= may[r]
+		next[r] = min(may[r], target[r])
+		if target[r] > may[r] {
+			want += target[r] - may[r]
+		}
+	}
+	room = max(room, 0)
+	grant := 1.0
+	if want > room {
+		grant = room / want
+	}
+	done := true
+	for r := range target {
+		if target[r] > may[r] {
+			next[r] = may[r] + (target[r]-may[r])*grant
+			if grant < 1 {
+				done = false
+			}
+		}
+	}
+	return next, done
+}
+
+var regions3 = []string{"us-east", "eu-west", "ap-south"}
+
+func equalSplit(rule, identity string) (float64, []float64, bool) {
+	if rule == "unknown" {
+		return 0, nil, false
+	}
+	return 100, nil, true
+}
+
+func testConfig(real bool) CoreConfig {
+	cfg := DefaultCoreConfig()
+	cfg.Regions = regions3
+	cfg.Limits = equalSplit
+	cfg.LeaderRev = 7
+	if !real {
+		cfg.allocate, cfg.step = testAllocate, testStep
+	}
+	return cfg
+}
+
+var t0 = time.Date(2026, 12, 1, 8, 0, 0, 0, time.UTC)
+
+// fakeEnf is an enforcer: it applies landed versions after a delay and reports.
+type fakeEnf struct {
+	region, id string
+	seq        uint64
+	rev        int64
+	ver        uint64
+	nextReport time.Time
+	inbox      []delivery
+	silent     bool // reports stop
+}
+
+type delivery struct {
+	at  time.Time
+	pub *Publication
+}
+
+// world drives a core with enforcers on a virtual clock, one second a step, and checks
+// the sums at every step.
+type world struct {
+	t       *testing.T
+	c       *Core
+	now     time.Time
+	enfs    []*fakeEnf
+	demand  func(now time.Time, region int) map[key]float64 // tokens/s per region
+	delay   func() time.Duration                            // watch propagation
+	sets    map[uint64]map[key][]float64                    // version → listed shares
+	rev     int64
+	lastVer time.Time // when the last new version was returned
+	maxPub  float64
+	maxAppl float64
+}
+
+func newWorld(t *testing.T, c *Core, perRegion int) *world {
+	w := &world{t: t, c: c, now: t0, sets: map[uint64]map[key][]float64{}, rev: c.cfg.LeaderRev,
+		delay: func() time.Duration { return 500 * time.Millisecond }}
+	for r, name := range c.cfg.Regions {
+		for i := range perRegion {
+			w.enfs = append(w.enfs, &fakeEnf{region: name, id: fmt.Sprintf("%s-%d", name, i),
+				nextReport: t0.Add(time.Duration(r*1300+i*700) * time.Millisecond).Add(c.cfg.Interval)})
+		}
+	}
+	return w
+}
+
+// shareOf is what an enforcer applying (rev, ver) enforces for k in region r.
+func (w *world) shareOf(ver uint64, rev int64, k key, r int) float64 {
+	if rev == w.rev {
+		if s, ok := w.sets[ver][k]; ok {
+			return s[r]
+		}
+	}
+	_, def, _ := w.c.cfg.Limits(k.rule, k.identity)
+	if def == nil {
+		def = w.c.cfg.weightSplit()
+	}
+	return def[r]
+}
+
+func (w *world) step(d time.Duration) {
+	end := w.now.Add(d)
+	for w.now.Before(end) {
+		w.now = w.now.Add(time.Second)
+		w.tickOnce()
+	}
+}
+
+func (w *world) tickOnce() {
+	c := w.c
+	n := len(c.cfg.Regions)
+	for _, e := range w.enfs {
+		keep := e.inbox[:0]
+		for _, dl := range e.inbox {
+			if !dl.at.After(w.now) {
+				if dl.pub.Head.Version > e.ver || dl.pub.Head.LeaderRev != e.rev {
+					e.rev, e.ver = dl.pub.Head.LeaderRev, dl.pub.Head.Version
+				}
+			} else {
+				keep = append(keep, dl)
+			}
+		}
+		e.inbox = keep
+		if !w.now.Before(e.nextReport) && !e.silent {
+			r := c.regionIdx[e.region]
+			per := 0
+			for _, o := range w.enfs {
+				if o.region == e.region {
+					per++
+				}
+			}
+			secs := c.cfg.Interval.Seconds()
+			req := &allotv1.ReportRequest{Region: e.region, EnforcerId: e.id, Seq: e.seq + 1,
+				IntervalStartMs: e.nextReport.Add(-c.cfg.Interval).UnixMilli(), IntervalEndMs: e.nextReport.UnixMilli(),
+				ShareLeaderRev: e.rev, ShareVersion: e.ver}
+			if w.demand != nil {
+				for k, rate := range w.demand(w.now, r) {
+					if rate > 0 {
+						req.Usage = append(req.Usage, &allotv1.IdentityUsage{Rule: k.rule, Identity: k.identity, Admitted: rate * secs / float64(per)})
+					}
+				}
+			}
+			e.seq++
+			if err := c.Ingest(w.now, req); err != nil {
+				w.t.Fatalf("ingest: %v", err)
+			}
+			e.nextReport = e.nextReport.Add(c.cfg.Interval)
+		}
+	}
+	p := c.Tick(w.now)
+	if p == nil {
+		w.check(n)
+		return
+	}
+	if p.Changed {
+		if !w.lastVer.IsZero() && w.now.Sub(w.lastVer) < c.cfg.MinVersionGap {
+			w.t.Fatalf("%v: version %d %v after the last, MinVersionGap %v", w.now, p.Head.Version, w.now.Sub(w.lastVer), c.cfg.MinVersionGap)
+		}
+		w.lastVer = w.now
+		set := map[key][]float64{}
+		for _, en := range p.Entries {
+			s := make([]float64, n)
+			sum := 0.0
+			for r, name := range c.cfg.Regions {
+				s[r] = en.Shares[name]
+				sum += s[r]
+			}
+			if err := en.Validate(); err != nil {
+				w.t.Fatalf("entry: %v", err)
+			}
+			w.maxPub = max(w.maxPub, sum)
+			if sum > 1+1e-9 {
+				w.t.Fatalf("%v: version %d: published %s %s sums to %g", w.now, p.Head.Version, en.Rule, en.Identity, sum)
+			}
+			set[key{en.Rule, en.Identity}] = s
+		}
+		w.sets[p.Head.Version] = set
+		if l := c.Stats(w.now).Listed; l != len(p.Entries) {
+			w.t.Fatalf("Stats.Listed %d, publication lists %d", l, len(p.Entries))
+		}
+	}
+	c.Published(p, w.now)
+	if p.Changed {
+		for _, e := range w.enfs {
+			e.inbox = append(e.inbox, delivery{at: w.now.Add(w.delay()), pub: p})
+		}
+	}
+	w.check(n)
+}
+
+// check: for every identity, Σ over regions of the largest share any of its enforcers
+// applies is ≤ 1.
+func (w *world) check(n int) {
+	keys := map[key]bool{}
+	for _, set := range w.sets {
+		for k := range set {
+			keys[k] = true
+		}
+	}
+	for k := range keys {
+		sum := 0.0
+		for r, name := range w.c.cfg.Regions {
+			m := 0.0
+			for _, e := range w.enfs {
+				if e.region == name {
+					m = max(m, w.shareOf(e.ver, e.rev, k, r))
+				}
+			}
+			sum += m
+		}
+		w.maxAppl = max(w.maxAppl, sum)
+		if sum > 1+1e-9 {
+			w.t.Fatalf("%v: applied shares of %v sum to %g", w.now, k, sum)
+		}
+	}
+}
+
+// published returns the shares of k in the newest version.
+func (w *world) published(k key) []float64 {
+	s := w.sets[w.c.Stats(w.now).Version][k]
+	if s == nil {
+		s = w.c.cfg.weightSplit()
+	}
+	return s
+}
+
+func TestPlanKeepsSumAtMostOne(t *testing.T) {
+	for _, real := range []bool{false, true} {
+		t.Run(fmt.Sprintf("realPolicy=%v", real), func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(1, 2))
+			cfg := testConfig(real)
+			c, err := NewCore(cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			w := newWorld(t, c, 3)
+			w.delay = func() time.Duration { return time.Duration(rng.IntN(4000)) * time.Millisecond } // < AckTimeout
+			keys := []key{{"default", "key:a"}, {"default", "key:b"}, {"pro", "key:c"}, {"default", "key:d"}}
+			rates := make([][]float64, len(keys))
+			for i := range rates {
+				rates[i] = make([]float64, 3)
+			}
+			w.demand = func(_ time.Time, r int) map[key]float64 {
+				m := map[key]float64{}
+				for i, k := range keys {
+					m[k] = rates[i][r]
+				}
+				return m
+			}
+			for range 120 { // 120 shifts of 7-25 s: ~30 minutes
+				for i := range keys {
+					for r := range 3 {
+						rates[i][r] = 0
+						if rng.IntN(3) > 0 {
+							rates[i][r] = float64(rng.IntN(200))
+						}
+					}
+				}
+				if rng.IntN(10) == 0 { // a region goes silent for a while
+					for _, e := range w.enfs {
+						e.silent = e.region == regions3[rng.IntN(3)]
+					}
+				} else {
+					for _, e := range w.enfs {
+						e.silent = false
+					}
+				}
+				w.step(time.Duration(7+rng.IntN(19)) * time.Second)
+			}
+			st := c.Stats(w.now)
+			if !real && st.Version < 10 {
+				t.Fatalf("only %d versions in 30 minutes of shifting traffic", st.Version)
+			}
+			t.Logf("versions %d, max published sum %.6f, max applied sum %.6f", st.Version, w.maxPub, w.maxAppl)
+		})
+	}
+}

@@ -1,0 +1,521 @@
+package balancer
+
+import (
+	"cmp"
+	"math"
+	"slices"
+	"time"
+
+	"github.com/allot-dev/allot/pkg/share"
+	"github.com/allot-dev/allot/pkg/shareset"
+)
+
+// Tick advances the core to now and returns what to write, or nil when nothing is due.
+// It recomputes every identity's target when an interval is due (or EarlyGap after the
+// last recompute when an early report came in), once the learning period is over; it
+// advances every change plan whose acknowledgements moved; and it returns a Changed
+// publication (Version+1, every identity that differs from the default split) when some
+// published share changed or this term has not written yet, else a head refresh once per
+// Interval. While a changed version has not been confirmed by Published, Tick returns it
+// again (same version, the write is retried) and makes no new one.
+func (c *Core) Tick(now time.Time) *Publication {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.begin(now)
+	if c.version > c.landed && !c.dirty {
+		return c.materialize(now, true) // the last write did not land: retry it
+	}
+	ack := c.acks(now)
+	if c.learning {
+		all := true
+		for i := range c.regions {
+			all = all && c.regions[i].heard
+		}
+		if all || now.Sub(c.start) >= c.cfg.Learning {
+			c.learning = false
+			c.nextDue = now // recompute at once
+		}
+	}
+	recomputed := false
+	if !c.learning && (!now.Before(c.nextDue) || (c.earlyPending && now.Sub(c.lastCompute) >= c.cfg.EarlyGap)) {
+		c.recompute(now)
+		recomputed = true
+	}
+	// A new version at most every MinVersionGap (the first of a term aside): each one
+	// rewrites every chunk, so this bounds the bytes written per interval.
+	changed := false
+	c.fullStep = c.fullStep || recomputed
+	if c.lastVersionAt.IsZero() || now.Sub(c.lastVersionAt) >= c.cfg.MinVersionGap {
+		changed = c.advance(now, ack, c.fullStep)
+		c.fullStep = false
+	}
+	if changed || c.dirty {
+		c.dirty = false
+		c.lastVersionAt = now
+		c.version++
+		c.log = append(c.log, verEntry{v: c.version})
+		c.trimLog(ack)
+		return c.materialize(now, true)
+	}
+	if c.lastHeadAt.IsZero() || now.Sub(c.lastHeadAt) >= c.cfg.Interval {
+		return c.materialize(now, false)
+	}
+	return nil
+}
+
+// acks returns, per region, the newest version the region is known to have moved to:
+// the least version its enforcers heard in the last SilentAfter report applying, or the
+// newest version that landed AckTimeout ago (Stale ago for a silent region), whichever
+// is newer.
+func (c *Core) acks(now time.Time) []uint64 {
+	out := make([]uint64, c.n)
+	for r := range c.regions {
+		rs := &c.regions[r]
+		var byReport uint64
+		any := false
+		for _, e := range rs.enforcers {
+			if now.Sub(e.lastHeard) > c.cfg.SilentAfter {
+				continue
+			}
+			v := c.mapApplied(e)
+			if !any || v < byReport {
+				byReport = v
+			}
+			any = true
+		}
+		timeout := c.cfg.AckTimeout
+		if !any {
+			timeout = c.cfg.Stale
+		}
+		var byTime uint64
+		for _, l := range c.log {
+			if !l.landed.IsZero() && now.Sub(l.landed) >= timeout {
+				byTime = max(byTime, l.v)
+			}
+		}
+		out[r] = max(byReport, byTime)
+	}
+	return out
+}
+
+// mapApplied is the version of ours an enforcer's applied set stands for: a set of this
+// term is itself; the restored set (or an older one of that leader) is at most the
+// restored version; anything else counts for nothing.
+func (c *Core) mapApplied(e *enforcerState) uint64 {
+	switch {
+	case e.appliedRev == c.cfg.LeaderRev:
+		return e.appliedVer
+	case c.restoredRev != 0 && e.appliedRev == c.restoredRev:
+		return min(e.appliedVer, c.restoredVer)
+	}
+	return 0
+}
+
+// trimLog drops versions every region has moved past, keeping the newest such one.
+func (c *Core) trimLog(ack []uint64) {
+	low := slices.Min(ack)
+	i := 0
+	for i+1 < len(c.log) && c.log[i+1].v <= low && !c.log[i+1].landed.IsZero() {
+		i++
+	}
+	if i > 0 {
+		c.log = slices.Delete(c.log, 0, i)
+	}
+	if len(c.log) > 1024 { // bounded whatever happens to acknowledgements
+		c.log = slices.Delete(c.log, 0, len(c.log)-1024)
+	}
+}
+
+// mayApply fills dst with, per region, the largest share of id among the versions the
+// region may still apply (see the package doc) and prunes the versions no region applies.
+func (c *Core) mayApply(id *ident, ack []uint64, dst []float64) {
+	copy(dst, id.published(c.n))
+	if len(id.hist) == 0 {
+		return
+	}
+	low := slices.Min(ack)
+	keep := 0
+	for i, h := range id.hist {
+		next := id.pubVer // the version that replaced h
+		if i+1 < len(id.hist) {
+			next = id.hist[i+1].v
+		}
+		if next <= low {
+			continue // every region moved past h
+		}
+		id.hist[keep] = h
+		keep++
+		for r := range dst {
+			if next > ack[r] {
+				dst[r] = max(dst[r], h.shares[r])
+			}
+		}
+	}
+	clear(id.hist[keep:])
+	id.hist = id.hist[:keep]
+	if keep == 0 {
+		id.hist = nil
+	}
+}
+
+// advance steps the change plan of every pending identity (of every identity after a
+// recompute) and reports whether a published share changed; the change takes the next
+// version.
+func (c *Core) advance(now time.Time, ack []uint64, all bool) bool {
+	changed := false
+	held := false
+	next := c.version + 1
+	listed := 0
+	step := func(id *ident) {
+		may := c.mayBuf
+		c.mayApply(id, ack, may)
+		pub, tgt := id.published(c.n), id.target(c.n)
+		wasDefault := equal(pub, id.def)
+		if !equal(pub, tgt) {
+			nx, _ := c.cfg.step(may, tgt)
+			if !equal(nx, pub) {
+				id.hist = append(id.hist, histEntry{v: id.pubVer, shares: slices.Clone(pub)})
+				copy(pub, nx)
+				id.pubVer = next
+				changed = true
+				c.mayApply(id, ack, may)
+			}
+		}
+		settled := equal(pub, tgt) && len(id.hist) == 0
+		if !equal(pub, tgt) {
+			held = true
+		}
+		atDefault := equal(pub, id.def)
+		if id.evict && settled && atDefault {
+			c.forget(id)
+			return
+		}
+		if !atDefault {
+			listed++
+		}
+		if wasDefault != atDefault && !all {
+			if atDefault {
+				c.listed--
+			} else {
+				c.listed++
+			}
+		}
+		if settled != !id.pending {
+			if settled {
+				delete(c.pending, id)
+			} else {
+				c.pending[id] = struct{}{}
+			}
+			id.pending = !settled
+		}
+	}
+	if all {
+		for i := 0; i < len(c.all); i++ {
+			id := c.all[i]
+			step(id)
+			if i < len(c.all) && c.all[i] != id { // forgotten: another took its place
+				i--
+			}
+		}
+		c.listed = listed
+	} else {
+		for id := range c.pending {
+			step(id)
+		}
+	}
+	if changed {
+		c.held = held
+	}
+	return changed
+}
+
+// recompute sets every identity's target from this window's demand and closes the
+// window.
+func (c *Core) recompute(now time.Time) {
+	n := c.n
+	c.stats.recomputes++
+	perEnf := make([]float64, n) // D_r, seconds; NaN: region not heard this window
+	silent := make([]bool, n)
+	stale := make([]bool, n)
+	for r := range c.regions {
+		rs := &c.regions[r]
+		perEnf[r] = math.NaN()
+		if rs.winEnfs > 0 {
+			perEnf[r] = rs.winSecs / float64(rs.winEnfs)
+		}
+		last := rs.lastHeard
+		if last.IsZero() || last.Before(c.start) {
+			last = c.start
+		}
+		silent[r] = now.Sub(last) > c.cfg.SilentAfter
+		stale[r] = now.Sub(last) >= c.cfg.Stale
+		rs.driftSum, rs.driftMax = 0, 0
+		for name, e := range rs.enforcers {
+			if now.Sub(e.lastHeard) > c.cfg.Stale {
+				delete(rs.enforcers, name) // gone: it no longer counts for acknowledgements
+			}
+		}
+	}
+	demand := make([]float64, n)
+	held := make([]float64, n)
+	nonDefault := 0
+	for _, id := range c.all {
+		tok := id.tokens(n)
+		if rate, def, ok := c.cfg.Limits(id.k.rule, id.k.identity); ok && rate > 0 && (def == nil || len(def) == n) {
+			if def == nil {
+				def = c.weights
+			}
+			id.rate, id.def = rate, def
+		} else {
+			id.evict = true // the rule is gone: back to the default split, then forget it
+		}
+		seen := id.lastSeen
+		if seen.Before(c.start) {
+			seen = c.start
+		}
+		tgt := id.target(n)
+		if id.evict || now.Sub(seen) >= c.cfg.KeyTTL {
+			id.evict = true
+			copy(tgt, id.def)
+			clear(tok)
+			continue
+		}
+		// A silent region is held at its last published share (the others' targets get
+		// the rest; if it may still apply an older, larger one, share.Step keeps their
+		// increases back until that is acknowledged), after Stale at min(last, default).
+		pub := id.published(n)
+		for r := range n {
+			demand[r] = tok[r] / perEnf[r] // NaN when not heard
+			held[r] = math.NaN()
+			if silent[r] {
+				held[r] = pub[r]
+				if stale[r] {
+					held[r] = min(pub[r], id.def[r])
+				}
+			}
+		}
+		clear(tok)
+		id.st = c.cfg.allocate(c.cfg.Share, id.st, share.Input{Limit: id.rate, Demand: demand, Default: id.def, Held: held})
+		copy(tgt, id.st.Shares)
+		if !equal(tgt, id.def) {
+			nonDefault++
+		}
+		c.drift(id)
+	}
+	if nonDefault > c.cfg.MaxPublished {
+		c.capPublished()
+	}
+	c.capTracked()
+	for r := range c.regions {
+		c.regions[r].winSecs, c.regions[r].winEnfs = 0, 0
+	}
+	c.window++
+	c.earlyPending = false
+	c.lastCompute = now
+	for !c.nextDue.After(now) {
+		c.nextDue = c.nextDue.Add(c.cfg.Interval)
+	}
+}
+
+// drift adds |published − demand fraction| of one identity to each region's drift.
+func (c *Core) drift(id *ident) {
+	total := 0.0
+	for _, d := range id.st.Smoothed {
+		if !math.IsNaN(d) {
+			total += d
+		}
+	}
+	if total <= 0 {
+		return
+	}
+	pub := id.published(c.n)
+	for r := range c.regions {
+		d := 0.0
+		if r < len(id.st.Smoothed) && !math.IsNaN(id.st.Smoothed[r]) {
+			d = id.st.Smoothed[r]
+		}
+		x := math.Abs(pub[r] - d/total)
+		c.regions[r].driftSum += x
+		c.regions[r].driftMax = max(c.regions[r].driftMax, x)
+	}
+}
+
+// demandOf is an identity's total smoothed demand (NaNs skipped), for eviction order.
+func demandOf(id *ident) float64 {
+	t := 0.0
+	for _, d := range id.st.Smoothed {
+		if !math.IsNaN(d) {
+			t += d
+		}
+	}
+	return t
+}
+
+type ranked struct {
+	id *ident
+	d  float64
+}
+
+// lowest returns the m least demanded of rs (in no particular order beyond that).
+func lowest(rs []ranked, m int) []ranked {
+	slices.SortFunc(rs, func(a, b ranked) int { return cmp.Compare(a.d, b.d) })
+	return rs[:m]
+}
+
+// capPublished moves the least demanded targets back to the default split while more than
+// MaxPublished targets differ from it.
+func (c *Core) capPublished() {
+	var rs []ranked
+	for _, id := range c.all {
+		if !equal(id.target(c.n), id.def) {
+			rs = append(rs, ranked{id, demandOf(id)})
+		}
+	}
+	if len(rs) <= c.cfg.MaxPublished {
+		return
+	}
+	for _, x := range lowest(rs, len(rs)-c.cfg.MaxPublished) {
+		copy(x.id.target(c.n), x.id.def)
+	}
+}
+
+// capTracked marks the least demanded identities for eviction while more than
+// MaxIdentities are tracked: those at the default split go at once (advance), the others
+// once the plan has brought them back to it.
+func (c *Core) capTracked() {
+	over := len(c.ids) - c.cfg.MaxIdentities
+	if over <= 0 {
+		return
+	}
+	rs := make([]ranked, 0, len(c.ids))
+	for _, id := range c.all {
+		rs = append(rs, ranked{id, demandOf(id)})
+	}
+	for _, x := range lowest(rs, over) {
+		x.id.evict = true
+		copy(x.id.target(c.n), x.id.def)
+	}
+}
+
+func (c *Core) countListed() int {
+	n := 0
+	for _, id := range c.all {
+		if !equal(id.published(c.n), id.def) {
+			n++
+		}
+	}
+	return n
+}
+
+func equal(a, b []float64) bool {
+	for i := range a {
+		if math.Abs(a[i]-b[i]) > eps {
+			return false
+		}
+	}
+	return true
+}
+
+// materialize builds the publication of the version in force: every identity whose
+// published shares differ from its default split, sorted by (rule, identity) so the
+// chunks of two versions line up.
+func (c *Core) materialize(now time.Time, changed bool) *Publication {
+	phase := "target"
+	if c.held {
+		phase = "decrease"
+	}
+	p := &Publication{Changed: changed, Head: shareset.Head{
+		LeaderRev: c.cfg.LeaderRev, Version: c.version, Entries: c.listed, PublishedAt: now,
+		Regions: slices.Clone(c.cfg.Regions), Phase: phase,
+	}}
+	if !changed {
+		return p
+	}
+	p.Entries = make([]shareset.Entry, 0, c.listed)
+	for _, id := range c.all {
+		pub := id.published(c.n)
+		if equal(pub, id.def) {
+			continue
+		}
+		k := id.k
+		m := make(map[string]float64, c.n)
+		for r, name := range c.cfg.Regions {
+			m[name] = pub[r]
+		}
+		p.Entries = append(p.Entries, shareset.Entry{Rule: k.rule, Identity: k.identity, Shares: m})
+	}
+	slices.SortFunc(p.Entries, func(a, b shareset.Entry) int {
+		return cmp.Or(cmp.Compare(a.Rule, b.Rule), cmp.Compare(a.Identity, b.Identity))
+	})
+	p.Head.Entries = len(p.Entries)
+	return p
+}
+
+// RegionStats is one region as the core sees it.
+type RegionStats struct {
+	Region    string
+	Reports   uint64        // reports accepted (duplicates and invalid ones not counted)
+	Enforcers int           // enforcers tracked (heard within Stale)
+	LastHeard time.Time     // last report (zero: never)
+	Lag       time.Duration // the last report's arrival − its interval end
+	Acked     uint64        // the version the region is known to have moved to
+	// ShareAge is how old the region's acknowledged set is: now − when the version after
+	// it landed (it stopped being current then), or now − the last head refresh while it
+	// is current.
+	ShareAge           time.Duration
+	Silent, Stale      bool
+	DriftSum, DriftMax float64 // Σ and max over identities of |published − demand fraction|, last recompute
+}
+
+// Stats is a snapshot of the core's counters, for metrics and tests.
+type Stats struct {
+	LeaderRev       int64
+	Version, Landed uint64
+	Learning        bool
+	Tracked, Listed int // identities tracked; listed in the version in force
+	Pending         int // identities whose change plan is not finished
+	Recomputes      uint64
+	Duplicates      uint64 // retried reports ignored
+	Invalid         uint64 // reports refused
+	UnknownRule     uint64 // usage entries whose rule is unknown, ignored
+	Dropped         uint64 // new identities dropped past MaxIdentities + 1/8
+	Evicted         uint64 // identities forgotten (KeyTTL, cap, rule gone)
+	Regions         []RegionStats
+}
+
+// Stats returns the counters at now.
+func (c *Core) Stats(now time.Time) Stats {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	s := Stats{
+		LeaderRev: c.cfg.LeaderRev, Version: c.version, Landed: c.landed, Learning: c.learning,
+		Tracked: len(c.ids), Listed: c.listed, Pending: len(c.pending),
+		Recomputes: c.stats.recomputes, Duplicates: c.stats.duplicates, Invalid: c.stats.invalid,
+		UnknownRule: c.stats.unknownRule, Dropped: c.stats.dropped, Evicted: c.stats.evicted,
+	}
+	ack := c.acks(now)
+	for r := range c.regions {
+		rs := &c.regions[r]
+		last := rs.lastHeard
+		if last.IsZero() || last.Before(c.start) {
+			last = c.start
+		}
+		age := now.Sub(c.lastHeadAt)
+		for _, l := range c.log {
+			if l.v > ack[r] && !l.landed.IsZero() {
+				age = now.Sub(l.landed)
+				break
+			}
+		}
+		if c.lastHeadAt.IsZero() {
+			age = 0
+		}
+		s.Regions = append(s.Regions, RegionStats{
+			Region: rs.name, Reports: rs.reports, Enforcers: len(rs.enforcers), LastHeard: rs.lastHeard,
+			Lag: rs.lag, Acked: ack[r], ShareAge: age,
+			Silent: now.Sub(last) > c.cfg.SilentAfter, Stale: now.Sub(last) >= c.cfg.Stale,
+			DriftSum: rs.driftSum, DriftMax: rs.driftMax,
+		})
+	}
+	return s
+}
