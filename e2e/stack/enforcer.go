@@ -33,7 +33,7 @@ type Enforcer struct {
 // stack's addresses; every region of the stack enforces the global limits with equal
 // weight (a third each of three). refuse403 is the README's nginx setting (auth_request takes only
 // 2xx/401/403). extra is YAML merged over it.
-func enforcerConfig(t testing.TB, r *Region, regions []string, rulesFile string, refuse403 bool, extra string) string {
+func enforcerConfig(t testing.TB, r *Region, regions []string, rulesFile string, refuse403 bool, opt Options) string {
 	t.Helper()
 	status := 429
 	if refuse403 {
@@ -51,10 +51,10 @@ func enforcerConfig(t testing.TB, r *Region, regions []string, rulesFile string,
 			"registration_ttl": "5s", "start_timeout": "10s", "dial_timeout": "2s",
 		},
 		"rules":  map[string]any{"file": rulesFile, "etcd_prefix": "/allot/rules/", "ipv6_prefix": 64},
-		"shares": map[string]any{"etcd_prefix": "/allot/shares/", "stale_after": "5m"},
+		"shares": map[string]any{"etcd_prefix": "/allot/shares/", "stale_after": opt.ShareStale.String()},
 		// Usage reports go to the balancer's leader once one runs; until then they are
 		// dropped, which costs checks nothing (configs/regions/*.yaml).
-		"balancer": map[string]any{"enabled": true, "election_prefix": "/allot/balancer/election", "interval": "10s"},
+		"balancer": map[string]any{"enabled": true, "election_prefix": "/allot/balancer/election", "interval": opt.BalanceInterval.String()},
 		"lease":    map[string]any{"ttl": "1s", "window": "100ms", "busy_hits": 3, "max_keys": 65536},
 		"fallback": map[string]any{
 			"timeout": "5ms", "max_timeout": "25ms", "trip_after": 5, "open_for": "2s",
@@ -65,9 +65,9 @@ func enforcerConfig(t testing.TB, r *Region, regions []string, rulesFile string,
 		"drain_timeout": "5s",
 		"log_level":     "info",
 	}
-	if extra != "" {
+	if opt.Enforcer != "" {
 		var over map[string]any
-		if err := yaml.Unmarshal([]byte(extra), &over); err != nil {
+		if err := yaml.Unmarshal([]byte(opt.Enforcer), &over); err != nil {
 			t.Fatalf("stack: Options.Enforcer: %v", err)
 		}
 		merge(cfg, over)
@@ -143,7 +143,11 @@ var httpc = &http.Client{Timeout: 5 * time.Second}
 
 // Get fetches path from the enforcer's HTTP address.
 func (e *Enforcer) Get(ctx context.Context, path string) (int, string, error) {
-	req, err := http.NewRequestWithContext(ctx, "GET", "http://"+e.HTTP+path, nil)
+	return get(ctx, e.HTTP, path)
+}
+
+func get(ctx context.Context, addr, path string) (int, string, error) {
+	req, err := http.NewRequestWithContext(ctx, "GET", "http://"+addr+path, nil)
 	if err != nil {
 		return 0, "", err
 	}
@@ -196,8 +200,10 @@ func (e *Enforcer) Check(t testing.TB, ctx context.Context, req *allotv1.CheckRe
 type Metrics map[string]float64
 
 // Metrics scrapes the enforcer's /metrics.
-func (e *Enforcer) Metrics(ctx context.Context) (Metrics, error) {
-	code, body, err := e.Get(ctx, "/metrics")
+func (e *Enforcer) Metrics(ctx context.Context) (Metrics, error) { return scrape(ctx, e.HTTP) }
+
+func scrape(ctx context.Context, addr string) (Metrics, error) {
+	code, body, err := get(ctx, addr, "/metrics")
 	if err != nil {
 		return nil, err
 	}

@@ -5,11 +5,13 @@
 // exactly as cmd/enforcer/README.md documents. Every process is a container started by
 // pkg/testenv (dockertest, host networking, 127.0.0.1 ports); nothing is pulled.
 //
-// Geography. etcd (and, once they exist, the balancer replicas) live in the first region.
-// Every other region reaches them through a pkg/testenv Link (Toxiproxy in this process)
+// Geography. etcd and the balancer replicas live in the first region. Every other region
+// reaches etcd through a pkg/testenv Link (Toxiproxy in this process)
 // that adds the cross-region latency each way (DefaultLatency: 35–75 ms, so round trips of
 // 70–150 ms as between real regions) and that the drills cut or blackhole. Inside a
-// region, enforcer → Redis is direct.
+// region, enforcer → Redis is direct. Enforcers dial the balancer leader at the address it
+// advertises in its election key, one address for every region, so usage reports are not
+// delayed (a per-region proxy would need the leader to advertise per region).
 //
 // What it guarantees: Start returns only when every enforcer answers /readyz and counts
 // every enforcer of its region as a peer; everything is removed at the cleanup of the test
@@ -55,6 +57,18 @@ type Options struct {
 	// Enforcer overrides config fields of every enforcer (YAML merged over the stack's
 	// defaults, e.g. "lease: {ttl: 500ms}").
 	Enforcer string
+
+	// Balancers is the number of bin/balancer replicas (0: none; the enforcers' usage
+	// reports are then dropped and every region enforces its default split).
+	Balancers int
+	// BalanceInterval is the balancer's interval and the enforcers' report interval.
+	BalanceInterval time.Duration
+	// SessionTTL is the balancer's election lease (whole seconds).
+	SessionTTL time.Duration
+	// ShareStale is the staleness period, for the enforcers and the balancer.
+	ShareStale time.Duration
+	// Balancer overrides config fields of every balancer replica (YAML).
+	Balancer string
 }
 
 // RegionOptions shapes one region.
@@ -69,9 +83,11 @@ type RegionOptions struct {
 }
 
 // DefaultOptions is three regions of two enforcers each over 3-master clusters without
-// replicas, a 3-member etcd and no gateway.
+// replicas, a 3-member etcd, no gateway and no balancer, with the shipped configs'
+// intervals (balancing 10 s, election lease 10 s, staleness 5 min).
 func DefaultOptions() Options {
-	o := Options{EtcdMembers: 3, Jitter: 5 * time.Millisecond}
+	o := Options{EtcdMembers: 3, Jitter: 5 * time.Millisecond,
+		BalanceInterval: 10 * time.Second, SessionTTL: 10 * time.Second, ShareStale: 5 * time.Minute}
 	for _, r := range Regions {
 		o.Regions = append(o.Regions, RegionOptions{Name: r, Enforcers: 2, Latency: DefaultLatency[r]})
 	}
@@ -80,12 +96,13 @@ func DefaultOptions() Options {
 
 // Stack is a running stack.
 type Stack struct {
-	Regions []*Region
-	Etcd    *testenv.EtcdCluster
-	Links   *testenv.Links
-	Gateway *Gateway // nil unless Options.Gateway
-	Dir     string   // configs and rules files, bind-mounted at the same path
-	Image   string   // the stack image
+	Regions   []*Region
+	Etcd      *testenv.EtcdCluster
+	Links     *testenv.Links
+	Gateway   *Gateway // nil unless Options.Gateway
+	Balancers []*Balancer
+	Dir       string // configs and rules files, bind-mounted at the same path
+	Image     string // the stack image
 
 	RulesFile string
 }
@@ -154,9 +171,16 @@ func Start(t testing.TB, opt Options) *Stack {
 	}
 	for i, r := range s.Regions {
 		r.config = filepath.Join(s.Dir, r.Name+".yaml")
-		writeFile(t, r.config, enforcerConfig(t, r, names, s.RulesFile, i == 0 && opt.Gateway, opt.Enforcer))
+		writeFile(t, r.config, enforcerConfig(t, r, names, s.RulesFile, i == 0 && opt.Gateway, opt))
+	}
+	if opt.Balancers > 0 {
+		writeFile(t, balancerConfigFile(s), balancerConfig(t, s, names, opt))
+		s.Balancers = make([]*Balancer, opt.Balancers)
 	}
 	var starts []func(tb testing.TB)
+	for i := range s.Balancers {
+		starts = append(starts, func(tb testing.TB) { s.Balancers[i] = s.startBalancer(tb, balancerConfigFile(s), i) })
+	}
 	for i, r := range s.Regions {
 		r.Enforcers = make([]*Enforcer, opt.Regions[i].Enforcers)
 		for j := range r.Enforcers {
@@ -172,8 +196,11 @@ func Start(t testing.TB, opt Options) *Stack {
 	if opt.Gateway {
 		s.Gateway = StartGateway(t, s.Regions[0].Enforcers)
 	}
-	t.Logf("stack: %d regions × %v enforcers, etcd × %d, gateway %v: ready in %v (image %v, Redis+etcd %v)",
-		len(s.Regions), enforcerCounts(s), opt.EtcdMembers, opt.Gateway,
+	if opt.Balancers > 0 {
+		s.Leader(t, time.Minute)
+	}
+	t.Logf("stack: %d regions × %v enforcers, etcd × %d, %d balancers, gateway %v: ready in %v (image %v, Redis+etcd %v)",
+		len(s.Regions), enforcerCounts(s), opt.EtcdMembers, opt.Balancers, opt.Gateway,
 		time.Since(began).Round(time.Millisecond), imaged.Round(time.Millisecond), infra.Round(time.Millisecond))
 	return s
 }
@@ -211,6 +238,7 @@ func (s *Stack) Enforcers() []*Enforcer {
 //	drill         100/s, burst 100 (no minute limit): over-admission is easy to count
 //	drill-closed  the same, fail_mode: closed
 //	drill-lease   600/s, burst 600: busy keys lease batches (200/s a region, 10 a batch)
+//	drill-shift   300/s, burst 300: the key whose traffic moves between regions
 //	drill-slow    5/s, burst 5: a limit a few checks exhaust
 const DrillRules = `
 - id: drill
@@ -226,6 +254,10 @@ const DrillRules = `
   match: {plan: drill-lease}
   limits: [{name: second, rate: 600, per: 1s, burst: 600}]
   reason: e2e drills, busy enough for leases
+- id: drill-shift
+  match: {plan: drill-shift}
+  limits: [{name: second, rate: 300, per: 1s, burst: 300}]
+  reason: e2e balancer drills
 - id: drill-slow
   match: {plan: drill-slow}
   limits: [{name: second, rate: 5, per: 1s, burst: 5}]
