@@ -28,7 +28,7 @@ func benchReports(ids, per int, region string, seq uint64, end time.Time, offset
 // having reported every identity (with the policy in pkg/share).
 func BenchmarkRecompute1M(b *testing.B) {
 	const ids = 1_000_000
-	cfg := testConfig(true)
+	cfg := testConfig()
 	cfg.Learning = time.Second
 	c, err := NewCore(cfg)
 	if err != nil {
@@ -74,7 +74,7 @@ func BenchmarkRecompute1M(b *testing.B) {
 // BenchmarkIngest10k: ingestion of one region's interval of 10,000 identities (one
 // report of 10,000 entries), into a core already tracking them.
 func BenchmarkIngest10k(b *testing.B) {
-	cfg := testConfig(true)
+	cfg := testConfig()
 	c, err := NewCore(cfg)
 	if err != nil {
 		b.Fatal(err)

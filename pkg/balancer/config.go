@@ -91,10 +91,6 @@ type CoreConfig struct {
 	Share share.Config
 	// Limits gives each identity's global rate and default split. Required.
 	Limits LimitsFunc
-
-	// allocate and step replace share.Allocate and share.Step in tests.
-	allocate func(share.Config, share.State, share.Input) share.State
-	step     func(mayApply, target []float64) ([]float64, bool)
 }
 
 // DefaultCoreConfig returns the defaults above, with LeaderRev 1 and no regions.

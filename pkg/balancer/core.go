@@ -176,12 +176,6 @@ func NewCore(cfg CoreConfig) (*Core, error) {
 		regions: make([]regionState, n), ids: map[key]*ident{}, pending: map[*ident]struct{}{},
 		learning: true, dirty: true, mayBuf: make([]float64, n),
 	}
-	if c.cfg.allocate == nil {
-		c.cfg.allocate = share.Allocate
-	}
-	if c.cfg.step == nil {
-		c.cfg.step = share.Step
-	}
 	for i, r := range cfg.Regions {
 		c.regionIdx[r] = i
 		c.regions[i] = regionState{name: r, enforcers: map[string]*enforcerState{}}

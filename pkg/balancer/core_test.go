@@ -13,7 +13,7 @@ import (
 
 func newTestCore(t *testing.T, mod func(*CoreConfig)) *Core {
 	t.Helper()
-	cfg := testConfig(false)
+	cfg := testConfig()
 	if mod != nil {
 		mod(&cfg)
 	}
@@ -51,7 +51,7 @@ func TestCoreConfigValidate(t *testing.T) {
 		{func(c *CoreConfig) { c.LeaderRev = 0 }, "LeaderRev 0"},
 		{func(c *CoreConfig) { c.Limits = nil }, "Limits is nil"},
 	} {
-		cfg := testConfig(false)
+		cfg := testConfig()
 		tc.mod(&cfg)
 		_, err := NewCore(cfg)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
@@ -168,8 +168,10 @@ func TestSharesFollowShiftWithinTwoIntervals(t *testing.T) {
 		return 2
 	})
 	w.step(2 * time.Minute)
-	if s := w.published(k); s[0] < 0.9 {
-		t.Fatalf("before the shift: shares %v, want us-east ≥ 0.9", s)
+	// Demand 80 of a limit of 100: the region's share covers its demand (0.8), and the
+	// slack goes by the default split (pkg/share).
+	if s := w.published(k); s[0] < 0.8 {
+		t.Fatalf("before the shift: shares %v, want us-east ≥ 0.8", s)
 	}
 	w.step(2 * c.cfg.Interval)
 	s := w.published(k)
@@ -177,8 +179,8 @@ func TestSharesFollowShiftWithinTwoIntervals(t *testing.T) {
 		t.Fatalf("two intervals after the shift: shares %v, want ap-south ≥ 0.5 and us-east ≤ 0.5", s)
 	}
 	w.step(2 * c.cfg.Interval)
-	if s := w.published(k); s[2] < 0.9 {
-		t.Fatalf("four intervals after the shift: shares %v, want ap-south ≥ 0.9", s)
+	if s := w.published(k); s[2] < 0.8 {
+		t.Fatalf("four intervals after the shift: shares %v, want ap-south ≥ 0.8", s)
 	}
 }
 
@@ -386,8 +388,8 @@ func TestKeyTTLReturnsToDefault(t *testing.T) {
 		return nil
 	}
 	w.step(time.Minute)
-	if s := w.published(k); s[1] < 0.9 {
-		t.Fatalf("busy in eu-west: shares %v", s)
+	if s := w.published(k); s[1] < 0.5 { // demand 50 of 100, met
+		t.Fatalf("busy in eu-west: shares %v, want eu-west ≥ 0.5", s)
 	}
 	w.step(c.cfg.KeyTTL + 3*c.cfg.Interval)
 	st := c.Stats(w.now)

@@ -52,7 +52,7 @@ type replica struct {
 func newReplica(t *testing.T, cli *clientv3.Client, prefix, name string, hook func(*Publication)) *replica {
 	t.Helper()
 	cfg := DefaultServiceConfig()
-	cfg.Core = testConfig(false)
+	cfg.Core = testConfig()
 	cfg.Core.Interval, cfg.Core.Learning, cfg.Core.EarlyGap = time.Second, time.Second, time.Second
 	cfg.Core.SilentAfter, cfg.Core.AckTimeout = 5*time.Second, time.Second
 	cfg.Etcd, cfg.Advertise = cli, name+":7070"

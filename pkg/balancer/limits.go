@@ -7,23 +7,24 @@ import (
 	"github.com/allot-dev/allot/pkg/rules"
 )
 
-// RuleTable answers a Core's LimitsFunc from rules snapshots, the same rules the
-// enforcers load. It needs one Holder compiled for no region with DefaultShare 1 (the
-// global limits) and one per region compiled for that region with DefaultShare its weight
-// share (CompileOptionsFor builds both): a rule's default split is then its `shares:`
-// where it names a region and the region weights elsewhere, scaled down to sum to 1 when
-// it sums to more. An identity's rate is its rule's first limit in tokens/s. The result
-// per rule is cached until any holder's snapshot changes.
+// RuleTable answers a Core's LimitsFunc from the rules the enforcers load, compiled for
+// no region with the deployment's region weights (CompileOptionsFor). An identity's rate
+// is its rule's first global limit in tokens/s; its default split is the rule's
+// Compiled.Split — computed by rules.DefaultShare, the same function every enforcer
+// compiles its own default share with, so the balancer and the enforcers agree on what
+// "the default split" is (the rule's shares: where it names a region, the rest divided
+// by weight among the regions it leaves out). The result per rule is cached until the
+// holder's snapshot changes.
 //
 // Safe for concurrent use (its own mutex; it never calls a Core). Build it with
 // NewRuleTable.
 type RuleTable struct {
-	mu    sync.Mutex // mu guards snaps and cache
-	snaps []*rules.Snapshot
+	mu    sync.Mutex // mu guards snap and cache
+	snap  *rules.Snapshot
 	cache map[string]ruleLimits
 
-	global  *rules.Holder
-	regions []*rules.Holder
+	holder  *rules.Holder
+	regions []string
 }
 
 type ruleLimits struct {
@@ -32,43 +33,41 @@ type ruleLimits struct {
 	ok   bool
 }
 
-// CompileOptionsFor returns the options for the global holder and for each region's.
-// weights nil means equal; otherwise one > 0 weight per region.
-func CompileOptionsFor(regions []string, weights []float64, base rules.CompileOptions) (global rules.CompileOptions, perRegion []rules.CompileOptions, err error) {
-	cc := CoreConfig{Regions: regions, Weights: weights}
+// CompileOptionsFor returns the options the balancer compiles its rules with: no region
+// (the global limits) and the region weights (nil: equal), so Compiled.Split is the
+// default split over regions.
+func CompileOptionsFor(regions []string, weights []float64, base rules.CompileOptions) (rules.CompileOptions, error) {
 	if weights != nil && len(weights) != len(regions) {
-		return global, nil, fmt.Errorf("balancer: %d weights for %d regions", len(weights), len(regions))
+		return base, fmt.Errorf("balancer: %d weights for %d regions", len(weights), len(regions))
 	}
-	split := cc.weightSplit()
-	global = base
-	global.Region, global.DefaultShare = "", 1
+	base.Region = ""
+	base.Regions = make(map[string]float64, len(regions))
 	for i, r := range regions {
-		o := base
-		o.Region, o.DefaultShare = r, split[i]
-		perRegion = append(perRegion, o)
+		w := 1.0
+		if weights != nil {
+			w = weights[i]
+		}
+		base.Regions[r] = w
 	}
-	return global, perRegion, nil
+	return base, nil
 }
 
-// NewRuleTable reads global (limits) and perRegion (shares, in CoreConfig.Regions order).
-func NewRuleTable(global *rules.Holder, perRegion []*rules.Holder) *RuleTable {
-	return &RuleTable{global: global, regions: perRegion, cache: map[string]ruleLimits{}}
+// NewRuleTable reads h (compiled with CompileOptionsFor) for regions, in
+// CoreConfig.Regions order.
+func NewRuleTable(h *rules.Holder, regions []string) *RuleTable {
+	return &RuleTable{holder: h, regions: regions, cache: map[string]ruleLimits{}}
 }
 
 // Limits is a LimitsFunc.
 func (t *RuleTable) Limits(rule, _ string) (float64, []float64, bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	fresh := len(t.snaps) == 1+len(t.regions) && t.snaps[0] == t.global.Current()
-	for i, h := range t.regions {
-		fresh = fresh && t.snaps[i+1] == h.Current()
-	}
-	if !fresh {
-		t.snaps = append(t.snaps[:0], t.global.Current())
-		for _, h := range t.regions {
-			t.snaps = append(t.snaps, h.Current())
-		}
+	if cur := t.holder.Current(); cur != t.snap {
+		t.snap = cur
 		clear(t.cache)
+	}
+	if t.snap == nil {
+		return 0, nil, false
 	}
 	if l, ok := t.cache[rule]; ok {
 		return l.rate, l.def, l.ok
@@ -79,24 +78,17 @@ func (t *RuleTable) Limits(rule, _ string) (float64, []float64, bool) {
 }
 
 func (t *RuleTable) compute(rule string) ruleLimits {
-	g := t.snaps[0].Rule(rule)
-	if g == nil || len(g.Limits) == 0 || !(g.Limits[0].Rate > 0) {
+	g := t.snap.Rule(rule)
+	if g == nil || len(g.Global) == 0 || !(g.Global[0].Rate > 0) {
 		return ruleLimits{}
 	}
 	def := make([]float64, len(t.regions))
-	sum := 0.0
-	for i := range t.regions {
-		c := t.snaps[i+1].Rule(rule)
-		if c == nil {
-			return ruleLimits{} // not in every region's rules yet: wait for the rollout
+	for i, r := range t.regions {
+		s, ok := g.Split[r]
+		if !ok {
+			return ruleLimits{} // compiled for other regions: not ours to balance
 		}
-		def[i] = c.Share
-		sum += c.Share
+		def[i] = s
 	}
-	if sum > 1 {
-		for i := range def {
-			def[i] /= sum
-		}
-	}
-	return ruleLimits{rate: g.Limits[0].Rate, def: def, ok: true}
+	return ruleLimits{rate: g.Global[0].Rate, def: def, ok: true}
 }

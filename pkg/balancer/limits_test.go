@@ -25,25 +25,22 @@ rules:
     shares: {us-east: 0.9}
 `
 
-func ruleTable(t *testing.T, src string, weights []float64) (*RuleTable, []*rules.Holder) {
+func ruleTable(t *testing.T, src string, weights []float64) (*RuleTable, *rules.Holder) {
 	t.Helper()
 	set, err := rules.ParseYAML([]byte(src))
 	if err != nil {
 		t.Fatal(err)
 	}
-	gopt, per, err := CompileOptionsFor(regions3, weights, rules.CompileOptions{})
+	opt, err := CompileOptionsFor(regions3, weights, rules.CompileOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	var hs []*rules.Holder
-	for _, o := range append([]rules.CompileOptions{gopt}, per...) {
-		snap, err := rules.Compile(set, o)
-		if err != nil {
-			t.Fatal(err)
-		}
-		hs = append(hs, rules.NewHolder(snap))
+	snap, err := rules.Compile(set, opt)
+	if err != nil {
+		t.Fatal(err)
 	}
-	return NewRuleTable(hs[0], hs[1:]), hs
+	h := rules.NewHolder(snap)
+	return NewRuleTable(h, regions3), h
 }
 
 func near(a, b []float64) bool {
@@ -56,7 +53,7 @@ func near(a, b []float64) bool {
 }
 
 func TestRuleTableRateAndDefaultSplit(t *testing.T) {
-	tab, hs := ruleTable(t, tableRules, []float64{2, 1, 1})
+	tab, h := ruleTable(t, tableRules, []float64{2, 1, 1})
 	for _, tc := range []struct {
 		rule string
 		rate float64
@@ -64,8 +61,9 @@ func TestRuleTableRateAndDefaultSplit(t *testing.T) {
 	}{
 		{"default", 20, []float64{0.5, 0.25, 0.25}}, // weights: no shares listed
 		{"pro", 100, []float64{0.5, 0.3, 0.2}},      // its own shares; 6000/min = 100/s
-		// us-east listed at 0.9, the others at their weight share: 0.9+0.25+0.25 scaled to 1.
-		{"partial", 10, []float64{0.9 / 1.4, 0.25 / 1.4, 0.25 / 1.4}},
+		// us-east listed at 0.9; the rest, 0.1, split by weight between the other two
+		// (rules.DefaultShare, what every enforcer compiles).
+		{"partial", 10, []float64{0.9, 0.05, 0.05}},
 	} {
 		rate, def, ok := tab.Limits(tc.rule, "key:x")
 		if !ok || rate != tc.rate || !near(def, tc.def) {
@@ -77,11 +75,12 @@ func TestRuleTableRateAndDefaultSplit(t *testing.T) {
 	}
 	// A new snapshot is seen at once.
 	set, _ := rules.ParseYAML([]byte(`rules: [{id: default, limits: [{name: s, rate: 7, per: 1s}]}]`))
-	snap, err := rules.Compile(set, rules.CompileOptions{DefaultShare: 1})
+	opt, _ := CompileOptionsFor(regions3, nil, rules.CompileOptions{})
+	snap, err := rules.Compile(set, opt)
 	if err != nil {
 		t.Fatal(err)
 	}
-	hs[0].Store(snap)
+	h.Store(snap)
 	if rate, _, ok := tab.Limits("default", "key:x"); !ok || rate != 7 {
 		t.Fatalf("after a new global snapshot: rate %g ok %v, want 7", rate, ok)
 	}

@@ -88,7 +88,7 @@ func TestEtcdSharesFollowTrafficThroughEtcd(t *testing.T) {
 	e := testenv.Etcd(t, 3)
 	prefix := "/loop/"
 	cfg := DefaultServiceConfig()
-	cfg.Core = testConfig(false)
+	cfg.Core = testConfig()
 	interval := 2 * time.Second
 	cfg.Core.Interval, cfg.Core.Learning, cfg.Core.EarlyGap = interval, interval, time.Second
 	cfg.Core.SilentAfter, cfg.Core.AckTimeout = 3*interval, time.Second
@@ -175,7 +175,7 @@ func TestEtcdSharesFollowTrafficThroughEtcd(t *testing.T) {
 					mu.Unlock()
 					rate := 0.0
 					if en.region == regions3[h] {
-						rate = 40
+						rate = 95 // of a limit of 100: the share follows demand, the slack goes by the default split
 					}
 					rev, ver := en.applied()
 					rq := &allotv1.ReportRequest{Region: en.region, EnforcerId: en.id, Seq: seq,

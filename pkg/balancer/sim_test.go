@@ -2,100 +2,12 @@ package balancer
 
 import (
 	"fmt"
-	"math"
 	"math/rand/v2"
 	"testing"
 	"time"
 
-	"github.com/allot-dev/allot/pkg/share"
 	allotv1 "github.com/allot-dev/allot/proto/allot/v1"
 )
-
-// testAllocate is a simple policy that follows demand, so the core's mechanics can be
-// tested before the real pkg/share policy lands: EWMA demand, each free region gets
-// Floor plus the rest of what Held leaves in proportion to its smoothed demand (to the
-// default split when nobody wants anything).
-func testAllocate(cfg share.Config, st share.State, in share.Input) share.State {
-	n := len(in.Demand)
-	out := share.State{Smoothed: make([]float64, n), Shares: make([]float64, n)}
-	free, k := 1.0, 0
-	for r := range n {
-		prev := 0.0
-		if st.Smoothed != nil {
-			prev = st.Smoothed[r]
-		}
-		out.Smoothed[r] = prev
-		if !math.IsNaN(in.Demand[r]) {
-			out.Smoothed[r] = cfg.Alpha*in.Demand[r] + (1-cfg.Alpha)*prev
-		}
-		if !math.IsNaN(in.Held[r]) {
-			free -= in.Held[r]
-		} else {
-			k++
-		}
-	}
-	free = max(free, 0)
-	floor := cfg.Floor
-	if floor*float64(k) > free {
-		floor = 0
-	}
-	var sum, dsum float64
-	for r := range n {
-		if math.IsNaN(in.Held[r]) {
-			sum += out.Smoothed[r]
-			dsum += in.Default[r]
-		}
-	}
-	for r := range n {
-		switch {
-		case !math.IsNaN(in.Held[r]):
-			out.Shares[r] = in.Held[r]
-		case sum > 0:
-			out.Shares[r] = floor + (free-floor*float64(k))*out.Smoothed[r]/sum
-		case dsum > 0:
-			out.Shares[r] = free * in.Default[r] / dsum
-		}
-	}
-	if st.Shares != nil { // dead-band
-		moved := false
-		for r := range n {
-			moved = moved || math.Abs(out.Shares[r]-st.Shares[r]) >= cfg.DeadBand
-		}
-		if !moved {
-			copy(out.Shares, st.Shares)
-		}
-	}
-	return out
-}
-
-// testStep applies decreases at once and grants increases out of 1 − Σ mayApply, in
-// proportion to what each increasing region wants.
-func testStep(may, target []float64) ([]float64, bool) {
-	next := make([]float64, len(target))
-	room, want := 1.0, 0.0
-	for r := range target {
-		room -= may[r]
-		next[r] = min(may[r], target[r])
-		if target[r] > may[r] {
-			want += target[r] - may[r]
-		}
-	}
-	room = max(room, 0)
-	grant := 1.0
-	if want > room {
-		grant = room / want
-	}
-	done := true
-	for r := range target {
-		if target[r] > may[r] {
-			next[r] = may[r] + (target[r]-may[r])*grant
-			if grant < 1 {
-				done = false
-			}
-		}
-	}
-	return next, done
-}
 
 var regions3 = []string{"us-east", "eu-west", "ap-south"}
 
@@ -106,14 +18,11 @@ func equalSplit(rule, identity string) (float64, []float64, bool) {
 	return 100, nil, true
 }
 
-func testConfig(real bool) CoreConfig {
+func testConfig() CoreConfig {
 	cfg := DefaultCoreConfig()
 	cfg.Regions = regions3
 	cfg.Limits = equalSplit
 	cfg.LeaderRev = 7
-	if !real {
-		cfg.allocate, cfg.step = testAllocate, testStep
-	}
 	return cfg
 }
 
@@ -304,53 +213,49 @@ func (w *world) published(k key) []float64 {
 }
 
 func TestPlanKeepsSumAtMostOne(t *testing.T) {
-	for _, real := range []bool{false, true} {
-		t.Run(fmt.Sprintf("realPolicy=%v", real), func(t *testing.T) {
-			rng := rand.New(rand.NewPCG(1, 2))
-			cfg := testConfig(real)
-			c, err := NewCore(cfg)
-			if err != nil {
-				t.Fatal(err)
-			}
-			w := newWorld(t, c, 3)
-			w.delay = func() time.Duration { return time.Duration(rng.IntN(4000)) * time.Millisecond } // < AckTimeout
-			keys := []key{{"default", "key:a"}, {"default", "key:b"}, {"pro", "key:c"}, {"default", "key:d"}}
-			rates := make([][]float64, len(keys))
-			for i := range rates {
-				rates[i] = make([]float64, 3)
-			}
-			w.demand = func(_ time.Time, r int) map[key]float64 {
-				m := map[key]float64{}
-				for i, k := range keys {
-					m[k] = rates[i][r]
-				}
-				return m
-			}
-			for range 120 { // 120 shifts of 7-25 s: ~30 minutes
-				for i := range keys {
-					for r := range 3 {
-						rates[i][r] = 0
-						if rng.IntN(3) > 0 {
-							rates[i][r] = float64(rng.IntN(200))
-						}
-					}
-				}
-				if rng.IntN(10) == 0 { // a region goes silent for a while
-					for _, e := range w.enfs {
-						e.silent = e.region == regions3[rng.IntN(3)]
-					}
-				} else {
-					for _, e := range w.enfs {
-						e.silent = false
-					}
-				}
-				w.step(time.Duration(7+rng.IntN(19)) * time.Second)
-			}
-			st := c.Stats(w.now)
-			if !real && st.Version < 10 {
-				t.Fatalf("only %d versions in 30 minutes of shifting traffic", st.Version)
-			}
-			t.Logf("versions %d, max published sum %.6f, max applied sum %.6f", st.Version, w.maxPub, w.maxAppl)
-		})
+	rng := rand.New(rand.NewPCG(1, 2))
+	cfg := testConfig()
+	c, err := NewCore(cfg)
+	if err != nil {
+		t.Fatal(err)
 	}
+	w := newWorld(t, c, 3)
+	w.delay = func() time.Duration { return time.Duration(rng.IntN(4000)) * time.Millisecond } // < AckTimeout
+	keys := []key{{"default", "key:a"}, {"default", "key:b"}, {"pro", "key:c"}, {"default", "key:d"}}
+	rates := make([][]float64, len(keys))
+	for i := range rates {
+		rates[i] = make([]float64, 3)
+	}
+	w.demand = func(_ time.Time, r int) map[key]float64 {
+		m := map[key]float64{}
+		for i, k := range keys {
+			m[k] = rates[i][r]
+		}
+		return m
+	}
+	for range 120 { // 120 shifts of 7-25 s: ~30 minutes
+		for i := range keys {
+			for r := range 3 {
+				rates[i][r] = 0
+				if rng.IntN(3) > 0 {
+					rates[i][r] = float64(rng.IntN(200))
+				}
+			}
+		}
+		if rng.IntN(10) == 0 { // a region goes silent for a while
+			for _, e := range w.enfs {
+				e.silent = e.region == regions3[rng.IntN(3)]
+			}
+		} else {
+			for _, e := range w.enfs {
+				e.silent = false
+			}
+		}
+		w.step(time.Duration(7+rng.IntN(19)) * time.Second)
+	}
+	st := c.Stats(w.now)
+	if st.Version < 10 {
+		t.Fatalf("only %d versions in 30 minutes of shifting traffic", st.Version)
+	}
+	t.Logf("versions %d, max published sum %.6f, max applied sum %.6f", st.Version, w.maxPub, w.maxAppl)
 }

@@ -172,7 +172,7 @@ func (c *Core) advance(now time.Time, ack []uint64, all bool) bool {
 		pub, tgt := id.published(c.n), id.target(c.n)
 		wasDefault := equal(pub, id.def)
 		if !equal(pub, tgt) {
-			nx, _ := c.cfg.step(may, tgt)
+			nx, _ := share.Step(may, tgt)
 			if !equal(nx, pub) {
 				id.hist = append(id.hist, histEntry{v: id.pubVer, shares: slices.Clone(pub)})
 				copy(pub, nx)
@@ -295,7 +295,8 @@ func (c *Core) recompute(now time.Time) {
 			}
 		}
 		clear(tok)
-		id.st = c.cfg.allocate(c.cfg.Share, id.st, share.Input{Limit: id.rate, Demand: demand, Default: id.def, Held: held})
+		// In place: id.st is this identity's alone, and its Shares are copied out below.
+		id.st, _ = share.AllocateInto(id.st, c.cfg.Share, id.st, share.Input{Limit: id.rate, Demand: demand, Default: id.def, Held: held})
 		copy(tgt, id.st.Shares)
 		if !equal(tgt, id.def) {
 			nonDefault++

@@ -119,14 +119,21 @@ type Holder struct {
 	cur     atomic.Pointer[set]
 	started time.Time // for the age metric before the first set
 	m       *metrics
+	changed chan struct{} // one pending signal: a new set was swapped in (see Changed)
 }
+
+// Changed receives after a new set was swapped in (a refresh of the set in force does not
+// signal). Signals coalesce: one pending at most, for one consumer — the usage reporter,
+// whose early report acknowledges the new version to the balancer, so a change plan's
+// increase waits about a propagation delay rather than a report interval.
+func (h *Holder) Changed() <-chan struct{} { return h.changed }
 
 // NewHolder validates cfg and returns a Holder with no set (the default split for all).
 func NewHolder(cfg Config) (*Holder, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	h := &Holder{cfg: cfg, log: cfg.Logger.Named("shares"), started: cfg.Clock.Now()}
+	h := &Holder{cfg: cfg, log: cfg.Logger.Named("shares"), started: cfg.Clock.Now(), changed: make(chan struct{}, 1)}
 	h.cur.Store(&set{})
 	if cfg.Registerer != nil {
 		m, err := newMetrics(cfg.Registerer, h)
@@ -187,6 +194,10 @@ func (h *Holder) Apply(head shareset.Head, entries []shareset.Entry, now time.Ti
 		s.shares[key{e.Rule, e.Identity}] = held{share: v, listed: ok}
 	}
 	h.cur.Store(s)
+	select { // tell the usage reporter: an early report acknowledges the new version
+	case h.changed <- struct{}{}:
+	default:
+	}
 	h.count(appliedSet)
 	h.log.Info("share set applied", "leader-rev", s.leaderRev, "version", s.version, "phase", s.phase,
 		"entries", len(s.shares), "invalid", s.invalid, "published-at", head.PublishedAt)

@@ -331,3 +331,28 @@ func TestHolderConcurrentApplyAndShare(t *testing.T) {
 		t.Fatalf("version %d, want the highest, 400", v)
 	}
 }
+
+// Changed signals a swapped-in set, once per pending signal, and not a mere refresh.
+func TestHolderChangedSignalsNewSetsOnly(t *testing.T) {
+	fc := clock.NewFake(t0)
+	h := newHolder(t, fc, nil)
+	now := fc.Now()
+	pending := func() bool {
+		select {
+		case <-h.Changed():
+			return true
+		default:
+			return false
+		}
+	}
+	h.Apply(head(5, 10, now), []shareset.Entry{entry("key:a", 0.8, 0.1, 0.1)}, now)
+	h.Apply(head(5, 11, now), []shareset.Entry{entry("key:a", 0.7, 0.2, 0.1)}, now)
+	if !pending() || pending() {
+		t.Fatal("two new sets should leave exactly one pending signal")
+	}
+	fc.Advance(time.Second)
+	h.Apply(head(5, 11, fc.Now()), nil, fc.Now()) // the same version, refreshed
+	if pending() {
+		t.Fatal("a refresh of the set in force signalled a change")
+	}
+}

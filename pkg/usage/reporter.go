@@ -34,6 +34,15 @@ type ReporterConfig struct {
 	// Shares returns the share set this enforcer applies (the leader revision and version
 	// of pkg/shareset.Head), read once per report. nil reports 0, 0.
 	Shares func() (leaderRev int64, version uint64)
+	// SharesChanged, if not nil, receives when the enforcer swaps in a new share set
+	// (shares.Holder.Changed). The Reporter then reports early — at least AckGap after the
+	// last report — so the balancer sees the new version applied (the acknowledgement its
+	// change plan waits for before it publishes increases) within about AckGap, not a
+	// whole interval.
+	SharesChanged <-chan struct{}
+	// AckGap is the least time between reports that an acknowledgement may bring forward.
+	// Must be > 0. Default 250ms.
+	AckGap time.Duration
 	// Clock paces the reports; nil means clock.Real().
 	Clock clock.Clock
 	// Logger gets send failures and drops; nil means hclog.NewNullLogger().
@@ -52,7 +61,7 @@ type ReporterConfig struct {
 
 // DefaultReporterConfig returns the defaults described on each ReporterConfig field.
 func DefaultReporterConfig() ReporterConfig {
-	return ReporterConfig{SendTimeout: 2 * time.Second, MaxRedirects: 2}
+	return ReporterConfig{SendTimeout: 2 * time.Second, MaxRedirects: 2, AckGap: 250 * time.Millisecond}
 }
 
 // Validate reports the first bad field, naming it and its value.
@@ -70,6 +79,8 @@ func (c ReporterConfig) Validate() error {
 		return fmt.Errorf("%w: Registerer is nil", ErrConfig)
 	case c.SendTimeout <= 0:
 		return fmt.Errorf("%w: SendTimeout %v, must be > 0", ErrConfig, c.SendTimeout)
+	case c.AckGap <= 0:
+		return fmt.Errorf("%w: AckGap %v, must be > 0", ErrConfig, c.AckGap)
 	case c.MaxRedirects < 0 || c.MaxRedirects > 5:
 		return fmt.Errorf("%w: MaxRedirects %d, must be in [0, 5]", ErrConfig, c.MaxRedirects)
 	}
@@ -155,11 +166,14 @@ func (r *Reporter) Close() error {
 func (r *Reporter) run() {
 	defer close(r.done)
 	t := r.cfg.Table
+	ack := false // a new share set was applied and not reported yet
 	for {
 		now := r.clock.Now()
 		start := t.Start()
 		due := start.Add(t.cfg.Interval)
-		if early := t.WantEarly(now); early || !now.Before(due) {
+		ackDue := ack && !now.Before(start.Add(r.cfg.AckGap))
+		if early := t.WantEarly(now); early || ackDue || !now.Before(due) {
+			ack = false
 			r.report(now, now.Before(due))
 			select {
 			case <-r.stop:
@@ -172,9 +186,14 @@ func (r *Reporter) run() {
 		if t.jumped.Load() { // jumped, but EarlyGap has not passed: wake when it has
 			wait = min(wait, start.Add(t.cfg.EarlyGap).Sub(now))
 		}
+		if ack { // AckGap has not passed since the last report: wake when it has
+			wait = min(wait, start.Add(r.cfg.AckGap).Sub(now))
+		}
 		tm := r.clock.NewTimer(wait)
 		select {
 		case <-tm.C():
+		case <-r.cfg.SharesChanged:
+			ack = true
 		case <-t.Early():
 		case <-r.stop:
 			tm.Stop()

@@ -363,3 +363,29 @@ func (b blocking) Report(ctx context.Context, _ *allotv1.ReportRequest) (*allotv
 		return &allotv1.ReportResponse{Accepted: true}, nil
 	}
 }
+
+// A new share set applied brings the next report forward to AckGap after the last one,
+// so the balancer sees the version acknowledged without waiting out the interval.
+func TestReporterAcknowledgesNewSharesEarly(t *testing.T) {
+	lead := startBalancer(t, true, "")
+	changed := make(chan struct{}, 1)
+	g := newRig(t, StaticLeader(lead.addr), func(c *ReporterConfig) {
+		c.SharesChanged, c.AckGap = changed, 500*time.Millisecond
+	})
+	poll(t, "the reporter to park", func() bool { return g.clk.Timers() == 1 })
+	g.clk.Advance(100 * time.Millisecond)
+	changed <- struct{}{} // a set swapped in 100 ms after the interval began
+	// The Reporter wakes, finds AckGap not passed, and parks until t0+500ms.
+	g.tick(t, 400*time.Millisecond)
+	poll(t, "the acknowledging report", func() bool { return len(lead.reports()) == 1 })
+	if r := lead.reports()[0]; !r.Early || r.IntervalEndMs != t0.Add(500*time.Millisecond).UnixMilli() || r.ShareVersion != 9 {
+		t.Fatalf("early %v end %dms version %d, want an early report at 500ms carrying version 9",
+			r.Early, r.IntervalEndMs-t0.UnixMilli(), r.ShareVersion)
+	}
+	// Without another change the regular schedule follows, from that report.
+	g.tick(t, 10*time.Second)
+	poll(t, "the regular report", func() bool { return len(lead.reports()) == 2 })
+	if r2 := lead.reports()[1]; r2.Early {
+		t.Fatal("the regular report is marked early")
+	}
+}

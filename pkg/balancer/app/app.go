@@ -113,10 +113,11 @@ func New(cfg Config, log hclog.Logger) (_ *App, err error) {
 	return a, nil
 }
 
-// buildRules loads the rules once per region and once unscaled (see balancer.RuleTable).
+// buildRules loads the rules the enforcers load, compiled for no region with the region
+// weights (see balancer.RuleTable).
 func (a *App) buildRules() error {
 	rc := a.cfg.Rules
-	gopt, per, err := balancer.CompileOptionsFor(a.cfg.Regions, a.cfg.weights(), rules.CompileOptions{IPv6Prefix: rc.IPv6Prefix})
+	opt, err := balancer.CompileOptionsFor(a.cfg.Regions, a.cfg.weights(), rules.CompileOptions{IPv6Prefix: rc.IPv6Prefix})
 	if err != nil {
 		return err
 	}
@@ -131,39 +132,35 @@ func (a *App) buildRules() error {
 	}
 	opts := []rules.Option{rules.WithInterval(rc.PollInterval), rules.WithLogger(a.log.Named("rules")),
 		rules.WithOnError(func(err error) { a.log.Error("rules rejected; the previous rules keep serving", "error", err) })}
-	var holders []*rules.Holder
-	for _, opt := range append([]rules.CompileOptions{gopt}, per...) {
-		h := rules.NewHolder(nil)
-		holders = append(holders, h)
-		if rc.EtcdPrefix == "" {
-			f, err := rules.NewFileSource(rc.File, h, opt, opts...)
-			if err != nil {
-				return fmt.Errorf("app: rules file: %w", err)
-			}
-			a.files = append(a.files, f)
-			continue
-		}
-		o := opts
-		if base != nil {
-			o = append(o, rules.WithBase(base))
-			snap, err := rules.Compile(base, opt)
-			if err != nil {
-				return fmt.Errorf("app: base rules file: %w", err)
-			}
-			h.Store(snap) // serve the base until etcd answers
-		}
-		src, err := rules.NewEtcdSource(a.etcd, rc.EtcdPrefix, h, opt, o...)
+	h := rules.NewHolder(nil)
+	a.table = balancer.NewRuleTable(h, a.cfg.Regions)
+	if rc.EtcdPrefix == "" {
+		f, err := rules.NewFileSource(rc.File, h, opt, opts...)
 		if err != nil {
-			return fmt.Errorf("app: etcd rules: %w", err)
+			return fmt.Errorf("app: rules file: %w", err)
 		}
-		a.srcs = append(a.srcs, src)
-		ctx, cancel := context.WithTimeout(a.ctx, 5*time.Second)
-		if err := src.Load(ctx); err != nil {
-			a.log.Warn("rules not loaded from etcd at start; retrying", "error", err)
-		}
-		cancel()
+		a.files = append(a.files, f)
+		return nil
 	}
-	a.table = balancer.NewRuleTable(holders[0], holders[1:])
+	o := opts
+	if base != nil {
+		o = append(o, rules.WithBase(base))
+		snap, err := rules.Compile(base, opt)
+		if err != nil {
+			return fmt.Errorf("app: base rules file: %w", err)
+		}
+		h.Store(snap) // serve the base until etcd answers
+	}
+	src, err := rules.NewEtcdSource(a.etcd, rc.EtcdPrefix, h, opt, o...)
+	if err != nil {
+		return fmt.Errorf("app: etcd rules: %w", err)
+	}
+	a.srcs = append(a.srcs, src)
+	ctx, cancel := context.WithTimeout(a.ctx, 5*time.Second)
+	if err := src.Load(ctx); err != nil {
+		a.log.Warn("rules not loaded from etcd at start; retrying", "error", err)
+	}
+	cancel()
 	return nil
 }
 
