@@ -32,7 +32,7 @@ func TestBalancerDrills(t *testing.T) {
 	t.Run("traffic-shift", func(t *testing.T) { drillTrafficShift(t, s) })
 	t.Run("leader-killed", func(t *testing.T) { drillLeaderKilled(t, s) })
 	n, worst := sums.stop()
-	t.Logf("share sets read from etcd during the drills: %d, largest sum over regions %.4f", n, worst)
+	t.Logf("share sets read from etcd during the drills: %d, largest sum over regions %.4f; every version seen (time from the stack up, shares in region order us-east eu-west ap-south):%s", n, worst, sums.History())
 	if worst > 1+1e-9 {
 		t.Errorf("a published share vector summed to %.6f > 1", worst)
 	}
@@ -45,14 +45,28 @@ type shareSums struct {
 	stopc chan struct{}
 	done  chan struct{}
 
-	mu    sync.Mutex // mu guards reads, worst
-	reads int
-	worst float64
+	began time.Time
+
+	mu      sync.Mutex // mu guards reads, worst, history
+	reads   int
+	worst   float64
+	history []string // every set read: when, version, and the entries of drill keys
+}
+
+// History is what the watcher saw, one line per share set version, for the logs.
+func (w *shareSums) History() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	out := ""
+	for _, h := range w.history {
+		out += "\n  " + h
+	}
+	return out
 }
 
 func watchShareSums(t *testing.T, s *stack.Stack) *shareSums {
 	cli := s.Etcd.Client(t)
-	w := &shareSums{stopc: make(chan struct{}), done: make(chan struct{})}
+	w := &shareSums{stopc: make(chan struct{}), done: make(chan struct{}), began: time.Now()}
 	go func() {
 		defer close(w.done)
 		var lastVer uint64
@@ -71,18 +85,32 @@ func watchShareSums(t *testing.T, s *stack.Stack) *shareSums {
 			lastVer = head.Version
 			w.mu.Lock()
 			w.reads++
+			line := fmt.Sprintf("%6.1fs v%d (fencing %d, phase %q):", time.Since(w.began).Seconds(), head.Version, head.LeaderRev, head.Phase)
 			for _, e := range entries {
 				var sum float64
 				for _, v := range e.Shares {
 					sum += v
 				}
 				w.worst = math.Max(w.worst, sum)
+				line += fmt.Sprintf(" %s=%s", e.Identity, fmtShares(head.Regions, e.Shares))
 			}
+			w.history = append(w.history, line)
 			w.mu.Unlock()
 		}
 	}()
 	t.Cleanup(func() { w.stop() })
 	return w
+}
+
+func fmtShares(regions []string, sh map[string]float64) string {
+	out := "["
+	for i, r := range regions {
+		if i > 0 {
+			out += " "
+		}
+		out += fmt.Sprintf("%.2f", sh[r])
+	}
+	return out + "]"
 }
 
 func (w *shareSums) stop() (int, float64) {
@@ -142,6 +170,7 @@ func drillTrafficShift(t *testing.T, s *stack.Stack) {
 	key := fmt.Sprintf("shift-%d", time.Now().UnixNano())
 	const rate, phase1, phase2 = 450.0, 14 * time.Second, 20 * time.Second
 	d := phase1 + phase2
+	opens0 := breakerOpens(t, s)
 	answers := stack.Drive(t, context.Background(), rate, d, 32, func(i int64, at time.Duration) *stack.Call {
 		r := us
 		if at >= phase1 {
@@ -155,6 +184,20 @@ func drillTrafficShift(t *testing.T, s *stack.Stack) {
 	r5 := maxWindowRatio(answers, 5*time.Second, shiftRate, shiftBurst)
 	t.Logf("traffic shift: %d checks (%d errors), %.0f/s of one key (global limit %.0f/s) in us-east for %v, then eu-west for %v; admitted per second us-east %v, eu-west %v; max window ratio 1 s %.3f, 5 s %.3f",
 		all.Calls, all.Errors, rate, shiftRate, phase1, phase2, ps["us-east"], ps["eu-west"], r1, r5)
+	notLocal := func(a *stack.Answer) bool { return a.Err == nil && stack.SourceName(a.Resp.GetSource()) != "fallback" }
+	var shared []stack.Answer
+	for _, a := range answers {
+		if notLocal(&a) {
+			shared = append(shared, a)
+		}
+	}
+	byFallback := stack.Count(answers, func(a *stack.Answer) bool { return !notLocal(a) })
+	t.Logf("traffic shift: %d answers from fallback (%d admitted); breakers opened during the drill (enforcer shard → times): %v; max window ratio of the shared answers alone (redis, lease, refusal cache) 1 s %.3f, 5 s %.3f",
+		byFallback.Calls, byFallback.Allowed, breakerDelta(t, s, opens0),
+		maxWindowRatio(shared, time.Second, shiftRate, shiftBurst), maxWindowRatio(shared, 5*time.Second, shiftRate, shiftBurst))
+	for _, r := range []*stack.Region{us, eu} {
+		t.Logf("traffic shift, %s answers per second by source:%s", r.Name, stack.Timeline(answers, time.Second, func(a *stack.Answer) bool { return a.Class == r.Name }))
+	}
 	if all.Errors > 0 {
 		t.Errorf("%d checks failed (first %v)", all.Errors, all.FirstErr)
 	}
@@ -247,4 +290,26 @@ func drillLeaderKilled(t *testing.T, s *stack.Stack) {
 	// The stack whole again: the killed replica comes back as a standby.
 	old.Proc.Start(t)
 	old.WaitReady(t, time.Minute)
+}
+
+// breakerOpens is every enforcer's allot_fallback_transitions_total{to="open"} by shard.
+func breakerOpens(t *testing.T, s *stack.Stack) map[string]float64 {
+	out := map[string]float64{}
+	for _, e := range s.Enforcers() {
+		for shard, v := range e.MustMetrics(t).Labels("allot_fallback_transitions_total", "shard", `to="open"`) {
+			out[e.ID+" "+shard] = v
+		}
+	}
+	return out
+}
+
+// breakerDelta is the breaker openings since before, where there were any.
+func breakerDelta(t *testing.T, s *stack.Stack, before map[string]float64) map[string]float64 {
+	out := map[string]float64{}
+	for k, v := range breakerOpens(t, s) {
+		if d := v - before[k]; d > 0 {
+			out[k] = d
+		}
+	}
+	return out
 }
