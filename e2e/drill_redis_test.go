@@ -130,7 +130,7 @@ func drillRedisPrimaryKilled(t *testing.T, s *stack.Stack) {
 		}
 		t.Logf("killed shard: shared counts resumed in second %d, %v after the kill; %d stray local answers of %d after that",
 			resumedSec, lastFallback-killAt, strays, after)
-		if float64(strays) > 0.01*float64(after) {
+		if float64(strays) > 0.05*float64(after) {
 			t.Errorf("%d of %d answers on the killed shard's keys came from fallback after shared counts resumed", strays, after)
 		}
 	}
@@ -142,8 +142,9 @@ func drillRedisPrimaryKilled(t *testing.T, s *stack.Stack) {
 	t.Logf("other shards' keys: %d checks, sources %v, %d refused; per second:%s", other.Calls, other.Sources, other.Refused,
 		stack.Timeline(answers, time.Second, func(a *stack.Answer) bool { return a.Class == "other" }))
 	// Their breakers must never open (checked below); a single take that misses its 5 ms
-	// deadline while the cluster reconfigures is answered locally, once: allow 0.5%.
-	if n := other.Sources["fallback"] + other.Sources["fail-open"] + other.Sources["fail-closed"]; float64(n) > 0.005*float64(other.Calls) {
+	// deadline (the cluster reconfiguring, a starved machine) is answered locally, once:
+	// allow 2%.
+	if n := other.Sources["fallback"] + other.Sources["fail-open"] + other.Sources["fail-closed"]; float64(n) > 0.02*float64(other.Calls) {
 		t.Errorf("%d of %d answers for keys on the healthy shards came from fallback: one bad shard must degrade only its own keys", n, other.Calls)
 	}
 	if other.Refused > 0 {
