@@ -16,8 +16,9 @@ const shiftRate, shiftBurst = 300.0, 300.0
 
 // TestBalancerDrills is issue 11's balancer drills on a three-region stack with two
 // balancer replicas (bin/balancer, in us-east next to etcd): intervals shortened by
-// config to 2 s (balancing and usage reports) and the election lease to 4 s, so each
-// drill takes seconds, not minutes. A watcher reads every share set published in etcd
+// config to 2 s (balancing and usage reports), the election lease to 4 s and the
+// staleness period to 12 s (enforcers and balancer), so each drill takes seconds, not
+// minutes. A watcher reads every share set published in etcd
 // during the drills: no vector may ever sum above 1.
 func TestBalancerDrills(t *testing.T) {
 	began := time.Now()
@@ -25,12 +26,14 @@ func TestBalancerDrills(t *testing.T) {
 	opt.Balancers = 2
 	opt.BalanceInterval = 2 * time.Second
 	opt.SessionTTL = 4 * time.Second
+	opt.ShareStale = 12 * time.Second
 	s := stack.Start(t, opt)
 	t.Logf("balancer drills: stack up in %v", time.Since(began).Round(time.Millisecond))
 
 	sums := watchShareSums(t, s)
 	t.Run("traffic-shift", func(t *testing.T) { drillTrafficShift(t, s) })
 	t.Run("leader-killed", func(t *testing.T) { drillLeaderKilled(t, s) })
+	t.Run("region-down", func(t *testing.T) { drillRegionDown(t, s, sums) })
 	n, worst := sums.stop()
 	t.Logf("share sets read from etcd during the drills: %d, largest sum over regions %.4f; every version seen (time from the stack up, shares in region order us-east eu-west ap-south):%s", n, worst, sums.History())
 	if worst > 1+1e-9 {
@@ -51,6 +54,21 @@ type shareSums struct {
 	reads   int
 	worst   float64
 	history []string // every set read: when, version, and the entries of drill keys
+	sets    []seenSet
+}
+
+// seenSet is one share set version as the watcher read it.
+type seenSet struct {
+	at      time.Time
+	version uint64
+	shares  map[string]map[string]float64 // identity → region → share (listed ones only)
+}
+
+// Sets returns the versions read so far, oldest first.
+func (w *shareSums) Sets() []seenSet {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return append([]seenSet(nil), w.sets...)
 }
 
 // History is what the watcher saw, one line per share set version, for the logs.
@@ -95,6 +113,11 @@ func watchShareSums(t *testing.T, s *stack.Stack) *shareSums {
 				line += fmt.Sprintf(" %s=%s", e.Identity, fmtShares(head.Regions, e.Shares))
 			}
 			w.history = append(w.history, line)
+			set := seenSet{at: time.Now(), version: head.Version, shares: map[string]map[string]float64{}}
+			for _, e := range entries {
+				set.shares[e.Identity] = e.Shares
+			}
+			w.sets = append(w.sets, set)
 			w.mu.Unlock()
 		}
 	}()
@@ -323,4 +346,88 @@ func breakerDelta(t *testing.T, s *stack.Stack, before map[string]float64) map[s
 		}
 	}
 	return out
+}
+
+// drillRegionDown: a key's traffic is split between eu-west and ap-south; then every
+// ap-south enforcer is SIGKILLed and its traffic moves to eu-west. Promises (DESIGN.md §9,
+// issue 11): the balancer holds the silent region at its last share until the staleness
+// period has passed — so had ap-south only been cut off (enforcing min(last, default) on
+// its own), the sum would never have gone above 1 — and then hands the remainder to
+// eu-west, which admits ≥ 90% of the global limit within the staleness period plus three
+// intervals of the kill. No published vector sums above 1 (the watcher).
+func drillRegionDown(t *testing.T, s *stack.Stack, sums *shareSums) {
+	eu, ap := s.Region("eu-west"), s.Region("ap-south")
+	key := fmt.Sprintf("regiondown-%d", time.Now().UnixNano())
+	identity := "key:" + key
+	const rate, d, killAt = 400.0, 40 * time.Second, 12 * time.Second
+	stale := 12 * time.Second
+	done := make(chan []stack.Answer)
+	go func() {
+		done <- stack.Drive(t, context.Background(), rate, d, 32, func(i int64, at time.Duration) *stack.Call {
+			r := eu
+			if at < killAt && i%2 == 1 {
+				r = ap
+			}
+			return &stack.Call{To: r.Enforcers[i%int64(len(r.Enforcers))], Req: req("drill-shift", key, ""), Class: r.Name}
+		})
+	}()
+	time.Sleep(killAt)
+	killed := time.Now()
+	var kills []func(testing.TB)
+	for _, e := range ap.Enforcers {
+		kills = append(kills, func(tb testing.TB) { e.Proc.Kill(tb) })
+	}
+	stack.Parallel(t, kills...)
+	answers := <-done
+	var sharedAnswers []stack.Answer
+	for _, a := range answers {
+		if stack.Shared(&a) {
+			sharedAnswers = append(sharedAnswers, a)
+		}
+	}
+	ps := perSecond(sharedAnswers, regionOf(s), d)
+	t.Logf("region down: %.0f/s of one key (global %.0f/s) split eu-west/ap-south, ap-south's enforcers killed at %v, all to eu-west after; admitted per second from shared counts eu-west %v, ap-south %v; %d errors (calls in flight to the killed)",
+		rate, shiftRate, killAt, ps["eu-west"], ps["ap-south"], stack.Count(answers, nil).Errors)
+
+	// The shares published for the key, from the kill on.
+	last := map[string]float64{"us-east": regionShare, "eu-west": regionShare, "ap-south": regionShare}
+	worstIfCut := 0.0
+	var line string
+	for _, set := range sums.Sets() {
+		sh, listed := set.shares[identity]
+		if !listed {
+			sh = map[string]float64{"us-east": regionShare, "eu-west": regionShare, "ap-south": regionShare}
+		}
+		if set.at.Before(killed) {
+			last = sh
+			continue
+		}
+		// Had ap-south only been cut off, it would enforce its last share until the
+		// staleness period, then min(last, default).
+		apHeld := last["ap-south"]
+		if set.at.After(killed.Add(stale)) {
+			apHeld = math.Min(last["ap-south"], regionShare)
+		}
+		sum := sh["us-east"] + sh["eu-west"] + apHeld
+		worstIfCut = math.Max(worstIfCut, sum)
+		line += fmt.Sprintf(" +%.1fs v%d %s;", set.at.Sub(killed).Seconds(), set.version, fmtShares([]string{"us-east", "eu-west", "ap-south"}, sh))
+	}
+	t.Logf("region down: ap-south's last share before the kill %.2f; sets published after the kill (time after it):%s largest sum had ap-south only been cut off %.4f", last["ap-south"], line, worstIfCut)
+	if worstIfCut > 1+1e-9 {
+		t.Errorf("had ap-south only been cut off, its held share plus the others' would have summed to %.4f > 1", worstIfCut)
+	}
+	k0 := int(killAt / time.Second)
+	recovered := -1
+	for k := k0; k < len(ps["eu-west"]); k++ {
+		if float64(ps["eu-west"][k]) >= 0.9*shiftRate {
+			recovered = k - k0
+			break
+		}
+	}
+	limit := int((stale + 3*2*time.Second) / time.Second)
+	t.Logf("region down: eu-west admitted ≥ 90%% of the global limit from second %d after the kill (staleness period %v; bound %d s)", recovered, stale, limit)
+	if recovered < 0 || recovered > limit {
+		t.Errorf("eu-west did not get ap-south's share back within the staleness period + 3 intervals (%d s): per second %v", limit, ps["eu-west"][k0:])
+	}
+	// ap-south's enforcers stay down: this drill runs last.
 }

@@ -57,7 +57,7 @@ func enforcerConfig(t testing.TB, r *Region, regions []string, rulesFile string,
 		"balancer": map[string]any{"enabled": true, "election_prefix": "/allot/balancer/election", "interval": opt.BalanceInterval.String()},
 		"lease":    map[string]any{"ttl": "1s", "window": "100ms", "busy_hits": 3, "max_keys": 65536},
 		"fallback": map[string]any{
-			"timeout": "5ms", "max_timeout": "25ms", "trip_after": 5, "open_for": "2s",
+			"timeout": opt.FallbackTimeout.String(), "max_timeout": (2 * opt.FallbackTimeout).String(), "trip_after": 5, "open_for": "2s",
 			"stall_grace": "500ms", "slack": 2, "max_local_keys": 100000,
 		},
 		"check":         map[string]any{"max_descriptors": 8, "max_value_len": 256, "max_hits": 1000, "reset_jitter_max": "1s", "refusal_log_every": 100},
