@@ -1,6 +1,6 @@
 // Command stackup brings up the e2e stack (e2e/stack: three regions of Redis Cluster and
-// enforcers, a 3-member etcd, nginx in front of us-east, Toxiproxy links with cross-region
-// latency) for a user on one machine, prints how to reach every part, and keeps it up
+// enforcers, a 3-member etcd, two balancer replicas, nginx in front of us-east, Toxiproxy
+// links with cross-region latency) for a user on one machine, prints how to reach every part, and keeps it up
 // until SIGINT or SIGTERM, then removes it. `make stack-up` runs it; `make stack-down`
 // removes a stack whose stackup process was killed.
 //
@@ -27,6 +27,7 @@ func main() {
 	testing.Init() // testenv asks testing.Short()
 	replicas := flag.Int("replicas", 0, "Redis replicas per master in every region (1 for failover drills by hand)")
 	enforcers := flag.Int("enforcers", 2, "enforcers per region")
+	balancers := flag.Int("balancers", 2, "balancer replicas (in us-east)")
 	env := flag.String("env", "bin/stack.env", "file to write the addresses to (shell variables)")
 	flag.Parse()
 	// The harness's containers expire after their TTL; a stack for a user lives longer.
@@ -38,6 +39,7 @@ func main() {
 	defer tb.cleanup()
 	opt := stack.DefaultOptions()
 	opt.Gateway = true
+	opt.Balancers = *balancers
 	for i := range opt.Regions {
 		opt.Regions[i].Replicas = *replicas
 		opt.Regions[i].Enforcers = *enforcers
@@ -80,6 +82,13 @@ func describe(s *stack.Stack) string {
 			grpcs, https = append(grpcs, e.GRPC), append(https, e.HTTP)
 		}
 		fmt.Fprintf(&vars, "ALLOT_STACK_%s_GRPC=%s\nALLOT_STACK_%s_HTTP=%s\n", up, strings.Join(grpcs, ","), up, strings.Join(https, ","))
+	}
+	for _, b := range s.Balancers {
+		fmt.Printf("\nbalancer %s (us-east): reports gRPC %s, metrics http://%s/metrics", b.ID, b.GRPC, b.HTTP)
+		fmt.Fprintf(&vars, "ALLOT_STACK_BALANCER_%s=%s\n", strings.ToUpper(strings.ReplaceAll(b.ID, "-", "_")), b.HTTP)
+	}
+	if len(s.Balancers) > 0 {
+		fmt.Println()
 	}
 	first := s.Regions[0].Enforcers[0]
 	fmt.Printf("\nnginx gateway (README auth_request snippet) in front of us-east: http://%s/\n", s.Gateway.Addr)
