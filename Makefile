@@ -65,9 +65,13 @@ stack-up: images
 	$(GO) run ./e2e/stackup
 
 stack-down:
-	@if [ -f bin/stack.pid ] && kill -0 "$$(cat bin/stack.pid)" 2>/dev/null; then 	  kill "$$(cat bin/stack.pid)"; for i in $$(seq 1 100); do kill -0 "$$(cat bin/stack.pid)" 2>/dev/null || break; sleep 0.1; done; fi
-	@rm -f bin/stack.pid
-	@ids=$$(docker ps -aq --filter label=allot-test.test=stack-up); 	if [ -n "$$ids" ]; then docker rm -f $$ids >/dev/null && echo "stack-down: removed $$(echo $$ids | wc -w) containers"; 	else echo "stack-down: no stack containers"; fi
+	@pid=$$(cat bin/stack.pid 2>/dev/null); \
+	if [ -n "$$pid" ] && kill -0 "$$pid" 2>/dev/null; then kill "$$pid"; \
+	  for i in $$(seq 1 300); do kill -0 "$$pid" 2>/dev/null || break; sleep 0.1; done; fi; \
+	rm -f bin/stack.pid; \
+	ids=$$(docker ps -aq --filter label=allot-test.test=stack-up); \
+	if [ -n "$$ids" ]; then docker rm -f $$ids >/dev/null 2>&1 || true; echo "stack-down: removed $$(echo $$ids | wc -w) containers"; \
+	else echo "stack-down: no stack left"; fi
 
 # One region for real (etcd, a Redis Cluster, two enforcers, a rule change, an outage).
 # The three-region regionsim demo arrives with milestone 2.

@@ -58,7 +58,7 @@ func main() {
 	}
 	pidFile := filepath.Join(filepath.Dir(*env), "stack.pid")
 	_ = os.WriteFile(pidFile, []byte(fmt.Sprintln(os.Getpid())), 0o644)
-	defer os.Remove(pidFile)
+	defer func() { tb.cleanup(); os.Remove(pidFile) }() // the pid file goes once the stack has
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
 	fmt.Println("\nstack up; Ctrl-C (or make stack-down) removes it.")
