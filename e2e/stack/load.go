@@ -25,6 +25,7 @@ type Answer struct {
 	Class   string
 	To      string        // enforcer id
 	At      time.Duration // when it was due, from the start of the run
+	Done    time.Duration // when the answer came, from the start of the run: the time windows of admitted counts use it (a lagging load generator bunches calls past their due time)
 	Latency time.Duration // from when it was due (queueing counts: no coordinated omission)
 	Resp    *allotv1.CheckResponse
 	Err     error
@@ -68,7 +69,7 @@ func Drive(t testing.TB, ctx context.Context, rate float64, d time.Duration, wor
 					continue
 				}
 				resp, err := c.To.Check(t, context.WithoutCancel(ctx), c.Req)
-				out[w] = append(out[w], Answer{Class: c.Class, To: c.To.ID, At: due, Latency: time.Since(start.Add(due)), Resp: resp, Err: err})
+				out[w] = append(out[w], Answer{Class: c.Class, To: c.To.ID, At: due, Done: time.Since(start), Latency: time.Since(start.Add(due)), Resp: resp, Err: err})
 			}
 		}()
 	}
@@ -143,13 +144,13 @@ func (tl *Tally) Quantile(q float64) time.Duration {
 }
 
 // MaxWindow is the most answers allowed in any window of length w (sliding over the
-// answers' due times), among those keep selects.
+// times the answers came), among those keep selects.
 func MaxWindow(answers []Answer, w time.Duration, keep func(a *Answer) bool) int {
 	var at []time.Duration
 	for i := range answers {
 		a := &answers[i]
 		if a.Err == nil && a.Resp.GetAllowed() && (keep == nil || keep(a)) {
-			at = append(at, a.At)
+			at = append(at, a.Done)
 		}
 	}
 	slices.Sort(at)

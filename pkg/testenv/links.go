@@ -22,7 +22,10 @@ import (
 //
 // What it guarantees: a Link listens on 127.0.0.1 only; every proxy is stopped (listener
 // closed, connections cut) at the cleanup of the test that made the Links. Faults apply to
-// connections already open and to new ones. Safe for concurrent use.
+// connections already open and to new ones. Safe for concurrent use. Known upstream leak
+// (v2.5.0): a connection closed while a latency toxic holds data leaves that toxic's
+// goroutine blocked for good (toxics/latency.go); a test package whose drills close links
+// under load tells its goleak check to ignore toxics.(*LatencyToxic).Pipe (see e2e).
 type Links struct {
 	server *toxiproxy.ApiServer
 
