@@ -4,7 +4,7 @@ PKGS     ?= ./...
 TIMEOUT  ?= 30m
 BENCHTIME ?= 2s
 
-.PHONY: all build test test-short bench lint images proto demo clean
+.PHONY: all build test test-short bench lint images proto demo clean tools
 
 all: build
 
@@ -16,6 +16,11 @@ build:
 # The images are built locally on first use (no registry is needed).
 test: images
 	$(GO) test -race -count=1 -timeout $(TIMEOUT) $(PKGS)
+
+# The external tools tests exec (promtool, from Debian's prometheus package), installed when
+# missing. `make test` needs no separate step: configs/prometheus_test.go calls the script.
+tools:
+	bash scripts/tools.sh promtool
 
 # Unit tests only: no containers.
 test-short:

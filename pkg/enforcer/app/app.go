@@ -89,6 +89,16 @@ type App struct {
 // already built is closed.
 func New(cfg Config, log hclog.Logger) (*App, error) { return newApp(cfg, log, nil) }
 
+// NewWithStore is New with store in place of the memory store cfg.Store configures: the
+// enforcers of one region in one process (regionsim's demo, pkg/localstack) share one
+// store standing for that region's Redis Cluster. cfg.Store.Kind must be "memory".
+func NewWithStore(cfg Config, log hclog.Logger, store bucket.Store) (*App, error) {
+	if cfg.Store.Kind != "memory" || store == nil {
+		return nil, fmt.Errorf("app: NewWithStore needs store.kind memory and a store (kind %q)", cfg.Store.Kind)
+	}
+	return newApp(cfg, log, store)
+}
+
 // newApp is New with, for tests, a store used instead of the configured memory store.
 func newApp(cfg Config, log hclog.Logger, store bucket.Store) (_ *App, err error) {
 	if err := cfg.Validate(); err != nil {
