@@ -86,7 +86,7 @@ var (
 // shares, the hostile identities as inert text; and a screenshot is written.
 func TestDashboardInChromium(t *testing.T) {
 	bin := chromium(t)
-	d, _, _ := run(t, 40*time.Minute, nil)
+	d, src, _ := run(t, 40*time.Minute, nil)
 	srv := httptest.NewServer(d)
 	defer srv.Close()
 
@@ -160,5 +160,12 @@ func TestDashboardInChromium(t *testing.T) {
 			t.Fatalf("%s: %d bytes, not a PNG", png, len(b))
 		}
 		t.Logf("screenshot: %s (%d bytes)", png, len(b))
+	}
+
+	// A standby: the banner, the leader, no data.
+	src.setCore(nil)
+	dom = headless(t, bin, srv.URL+"/dashboard/", "--dump-dom", "--screenshot="+filepath.Join(dir, "standby.png"), "--window-size=1280,400")
+	if !strings.Contains(dom, `<b id="leader">10.0.0.7:9090</b>`) || strings.Contains(dom, `id="regions"`) {
+		t.Errorf("standby page:\n%.1500s", dom)
 	}
 }

@@ -228,6 +228,18 @@ func rate(v float64) string {
 	return strconv.FormatFloat(v, 'f', 2, 64)
 }
 
+// tick labels an axis value: integers as integers, 3 significant digits otherwise.
+func tick(v float64) string {
+	if v >= 1e4 {
+		return rate(v)
+	}
+	if v != 0 {
+		p := math.Pow(10, 2-math.Floor(math.Log10(math.Abs(v))))
+		v = math.Round(v*p) / p
+	}
+	return strconv.FormatFloat(v, 'f', -1, 64)
+}
+
 // age formats a duration to the second ("–" for none).
 func age(d time.Duration) string {
 	if d < 0 {

@@ -306,6 +306,11 @@ func TestTimeChartBreaksAtGaps(t *testing.T) {
 	if e := timeChart("x", 200, 100, t0, t0, 0, rate, nil); !e.Empty {
 		t.Error("a chart without points is not empty")
 	}
+	for v, want := range map[float64]string{0: "0", 50: "50", 0.125: "0.125", 1234.5: "1230", 25000: "25k"} {
+		if got := tick(v); got != want {
+			t.Errorf("tick(%g) = %q, want %q", v, got, want)
+		}
+	}
 	for v, want := range map[float64]float64{0: 1, 0.7: 1, 1.3: 2, 37: 50, 120: 200, 600: 1000} {
 		if got := niceCeil(v); got != want {
 			t.Errorf("niceCeil(%g) = %g, want %g", v, got, want)

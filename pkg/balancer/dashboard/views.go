@@ -359,8 +359,8 @@ func (d *Dashboard) identity(ctx context.Context, rule, identity string) identit
 			refused[r].pts = append(refused[r].pts, point{ss[i].at, ref})
 		}
 	}
-	v.TokensChart = timeChart("tokens", 760, 170, from, to, 0, rate, tokens)
-	v.RefusedChart = timeChart("refused", 760, 120, from, to, 0, rate, refused)
+	v.TokensChart = timeChart("tokens", 760, 170, from, to, 0, tick, tokens)
+	v.RefusedChart = timeChart("refused", 760, 120, from, to, 0, tick, refused)
 	v.RefusedChart.EmptyMessage = "no refusal counts yet"
 	return v
 }
