@@ -62,8 +62,9 @@ const (
 )
 
 // timeChart lays ss out over [from, to] × [0, ymax] (ymax ≤ 0: from the data). yfmt
-// labels the y ticks.
-func timeChart(id string, w, h int, from, to time.Time, ymax float64, yfmt func(float64) string, ss []series) chartView {
+// labels the y ticks. A line breaks at a NaN and where two points are more than gap
+// apart (no samples in between: this replica was not leading).
+func timeChart(id string, w, h int, from, to time.Time, gap time.Duration, ymax float64, yfmt func(float64) string, ss []series) chartView {
 	c := chartView{ID: id, W: w, H: h, X0: marginL, Y0: marginT, X1: float64(w) - marginR, Y1: float64(h) - marginB}
 	if ymax <= 0 {
 		for _, s := range ss {
@@ -105,6 +106,9 @@ func timeChart(id string, w, h int, from, to time.Time, ymax float64, yfmt func(
 			if math.IsNaN(p.v) || math.IsInf(p.v, 0) || p.t.Before(from) {
 				flush()
 				continue
+			}
+			if last != nil && p.t.Sub(last.t) > gap {
+				flush()
 			}
 			if b.Len() > 0 {
 				b.WriteByte(' ')

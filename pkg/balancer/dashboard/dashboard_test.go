@@ -295,7 +295,7 @@ func TestConfigValidate(t *testing.T) {
 
 func TestTimeChartBreaksAtGaps(t *testing.T) {
 	pts := []point{{t0, 0.5}, {t0.Add(time.Minute), 0.25}, {t0.Add(2 * time.Minute), math.NaN()}, {t0.Add(3 * time.Minute), 1}}
-	c := timeChart("x", 200, 100, t0, t0.Add(3*time.Minute), 1, pct, []series{{color: 1, pts: pts}})
+	c := timeChart("x", 200, 100, t0, t0.Add(3*time.Minute), time.Hour, 1, pct, []series{{color: 1, pts: pts}})
 	if len(c.Lines) != 2 || c.Points != 3 || c.Empty {
 		t.Fatalf("lines %+v points %d: want 2 lines, 3 points", c.Lines, c.Points)
 	}
@@ -303,7 +303,10 @@ func TestTimeChartBreaksAtGaps(t *testing.T) {
 	if c.Lines[0].Points != "44,45 92.7,63.5" || c.Lines[1].Points != "190,8" {
 		t.Errorf("points %q %q", c.Lines[0].Points, c.Lines[1].Points)
 	}
-	if e := timeChart("x", 200, 100, t0, t0, 0, rate, nil); !e.Empty {
+	if g := timeChart("x", 200, 100, t0, t0.Add(3*time.Minute), 90*time.Second, 1, pct, []series{{pts: pts[:2]}, {pts: []point{pts[0], pts[3]}}}); len(g.Lines) != 3 {
+		t.Errorf("a 3-minute gap: %d lines, want 3 (one joined, one broken)", len(g.Lines))
+	}
+	if e := timeChart("x", 200, 100, t0, t0, time.Hour, 0, rate, nil); !e.Empty {
 		t.Error("a chart without points is not empty")
 	}
 	for v, want := range map[float64]string{0: "0", 50: "50", 0.125: "0.125", 1234.5: "1230", 25000: "25k"} {

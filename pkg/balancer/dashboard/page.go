@@ -22,8 +22,8 @@ var pages = template.Must(template.New("").Funcs(template.FuncMap{
 // nonce is a fresh Content-Security-Policy nonce for the page's one inline script.
 func nonce() string {
 	b := make([]byte, 16)
-	rand.Read(b) // never fails (crypto/rand)
-	return base64.StdEncoding.EncodeToString(b)
+	rand.Read(b)                                   // never fails (crypto/rand)
+	return base64.RawURLEncoding.EncodeToString(b) // no character html/template would escape
 }
 
 func css() string {

@@ -176,7 +176,7 @@ func (d *Dashboard) overview(ctx context.Context) overviewView {
 			drift[r].pts = append(drift[r].pts, p)
 		}
 	}
-	v.Drift = timeChart("drift", 760, 170, from, to, 1, pct, drift)
+	v.Drift = timeChart("drift", 760, 170, from, to, d.gap(), 1, pct, drift)
 	v.Drift.EmptyMessage = "no recompute yet"
 	if last == nil {
 		return v
@@ -192,6 +192,9 @@ func (d *Dashboard) overview(ctx context.Context) overviewView {
 	}
 	return v
 }
+
+// gap is the longest time between two samples a chart's line joins.
+func (d *Dashboard) gap() time.Duration { return 2*d.cfg.Every + d.cfg.Every/2 }
 
 // barW is the width of a card's share and demand bars (px).
 const barW = 170
@@ -213,7 +216,7 @@ func (d *Dashboard) card(x *idSample, ss []sample, from, to time.Time, chart boo
 	c.DemandBar = stackedBar(barW, 18, d.cfg.Regions, fractions(x.smoothed(n)))
 	if chart {
 		share, frac := d.idSeries(x.k, ss)
-		c.Chart = timeChart("", 330, 120, from, to, 1, pct, append(share, frac...))
+		c.Chart = timeChart("", 330, 120, from, to, d.gap(), 1, pct, append(share, frac...))
 	}
 	return c
 }
@@ -342,7 +345,7 @@ func (d *Dashboard) identity(ctx context.Context, rule, identity string) identit
 	v.HasHistory = true
 	from, to := d.window(ss, now)
 	share, frac := d.idSeries(idKey{rule, identity}, ss)
-	v.ShareChart = timeChart("share", 760, 170, from, to, 1, pct, append(share, frac...))
+	v.ShareChart = timeChart("share", 760, 170, from, to, d.gap(), 1, pct, append(share, frac...))
 	tokens, refused := make([]series, 2*n), make([]series, n)
 	for r := range n {
 		tokens[r].color, tokens[n+r].color, tokens[n+r].dashed, refused[r].color = r, r, true, r
@@ -359,8 +362,8 @@ func (d *Dashboard) identity(ctx context.Context, rule, identity string) identit
 			refused[r].pts = append(refused[r].pts, point{ss[i].at, ref})
 		}
 	}
-	v.TokensChart = timeChart("tokens", 760, 170, from, to, 0, tick, tokens)
-	v.RefusedChart = timeChart("refused", 760, 120, from, to, 0, tick, refused)
+	v.TokensChart = timeChart("tokens", 760, 170, from, to, d.gap(), 0, tick, tokens)
+	v.RefusedChart = timeChart("refused", 760, 120, from, to, d.gap(), 0, tick, refused)
 	v.RefusedChart.EmptyMessage = "no refusal counts yet"
 	return v
 }
