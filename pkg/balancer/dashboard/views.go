@@ -28,7 +28,6 @@ type common struct {
 	Listed     int
 	Pending    int
 	Legend     []legend
-	Rules      []string
 	Query      string
 	QueryRule  string
 	Window     string
@@ -106,10 +105,6 @@ func (d *Dashboard) common(ctx context.Context, title string, core *balancer.Cor
 		Window: (time.Duration(d.cfg.Samples) * d.cfg.Every).String(), Samples: d.hist.Len()}
 	for i, r := range d.cfg.Regions {
 		c.Legend = append(c.Legend, legend{Class: regionClass(i), Name: r})
-	}
-	if d.cfg.Rules != nil {
-		c.Rules = d.cfg.Rules()
-		slices.Sort(c.Rules)
 	}
 	if core == nil {
 		c.LeaderAddr, c.Term = d.src.Leader(ctx)
@@ -292,8 +287,11 @@ func (d *Dashboard) identity(ctx context.Context, rule, identity string) identit
 	v := identityView{common: d.common(ctx, "identity", core, now, &st), Rule: rule, Identity: identity, Top: d.cfg.Top}
 	v.Query, v.QueryRule = identity, rule
 	ss := d.hist.samples()
-	if rule == "" { // look it up under every rule we know of
-		cands := slices.Clone(v.Rules)
+	if rule == "" { // look it up under every rule we know of (overrides too: one lookup each)
+		var cands []string
+		if d.cfg.Rules != nil {
+			cands = d.cfg.Rules()
+		}
 		for _, s := range ss {
 			for _, x := range s.ids {
 				if x.k.identity == identity {
