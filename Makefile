@@ -17,10 +17,12 @@ build:
 test: images
 	$(GO) test -race -count=1 -timeout $(TIMEOUT) $(PKGS)
 
-# The external tools tests exec (promtool, from Debian's prometheus package), installed when
-# missing. `make test` needs no separate step: configs/prometheus_test.go calls the script.
+# The external tools tests exec (promtool, from Debian's prometheus package; chromium for the
+# dashboard's browser test), installed when missing. `make test` needs no separate step:
+# configs/prometheus_test.go and pkg/balancer/dashboard/browser_test.go call the script.
 tools:
 	bash scripts/tools.sh promtool
+	bash scripts/tools.sh chromium
 
 # Unit tests only: no containers.
 test-short:
