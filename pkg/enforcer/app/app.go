@@ -184,7 +184,7 @@ func newApp(cfg Config, log hclog.Logger, store bucket.Store) (_ *App, err error
 		rc.Leader = usage.EtcdLeader(a.etcd, cfg.Balancer.ElectionPrefix)
 		rc.Clock, rc.Logger, rc.Registerer, rc.TLS = a.clock, log.Named("usage"), a.reg, tlsCfg
 		overrideIfSet(&rc.SendTimeout, cfg.Balancer.SendTimeout)
-		rc.Shares, rc.SharesChanged = a.shares.Applied, a.shares.Changed()
+		rc.Shares, rc.SharesChanged, rc.Accepted = a.shares.Applied, a.shares.Changed(), a.shares.Heard
 		if a.reporter, err = usage.NewReporter(rc); err != nil {
 			return nil, err
 		}
