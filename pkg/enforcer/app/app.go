@@ -406,6 +406,7 @@ func (a *App) register() error {
 	}
 	rc := registry.DefaultConfig()
 	rc.Region, rc.ID, rc.Addr = a.cfg.Region, a.cfg.ID, addr
+	rc.HTTPAddr = a.HTTPAddr() // for the balancer's explain
 	rc.Prefix, rc.TTL, rc.Logger, rc.Clock = a.cfg.Etcd.RegistryPrefix, a.cfg.Etcd.RegistrationTTL, a.log.Named("registry"), a.clock
 	r, err := registry.New(a.etcd, rc)
 	if err != nil {
