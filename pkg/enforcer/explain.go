@@ -2,6 +2,7 @@ package enforcer
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	"github.com/allot-dev/allot/pkg/bucket"
@@ -206,20 +207,19 @@ func matchedFields(m rules.Match, a *rules.Attrs) map[string]string {
 }
 
 func why(re *RuleExplain) string {
-	s := "the most specific " + re.Mode + " rule counting by " + re.By + " that fits the request"
-	if len(re.Matched) == 0 {
-		s += " (a default rule: it matches every request)"
-	}
-	if n := len(re.Beat); n > 0 {
-		s += "; it beats " + re.Beat[0].Rule
-		if n > 1 {
-			s += " and others"
+	if len(re.Beat) == 0 {
+		if len(re.Matched) == 0 {
+			return "a default rule (matches every request); no other " + re.Mode + " rule by " + re.By + " fits"
 		}
-		if re.Beat[0].Specificity < re.Specificity {
-			s += " by specificity (api_key 16, org 8, plan 4, endpoint 2, ip 1)"
-		} else {
-			s += " by a longer IP prefix or by being written first"
-		}
+		return "the only " + re.Mode + " rule by " + re.By + " that fits"
 	}
-	return s
+	b := re.Beat[0]
+	s := fmt.Sprintf("beats %s", b.Rule)
+	if n := len(re.Beat); n > 1 {
+		s += fmt.Sprintf(" and %d more", n-1)
+	}
+	if b.Specificity < re.Specificity {
+		return s + fmt.Sprintf(": specificity %d over %d (api_key 16, org 8, plan 4, endpoint 2, ip 1)", re.Specificity, b.Specificity)
+	}
+	return s + ": same specificity, a longer IP prefix or written first"
 }

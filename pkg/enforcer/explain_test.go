@@ -72,6 +72,9 @@ func TestExplainWinningRuleSharesLevelAndRecent(t *testing.T) {
 		len(pro.Expired) != 1 || pro.Expired[0] != "acme" || pro.Identity != "key:acme" {
 		t.Fatalf("pro %+v", pro)
 	}
+	if pro.Why != "beats default: specificity 4 over 0 (api_key 16, org 8, plan 4, endpoint 2, ip 1)" {
+		t.Fatalf("why %q", pro.Why)
+	}
 	// The share, its set and age, and each limit global and regional.
 	if s := pro.Share; s.Value != 0.25 || s.Source != "balancer" || s.Default != 1 || s.Version != 42 || s.LeaderRev != 7 || s.AgeSeconds != 3 {
 		t.Fatalf("share %+v", s)
