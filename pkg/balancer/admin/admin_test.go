@@ -6,6 +6,7 @@ import (
 	"errors"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -43,7 +44,7 @@ type rig struct {
 	cli  *admin.Client
 }
 
-func newRig(t *testing.T, leading bool) *rig {
+func newRig(t *testing.T, leading bool, mod ...func(*admin.Config)) *rig {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("needs an etcd container")
@@ -61,7 +62,11 @@ func newRig(t *testing.T, leading bool) *rig {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s, err := admin.New(admin.Config{Etcd: etcd, Tokens: tokens, Rules: rules.NewHolder(snap), Leader: fakeLeader{leading}, Compile: opt})
+	cfg := admin.Config{Etcd: etcd, Tokens: tokens, Rules: rules.NewHolder(snap), Leader: fakeLeader{leading}, Compile: opt}
+	for _, f := range mod {
+		f(&cfg)
+	}
+	s, err := admin.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -310,4 +315,59 @@ func TestShares(t *testing.T) {
 			t.Fatalf("%+v %v", s, err)
 		}
 	})
+}
+
+// Two admins writing at once on the same read: exactly one lands, the other gets 409.
+func TestConcurrentWritesOneWins(t *testing.T) {
+	r := newRig(t, true)
+	ctx := context.Background()
+	if _, err := r.cli.Apply(ctx, admin.ApplyRequest{Reason: "start", YAML: goodFile}); err != nil {
+		t.Fatal(err)
+	}
+	read, _ := r.cli.Rules(ctx)
+	errs := make(chan error, 2)
+	for i, c := range []*admin.Client{r.cli, {Base: r.srv.URL, Token: bobSecret}} {
+		go func() {
+			_, err := c.Apply(ctx, admin.ApplyRequest{Revision: read.Revision, Reason: "race",
+				YAML: strings.ReplaceAll(goodFile, "rate: 100", "rate: "+strconv.Itoa(300+i))})
+			errs <- err
+		}()
+	}
+	var ok, conflict int
+	for range 2 {
+		switch err := <-errs; {
+		case err == nil:
+			ok++
+		case status(err) == http.StatusConflict:
+			conflict++
+		default:
+			t.Fatal(err)
+		}
+	}
+	if ok != 1 || conflict != 1 {
+		t.Fatalf("%d landed, %d refused; want 1 and 1", ok, conflict)
+	}
+	if recs, _ := r.cli.Audit(ctx, 10); len(recs) != 2 {
+		t.Fatalf("%d audit records, want 2 (start and the winner)", len(recs))
+	}
+}
+
+// The audit keeps the newest AuditKeep records.
+func TestAuditBounded(t *testing.T) {
+	r := newRig(t, true, func(c *admin.Config) { c.AuditKeep = 3 })
+	ctx := context.Background()
+	for i := range 5 {
+		if _, err := r.cli.Apply(ctx, admin.ApplyRequest{Reason: "change " + strconv.Itoa(i),
+			YAML: strings.ReplaceAll(goodFile, "rate: 100", "rate: "+strconv.Itoa(100+i))}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	resp, err := r.etcd.Get(ctx, admin.DefaultAuditPrefix, clientv3.WithPrefix(), clientv3.WithCountOnly())
+	if err != nil || resp.Count != 3 {
+		t.Fatalf("%d records kept (%v), want 3", resp.Count, err)
+	}
+	recs, _ := r.cli.Audit(ctx, 3)
+	if len(recs) != 3 || recs[0].Reason != "change 4" || recs[2].Reason != "change 2" {
+		t.Fatalf("records %+v, want changes 4, 3, 2 newest first", recs)
+	}
 }
