@@ -91,7 +91,8 @@ type LimitExplain struct {
 	Rate        float64 `json:"rate"`
 	Burst       float64 `json:"burst"`
 	// Level is the tokens the bucket holds now (Burst when full or never used); absent
-	// when it could not be read (LevelError says why) or is redacted.
+	// when it could not be read (LevelError says why) or is redacted. On Redis it is the
+	// shared bucket's: tokens leased to enforcers' local batches are already out of it.
 	Level      *float64 `json:"level,omitempty"`
 	LevelError string   `json:"level_error,omitempty"`
 }
