@@ -159,6 +159,15 @@ func cli(args []string, env cliEnv) int {
 		}
 		sub, rest = rest[0], rest[1:]
 	}
+	help := func(a string) bool { return a == "-h" || a == "-help" || a == "--help" }
+	if help(sub) || (sub != "" && len(rest) > 0 && help(rest[0])) {
+		fmt.Fprint(env.stderr, cliUsage)
+		return 0
+	}
+	if strings.HasPrefix(sub, "-") {
+		fmt.Fprint(env.stderr, cliUsage)
+		return 2
+	}
 	fs := flag.NewFlagSet("balancer "+strings.TrimSpace(name+" "+sub), flag.ContinueOnError)
 	fs.SetOutput(env.stderr)
 	fs.Usage = func() { fmt.Fprint(env.stderr, cliUsage) }

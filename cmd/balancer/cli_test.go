@@ -68,9 +68,16 @@ func TestCLI(t *testing.T) {
 		}
 	}
 
+	for _, args := range [][]string{{"rules", "-h"}, {"rules", "apply", "-h"}, {"shares", "-h"}} {
+		code, _, errOut := run(args...)
+		expect(code, "", errOut, 0, "usage: balancer COMMAND")
+	}
+	code, out, errOut := run("rules", "frobnicate")
+	expect(code, out, errOut, 2, "usage: balancer COMMAND")
+
 	good := filepath.Join(dir, "rules.yaml")
 	write(t, good, "rules:\n  - id: default\n    limits: [{name: second, rate: 20, per: 1s, burst: 40}]\n")
-	code, out, errOut := run("rules", "apply", "-f", good, "-reason", "OPS-7 baseline")
+	code, out, errOut = run("rules", "apply", "-f", good, "-reason", "OPS-7 baseline")
 	expect(code, out, errOut, 0, "changed 1 rules at revision")
 	code, out, errOut = run("rules", "list")
 	expect(code, out, errOut, 0, `/allot/rules/default`)

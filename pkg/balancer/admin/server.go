@@ -385,7 +385,8 @@ func (s *Server) getRule(w http.ResponseWriter, r *http.Request, _ string) (any,
 
 // ApplyRequest is the body of PUT /v1/admin/rules: a rule file (YAML or JSON, the schema
 // of configs/rules) whose rules are written to etcd (added or replaced by id; rules not in
-// the file are left alone), checked as a whole over what etcd holds.
+// the file are left alone), checked as a whole over what etcd holds. The file's version:
+// is not stored: rules from etcd are named by their content hash.
 type ApplyRequest struct {
 	Revision int64  `json:"revision"`
 	Reason   string `json:"reason"`

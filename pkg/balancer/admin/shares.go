@@ -75,7 +75,7 @@ func (s *Server) shares(_ http.ResponseWriter, r *http.Request, _ string) (any, 
 	var published map[string]shareset.Entry // by rule, when standing by
 	leading := false
 	for _, c := range snap.Rules() {
-		if only != "" && c.ID != only {
+		if (only != "" && c.ID != only) || !countsBy(c.By, identity) {
 			continue
 		}
 		st, tracked, lead := s.cfg.Leader.LeaderIdentity(c.ID, identity)
@@ -112,6 +112,12 @@ func (s *Server) shares(_ http.ResponseWriter, r *http.Request, _ string) (any, 
 		}
 	}
 	return resp, nil
+}
+
+// countsBy says whether rules counting by b name identities like identity.
+func countsBy(b rules.By, identity string) bool {
+	prefix := map[rules.By]string{rules.ByAPIKey: "key:", rules.ByIP: "ip", rules.ByOrg: "org:", rules.ByEndpoint: "ep:", rules.ByGlobal: "global"}[b]
+	return strings.HasPrefix(identity, prefix)
 }
 
 func globalRate(c *rules.Compiled) float64 {
