@@ -87,23 +87,34 @@ func ParseRuleAt(data []byte, key string) (*Rule, error) { return parseRule(data
 // set); Compile the result to check the whole set. It backs the balancer's admin API, so a
 // change is checked the way every enforcer will check it.
 func EtcdSet(prefix string, kvs map[string][]byte, base *Set) (*Set, error) {
+	return layer(base, sortedKeys(kvs), func(k string) (*Rule, error) {
+		r, err := parseRule(kvs[k], k)
+		if err == nil && r.ID == "" {
+			r.ID = strings.TrimPrefix(strings.TrimPrefix(k, prefix), "/")
+		}
+		return r, err
+	})
+}
+
+// layer is base's rules, then each key's rule in keys order, an etcd rule replacing the
+// base rule of its id (a second etcd rule of that id is a duplicate, which Validate
+// reports). Every rule that failed to parse is an error. EtcdSource and EtcdSet both
+// build their sets here.
+func layer(base *Set, keys []string, rule func(key string) (*Rule, error)) (*Set, error) {
 	var errs errList
 	set := &Set{}
-	byID := map[string]int{}
+	byID := map[string]int{} // base rule id → index, until an etcd rule replaces it
 	if base != nil {
 		set.Rules = append(set.Rules, base.Rules...)
 		for i, r := range set.Rules {
 			byID[r.ID] = i
 		}
 	}
-	for _, k := range sortedKeys(kvs) {
-		r, err := parseRule(kvs[k], k)
+	for _, k := range keys {
+		r, err := rule(k)
 		if err != nil {
 			errs.add(err)
 			continue
-		}
-		if r.ID == "" {
-			r.ID = strings.TrimPrefix(strings.TrimPrefix(k, prefix), "/")
 		}
 		if i, ok := byID[r.ID]; ok {
 			set.Rules[i] = *r
