@@ -371,3 +371,29 @@ func TestAuditBounded(t *testing.T) {
 		t.Fatalf("records %+v, want changes 4, 3, 2 newest first", recs)
 	}
 }
+
+func TestMalformedRequests(t *testing.T) {
+	r := newRig(t, true)
+	ctx := context.Background()
+	for _, tc := range []struct {
+		method, path string
+		body         any
+		ifMatch      int64
+		code         int
+		want         string
+	}{
+		{http.MethodPut, "/v1/admin/rules", map[string]any{"revision": 1, "reason": "x", "yaml": goodFile, "colour": 1}, 0, 400, `unknown field "colour"`},
+		{http.MethodPut, "/v1/admin/rules", "not an object", 0, 400, "body:"},
+		{http.MethodPut, "/v1/admin/rules", admin.ApplyRequest{Revision: 1 << 40, Reason: "x", YAML: goodFile}, 0, 400, "is ahead of etcd's"},
+		{http.MethodPut, "/v1/admin/rules", admin.ApplyRequest{Revision: 3, Reason: "x", YAML: goodFile}, 4, 400, "disagree"},
+		{http.MethodPut, "/v1/admin/rules/a", admin.RuleRequest{Revision: 1, Reason: "x", Rule: []byte(`{"id": "b", "limits": []}`)}, 0, 400, `the rule's id "b" is not the path's "a"`},
+		{http.MethodDelete, "/v1/admin/rules/nope?reason=x", nil, 1, 404, `rule "nope" is not in etcd`},
+		{http.MethodGet, "/v1/admin/nothing-here", nil, 0, 404, "no route"},
+		{http.MethodGet, "/v1/admin/audit?limit=0", nil, 0, 400, "limit"},
+	} {
+		err := r.cli.Do(ctx, tc.method, tc.path, nil, tc.ifMatch, tc.body, nil)
+		if status(err) != tc.code || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s %s: %v, want %d naming %q", tc.method, tc.path, err, tc.code, tc.want)
+		}
+	}
+}
