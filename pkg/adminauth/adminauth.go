@@ -4,7 +4,8 @@
 //
 // Tokens come from a file or an environment variable, one "name:secret" per line (or
 // comma-separated in the variable); blank lines and lines starting with '#' are skipped.
-// A name is 1-64 of A-Z a-z 0-9 . _ - and a secret at least MinSecretLen bytes.
+// A name is 1-64 of A-Z a-z 0-9 . _ - and a secret at least MinSecretLen bytes, without
+// ',' or a line break (it may hold ':'); surrounding spaces are trimmed.
 //
 // Authenticate compares the presented secret against every token's, always all of them,
 // through SHA-256 digests (equal lengths), so neither the time taken nor an early exit
