@@ -4,7 +4,7 @@ PKGS     ?= ./...
 TIMEOUT  ?= 30m
 BENCHTIME ?= 2s
 
-.PHONY: all build test test-short bench lint images proto demo clean
+.PHONY: all build test test-short bench lint images proto demo clean tools
 
 all: build
 
@@ -16,6 +16,13 @@ build:
 # The images are built locally on first use (no registry is needed).
 test: images
 	$(GO) test -race -count=1 -timeout $(TIMEOUT) $(PKGS)
+
+# The external tools tests exec (promtool, from Debian's prometheus package; chromium for the
+# dashboard's browser test), installed when missing. `make test` needs no separate step:
+# configs/prometheus_test.go and pkg/balancer/dashboard/browser_test.go call the script.
+tools:
+	bash scripts/tools.sh promtool
+	bash scripts/tools.sh chromium
 
 # Unit tests only: no containers.
 test-short:

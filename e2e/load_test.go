@@ -72,16 +72,18 @@ rules:
 //	client-µs/check    this process' utime+stime / checks (the load generator shares the
 //	                   machine: on 2 cores its CPU is taken from the server)
 //	redis-calls/check  Σ over the masters of INFO commandstats evalsha+eval calls / checks
-//	fallback-%         share of answers given locally by the fallback layer (breaker open
-//	                   or deadline missed): must stay ≈ 0 against a healthy cluster
+//	fallback-%         share of answers given locally by the fallback layer (breaker open,
+//	                   or a check that outlived its wait): must stay ≈ 0 against a healthy
+//	                   cluster
 //	refused-%          share of RLS answers OVER_LIMIT
 //	p50/p99/p999-ms    open loop, at half the closed-loop throughput
 //
-// ALLOT_BENCH_BIN runs a prebuilt enforcer instead of building ./cmd/enforcer;
+// ALLOT_BENCH_LOG=1 prints the enforcer's log (warn and above: breaker transitions) at
+// the end. ALLOT_BENCH_BIN runs a prebuilt enforcer instead of building ./cmd/enforcer;
 // ALLOT_BENCH_ARGS adds flags to it (e.g. "-fallback-timeout 50ms"); ALLOT_BENCH_PROFILE
 // writes a 5 s CPU profile of the enforcer taken during the closed loop.
 //
-// The enforcer runs with its defaults (fallback deadline 5 ms) unless ALLOT_BENCH_ARGS says
+// The enforcer runs with its defaults (checks wait 5 ms) unless ALLOT_BENCH_ARGS says
 // otherwise; fallback-% shows whether its breakers opened on the healthy cluster.
 //
 // Pinning: ALLOT_BENCH_SERVER_CPUS and ALLOT_BENCH_CLIENT_CPUS (taskset lists such as "1"
@@ -248,7 +250,7 @@ func startEnforcer(b *testing.B, bin, rulesFile string, redisAddrs []string, pre
 			_ = p.cmd.Process.Kill()
 			<-done
 		}
-		if b.Failed() {
+		if b.Failed() || os.Getenv("ALLOT_BENCH_LOG") != "" {
 			b.Logf("enforcer stderr:\n%s", p.stderr.String())
 		}
 	})

@@ -87,6 +87,10 @@ type Decision struct {
 	// identity (its default share, or the balancer's; see Config.Shares); Quota is already
 	// scaled by it. 0 when no enforcing rule applied.
 	Share float64
+	// CountedBy names what the deciding rule counted this request by (rules.CountedBy):
+	// "api_key", "ip" (also for a keyless request under a rule counted by api_key),
+	// "anonymous" (neither key nor IP), "org", "endpoint" or "global"; "" when no rule.
+	CountedBy string
 
 	shadowN     int
 	shadowNames [maxShadowNames]string

@@ -169,7 +169,7 @@ func (e *Enforcer) Check(ctx context.Context, req *Request) (Decision, error) {
 	snap := e.cfg.Rules.Current()
 	d := Decision{Allowed: true, Source: SourceNone}
 	if snap == nil {
-		e.finish(&d, req, now)
+		e.finish(&d, req, nil, now)
 		return d, nil
 	}
 	sc := e.scratch.Get().(*scratch)
@@ -229,7 +229,7 @@ func (e *Enforcer) Check(ctx context.Context, req *Request) (Decision, error) {
 			e.observeUsage(m, want, res.Allowed(), sourceOf(res.Source), now)
 		}
 	}
-	e.finish(&d, req, now)
+	e.finish(&d, req, snap, now)
 	return d, nil
 }
 
@@ -310,7 +310,7 @@ func (e *Enforcer) fill(d *Decision, m *rules.Matched, lim limits, i int, res *b
 		i = 0
 	}
 	l := &lim.l[i]
-	d.Rule, d.Limit, d.Share = m.Rule.ID, l.Name, lim.share
+	d.Rule, d.Limit, d.Share, d.CountedBy = m.Rule.ID, l.Name, lim.share, rules.CountedBy(m.Identity)
 	d.Quota, d.Window = quotaWindow(l)
 	d.Remaining = res.Remaining
 	d.Reset = res.Reset + jitter(m.Identity, res.Reset, e.cfg.ResetJitterMax, e.cfg.ResetJitterRatio)
@@ -325,15 +325,15 @@ func (e *Enforcer) observeUsage(m *rules.Matched, want int64, allowed bool, src 
 	}
 }
 
-// finish records metrics and the sampled decision logs.
-func (e *Enforcer) finish(d *Decision, req *Request, start time.Time) {
+// finish records metrics and the sampled decision logs of a check decided under snap.
+func (e *Enforcer) finish(d *Decision, req *Request, snap *rules.Snapshot, start time.Time) {
 	var took time.Duration
 	if e.real {
 		took = time.Since(start) // monotonic: no wall-clock read
 	} else {
 		took = e.clock.Now().Sub(start)
 	}
-	e.metrics.observe(d, took)
+	e.metrics.observe(d, snap, req.Attrs.Plan, took)
 	if !d.Allowed {
 		if n := e.cfg.RefusalLogEvery; n > 0 && e.refuseTick.Add(1)%n == 1%n {
 			e.log.Info("refused", "region", e.cfg.Region, "rule", d.Rule, "limit", d.Limit,

@@ -262,6 +262,7 @@ rules:
 	want := []Header{
 		{"RateLimit-Policy", `"api/minute";q=3;w=3`},
 		{"RateLimit", `"api/minute";r=2;t=1`},
+		{"X-RateLimit-Counted-By", "api_key"},
 	}
 	if !slices.Equal(got, want) {
 		t.Fatalf("allowed headers %v, want %v", got, want)
@@ -273,6 +274,7 @@ rules:
 	want = []Header{
 		{"RateLimit-Policy", `"api/minute";q=3;w=3`},
 		{"RateLimit", `"api/minute";r=0;t=3`},
+		{"X-RateLimit-Counted-By", "api_key"},
 		{"Retry-After", "1"},
 		{"X-RateLimit-Rule", "api"},
 	}

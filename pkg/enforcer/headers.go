@@ -17,14 +17,19 @@ const (
 	HeaderRetryAfter      = "Retry-After"
 	// HeaderRule names the rule that refused (on refusals only).
 	HeaderRule = "X-RateLimit-Rule"
+	// HeaderCountedBy says what the deciding rule counted the request by (Decision.
+	// CountedBy): "ip" tells a keyless caller it was limited per address, "anonymous"
+	// that it shares one budget with every caller that sent neither key nor address.
+	HeaderCountedBy = "X-RateLimit-Counted-By"
 )
 
 // Header is one HTTP response header field.
 type Header struct{ Name, Value string }
 
-// AppendHeaders appends the response header fields for d: RateLimit-Policy and RateLimit
-// when a rule decided, and on a refusal Retry-After (whole seconds, rounded up; absent
-// when retrying cannot help) and X-RateLimit-Rule. A decision with no rule adds nothing.
+// AppendHeaders appends the response header fields for d: RateLimit-Policy, RateLimit and
+// X-RateLimit-Counted-By when a rule decided, and on a refusal Retry-After (whole seconds,
+// rounded up; absent when retrying cannot help) and X-RateLimit-Rule. A decision with no
+// rule adds nothing.
 func (d *Decision) AppendHeaders(dst []Header) []Header {
 	if d.Rule == "" {
 		return dst
@@ -33,6 +38,9 @@ func (d *Decision) AppendHeaders(dst []Header) []Header {
 	policy := string(d.AppendPolicy(buf[:0]))
 	current := string(d.AppendRateLimit(buf[:0]))
 	dst = append(dst, Header{HeaderRateLimitPolicy, policy}, Header{HeaderRateLimit, current})
+	if d.CountedBy != "" {
+		dst = append(dst, Header{HeaderCountedBy, d.CountedBy})
+	}
 	if !d.Allowed {
 		if s := d.RetryAfterSeconds(); s > 0 {
 			dst = append(dst, Header{HeaderRetryAfter, strconv.FormatInt(s, 10)})

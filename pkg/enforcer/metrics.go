@@ -30,13 +30,15 @@ func (a API) String() string {
 }
 
 // metrics are the enforcer's Prometheus metrics, resolved once so the hot path only adds
-// to atomics. Label sets are bounded: results × sources, apis, fail modes.
+// to atomics. Label sets are bounded: results × sources, apis, fail modes, and plans (at
+// most MaxPlanLabels + 2, see planmetrics.go).
 type metrics struct {
 	decisions   [2][numSources]prometheus.Counter // [allowed][source]
 	shadow      [3]prometheus.Counter             // would-allow, would-refuse, error
 	storeErrors [2]prometheus.Counter             // [fail mode]
 	invalid     [numAPIs]prometheus.Counter
 	latency     prometheus.Observer
+	plans       *planMetrics // decisions by bounded plan (planmetrics.go)
 }
 
 const (
@@ -46,7 +48,7 @@ const (
 )
 
 func newMetrics(reg prometheus.Registerer, holder *rules.Holder, clk clock.Clock) (*metrics, error) {
-	m := &metrics{}
+	m := &metrics{plans: newPlanMetrics()}
 	decisions := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "allot_enforcer_decisions_total",
 		Help: "Check decisions by result (allowed, refused) and by where the deciding answer came from.",
@@ -105,7 +107,7 @@ func newMetrics(reg prometheus.Registerer, holder *rules.Holder, clk clock.Clock
 		}
 		return 0
 	})
-	for _, c := range []prometheus.Collector{decisions, shadow, storeErrors, invalid, latency, rulesAge, rulesCount, &rulesInfo{holder: holder}} {
+	for _, c := range []prometheus.Collector{decisions, shadow, storeErrors, invalid, latency, rulesAge, rulesCount, &rulesInfo{holder: holder}, m.plans.vec} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -130,12 +132,13 @@ func (r *rulesInfo) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(rulesInfoDesc, prometheus.GaugeValue, 1, v)
 }
 
-// observe records one finished check.
-func (m *metrics) observe(d *Decision, took time.Duration) {
+// observe records one finished check of a request naming plan, decided under snap.
+func (m *metrics) observe(d *Decision, snap *rules.Snapshot, plan string, took time.Duration) {
 	a := 0
 	if d.Allowed {
 		a = 1
 	}
 	m.decisions[a][d.Source].Inc()
+	m.plans.counter(snap, plan, a).Inc()
 	m.latency.Observe(took.Seconds())
 }

@@ -9,11 +9,18 @@ import (
 	"github.com/allot-dev/allot/pkg/clock"
 )
 
-// trivialNext grants everything without looking at its context, like a lease hit.
+// trivialNext grants everything from memory, like a lease hit (it is a Cache).
 type trivialNext struct{}
 
 func (trivialNext) Take(_ context.Context, req *bucket.Request) (bucket.Result, error) {
 	return bucket.Result{Granted: req.Want, Source: bucket.SourceLease}, nil
+}
+
+func (trivialNext) TakeCached(req *bucket.Request) (bucket.Result, bool) {
+	if req.Validate() != nil {
+		return bucket.Result{}, false
+	}
+	return bucket.Result{Granted: req.Want, Source: bucket.SourceLease}, true
 }
 
 // watchingNext asks for ctx.Done() like a store doing I/O (go-redis does).
@@ -82,25 +89,10 @@ func BenchmarkClosedParallel(b *testing.B) {
 	})
 }
 
-// BenchmarkClosedNextWatchesCtx: the next store asks for Done(), so the deadline timer
-// is armed, as on every call that reaches Redis.
-func BenchmarkClosedNextWatchesCtx(b *testing.B) {
+// BenchmarkClosedCall: the next store is no Cache, so every check is a call on its own
+// goroutine, as on every check that reaches Redis.
+func BenchmarkClosedCall(b *testing.B) {
 	runBench(b, benchStore(b, watchingNext{}, true))
-}
-
-// BenchmarkWithTimeoutWrapper is what context.WithTimeout per call would cost instead of
-// callCtx, for comparison.
-func BenchmarkWithTimeoutWrapper(b *testing.B) {
-	ctx := context.Background()
-	next := trivialNext{}
-	b.ReportAllocs()
-	for b.Loop() {
-		c, cancel := context.WithTimeout(ctx, DefaultTimeout)
-		if _, err := next.Take(c, benchReq); err != nil {
-			b.Fatal(err)
-		}
-		cancel()
-	}
 }
 
 // BenchmarkOpenLocal is a check answered from the local table while the shard is down.

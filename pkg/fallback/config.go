@@ -15,7 +15,7 @@ import (
 // clock, no logs, no metrics); the numbers have no implicit defaults, so a zero Config is
 // rejected with a message naming each field.
 type Config struct {
-	// Clock tells the time for breakers, per-call deadlines and the local buckets. Nil
+	// Clock tells the time for breakers, waits, call deadlines and the local buckets. Nil
 	// means clock.Real().
 	Clock clock.Clock
 
@@ -26,46 +26,42 @@ type Config struct {
 	// allocate to keep the hot path allocation-free.
 	Shard func(identity string) string
 
-	// Timeout is the deadline given to every call to the next store (as a context
-	// deadline). A call that misses it counts as a failure of its shard. Default 5 ms.
+	// Timeout is how long a check waits for the next store's answer before it is answered
+	// locally. It judges this check only, never the shard: the call goes on in the
+	// background (see ReplyTimeout), and its outcome, when it comes, is what the breaker
+	// hears. A check whose wait passes keeps waiting, one Timeout at a time, while the
+	// shard has answered some call within the last ReplyTimeout/2 or the wait itself ended
+	// late (this process was not running), up to ReplyTimeout. Default 5 ms.
 	Timeout time.Duration
 
+	// ReplyTimeout is the deadline of every call to the next store (its context's, which
+	// go-redis with ContextTimeoutEnabled puts on the socket). A call with no reply by then
+	// is evidence that the shard is not answering, and opens its breaker at once, unless
+	// the shard answered another call sent after it or the timeout was seen more than
+	// ReplyTimeout/2 late (this process stalled across it). It is also how long a paused
+	// master takes to trip. Must be >= Timeout. Default 100 ms.
+	ReplyTimeout time.Duration
+
 	// ProbeTimeout is the deadline of the one call that probes a shard whose breaker has
-	// been open for OpenFor. Longer than Timeout because the first call to a shard that
-	// came back may pay for dialling it again, and a probe that misses its deadline keeps
-	// the shard's keys on local limits for another OpenFor; only one check per shard per
-	// OpenFor waits on it. Default 50 ms.
+	// been open for OpenFor. The first call to a shard that came back may pay for dialling
+	// it again, and a probe that misses keeps the shard's keys on local limits for another
+	// OpenFor. Default 100 ms.
 	ProbeTimeout time.Duration
 
-	// MaxTimeout caps the adaptive per-call deadline. The deadline of a call is
-	// 4 × the recent latency (EWMA) of the fastest shard's successful calls, at least Timeout
-	// and at most MaxTimeout: when every shard is slow at once — this process or host is
-	// saturated — deadlines stretch instead of failing healthy calls (which would open every
-	// breaker and loosen every limit to local ones), while one shard much slower than the
-	// fastest still misses Timeout-sized deadlines and trips. It errs slower: on a
-	// saturated process a check may wait up to MaxTimeout for a dead shard until its breaker
-	// opens. At or below Timeout (0 included) the deadline is Timeout: no adaptation.
-	// Default 25 ms.
-	MaxTimeout time.Duration
-
-	// TripAfter is how many consecutive failures on one shard open its breaker. Default 5.
+	// TripAfter is how many consecutive errors from one shard (a refused or reset
+	// connection, a cluster error: anything but a missing reply, an invalid request or the
+	// Store closing) open its breaker. Default 5.
 	TripAfter int
 
 	// OpenFor is how long an open breaker stays open before it lets one probe through to
 	// the next store. Default 2 s.
 	OpenFor time.Duration
 
-	// StallGrace tells a shard's failure from this process's own stall. When a shard
-	// reaches TripAfter consecutive failures and, since they began, goroutines of this
-	// process have waited at least Timeout/2 to be scheduled (the Go runtime's
-	// scheduling-latency histogram: a saturated host, a GC pause), the deadline misses say
-	// more about this process than about the shard, and the breaker opens only once the
-	// failures have lasted StallGrace. The failed checks are answered locally meanwhile, as
-	// always; the breaker just does not keep healthy shards' keys on local limits for
-	// OpenFor after every stall. A process that was not starved opens at TripAfter as
-	// before. 0 disables the guard, and so does a Clock other than clock.Real() (the
-	// scheduler's latency is real time). Default 500 ms.
-	StallGrace time.Duration
+	// MaxInFlight bounds the calls in flight to one shard, answered or not: a check that
+	// finds its shard at the bound is answered locally without a call. It bounds the
+	// goroutines and connections a dead shard can hold (each call lives at most
+	// ReplyTimeout). Default 256.
+	MaxInFlight int
 
 	// Peers returns N, the number of enforcers live in the region; the local limits while
 	// a shard is unavailable are limit × Slack / N. It is called only on the degraded path.
@@ -92,51 +88,50 @@ type Config struct {
 // Defaults, from DESIGN.md §7.
 const (
 	DefaultTimeout      = 5 * time.Millisecond
-	DefaultProbeTimeout = 50 * time.Millisecond
-	DefaultMaxTimeout   = 25 * time.Millisecond
+	DefaultReplyTimeout = 100 * time.Millisecond
+	DefaultProbeTimeout = 100 * time.Millisecond
 	DefaultTripAfter    = 5
 	DefaultOpenFor      = 2 * time.Second
-	DefaultStallGrace   = 500 * time.Millisecond
+	DefaultMaxInFlight  = 256
 	DefaultSlack        = 2.0
 	DefaultMaxLocalKeys = 100_000
 )
 
-// DefaultConfig returns the defaults: real clock, one shard, 5 ms per call (50 ms for a
-// probe), open after 5 consecutive failures for 2 s (after 500 ms when every shard fails
-// at once), N = 1, Slack 2, 100,000 local keys,
-// no logs, no metrics.
+// DefaultConfig returns the defaults: real clock, one shard, checks wait 5 ms, calls live
+// 100 ms (a probe too), open after 5 consecutive errors or one missing reply for 2 s, 256
+// calls in flight per shard, N = 1, Slack 2, 100,000 local keys, no logs, no metrics.
 func DefaultConfig() Config {
 	return Config{
 		Clock:        clock.Real(),
 		Timeout:      DefaultTimeout,
+		ReplyTimeout: DefaultReplyTimeout,
 		ProbeTimeout: DefaultProbeTimeout,
-		MaxTimeout:   DefaultMaxTimeout,
 		TripAfter:    DefaultTripAfter,
 		OpenFor:      DefaultOpenFor,
-		StallGrace:   DefaultStallGrace,
+		MaxInFlight:  DefaultMaxInFlight,
 		Slack:        DefaultSlack,
 		MaxLocalKeys: DefaultMaxLocalKeys,
 	}
 }
 
-// maxTripAfter keeps TripAfter inside the int32 failure counter.
-const maxTripAfter = 1 << 30
+// maxCount keeps TripAfter and MaxInFlight inside the int32 counters.
+const maxCount = 1 << 30
 
 // Validate reports the first field that is out of range, naming it and its value.
 func (c Config) Validate() error {
 	switch {
 	case c.Timeout <= 0:
 		return fmt.Errorf("fallback: config: Timeout %v, must be > 0", c.Timeout)
-	case c.MaxTimeout < 0:
-		return fmt.Errorf("fallback: config: MaxTimeout %v, must be >= 0", c.MaxTimeout)
+	case c.ReplyTimeout < c.Timeout:
+		return fmt.Errorf("fallback: config: ReplyTimeout %v, must be >= Timeout (%v)", c.ReplyTimeout, c.Timeout)
 	case c.ProbeTimeout <= 0:
 		return fmt.Errorf("fallback: config: ProbeTimeout %v, must be > 0", c.ProbeTimeout)
-	case c.TripAfter < 1 || c.TripAfter > maxTripAfter:
-		return fmt.Errorf("fallback: config: TripAfter %d, must be in [1, %d]", c.TripAfter, maxTripAfter)
+	case c.TripAfter < 1 || c.TripAfter > maxCount:
+		return fmt.Errorf("fallback: config: TripAfter %d, must be in [1, %d]", c.TripAfter, maxCount)
 	case c.OpenFor <= 0:
 		return fmt.Errorf("fallback: config: OpenFor %v, must be > 0", c.OpenFor)
-	case c.StallGrace < 0:
-		return fmt.Errorf("fallback: config: StallGrace %v, must be >= 0 (0 disables it)", c.StallGrace)
+	case c.MaxInFlight < 1 || c.MaxInFlight > maxCount:
+		return fmt.Errorf("fallback: config: MaxInFlight %d, must be in [1, %d]", c.MaxInFlight, maxCount)
 	case math.IsNaN(c.Slack) || math.IsInf(c.Slack, 0) || c.Slack <= 0:
 		return fmt.Errorf("fallback: config: Slack %g, must be finite and > 0", c.Slack)
 	case c.MaxLocalKeys < 1:
@@ -171,14 +166,15 @@ func (s State) String() string {
 
 // Observer receives what a Store does, for metrics. Shard names come from Config.Shard, so
 // a label set built from them is bounded by the number of shards. Methods are called on the
-// checking goroutine (Decision on every check), so they must be quick, must not block and
-// must be safe for concurrent use. Embed NopObserver to implement only some of them.
+// checking goroutine or the goroutine of a call (Decision on every check), so they must be
+// quick, must not block and must be safe for concurrent use. Embed NopObserver to
+// implement only some of them.
 type Observer interface {
 	// Transition reports a breaker changing state, once per transition.
 	Transition(shard string, from, to State)
-	// Failure reports a call to the next store that counted against its shard (an error
-	// other than bucket.ErrInvalid and the caller's own cancellation, including a missed
-	// Timeout).
+	// Failure reports a call to the next store that ended in an error about its shard: an
+	// error other than bucket.ErrInvalid and the Store closing, including no reply within
+	// ReplyTimeout. A check that stopped waiting (Timeout) is not a failure.
 	Failure(shard string, err error)
 	// Decision reports every answer the Store gives: source is the next store's own
 	// (redis, lease, ...) when it answered, else bucket.SourceFallback or

@@ -30,24 +30,20 @@ const (
 	drillMaxTime  = 60 * time.Second     // hard bound on the load, whatever happens
 )
 
-// drillTimeout is the per-call deadline of the drill: 100 ms (250 ms under -race) unless
-// ALLOT_DRILL_TIMEOUT says otherwise. Not the 5 ms default: on the shared 2-core test
-// machines (load average 10+) a healthy Redis round trip has p99 of 2–15 ms and stalls of
-// 30–70 ms (p99 ≈ 28 ms and stalls of 180 ms under -race), so 5 consecutive calls over
-// 5 ms happen on healthy shards and trip them, which would blur what the drill is about.
-// ALLOT_DRILL_TIMEOUT=5ms runs it at the default to see that.
-func drillTimeout(t *testing.T) time.Duration {
-	if v := os.Getenv("ALLOT_DRILL_TIMEOUT"); v != "" {
+// The drill runs at the default settings: checks wait 5 ms, calls live ReplyTimeout
+// (100 ms). On the shared 2-core test machines a healthy round trip has a p99 of 2–15 ms
+// and stalls of 30–70 ms (more under -race), so many checks of healthy shards outlive their
+// 5 ms wait; none of that may open a healthy shard's breaker. ALLOT_DRILL_REPLY_TIMEOUT
+// sets another ReplyTimeout.
+func drillReplyTimeout(t *testing.T) time.Duration {
+	if v := os.Getenv("ALLOT_DRILL_REPLY_TIMEOUT"); v != "" {
 		d, err := time.ParseDuration(v)
 		if err != nil || d <= 0 {
-			t.Fatalf("ALLOT_DRILL_TIMEOUT=%q: want a positive Go duration", v)
+			t.Fatalf("ALLOT_DRILL_REPLY_TIMEOUT=%q: want a positive Go duration", v)
 		}
 		return d
 	}
-	if raceEnabled {
-		return 250 * time.Millisecond
-	}
-	return 100 * time.Millisecond
+	return fallback.DefaultReplyTimeout
 }
 
 func TestOutageDrill(t *testing.T) {
@@ -199,8 +195,8 @@ func runDrill(t *testing.T, c *testenv.Cluster, withLease bool) {
 	}
 	obs := &drillObserver{events: map[string][]event{}}
 	cfg := fallback.DefaultConfig()
-	cfg.Timeout = drillTimeout(t)
-	cfg.ProbeTimeout = max(cfg.ProbeTimeout, cfg.Timeout)
+	cfg.ReplyTimeout = drillReplyTimeout(t)
+	cfg.ProbeTimeout = max(cfg.ProbeTimeout, cfg.ReplyTimeout)
 	cfg.Shard = rs.ShardOf
 	cfg.Peers = func() int { return 1 }
 	cfg.Observer = obs
@@ -391,9 +387,44 @@ func runDrill(t *testing.T, c *testenv.Cluster, withLease bool) {
 	if frozen > cfg.TripAfter+drillWorkers-1 {
 		t.Errorf("%d failures after the pause before the breaker opened, want at most TripAfter+workers-1 = %d", frozen, cfg.TripAfter+drillWorkers-1)
 	}
+	// The breaker opens on the first call the paused master leaves unanswered for
+	// ReplyTimeout: within ReplyTimeout (and scheduling slack) of the pause taking effect,
+	// which is somewhere in [pauseAt, paused1].
+	// With leases, checks are answered from leased tokens (rightly: they were taken) until
+	// the key's lease runs dry; the trip clock starts at the first check after the pause
+	// that needed the shard.
+	needed := openAt
+	for _, ck := range all {
+		if keys[ck.key].shard == paused && !ck.start.Before(paused1) && ck.start.Before(needed) &&
+			ck.res.Source != bucket.SourceLease && ck.res.Source != bucket.SourceRefusalCache {
+			needed = ck.start
+		}
+	}
+	t.Logf("trip time: %v after Pause began, %v after it returned, %v after the first check that needed the shard (ReplyTimeout %v)",
+		openAt.Sub(pauseAt).Round(time.Millisecond), openAt.Sub(paused1).Round(time.Millisecond),
+		openAt.Sub(needed).Round(time.Millisecond), cfg.ReplyTimeout)
+	// A stall of this process over ReplyTimeout/4 while the shard was silent makes the
+	// Store (rightly) wait for a window without one; the drill's own stall meter says
+	// whether the machine did that.
+	stalled := 0
+	gapsMu.Lock()
+	for _, g := range gaps {
+		if g.d > cfg.ReplyTimeout/4 && g.at.After(needed) && g.at.Before(openAt) {
+			stalled++
+		}
+	}
+	gapsMu.Unlock()
+	if d := openAt.Sub(needed); d > cfg.ReplyTimeout+100*time.Millisecond {
+		if stalled == 0 {
+			t.Errorf("breaker opened %v after the first check that needed the paused shard, want within ReplyTimeout + 100ms = %v", d, cfg.ReplyTimeout+100*time.Millisecond)
+		} else {
+			t.Logf("breaker opened %v after the first check that needed the paused shard: %d stalls of this process over %v meanwhile", d, stalled, cfg.ReplyTimeout/4)
+		}
+	}
 	// 3. While open, only probes reach the dead shard: after the calls in flight at openAt
-	// end (within Timeout, allowed 100ms), failures are failed probes, one per OpenFor.
-	settle := openAt.Add(100 * time.Millisecond)
+	// end (within ReplyTimeout, allowed 100ms more), failures are failed probes, one per
+	// OpenFor.
+	settle := openAt.Add(cfg.ReplyTimeout + 100*time.Millisecond)
 	fails := obs.count(paused, "fail", settle, unpauseAt)
 	probes := obs.count(paused, "half-open->open", settle, unpauseAt)
 	t.Logf("while open: %d failed calls, %d failed probes", fails, probes)
@@ -449,7 +480,10 @@ func runDrill(t *testing.T, c *testenv.Cluster, withLease bool) {
 	shared := func(src bucket.Source) bool {
 		return src == bucket.SourceRedis || src == bucket.SourceLease || src == bucket.SourceRefusalCache
 	}
-	// Other shards: their breakers stay closed; a lone call that misses the deadline is
+	healthy := phase(loadStart, time.Now(), false, nil)
+	_, local := sourceCount(healthy.sources, shared)
+	t.Logf("healthy shards, whole drill: %d of %d checks (%.3f%%) answered locally", local, len(healthy.lats), 100*float64(local)/float64(max(len(healthy.lats), 1)))
+	// Other shards: their breakers stay closed; a check whose reply outlives its wait is
 	// answered locally by design, so allow 1% of such answers.
 	for sh := range shards {
 		if sh != paused {

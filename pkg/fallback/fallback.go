@@ -1,36 +1,62 @@
 // Package fallback keeps a Redis outage from becoming an API outage (DESIGN.md §7, promise
-// P2). Store is a bucket.Store decorator, the outermost layer of an enforcer
-// (fallback → lease → redis):
+// P2), without loosening limits when Redis is healthy and this process is merely slow.
+// Store is a bucket.Store decorator, the outermost layer of an enforcer
+// (fallback → lease → redis).
 //
-//   - every call to the next store gets a deadline (Config.Timeout, default 5 ms; a probe
-//     gets ProbeTimeout, default 50 ms);
-//   - each Redis shard has a circuit breaker: after TripAfter consecutive failures on the
-//     shard it opens for OpenFor, during which no check waits on that shard; then exactly
-//     one check probes it (half-open): success closes the breaker, failure opens it again;
-//   - while a shard is unavailable (its breaker is not closed, or the call just failed) a
-//     check is answered locally at limit × Slack / N, N the enforcers in the region, from
-//     a bounded in-memory bucket table; rules marked fail-closed are refused instead.
+// Two clocks, kept apart:
 //
-// A process starved of CPU misses deadlines on every shard at once. So when goroutines of
-// this process have waited at least Timeout/2 to be scheduled since a shard's failures
-// began (the Go runtime's scheduling-latency histogram), that shard's breaker opens only
-// once the failures have lasted StallGrace (500 ms); see stalled.
+//   - A check waits Config.Timeout (5 ms) for the next store. That wait is about this
+//     check: if it passes, this one check is answered locally, and nothing is concluded
+//     about the shard.
+//   - The call itself runs on a goroutine of the Store, under its own deadline,
+//     Config.ReplyTimeout (100 ms), which go-redis puts on the socket. A check that
+//     stops waiting does not cut the call short, so a slow moment of this process never
+//     costs a connection (go-redis drops a connection whose read timed out).
 //
-// The breakers are driven by the checks and the clock alone: there is no goroutine.
+// Each Redis shard has a circuit breaker, and only evidence about the shard moves it:
 //
-// A failure is an error from the next store other than bucket.ErrInvalid and the caller's
-// own cancellation; a missed deadline is one. An answer the next store gave from memory
-// (bucket.SourceLease, bucket.SourceRefusalCache) says nothing about the shard: it neither
-// resets the failure count nor closes a breaker.
+//   - a call's reply closes the run of errors (and, as a probe, the breaker);
+//   - TripAfter consecutive errors from the shard (refused or reset connections, cluster
+//     errors) open it;
+//   - a call with no reply within ReplyTimeout opens it at once, unless the shard
+//     answered another call sent after it (it is alive), or this process was not running
+//     meanwhile: the timeout was seen more than ReplyTimeout/2 late, or the Store's stall
+//     meter (a 5 ms ticker, see meter) saw a gap over ReplyTimeout/4 since the call was
+//     sent; the reply may then be sitting unread in the socket;
+//   - while open (OpenFor, 2 s) no check calls the shard; then exactly one probe does.
 //
-// The deadline only helps if the next store honours its context: a go-redis client must be
-// made with ContextTimeoutEnabled: true, or it ignores context deadlines and waits its own
-// ReadTimeout (3 s by default) on a dead shard.
+// So a paused or dead master trips ReplyTimeout after the first call it does not answer
+// (≈ 100 ms), and a stall of this process (GC, a loaded 2-core VM: 20–30 ms, sometimes
+// 200 ms) opens nothing: the replies of the calls it delayed arrive late and count as
+// replies, and a reply missing across a stall proves nothing.
+//
+// While a shard's breaker is not closed, or a check's wait passed, the check is answered
+// locally at limit × Slack / N, N the enforcers in the region, from a bounded in-memory
+// bucket table; rules marked fail-closed are refused instead (bucket.SourceFailClosed,
+// the one place the fail mode is decided). A check whose wait passed keeps waiting while
+// the shard has answered some call within the last ReplyTimeout/2, or when the wait ended
+// late (this process was not running): under load, replies later than Timeout are still
+// used rather than replaced by local answers.
+//
+// A next store that can answer from memory (Cache: pkg/lease's leased tokens and refusal
+// cache) is asked first, on the checking goroutine, with no goroutine, timer or
+// allocation; such answers say nothing about the shard.
 //
 // Which way it errs (DESIGN.md §9): local limits err over. With traffic spread evenly over
 // N enforcers a key is held near Slack × its limit (default 2×); traffic concentrated on
 // fewer enforcers is held lower. A fail-closed rule errs under: it refuses everything on an
-// unavailable shard.
+// unavailable shard. A check answered locally because its wait passed, whose call then
+// succeeds, took its tokens from Redis without spending them (and spent local ones): that
+// errs under for the shared limit, by at most the request's Want per such check; the
+// answer itself is the local one (over, as above, for that one check).
+//
+// Bounds: at most MaxInFlight calls per shard are in flight (each lives at most
+// ReplyTimeout, or ProbeTimeout); a check finding its shard at the bound is answered
+// locally. Every call runs on a goroutine the Store owns, and so does the stall meter
+// (real clock only); Close cancels them and waits.
+//
+// The deadline only reaches the socket if the go-redis client is made with
+// ContextTimeoutEnabled: true; otherwise it waits its own ReadTimeout on a dead shard.
 package fallback
 
 import (
@@ -57,41 +83,55 @@ const maxBreakers = 1024
 // OverflowShard names the breaker shared by shards beyond the table's bound.
 const OverflowShard = "(overflow)"
 
-// Store decorates a bucket.Store with per-shard deadlines, circuit breakers, degraded
-// local limits and fail-closed refusals (see the package comment).
-//
-// Guarantees: once a shard's breaker is open, no check on that shard calls the next store
-// until OpenFor has passed, and then exactly one does (the probe). With Config.Shard set, a
-// check on a healthy shard is never answered locally because of another shard (a lone
-// call of its own that misses its deadline is). Every check gets an answer
-// unless the request is invalid (bucket.ErrInvalid), the caller's context ends first (its
-// error is returned, and does not count against the shard), or the Store is closed.
-//
-// Cost: a check on a closed breaker makes one small allocation (its call context, see
-// callCtx) and reads no clock unless the next store looks at its context; a check answered
-// locally makes none.
-//
-// The zero value is not usable: call New. Safe for concurrent use. Close is idempotent; the
-// Store starts no goroutines (a call's deadline timer lives no longer than the call; the
-// caller owns next and closes it).
-type Store struct {
-	mu       sync.Mutex // mu serializes adding breakers to the table
-	breakers atomic.Pointer[map[string]*breaker]
-	list     atomic.Pointer[[]*breaker] // the same breakers (and one), for a quick scan
-	one      *breaker                   // the breaker when Config.Shard is nil; the overflow one otherwise
+// Cache is implemented by a next store that can answer some requests from memory, without
+// I/O (pkg/lease: leased tokens, the refusal cache). TakeCached validates req, answers it
+// and reports true when it can; when it reports false it has changed nothing, and the
+// Store passes the check to Take. It must not block.
+type Cache interface {
+	TakeCached(req *bucket.Request) (bucket.Result, bool)
+}
 
-	next        bucket.Store
-	cfg         Config
-	clock       clock.Clock
-	clockIsReal bool
-	log         hclog.Logger
-	obs         Observer
-	local       *bucket.Memory
-	scratch     sync.Pool // *scratch
-	closed      atomic.Bool
-	// starve counts slow scheduling waits of this process (see stalled); nil when
-	// StallGrace is 0. Tests replace it.
-	starve func() uint64
+// Store decorates a bucket.Store with per-check waits, background calls, per-shard
+// circuit breakers, degraded local limits and fail-closed refusals (see the package
+// comment).
+//
+// Guarantees: a shard's breaker opens only on evidence about the shard (errors from it, a
+// reply missing for ReplyTimeout while this process was running), never because a check
+// stopped waiting. Once open, no check on that shard calls the next store until OpenFor
+// has passed, and then exactly one does (the probe). With Config.Shard set, one shard's
+// state never affects another's keys. Every check gets an answer within about Timeout
+// (longer only while its shard is seen answering, up to ReplyTimeout) unless the request
+// is invalid (bucket.ErrInvalid), the caller's context ends first (its error is returned;
+// the call goes on), or the Store is closed.
+//
+// Cost: a check the next store answers from memory (Cache) makes no allocation and starts
+// nothing; a check that calls the next store starts one goroutine and one context.
+//
+// The zero value is not usable: call New. Safe for concurrent use. Close is idempotent and
+// waits for the calls in flight (cancelling them); it does not close next.
+type Store struct {
+	// mu guards adding breakers to the table (write lock) and closing against starting a
+	// call (closed flips and calls.Add happen under it, so Close's Wait sees every call).
+	mu       sync.RWMutex
+	breakers atomic.Pointer[map[string]*breaker]
+	one      *breaker // the breaker when Config.Shard is nil; the overflow one otherwise
+
+	next    bucket.Store
+	cache   Cache // next, when it can answer from memory; else nil
+	cfg     Config
+	clock   clock.Clock
+	real    bool // clock is clock.Real(): timers and deadlines are the runtime's
+	log     hclog.Logger
+	obs     Observer
+	local   *bucket.Memory
+	scratch sync.Pool // *scratch
+	calls   sync.Pool // *call
+	timers  sync.Pool // *time.Timer, real clock only
+	closed  atomic.Bool
+	meter   meter           // stalls of this process (real clock only)
+	ctx     context.Context // parent of every call; cancelled by Close
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup // calls in flight
 }
 
 // scratch is the space answerLocally builds the scaled request in.
@@ -118,19 +158,18 @@ func New(next bucket.Store, cfg Config) (*Store, error) {
 		cfg.Observer = NopObserver{}
 	}
 	s := &Store{
-		next:        next,
-		cfg:         cfg,
-		clock:       cfg.Clock,
-		clockIsReal: isReal(cfg.Clock),
-		log:         cfg.Logger,
-		obs:         cfg.Observer,
-		local:       bucket.NewMemory(cfg.Clock, cfg.MaxLocalKeys),
+		next:  next,
+		cfg:   cfg,
+		clock: cfg.Clock,
+		real:  isReal(cfg.Clock),
+		log:   cfg.Logger,
+		obs:   cfg.Observer,
+		local: bucket.NewMemory(cfg.Clock, cfg.MaxLocalKeys),
 	}
+	s.cache, _ = next.(Cache)
+	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.scratch.New = func() any { return new(scratch) }
-	if cfg.StallGrace > 0 && s.clockIsReal {
-		// The scheduler's latency is real time: it says nothing about a fake clock's.
-		s.starve = newStarvation(cfg.Timeout / 2).slow
-	}
+	s.calls.New = func() any { return &call{done: make(chan struct{}, 1)} }
 	name := ""
 	if cfg.Shard != nil {
 		name = OverflowShard
@@ -138,8 +177,11 @@ func New(next bucket.Store, cfg Config) (*Store, error) {
 	s.one = &breaker{shard: name}
 	m := map[string]*breaker{}
 	s.breakers.Store(&m)
-	l := []*breaker{s.one}
-	s.list.Store(&l)
+	s.meter.gap = (cfg.ReplyTimeout / 4).Microseconds()
+	if s.real { // a fake clock's stalls are the test's to make (see judge's lateness rule)
+		s.wg.Add(1)
+		go s.runMeter()
+	}
 	return s, nil
 }
 
@@ -147,32 +189,15 @@ func New(next bucket.Store, cfg Config) (*Store, error) {
 // a check reads both with one atomic load; every transition bumps the generation, which
 // lets a call that began in an earlier period be recognised when it ends.
 type breaker struct {
-	// mu serializes opening from closed, the one transition several checks race for (the
+	// mu serializes opening from closed, the one transition several calls race for (the
 	// probe is claimed by compare-and-swap, and only the prober ends half-open).
 	mu        sync.Mutex
 	word      atomic.Uint64 // generation<<2 | State
-	fails     atomic.Int32  // consecutive counted failures in the current closed period
+	fails     atomic.Int32  // consecutive errors in the current closed period
 	openUntil atomic.Int64  // Unix µs when an open breaker may probe; stored before the word that publishes Open
+	replied   atomic.Int64  // Unix µs of the latest reply from the shard; 0: none yet
+	inFlight  atomic.Int32  // calls in flight to the shard
 	shard     string
-
-	// The stall guard (Config.StallGrace): when the current run of failures began (Unix
-	// µs, 0: none), and the process's count of slow scheduling waits then.
-	failSince atomic.Int64
-	slowAt    atomic.Uint64
-
-	// lat is the EWMA (weight 1/16) of the latency, in µs, of this shard's successful
-	// round trips; 0 until the first. It sets the adaptive deadline (Config.MaxTimeout).
-	lat atomic.Int64
-}
-
-// observe folds one successful round trip into b.lat. Concurrent updates may lose one
-// another's sample; the average is a hint, not an account.
-func (b *breaker) observe(d time.Duration) {
-	x := d.Microseconds()
-	if old := b.lat.Load(); old != 0 {
-		x = old + (x-old)/16
-	}
-	b.lat.Store(max(x, 1))
 }
 
 const stateMask = 3
@@ -192,91 +217,69 @@ func (s *Store) Take(ctx context.Context, req *bucket.Request) (bucket.Result, e
 	if stateOf(w) != Closed {
 		return s.degraded(ctx, b, w, req)
 	}
-	res, err := s.call(ctx, b, req, false)
-	if err == nil {
-		if !cached(res.Source) {
-			if b.fails.Load() != 0 {
-				b.fails.Store(0)
-				b.failSince.Store(0)
-			}
+	if s.cache != nil {
+		if res, ok := s.cache.TakeCached(req); ok {
+			s.obs.Decision(b.shard, res.Source, res.Granted > 0)
+			return res, nil
 		}
-		s.obs.Decision(b.shard, res.Source, res.Granted > 0)
-		return res, nil
 	}
-	if !counts(ctx, err) {
+	if err := req.Validate(); err != nil {
 		return bucket.Result{}, err
 	}
-	if verr := req.Validate(); verr != nil {
-		return bucket.Result{}, verr
-	}
-	now := s.clock.Now()
-	s.failed(b, w, err, now)
-	return s.answerLocally(b, req, now), nil
+	return s.ask(ctx, b, w, req, false)
 }
 
-// call asks the next store with the per-call deadline (ProbeTimeout for a probe). A check
-// on a closed breaker reads the clock only if the next store looks at its context (see
-// callCtx).
-func (s *Store) call(ctx context.Context, b *breaker, req *bucket.Request, probe bool) (bucket.Result, error) {
-	d := s.cfg.ProbeTimeout
-	if !probe {
-		d = s.timeout()
-	}
-	c := newCallCtx(ctx, s, d)
-	res, err := s.next.Take(c, req)
-	if start := c.release(); err == nil && !start.IsZero() && !cached(res.Source) {
-		b.observe(s.clock.Now().Sub(start))
-	}
-	return res, err
+// fromShard reports whether an answer came from the shard rather than from a layer's
+// memory (leased tokens, the refusal cache): only the shard's own answers are evidence of
+// its health. A key holding a lease keeps being answered from it while its shard is dead;
+// its successes must not hide the failures of the keys that do reach the shard.
+func fromShard(src bucket.Source) bool {
+	return src != bucket.SourceLease && src != bucket.SourceRefusalCache
 }
 
-// timeout is the adaptive per-call deadline (see Config.MaxTimeout): 4 × the lowest
-// latency average over the known shards, within [Timeout, MaxTimeout]. The fastest shard
-// measures this process and its network; a shard slower than that is judged against it.
-func (s *Store) timeout() time.Duration {
-	if s.cfg.MaxTimeout <= s.cfg.Timeout {
-		return s.cfg.Timeout
+// outcome is what one call says about its shard.
+type outcome int
+
+const (
+	replied   outcome = iota // the shard answered
+	notJudged                // nothing learnt: answered from memory, invalid, Store closing, or a missed reply that proves nothing
+	errored                  // the shard (or the way to it) returned an error
+	silent                   // no reply within the call's deadline while this process was running
+)
+
+// judge classifies a finished call sent at sent (Unix µs) with deadline d, ended at end.
+func (s *Store) judge(b *breaker, res bucket.Result, err error, expired bool, sent, end int64, d time.Duration) outcome {
+	switch {
+	case err == nil && fromShard(res.Source):
+		return replied
+	case err == nil, errors.Is(err, bucket.ErrInvalid), s.closed.Load():
+		return notJudged
+	case !expired:
+		return errored
+	case end-(sent+d.Microseconds()) > d.Microseconds()/2, s.meter.stalledSince(sent, end):
+		return notJudged // this process was not running: the reply may be unread
+	case b.replied.Load() > sent:
+		return notJudged // the shard answered a call sent after this one: it is alive
 	}
-	var fastest int64
-	for _, b := range *s.list.Load() {
-		if l := b.lat.Load(); l != 0 && (fastest == 0 || l < fastest) {
-			fastest = l
+	return silent
+}
+
+// settle applies a closed-period call's outcome to its breaker (probes: settleProbe).
+func (s *Store) settle(b *breaker, w uint64, o outcome, err error, now time.Time) {
+	switch o {
+	case replied:
+		if b.fails.Load() != 0 {
+			b.fails.Store(0)
 		}
+		return
+	case notJudged:
+		return
 	}
-	d := 4 * time.Duration(fastest) * time.Microsecond
-	return min(max(d, s.cfg.Timeout), s.cfg.MaxTimeout)
-}
-
-// cached reports whether an answer came from a layer's memory (leased tokens, the refusal
-// cache) rather than from the shard: such a success says nothing about the shard's health,
-// so it neither resets the failure count nor closes a breaker. A key holding a lease keeps
-// being answered from it while its shard is dead; its successes must not hide the failures
-// of the keys that do reach the shard.
-func cached(src bucket.Source) bool {
-	return src == bucket.SourceLease || src == bucket.SourceRefusalCache
-}
-
-// counts reports whether err is the shard's fault. An invalid request never reached it, and
-// when the caller's own context has ended (cancelled, or its deadline, shorter than
-// Timeout, passed) the call was cut short before the shard could be judged. A miss of the
-// Store's own deadline leaves ctx alive and counts.
-func counts(ctx context.Context, err error) bool {
-	return !errors.Is(err, bucket.ErrInvalid) && ctx.Err() == nil
-}
-
-// failed counts a failure of a call that began in period w and opens the breaker on the
-// TripAfter-th consecutive one.
-func (s *Store) failed(b *breaker, w uint64, err error, now time.Time) {
 	s.obs.Failure(b.shard, err)
 	if b.word.Load() != w {
 		return // the breaker moved on while this call was in flight
 	}
-	n := b.fails.Add(1)
-	if n == 1 && s.starve != nil {
-		b.failSince.Store(now.UnixMicro())
-		b.slowAt.Store(s.starve())
-	}
-	if n < int32(s.cfg.TripAfter) || s.stalled(b, now) {
+	if o == errored && b.fails.Add(1) < int32(s.cfg.TripAfter) {
 		return
 	}
 	b.mu.Lock()
@@ -284,36 +287,42 @@ func (s *Store) failed(b *breaker, w uint64, err error, now time.Time) {
 	if tripped {
 		b.openUntil.Store(now.Add(s.cfg.OpenFor).UnixMicro())
 		b.fails.Store(0)
-		b.failSince.Store(0)
 		b.word.Store(bump(w, Open))
 	}
 	b.mu.Unlock()
 	if tripped {
+		why := "errors"
+		if o == silent {
+			why = "no reply within " + s.cfg.ReplyTimeout.String()
+		}
 		s.log.Warn("redis shard unavailable: breaker open, enforcing local limits",
-			"shard", b.shard, "failures", s.cfg.TripAfter, "open-for", s.cfg.OpenFor, "error", err)
+			"shard", b.shard, "why", why, "open-for", s.cfg.OpenFor, "error", err)
 		s.obs.Transition(b.shard, Closed, Open)
 	}
 }
 
-// stalled reports whether b, at TripAfter failures, should stay closed for now because
-// its failures look like this process's stall rather than the shard's fault: since they
-// began some goroutine of this process waited at least Timeout/2 to be scheduled (the Go
-// runtime's scheduling-latency histogram), and they have lasted less than StallGrace.
-//
-// Which way it errs: a shard that dies while this process is starved of CPU opens up to
-// StallGrace later, so for that long its checks wait up to Timeout before they are
-// answered locally — slower, never refused. A starved process no longer opens breakers
-// on healthy shards, which put their keys on local limits (over, up to Slack×) for
-// OpenFor after every stall.
-func (s *Store) stalled(b *breaker, now time.Time) bool {
-	if s.starve == nil {
-		return false
+// settleProbe ends the half-open period hw with its probe's outcome: closed when the shard
+// answered, open for another OpenFor on an error or a missing reply. When the probe proved
+// nothing (answered from memory, a late timeout, the Store closing) the breaker goes back
+// to open with the probe due at once, so the next check probes.
+func (s *Store) settleProbe(b *breaker, hw uint64, o outcome, err error, now time.Time) {
+	switch o {
+	case replied:
+		b.fails.Store(0)
+		b.word.Store(bump(hw, Closed))
+		s.log.Info("redis shard answered: breaker closed", "shard", b.shard)
+		s.obs.Transition(b.shard, HalfOpen, Closed)
+	case notJudged:
+		b.word.Store(bump(hw, Open)) // openUntil has passed: the next check probes
+		s.log.Debug("probe did not judge the shard: probing again", "shard", b.shard, "error", err)
+		s.obs.Transition(b.shard, HalfOpen, Open)
+	default:
+		s.obs.Failure(b.shard, err)
+		b.openUntil.Store(now.Add(s.cfg.OpenFor).UnixMicro())
+		b.word.Store(bump(hw, Open))
+		s.log.Warn("probe failed: breaker open again", "shard", b.shard, "open-for", s.cfg.OpenFor, "error", err)
+		s.obs.Transition(b.shard, HalfOpen, Open)
 	}
-	since := b.failSince.Load()
-	if since == 0 || now.UnixMicro()-since >= s.cfg.StallGrace.Microseconds() {
-		return false
-	}
-	return s.starve() != b.slowAt.Load()
 }
 
 // testHookProbeRace, set by tests only, runs between a check seeing that a probe is due
@@ -334,42 +343,9 @@ func (s *Store) degraded(ctx context.Context, b *breaker, w uint64, req *bucket.
 		if hw := bump(w, HalfOpen); b.word.CompareAndSwap(w, hw) {
 			s.log.Info("probing redis shard", "shard", b.shard)
 			s.obs.Transition(b.shard, Open, HalfOpen)
-			return s.probe(ctx, b, hw, req)
+			return s.ask(ctx, b, hw, req, true)
 		}
 	}
-	return s.answerLocally(b, req, now), nil
-}
-
-// probe makes the one call of a half-open period hw and ends the period: closed when the
-// shard answered, open for another OpenFor on a failure. When the shard was not judged —
-// the answer came from a cache below, or the caller gave up — the breaker goes back to open
-// with the probe due at once, so the next check probes.
-func (s *Store) probe(ctx context.Context, b *breaker, hw uint64, req *bucket.Request) (bucket.Result, error) {
-	res, err := s.call(ctx, b, req, true)
-	if err == nil && !cached(res.Source) {
-		b.fails.Store(0)
-		b.word.Store(bump(hw, Closed))
-		s.log.Info("redis shard answered: breaker closed", "shard", b.shard)
-		s.obs.Transition(b.shard, HalfOpen, Closed)
-		s.obs.Decision(b.shard, res.Source, res.Granted > 0)
-		return res, nil
-	}
-	if err == nil || !counts(ctx, err) {
-		b.word.Store(bump(hw, Open)) // openUntil has passed: the next check probes
-		s.log.Debug("probe did not reach the shard: probing again", "shard", b.shard, "source", res.Source, "error", err)
-		s.obs.Transition(b.shard, HalfOpen, Open)
-		if err != nil {
-			return bucket.Result{}, err
-		}
-		s.obs.Decision(b.shard, res.Source, res.Granted > 0)
-		return res, nil
-	}
-	now := s.clock.Now()
-	s.obs.Failure(b.shard, err)
-	b.openUntil.Store(now.Add(s.cfg.OpenFor).UnixMicro())
-	b.word.Store(bump(hw, Open))
-	s.log.Warn("probe failed: breaker open again", "shard", b.shard, "open-for", s.cfg.OpenFor, "error", err)
-	s.obs.Transition(b.shard, HalfOpen, Open)
 	return s.answerLocally(b, req, now), nil
 }
 
@@ -418,7 +394,7 @@ func (s *Store) answerLocally(b *breaker, req *bucket.Request, now time.Time) bu
 }
 
 // retryAfter is the wait until the shard is next tried: until the probe if the breaker is
-// open, else (a probe in flight, or a single failure on a closed breaker) Timeout.
+// open, else (a probe in flight, or a check that stopped waiting) Timeout.
 func (s *Store) retryAfter(b *breaker, now time.Time) time.Duration {
 	if stateOf(b.word.Load()) == Open {
 		if d := time.Duration(b.openUntil.Load()-now.UnixMicro()) * time.Microsecond; d > s.cfg.Timeout {
@@ -458,8 +434,6 @@ func (s *Store) addBreaker(name string) *breaker {
 	}
 	b := &breaker{shard: name}
 	m[name] = b
-	l := append(append([]*breaker(nil), *s.list.Load()...), b)
-	s.list.Store(&l)
 	s.breakers.Store(&m)
 	return b
 }
@@ -497,9 +471,15 @@ func (s *Store) States() map[string]State {
 // rounded up to a multiple of 64).
 func (s *Store) LocalKeys() int { return s.local.Len() }
 
-// Close makes later Takes fail with ErrClosed. It is idempotent and waits for nothing:
-// the Store owns no goroutine. It does not close the next store.
+// Close makes later Takes fail with ErrClosed, cancels the calls in flight and waits for
+// their goroutines. It is idempotent. It does not close the next store.
 func (s *Store) Close() error {
+	s.mu.Lock()
 	s.closed.Store(true)
+	s.mu.Unlock()
+	s.cancel()
+	s.wg.Wait()
 	return nil
 }
+
+func isInvalid(err error) bool { return errors.Is(err, bucket.ErrInvalid) }

@@ -28,7 +28,10 @@ func TestConfigValidate(t *testing.T) {
 		{func(c *Config) { c.ProbeTimeout = 0 }, "ProbeTimeout 0s"},
 		{func(c *Config) { c.TripAfter = 0 }, "TripAfter 0"},
 		{func(c *Config) { c.OpenFor = 0 }, "OpenFor 0s"},
-		{func(c *Config) { c.StallGrace = -time.Second }, "StallGrace -1s"},
+		{func(c *Config) { c.ReplyTimeout = time.Millisecond }, "ReplyTimeout 1ms"},
+		{func(c *Config) { c.ReplyTimeout = -time.Millisecond }, "ReplyTimeout -1ms"},
+		{func(c *Config) { c.MaxInFlight = 0 }, "MaxInFlight 0"},
+		{func(c *Config) { c.OpenFor = -time.Second }, "OpenFor -1s"},
 		{func(c *Config) { c.Slack = 0 }, "Slack 0"},
 		{func(c *Config) { c.Slack = -1 }, "Slack -1"},
 		{func(c *Config) { c.Slack = nan() }, "Slack NaN"},
@@ -284,8 +287,8 @@ func TestErrInvalidDoesNotTrip(t *testing.T) {
 	if _, err := h.s.Take(context.Background(), req("a:k", 1, 0)); !errors.Is(err, bucket.ErrInvalid) {
 		t.Fatalf("open, burst 0: %v, want ErrInvalid", err)
 	}
-	if h.obs.failures != DefaultTripAfter {
-		t.Fatalf("observer saw %d failures, want %d", h.obs.failures, DefaultTripAfter)
+	if h.obs.failureCount() != DefaultTripAfter {
+		t.Fatalf("observer saw %d failures, want %d", h.obs.failureCount(), DefaultTripAfter)
 	}
 }
 
@@ -319,85 +322,66 @@ func TestCallerCancellationDoesNotTrip(t *testing.T) {
 	if st := h.s.State("a"); st != Closed {
 		t.Fatalf("the caller's cancellations opened the breaker: %v", st)
 	}
-	if h.obs.failures != 0 {
-		t.Fatalf("observer counted %d failures", h.obs.failures)
+	if h.obs.failureCount() != 0 {
+		t.Fatalf("observer counted %d failures", h.obs.failureCount())
 	}
 }
 
-// TestTimeoutTrips runs calls that hang until their context ends: each ends at the Store's
-// deadline (driven by the fake clock), counts as a failure and is answered locally.
-func TestTimeoutTrips(t *testing.T) {
+// TestMissingReplyTrips: a call that hangs is given up by its check at Timeout (answered
+// locally, the breaker untouched) and goes on until ReplyTimeout, when its missing reply
+// opens the breaker.
+func TestMissingReplyTrips(t *testing.T) {
 	h := newHarness(t, nil)
+	h.prime(t, "a")
 	h.next.set("a", hang)
-	for i := 1; i <= DefaultTripAfter; i++ {
-		type out struct {
-			res bucket.Result
-			err error
-		}
-		done := make(chan out, 1)
-		go func() {
-			res, err := h.s.Take(context.Background(), req("a:k", 100, 100))
-			done <- out{res, err}
-		}()
-		h.waitEntered(t)
-		h.next.mu.Lock()
-		dl, ok := h.next.lastCtx.Deadline()
-		h.next.mu.Unlock()
-		if want := h.clk.Now().Add(DefaultTimeout); !ok || !dl.Equal(want) {
-			t.Fatalf("next saw deadline %v, %v; want %v", dl, ok, want)
-		}
-		h.clk.Advance(DefaultTimeout - time.Microsecond)
-		select {
-		case <-done:
-			t.Fatal("the call ended before its deadline")
-		default:
-		}
-		h.clk.Advance(time.Microsecond)
-		o := <-done
-		if o.err != nil || o.res.Source != bucket.SourceFallback {
-			t.Fatalf("timed-out call %d: %+v, %v; want answered locally", i, o.res, o.err)
-		}
+	done := h.takeAsync(req("a:k", 100, 100))
+	h.waitEntered(t)
+	h.waitTimers(t, 2) // the check's wait and the call's deadline
+	h.clk.Advance(DefaultTimeout - time.Microsecond)
+	select {
+	case <-done:
+		t.Fatal("the check stopped waiting before Timeout")
+	default:
 	}
-	if st := h.s.State("a"); st != Open {
-		t.Fatalf("after %d timeouts: %v, want open", DefaultTripAfter, st)
+	h.clk.Advance(time.Microsecond)
+	if o := <-done; o.err != nil || o.res.Source != bucket.SourceFallback {
+		t.Fatalf("check past its wait: %+v, %v; want answered locally", o.res, o.err)
+	}
+	if st := h.s.State("a"); st != Closed {
+		t.Fatalf("a check's wait opened the breaker: %v", st)
+	}
+	h.clk.Advance(DefaultReplyTimeout - DefaultTimeout - time.Microsecond)
+	if st := h.s.State("a"); st != Closed || h.obs.failureCount() != 0 {
+		t.Fatalf("before ReplyTimeout: %v, %d failures", st, h.obs.failureCount())
+	}
+	h.clk.Advance(time.Microsecond)
+	h.eventually(t, "breaker open at ReplyTimeout", func() bool { return h.s.State("a") == Open })
+	if res := h.take(t, req("a:k", 100, 100)); res.Source != bucket.SourceFallback {
+		t.Fatalf("open: %v", res.Source)
 	}
 }
 
 // TestProbeHasProbeTimeout: the probe's deadline is ProbeTimeout; a probe that misses it
 // counts as a failure and re-opens the breaker.
 func TestProbeHasProbeTimeout(t *testing.T) {
-	h := newHarness(t, nil)
+	h := newHarness(t, func(c *Config) { c.ProbeTimeout = 300 * time.Millisecond })
+	h.prime(t, "a")
 	h.trip(t, "a")
 	h.next.set("a", hang)
 	h.clk.Advance(DefaultOpenFor)
-	done := make(chan bucket.Result, 1)
-	go func() {
-		res, err := h.s.Take(context.Background(), req("a:k", 100, 100))
-		if err != nil {
-			t.Error(err)
-		}
-		done <- res
-	}()
+	done := h.takeAsync(req("a:k", 100, 100))
 	h.waitEntered(t)
-	h.next.mu.Lock()
-	dl, _ := h.next.lastCtx.Deadline()
-	h.next.mu.Unlock()
-	if want := h.clk.Now().Add(DefaultProbeTimeout); !dl.Equal(want) {
-		t.Fatalf("probe deadline %v, want now + ProbeTimeout = %v", dl, want)
-	}
+	h.waitTimers(t, 2)
 	h.clk.Advance(DefaultTimeout)
-	select {
-	case <-done:
-		t.Fatal("the probe ended at Timeout, not ProbeTimeout")
-	default:
+	if o := <-done; o.res.Source != bucket.SourceFallback {
+		t.Fatalf("probing check past its wait answered from %v", o.res.Source)
 	}
-	h.clk.Advance(DefaultProbeTimeout - DefaultTimeout)
-	if res := <-done; res.Source != bucket.SourceFallback {
-		t.Fatalf("timed-out probe answered from %v", res.Source)
+	h.clk.Advance(DefaultReplyTimeout)
+	if st := h.s.State("a"); st != HalfOpen {
+		t.Fatalf("probe ended at ReplyTimeout, not ProbeTimeout: %v", st)
 	}
-	if st := h.s.State("a"); st != Open {
-		t.Fatalf("after a timed-out probe: %v, want open", st)
-	}
+	h.clk.Advance(300*time.Millisecond - DefaultReplyTimeout - DefaultTimeout)
+	h.eventually(t, "breaker open again after the probe's missing reply", func() bool { return h.s.State("a") == Open })
 }
 
 func TestTransitionsReportedOnce(t *testing.T) {
@@ -476,19 +460,23 @@ func TestClose(t *testing.T) {
 	}
 }
 
-// TestClosedPathAllocations pins the hot path's cost: the per-call context is the one
-// allocation (see callCtx); nothing else on a closed breaker allocates.
-func TestClosedPathAllocations(t *testing.T) {
-	h := newHarness(t, nil)
+// TestCachedPathAllocations pins the hot path's cost: a check the next store answers
+// from memory (Cache) allocates nothing and starts nothing.
+func TestCachedPathAllocations(t *testing.T) {
+	s, err := New(trivialNext{}, DefaultConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
 	r := req("a:k", 1e6, 1e6)
 	ctx := context.Background()
 	allocs := testing.AllocsPerRun(1000, func() {
-		if _, err := h.s.Take(ctx, r); err != nil {
-			t.Fatal(err)
+		if res, err := s.Take(ctx, r); err != nil || res.Source != bucket.SourceLease {
+			t.Fatal(res, err)
 		}
 	})
-	if allocs > 1 {
-		t.Fatalf("closed path: %v allocations per check, want at most 1", allocs)
+	if allocs > 0 {
+		t.Fatalf("cached path: %v allocations per check, want 0", allocs)
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -25,6 +26,7 @@ const (
 	invalid             // returns an error wrapping bucket.ErrInvalid
 	hold                // waits for release (then grants) or ctx.Done
 	leased              // grants Want from "leased tokens": Source lease, no shard involved
+	late                // grants Want after fakeNext.delay on the fake clock (or fails at ctx.Done)
 )
 
 var errDown = errors.New("fake: connection refused")
@@ -38,6 +40,8 @@ type fakeNext struct {
 	entered chan *bucket.Request // a hang/hold call has started waiting
 	release chan struct{}        // a hold call may answer
 	lastCtx context.Context
+	clk     *clock.Fake   // for late
+	delay   time.Duration // for late
 }
 
 func newFakeNext() *fakeNext {
@@ -102,6 +106,15 @@ func (f *fakeNext) Take(ctx context.Context, req *bucket.Request) (bucket.Result
 		}
 	case leased:
 		return bucket.Result{Granted: req.Want, Remaining: 1, Source: bucket.SourceLease}, nil
+	case late:
+		tm := f.clk.NewTimer(f.delay)
+		defer tm.Stop()
+		f.entered <- req
+		select {
+		case <-tm.C():
+		case <-ctx.Done():
+			return bucket.Result{}, ctx.Err()
+		}
 	}
 	return bucket.Result{Granted: req.Want, Remaining: 1, Source: bucket.SourceRedis}, nil
 }
@@ -176,6 +189,7 @@ type harness struct {
 func newHarness(t *testing.T, edit func(*Config)) *harness {
 	t.Helper()
 	h := &harness{next: newFakeNext(), clk: clock.NewFake(t0), obs: &recorder{}, logs: &syncBuffer{tee: t}}
+	h.next.clk = h.clk
 	cfg := DefaultConfig()
 	cfg.Clock = h.clk
 	cfg.Shard = shardOf
@@ -188,7 +202,7 @@ func newHarness(t *testing.T, edit func(*Config)) *harness {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h.s = s // on a fake clock: no stall guard unless a test drives one (stall_test.go)
+	h.s = s
 	t.Cleanup(func() { s.Close() })
 	return h
 }
@@ -228,4 +242,62 @@ func (h *harness) waitEntered(t *testing.T) *bucket.Request {
 		t.Fatal("no call reached the next store within 10s")
 		return nil
 	}
+}
+
+type outcomeOf struct {
+	res bucket.Result
+	err error
+}
+
+// takeAsync runs one check on its own goroutine.
+func (h *harness) takeAsync(r *bucket.Request) <-chan outcomeOf {
+	done := make(chan outcomeOf, 1)
+	go func() {
+		res, err := h.s.Take(context.Background(), r)
+		done <- outcomeOf{res, err}
+	}()
+	return done
+}
+
+// waitTimers waits (bounded, yielding) until the fake clock holds at least n timers: the
+// waits and deadlines a test is about to Advance past.
+func (h *harness) waitTimers(t *testing.T, n int) {
+	t.Helper()
+	h.eventually(t, fmt.Sprintf("%d timers on the fake clock", n), func() bool { return h.clk.Timers() >= n })
+}
+
+// eventually yields until cond holds, failing after 10 s of real time: the goroutines of
+// calls finish asynchronously after the fake clock moves.
+func (h *harness) eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	limit := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(limit) {
+			t.Fatalf("%s: not within 10s", what)
+		}
+		runtime.Gosched()
+	}
+}
+
+func (r *recorder) failureCount() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.failures
+}
+
+// prime has shard answer one call and lets ReplyTimeout pass: the shard is known (it has
+// answered) but not fresh, so a check whose wait passes is answered locally at Timeout.
+func (h *harness) prime(t *testing.T, shard string) {
+	t.Helper()
+	h.next.mu.Lock()
+	m, had := h.next.modes[shard]
+	h.next.mu.Unlock()
+	h.next.set(shard, healthy)
+	if res := h.take(t, req(shard+":prime", 1e6, 1e6)); res.Source != bucket.SourceRedis {
+		t.Fatalf("priming %s: %v", shard, res.Source)
+	}
+	if had {
+		h.next.set(shard, m)
+	}
+	h.clk.Advance(h.s.cfg.ReplyTimeout)
 }

@@ -217,57 +217,99 @@ func (s *Store) Take(ctx context.Context, req *bucket.Request) (bucket.Result, e
 		}
 		sh.mu.Lock()
 		e := s.lookup(sh, req.Identity, now)
-		if !sameLimits(e.limits, req.Limits) {
-			if d := e.setLimits(req.Limits); d > 0 {
-				s.emit(EventLimitsChanged, d)
-			}
-		}
+		s.refresh(e, req, now)
 		if !counted {
 			e.count(now, s.window, req.Want)
 			e.countSlow(now, s.ttl, req.Want)
 			counted = true
 		}
-		if d := e.expire(now); d > 0 {
-			s.emit(EventExpired, d)
-		}
-		min := req.MinGrant()
-		if held := e.held(); held >= min {
-			res := s.spend(e, req, now)
+		if res, ok := s.fromMemory(e, req, now); ok {
 			sh.mu.Unlock()
 			return res, nil
 		}
-		if e.refused(now, min) {
-			res := e.refusalFromMemory(e.refusedUntil, now)
-			s.emit(EventRefusalHit, 0)
-			sh.mu.Unlock()
-			return res, nil
-		}
-		if now < e.pacedUntil {
-			res := e.refusalFromMemory(e.pacedUntil, now)
-			s.emit(EventPaced, 0)
-			sh.mu.Unlock()
-			return res, nil
-		}
-		if f := e.flight; f != nil {
+		f := e.flight
+		var c callFor
+		if f == nil {
+			c = s.begin(e, req)
+		} else {
 			// Someone is calling for this key: it is busy; wait for that call and look again.
 			e.hits = max(e.hits, s.busyHits)
-			sh.mu.Unlock()
-			if s.hooks.waiting != nil {
-				s.hooks.waiting()
-			}
-			select {
-			case <-f.done:
-			case <-ctx.Done():
-				return bucket.Result{}, ctx.Err()
-			}
-			if f.shared {
-				return bucket.Result{}, f.err
-			}
-			now = s.now()
-			continue
 		}
-		return s.call(ctx, sh, e, req, now)
+		sh.mu.Unlock()
+		if f == nil {
+			return s.call(ctx, sh, e, req, c, now)
+		}
+		if s.hooks.waiting != nil {
+			s.hooks.waiting()
+		}
+		select {
+		case <-f.done:
+		case <-ctx.Done():
+			return bucket.Result{}, ctx.Err()
+		}
+		if f.shared {
+			return bucket.Result{}, f.err
+		}
+		now = s.now()
 	}
+}
+
+// TakeCached answers req from memory — leased tokens, the refusal cache, pacing — when it
+// can, and reports whether it did (pkg/fallback's Cache). When it reports false the check
+// has not been counted toward the key's demand, so the caller passes it to Take. It never
+// calls the next store, never blocks on a call and allocates nothing.
+func (s *Store) TakeCached(req *bucket.Request) (bucket.Result, bool) {
+	if s.closed.Load() || req.Validate() != nil {
+		return bucket.Result{}, false
+	}
+	sh := s.shardOf(req.Identity)
+	now := s.now()
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	e := s.lookup(sh, req.Identity, now)
+	s.refresh(e, req, now)
+	if !s.inMemory(e, req, now) {
+		return bucket.Result{}, false
+	}
+	e.count(now, s.window, req.Want)
+	e.countSlow(now, s.ttl, req.Want)
+	return s.fromMemory(e, req, now)
+}
+
+// refresh brings e up to date for req at now: new limits drop the lease, expired tokens go.
+// Called with e's shard lock held.
+func (s *Store) refresh(e *entry, req *bucket.Request, now int64) {
+	if !sameLimits(e.limits, req.Limits) {
+		if d := e.setLimits(req.Limits); d > 0 {
+			s.emit(EventLimitsChanged, d)
+		}
+	}
+	if d := e.expire(now); d > 0 {
+		s.emit(EventExpired, d)
+	}
+}
+
+// inMemory reports whether fromMemory would answer req. Called with e's shard lock held.
+func (s *Store) inMemory(e *entry, req *bucket.Request, now int64) bool {
+	min := req.MinGrant()
+	return e.held() >= min || e.refused(now, min) || now < e.pacedUntil
+}
+
+// fromMemory answers a counted check from the lease, the refusal cache or pacing, if one
+// applies. Called with e's shard lock held.
+func (s *Store) fromMemory(e *entry, req *bucket.Request, now int64) (bucket.Result, bool) {
+	min := req.MinGrant()
+	switch {
+	case e.held() >= min:
+		return s.spend(e, req, now), true
+	case e.refused(now, min):
+		s.emit(EventRefusalHit, 0)
+		return e.refusalFromMemory(e.refusedUntil, now), true
+	case now < e.pacedUntil:
+		s.emit(EventPaced, 0)
+		return e.refusalFromMemory(e.pacedUntil, now), true
+	}
+	return bucket.Result{}, false
 }
 
 // spend answers a check from the lease and queues a refill if it fell to half a batch.
@@ -292,27 +334,39 @@ func (s *Store) spend(e *entry, req *bucket.Request, now int64) bucket.Result {
 	return res
 }
 
-// call makes the one foreground call for e's key (Called with the shard lock held; returns
-// with it released). If the key is busy it asks for a batch and keeps what the check does
-// not spend; otherwise it passes the check through as it is.
-func (s *Store) call(ctx context.Context, sh *shard, e *entry, req *bucket.Request, start int64) (bucket.Result, error) {
-	f := &flight{done: make(chan struct{})}
-	e.flight = f
-	gen := e.gen
-	peers := s.peers()
-	batch, lease := s.leaseBatch(e, req.Limits, req.Want, peers)
-	c := *req
+// callFor is a foreground call begun for a key: its flight, the request it sends, and
+// what it was sized under.
+type callFor struct {
+	f     *flight
+	req   bucket.Request
+	gen   uint32
+	peers int
+	lease bool
+}
+
+// begin claims the one foreground call for e's key. Called with e's shard lock held. If
+// the key is busy the call asks for a batch, else it passes the check through as it is.
+func (s *Store) begin(e *entry, req *bucket.Request) callFor {
+	c := callFor{f: &flight{done: make(chan struct{})}, req: *req, gen: e.gen, peers: s.peers()}
+	e.flight = c.f
+	batch, lease := s.leaseBatch(e, req.Limits, req.Want, c.peers)
 	if lease {
 		e.batch = batch
-		c.Want, c.Min = batch, req.MinGrant()
+		c.req.Want, c.req.Min = batch, req.MinGrant()
 	}
-	sh.mu.Unlock()
-	s.emit(EventCall, c.Want)
+	c.lease = lease
+	return c
+}
 
-	res, err := s.next.Take(ctx, &c)
+// call makes the foreground call c for e's key (begun under the shard lock, which the
+// caller has released) and keeps what the check does not spend.
+func (s *Store) call(ctx context.Context, sh *shard, e *entry, req *bucket.Request, c callFor, start int64) (bucket.Result, error) {
+	s.emit(EventCall, c.req.Want)
+	res, err := s.next.Take(ctx, &c.req)
 
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
+	f := c.f
 	defer close(f.done)
 	if e.flight == f {
 		e.flight = nil
@@ -322,14 +376,14 @@ func (s *Store) call(ctx context.Context, sh *shard, e *entry, req *bucket.Reque
 		s.emit(EventCallError, 0)
 		return bucket.Result{}, err
 	}
-	current := gen == e.gen && !e.gone
+	current := c.gen == e.gen && !e.gone
 	if current {
-		e.observe(&c, res, start)
-		if lease && res.Granted < c.Want {
-			e.pacedUntil = start + pace(c.Limits, c.Want, peers, s.cfg.Window)
+		e.observe(&c.req, res, start)
+		if c.lease && res.Granted < c.req.Want {
+			e.pacedUntil = start + pace(c.req.Limits, c.req.Want, c.peers, s.cfg.Window)
 		}
 	}
-	if !lease || res.Granted == 0 {
+	if !c.lease || res.Granted == 0 {
 		return res, nil
 	}
 	s.emit(EventGranted, res.Granted)

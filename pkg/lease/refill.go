@@ -55,7 +55,9 @@ func (s *Store) refill(e *entry) {
 		}
 	}
 	if req == nil { // evicted, gone quiet, or no longer worth a lease
-		s.land(sh, e, f)
+		s.land(e, f)
+		sh.mu.Unlock()
+		s.landed()
 		return
 	}
 	gen := e.gen
@@ -87,16 +89,22 @@ func (s *Store) refill(e *entry) {
 			e.add(res.Granted, start+s.ttl)
 		}
 	}
-	s.land(sh, e, f)
+	s.land(e, f)
+	sh.mu.Unlock()
+	s.landed()
 }
 
-// land ends a background flight: called with sh.mu held, releases it.
-func (s *Store) land(sh *shard, e *entry, f *flight) {
+// land ends a background flight f of e. Called with e's shard lock held; the caller
+// releases it and then calls landed.
+func (s *Store) land(e *entry, f *flight) {
 	if e.flight == f {
 		e.flight = nil
 	}
 	close(f.done)
-	sh.mu.Unlock()
+}
+
+// landed counts a background refill done, after its shard lock is released.
+func (s *Store) landed() {
 	s.bg.Done()
 	if s.hooks.landed != nil {
 		s.hooks.landed()
@@ -121,7 +129,9 @@ func (s *Store) Close() error {
 			case e := <-s.work:
 				sh := s.shardOf(e.key)
 				sh.mu.Lock()
-				s.land(sh, e, e.flight)
+				s.land(e, e.flight)
+				sh.mu.Unlock()
+				s.landed()
 			default:
 				return
 			}

@@ -159,7 +159,8 @@ func (e *EtcdSource) rebuildLocked() error {
 // SetBase replaces the base set (see WithBase; nil removes it) and rebuilds the snapshot
 // from it and the etcd rules already known: wire it to SIGHUP when the base is a file. An
 // invalid base is refused (nothing changes); an error of the combined set is returned and
-// reported like any rejected set.
+// reported like any rejected set. Before etcd has answered, the new base alone is stored
+// in the Holder (as a caller serving the base at start would), so it serves at once.
 func (e *EtcdSource) SetBase(base *Set) error {
 	if base != nil {
 		if err := base.Validate(); err != nil {
@@ -168,10 +169,20 @@ func (e *EtcdSource) SetBase(base *Set) error {
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	e.cfg.base = base
-	if !e.listed && e.kvs == nil {
-		return nil // nothing from etcd yet: Load or Run will build with the new base
+	if !e.listed && e.kvs == nil { // nothing from etcd yet: Load or Run will build with the new base
+		if base != nil {
+			opt := e.opt
+			opt.Now = e.cfg.clock.Now()
+			snap, err := Compile(base, opt)
+			if err != nil {
+				return fmt.Errorf("rules: SetBase: %w", err)
+			}
+			e.h.Store(snap)
+		}
+		e.cfg.base = base
+		return nil
 	}
+	e.cfg.base = base
 	return e.rebuildLocked()
 }
 

@@ -217,3 +217,28 @@ func TestNewEtcdSourceArgs(t *testing.T) {
 func testLogger(t *testing.T) hclog.Logger {
 	return hclog.New(&hclog.LoggerOptions{Name: "rules", Output: t.Output(), Level: hclog.Debug})
 }
+
+// TestSetBaseBeforeEtcdAnswers: a new base given before etcd has answered (SIGHUP while
+// etcd is down at start) serves at once, and a bad one changes nothing.
+func TestSetBaseBeforeEtcdAnswers(t *testing.T) {
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{"127.0.0.1:1"}, DialTimeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	h := NewHolder(nil)
+	src, err := NewEtcdSource(cli, "/p", h, CompileOptions{}, WithBase(mustParse(t, "rules:\n  - id: default\n    limits: [{name: s, rate: 2, per: 1s}]\n")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	if err := src.SetBase(mustParse(t, "rules:\n  - id: default\n    limits: [{name: s, rate: 5, per: 1s}]\n")); err != nil {
+		t.Fatal(err)
+	}
+	if got := limitOf(h, "default"); got != 5 {
+		t.Fatalf("after SetBase before etcd answered: default %v, want 5", got)
+	}
+	if err := src.SetBase(&Set{Rules: []Rule{{ID: "x"}}}); err == nil || limitOf(h, "default") != 5 {
+		t.Fatalf("bad base: %v, default %v", err, limitOf(h, "default"))
+	}
+}

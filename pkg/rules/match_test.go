@@ -84,7 +84,8 @@ func TestMatchSpecificity(t *testing.T) {
 		at   time.Time
 		want string
 	}{
-		{"nothing known", Attrs{}, t0, ""},
+		// Neither key nor IP: rules counted by api_key or ip count one shared bucket set.
+		{"nothing known", Attrs{}, t0, "default@anonymous×1 shadow-default@anonymous×1 ip-default@anonymous×1"},
 		{"default", Attrs{APIKey: "k9"}, t0, "default@key:k9×1 shadow-default@key:k9×1"},
 		{"plan", Attrs{APIKey: "k9", Plan: "pro"}, t0, "pro@key:k9×1 shadow-pro@key:k9×1"},
 		{"plan+endpoint beats plan", Attrs{APIKey: "k9", Plan: "pro", Endpoint: "GET /search"}, t0,
@@ -108,9 +109,13 @@ func TestMatchSpecificity(t *testing.T) {
 			"pro@key:k9×1 shadow-pro@key:k9×1 ip-default@ip:10.1.2.3×1"},
 		{"ipv4-mapped is ipv4", Attrs{APIKey: "k9", IP: ip("::ffff:10.1.2.3")}, t0,
 			"office-lab@key:k9×1 shadow-default@key:k9×1 ip-default@ip:10.1.2.3×1"},
-		{"ipv6 counted per /64", Attrs{IP: ip("2001:db8:1:2:aaaa:bbbb:cccc:dddd")}, t0, "ip-v6-block@ip6:2001:db8:1:2::/64×1"},
-		{"ipv6 other block", Attrs{IP: ip("2a00::1%eth0")}, t0, "ip-default@ip6:2a00::/64×1"},
-		{"no ip, no ip rules", Attrs{Org: "acme"}, t0, ""},
+		// Keyless: the rules counted by api_key count the client (IPv6 per /64) instead.
+		{"ipv6 counted per /64", Attrs{IP: ip("2001:db8:1:2:aaaa:bbbb:cccc:dddd")}, t0,
+			"default@ip6:2001:db8:1:2::/64×1 shadow-default@ip6:2001:db8:1:2::/64×1 ip-v6-block@ip6:2001:db8:1:2::/64×1"},
+		{"ipv6 other block", Attrs{IP: ip("2a00::1%eth0")}, t0, "default@ip6:2a00::/64×1 shadow-default@ip6:2a00::/64×1 ip-default@ip6:2a00::/64×1"},
+		{"keyless ipv4 counted by ip", Attrs{IP: ip("192.0.2.7")}, t0, "default@ip:192.0.2.7×1 shadow-default@ip:192.0.2.7×1 ip-default@ip:192.0.2.7×1"},
+		{"keyed without ip: no ip rule", Attrs{APIKey: "k9", Org: "x"}, t0, "default@key:k9×1 shadow-default@key:k9×1"},
+		{"no key, no ip", Attrs{Org: "acme"}, t0, "acme-org@anonymous×1 shadow-default@anonymous×1 ip-default@anonymous×1"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -373,6 +378,45 @@ func BenchmarkCompile(b *testing.B) {
 	for b.Loop() {
 		if _, err := Compile(set, CompileOptions{Region: "us-east"}); err != nil {
 			b.Fatal(err)
+		}
+	}
+}
+
+func TestCountedBy(t *testing.T) {
+	for id, want := range map[string]string{
+		"key:k1": "api_key", "ip:192.0.2.7": "ip", "ip6:2001:db8::/64": "ip", "org:acme": "org",
+		"ep:GET /x": "endpoint", "global": "global", Anonymous: "anonymous", "": "", "key:": "",
+	} {
+		if got := CountedBy(id); got != want {
+			t.Errorf("CountedBy(%q) = %q, want %q", id, got, want)
+		}
+	}
+}
+
+// TestExampleLimitsKeylessPerIP: the shipped example rules limit keyless traffic per IP
+// (IPv6 per /64) and keyless, addressless traffic as one anonymous caller.
+func TestExampleLimitsKeylessPerIP(t *testing.T) {
+	set, err := LoadFile("../../configs/rules/example.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	snap, err := Compile(set, CompileOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	for _, tc := range []struct {
+		a    Attrs
+		want string
+	}{
+		{Attrs{IP: netip.MustParseAddr("192.0.2.1")}, "default@ip:192.0.2.1×1"},
+		{Attrs{IP: netip.MustParseAddr("2001:db8:7:8::1")}, "default@ip6:2001:db8:7:8::/64×1"},
+		{Attrs{IP: netip.MustParseAddr("192.0.2.1"), Endpoint: "POST /v1/login"}, "default@ip:192.0.2.1×1 login-per-ip@ip:192.0.2.1×1"},
+		{Attrs{Endpoint: "POST /v1/login"}, "default@anonymous×1 login-per-ip@anonymous×1"},
+		{Attrs{}, "default@anonymous×1"},
+	} {
+		if got := ids(snap.Match(&tc.a, t0, nil)); got != tc.want {
+			t.Errorf("Match(%+v) = %s, want %s", tc.a, got, tc.want)
 		}
 	}
 }

@@ -41,8 +41,12 @@ import (
 )
 
 // Attrs are what a gateway tells about one request. Empty strings and the zero IP mean
-// "unknown": a rule that matches on an unknown attribute does not match, and a rule that
-// counts by an unknown attribute (by: api_key without a key) does not apply.
+// "unknown": a rule that matches on an unknown attribute does not match. A rule that
+// counts by an unknown attribute does not apply (by: org without an org, by: endpoint
+// without one), except that no request goes uncounted for want of a key or an address
+// (DESIGN.md §8): a rule counted by api_key counts a keyless request by its client IP
+// (IPv6 per prefix), and a rule counted by api_key or ip counts a request with neither
+// key nor IP in one bucket set shared by all such requests (Anonymous).
 type Attrs struct {
 	APIKey   string
 	Plan     string
@@ -76,9 +80,12 @@ const (
 type By uint8
 
 const (
-	// ByAPIKey: one bucket set per API key ("key:<api key>").
+	// ByAPIKey: one bucket set per API key ("key:<api key>"); a keyless request is
+	// counted as ByIP would count it, and one with no IP either as Anonymous.
 	ByAPIKey By = iota
-	// ByIP: one bucket set per client address; IPv6 per prefix ("ip:<addr>", "ip6:<prefix>/64").
+	// ByIP: one bucket set per client address; IPv6 per prefix ("ip:<addr>",
+	// "ip6:<prefix>/64"); a request with neither IP nor key is counted as Anonymous (a
+	// keyed one without an IP is not counted by ip).
 	ByIP
 	// ByOrg: one bucket set per organisation ("org:<org>").
 	ByOrg
@@ -89,6 +96,33 @@ const (
 
 	numBy = iota
 )
+
+// Anonymous is the identity of requests with neither an API key nor a client IP, under
+// rules counted by api_key or ip: they share one bucket set per rule, so such traffic is
+// limited as a whole (errs under for each of them: strangers share one budget) rather than
+// unlimited.
+const Anonymous = "anonymous"
+
+// CountedBy names the kind of identity that counted a request, from a Matched.Identity:
+// "api_key", "ip" (IPv4 address or IPv6 prefix), "org", "endpoint", "global" or
+// "anonymous" ("" for anything else). It allocates nothing.
+func CountedBy(identity string) string {
+	switch {
+	case len(identity) > 4 && identity[:4] == "key:":
+		return "api_key"
+	case len(identity) > 3 && identity[:3] == "ip:", len(identity) > 4 && identity[:4] == "ip6:":
+		return "ip"
+	case len(identity) > 4 && identity[:4] == "org:":
+		return "org"
+	case len(identity) > 3 && identity[:3] == "ep:":
+		return "endpoint"
+	case identity == "global":
+		return "global"
+	case identity == Anonymous:
+		return "anonymous"
+	}
+	return ""
+}
 
 // Rule is one rule as written (in a YAML file, or as a YAML/JSON value in etcd). It is plain
 // data: ParseYAML fills it, Compile validates it. Not safe for concurrent mutation.

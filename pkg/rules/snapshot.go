@@ -67,9 +67,11 @@ func (s *Snapshot) NextExpiry(now time.Time) time.Time {
 // says which). A rule whose ExpiresAt is not after now is skipped, so an override stops
 // applying on time without a new push, and the next most specific rule takes over.
 //
-// A dimension whose identity is unknown (by: api_key without a key, by: ip without a valid
-// IP, ...) yields nothing. IPv4-mapped IPv6 addresses are treated as IPv4; IPv6 clients are
-// counted per prefix (CompileOptions.IPv6Prefix).
+// A dimension whose identity is unknown (by: org without an org, by: endpoint without one,
+// by: ip without an IP on a keyed request) yields nothing; by: api_key without a key
+// counts the client IP instead, and by: api_key or ip with neither key nor valid IP counts
+// Anonymous (see Attrs). IPv4-mapped IPv6 addresses are
+// treated as IPv4; IPv6 clients are counted per prefix (CompileOptions.IPv6Prefix).
 //
 // Match allocates only the identity strings (one per dimension that matched, none for
 // "global"), and nothing else if dst has room. It does not check identity length against
@@ -105,17 +107,14 @@ func (s *Snapshot) Match(a *Attrs, now time.Time, dst []Matched) []Matched {
 	return dst
 }
 
-// known says whether a request carries the attribute that dimension by counts by.
+// known says whether a request can be counted under dimension by: it carries the
+// attribute by counts, or (api_key, ip) a fallback for it.
 func known(by By, a *Attrs, ip netip.Addr) bool {
 	switch by {
-	case ByAPIKey:
-		return a.APIKey != ""
 	case ByOrg:
 		return a.Org != ""
 	case ByEndpoint:
 		return a.Endpoint != ""
-	case ByIP:
-		return ip.IsValid()
 	}
 	return true
 }
@@ -124,7 +123,10 @@ func known(by By, a *Attrs, ip netip.Addr) bool {
 func (s *Snapshot) identity(by By, a *Attrs, ip netip.Addr) (string, bool) {
 	switch by {
 	case ByAPIKey:
-		return "key:" + a.APIKey, a.APIKey != ""
+		if a.APIKey == "" {
+			return s.identity(ByIP, a, ip) // keyless: counted by its client
+		}
+		return "key:" + a.APIKey, true
 	case ByOrg:
 		return "org:" + a.Org, a.Org != ""
 	case ByEndpoint:
@@ -133,7 +135,8 @@ func (s *Snapshot) identity(by By, a *Attrs, ip netip.Addr) (string, bool) {
 		return "global", true
 	case ByIP:
 		if !ip.IsValid() {
-			return "", false
+			// A keyed request without an address is counted by its key elsewhere.
+			return Anonymous, a.APIKey == ""
 		}
 		var buf [64]byte
 		b := buf[:0]

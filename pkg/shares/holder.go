@@ -161,10 +161,14 @@ func (h *Holder) Apply(head shareset.Head, entries []shareset.Entry, now time.Ti
 		fresh = now
 	}
 	if !shareset.Newer(head.LeaderRev, head.Version, old.leaderRev, old.version) {
-		if head.LeaderRev == old.leaderRev && head.Version == old.version && fresh.After(old.fresh) {
-			next := *old // same table, later confirmation
-			next.fresh = fresh
-			h.cur.Store(&next)
+		if head.LeaderRev == old.leaderRev && head.Version == old.version {
+			// The set in force, seen again: a later confirmation refreshes it; the same
+			// one read twice (a watch event and a re-list) is nothing to say.
+			if fresh.After(old.fresh) {
+				next := *old
+				next.fresh = fresh
+				h.cur.Store(&next)
+			}
 			return false
 		}
 		h.count(ignoredOlder)

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/allot-dev/allot/pkg/balancer"
+	"github.com/allot-dev/allot/pkg/balancer/dashboard"
 	"github.com/allot-dev/allot/pkg/rules"
 	allotv1 "github.com/allot-dev/allot/proto/allot/v1"
 	"github.com/hashicorp/go-hclog"
@@ -45,6 +46,7 @@ type App struct {
 	srcs  []*rules.EtcdSource
 	table *balancer.RuleTable
 	svc   *balancer.Service
+	dash  *dashboard.Dashboard
 	grpc  *grpc.Server
 	http  *http.Server
 	grpcL net.Listener
@@ -112,7 +114,10 @@ func New(cfg Config, log hclog.Logger) (_ *App, err error) {
 	if a.svc, err = balancer.NewService(sc); err != nil {
 		return nil, err
 	}
-	allotv1.RegisterBalancerServer(a.grpc, a.svc)
+	if err := a.buildDashboard(); err != nil {
+		return nil, err
+	}
+	allotv1.RegisterBalancerServer(a.grpc, dashboard.Tap(a.svc, a.dash))
 	if err := a.buildAdmin(); err != nil {
 		return nil, err
 	}
@@ -201,6 +206,7 @@ func (a *App) listen() (err error) {
 		}
 		fmt.Fprintln(w, "ready:", role)
 	})
+	a.serveDashboard(mux)
 	a.http = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, WriteTimeout: 30 * time.Second}
 	if a.cfg.Listen.HTTP != "" {
 		if a.httpL, err = net.Listen("tcp", a.cfg.Listen.HTTP); err != nil {
@@ -285,6 +291,7 @@ func (a *App) Run(ctx context.Context) error {
 			}
 		})
 	}
+	a.goFn(func() { a.dash.Run(a.ctx) })
 	for _, f := range a.files {
 		a.goFn(func() { f.Run(a.ctx) })
 	}

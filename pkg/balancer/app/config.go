@@ -44,7 +44,8 @@ type Config struct {
 	LogJSON  bool   `yaml:"log_json"`
 }
 
-// ListenConfig: where the report API (gRPC) and /metrics, /healthz, /readyz (HTTP) listen.
+// ListenConfig: where the report API (gRPC) and /metrics, /healthz, /readyz, /dashboard/
+// (HTTP) listen.
 type ListenConfig struct {
 	GRPC string `yaml:"grpc"`
 	HTTP string `yaml:"http"`

@@ -76,7 +76,7 @@ type App struct {
 	wg     sync.WaitGroup
 
 	mu       sync.Mutex        // mu guards etcdSrc, serving and closeErr
-	etcdSrc  *rules.EtcdSource // replaced by Reload when a file base is layered under it
+	etcdSrc  *rules.EtcdSource // set once by buildRules; Reload gives it a new base (SetBase)
 	serving  bool              // Run has started the servers
 	closeErr error             // Close's result
 	once     sync.Once         // Close
@@ -88,6 +88,16 @@ type App struct {
 // and both listeners bound (so Addr methods answer before Run). On error everything
 // already built is closed.
 func New(cfg Config, log hclog.Logger) (*App, error) { return newApp(cfg, log, nil) }
+
+// NewWithStore is New with store in place of the memory store cfg.Store configures: the
+// enforcers of one region in one process (regionsim's demo, pkg/localstack) share one
+// store standing for that region's Redis Cluster. cfg.Store.Kind must be "memory".
+func NewWithStore(cfg Config, log hclog.Logger, store bucket.Store) (*App, error) {
+	if cfg.Store.Kind != "memory" || store == nil {
+		return nil, fmt.Errorf("app: NewWithStore needs store.kind memory and a store (kind %q)", cfg.Store.Kind)
+	}
+	return newApp(cfg, log, store)
+}
 
 // newApp is New with, for tests, a store used instead of the configured memory store.
 func newApp(cfg Config, log hclog.Logger, store bucket.Store) (_ *App, err error) {
@@ -325,29 +335,16 @@ func (a *App) buildStore() error {
 	cancel()
 	var next bucket.Store = a.redisStore
 	if !a.cfg.Lease.Disabled {
-		lc := lease.DefaultConfig()
+		lc := a.cfg.leaseConfig()
 		lc.Clock, lc.Peers = a.clock, a.peers
-		l := a.cfg.Lease
-		overrideIfSet(&lc.LeaseTTL, l.TTL)
-		overrideIfSet(&lc.Window, l.Window)
-		overrideIfSet(&lc.BusyHits, l.BusyHits)
-		overrideIfSet(&lc.MaxKeys, l.MaxKeys)
 		lc.Observer = newLeaseMetrics(a.reg)
 		if a.lease, err = lease.New(next, lc); err != nil {
 			return err
 		}
 		next = a.lease
 	}
-	fc := fallback.DefaultConfig()
+	fc := a.cfg.fallbackConfig()
 	fc.Clock, fc.Peers, fc.Shard, fc.Logger = a.clock, a.peers, a.redisStore.ShardOf, a.log.Named("fallback")
-	f := a.cfg.Fallback
-	overrideIfSet(&fc.Timeout, f.Timeout)
-	overrideIfSet(&fc.MaxTimeout, f.MaxTimeout)
-	overrideIfSet(&fc.StallGrace, f.StallGrace)
-	overrideIfSet(&fc.TripAfter, f.TripAfter)
-	overrideIfSet(&fc.OpenFor, f.OpenFor)
-	overrideIfSet(&fc.Slack, f.Slack)
-	overrideIfSet(&fc.MaxLocalKeys, f.MaxLocalKeys)
 	fc.Observer = newFallbackMetrics(a.reg)
 	if a.fallback, err = fallback.New(next, fc); err != nil {
 		return err

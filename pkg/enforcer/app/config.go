@@ -71,7 +71,7 @@ type StoreConfig struct {
 	// KeyPrefix starts every Redis key. Default "allot:".
 	KeyPrefix string `yaml:"key_prefix"`
 	// DialTimeout, ReadTimeout, WriteTimeout of the Redis client. The fallback layer puts
-	// its own, shorter, deadline on each take. Defaults 1s, 100ms, 100ms.
+	// its own deadline (fallback.reply_timeout) on each take. Defaults 1s, 100ms, 100ms.
 	DialTimeout  time.Duration `yaml:"dial_timeout"`
 	ReadTimeout  time.Duration `yaml:"read_timeout"`
 	WriteTimeout time.Duration `yaml:"write_timeout"`
@@ -151,10 +151,11 @@ type LeaseConfig struct {
 // fields keep fallback.DefaultConfig's values.
 type FallbackConfig struct {
 	Timeout      time.Duration `yaml:"timeout"`
-	MaxTimeout   time.Duration `yaml:"max_timeout"`
+	ReplyTimeout time.Duration `yaml:"reply_timeout"`
+	ProbeTimeout time.Duration `yaml:"probe_timeout"`
 	TripAfter    int           `yaml:"trip_after"`
 	OpenFor      time.Duration `yaml:"open_for"`
-	StallGrace   time.Duration `yaml:"stall_grace"`
+	MaxInFlight  int           `yaml:"max_in_flight"`
 	Slack        float64       `yaml:"slack"`
 	MaxLocalKeys int           `yaml:"max_local_keys"`
 }
@@ -250,20 +251,6 @@ func (c *Config) Validate() error {
 	if c.Balancer.Enabled && len(c.Etcd.Endpoints) == 0 {
 		bad("balancer.enabled needs etcd.endpoints (the leader is found there)")
 	}
-	// Zero takes pkg/usage's default; a negative value is a mistake, not a default.
-	for _, f := range [...]struct {
-		name string
-		v    int64
-	}{
-		{"balancer.interval", int64(c.Balancer.Interval)},
-		{"balancer.capacity", int64(c.Balancer.Capacity)},
-		{"balancer.max_identities", int64(c.Balancer.MaxIdentities)},
-		{"balancer.send_timeout", int64(c.Balancer.SendTimeout)},
-	} {
-		if f.v < 0 {
-			bad("%s must be > 0 (or unset for the default)", f.name)
-		}
-	}
 	if c.Rules.EtcdPrefix != "" && len(c.Etcd.Endpoints) == 0 {
 		bad("rules.etcd_prefix %q needs etcd.endpoints", c.Rules.EtcdPrefix)
 	}
@@ -286,10 +273,11 @@ func (c *Config) Validate() error {
 	}
 	bad("log_level %q, want trace, debug, info, warn or error", c.LogLevel)
 levelOK:
-	if s := c.Auth.RefuseStatus; s != 0 && (s < 400 || s > 599) {
-		bad("forward_auth.refuse_status %d, must be 4xx or 5xx", s)
+	if err := c.authConfig().Validate(); err != nil {
+		bad("forward_auth: %v", err)
 	}
 	c.validateShares(bad)
+	errs = append(errs, c.validateSections()...)
 	return errors.Join(errs...)
 }
 

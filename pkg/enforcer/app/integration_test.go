@@ -248,6 +248,33 @@ func TestIntegration(t *testing.T) {
 		t.Logf("override gone %v after its expires_at (first check after it)", late.Round(time.Millisecond))
 	})
 
+	t.Run("ReloadGivesTheRunningEtcdSourceANewBase", func(t *testing.T) {
+		a.mu.Lock()
+		src := a.etcdSrc
+		a.mu.Unlock()
+		path := filepath.Join(s.dir, "rules.yaml")
+		extra := baseRules + "  - id: reloaded\n    match: {plan: reloaded}\n    limits: [{name: second, rate: 5, per: 1s}]\n"
+		if err := os.WriteFile(path, []byte(extra), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { os.WriteFile(path, []byte(baseRules), 0o644); a.Reload() })
+		if err := a.Reload(); err != nil {
+			t.Fatal(err)
+		}
+		if r, err := allot.Check(ctx, &allotv1.CheckRequest{ApiKey: "k-reload", Plan: "reloaded"}); err != nil || r.Rule != "reloaded" {
+			t.Fatalf("after Reload: %v %v, want the new base rule", r, err)
+		}
+		if r, err := allot.Check(ctx, &allotv1.CheckRequest{ApiKey: "k-etcd"}); err != nil || r.Rule == "" {
+			t.Fatalf("after Reload the etcd rules are gone: %v %v", r, err)
+		}
+		a.mu.Lock()
+		same := a.etcdSrc == src
+		a.mu.Unlock()
+		if !same {
+			t.Fatal("Reload replaced the etcd source; it should give the running one a new base")
+		}
+	})
+
 	t.Run("BadRuleRefusedOldKeepsServing", func(t *testing.T) {
 		before := a.Rules().Current().Version()
 		if _, err := s.cli.Put(ctx, "/"+s.tag+"/rules/broken", `{"id": "broken", "limits": [{"name": "s", "rate": -5, "per": "1s"}]}`); err != nil {
@@ -301,7 +328,9 @@ func TestIntegration(t *testing.T) {
 				openKey = k
 			}
 		}
-		login := &allotv1.CheckRequest{Ip: ip, Endpoint: "POST /v1/login"}
+		// Keyless, so the rules counted by api_key count it by its IP too: plan roomy
+		// keeps the tight default rule from refusing it first.
+		login := &allotv1.CheckRequest{Ip: ip, Endpoint: "POST /v1/login", Plan: "roomy"}
 		if r, err := allot.Check(ctx, login); err != nil || !r.Allowed || r.Source != allotv1.Source_SOURCE_REDIS {
 			t.Fatalf("before the outage: %v %v", r, err)
 		}

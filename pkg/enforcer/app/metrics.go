@@ -166,7 +166,6 @@ func (r rulesSourceCollector) Collect(ch chan<- prometheus.Metric) {
 	src := r.a.etcdSrc
 	r.a.mu.Unlock()
 	if src != nil {
-		// A reload replaces the source, so these restart from 0 then: a counter reset.
 		st := src.Status()
 		ch <- prometheus.MustNewConstMetric(rulesLoadsDesc, prometheus.CounterValue, float64(st.Loads), "etcd")
 		ch <- prometheus.MustNewConstMetric(rulesFailuresDesc, prometheus.CounterValue, float64(st.Failures), "etcd")

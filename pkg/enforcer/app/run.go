@@ -90,9 +90,9 @@ func (a *App) isClosed() bool {
 }
 
 // Reload re-reads the rules file (SIGHUP). A bad file is refused with its error and the
-// rules in force keep serving. With etcd rules layered over a file, the file is read
-// again and the etcd source restarted over the new base; with etcd rules alone there is
-// nothing to reload.
+// rules in force keep serving. With etcd rules layered over a file, the running etcd
+// source gets the new base (EtcdSource.SetBase: rebuilt with the etcd rules it already
+// knows, no restart, no re-list); with etcd rules alone there is nothing to reload.
 func (a *App) Reload() error {
 	if a.isClosed() {
 		return ErrClosed
@@ -109,28 +109,14 @@ func (a *App) Reload() error {
 		a.onRulesError(err)
 		return err
 	}
-	src, err := a.newEtcdSource(set)
-	if err != nil {
-		return err
-	}
 	a.mu.Lock()
-	if a.isClosed() {
-		a.mu.Unlock()
-		src.Close()
+	src := a.etcdSrc
+	a.mu.Unlock()
+	if src == nil {
 		return ErrClosed
 	}
-	old, serving := a.etcdSrc, a.serving
-	a.etcdSrc = src
-	// Swap under mu so Close sees either the old source or the new one, never neither.
-	a.mu.Unlock()
-	old.Close() // waits for its Run: it can no longer store a snapshot
-	ctx, cancel := context.WithTimeout(a.ctx, a.cfg.Etcd.StartTimeout)
-	if err := src.Load(ctx); err != nil {
-		a.log.Warn("reload: etcd rules not loaded; the rules in force keep serving and the source retries", "error", err)
-	}
-	cancel()
-	if serving {
-		a.goFn(func() { src.Run(a.ctx) })
+	if err := src.SetBase(set); err != nil {
+		return fmt.Errorf("app: reload: %w", err)
 	}
 	return nil
 }

@@ -27,10 +27,10 @@ func FuzzShouldRateLimit(f *testing.F) {
 		f.Add(b)
 	}
 	seed(&rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*ratelimitv3.RateLimitDescriptor{desc("api_key", "k", "remote_address", "10.1.2.3")}})
-	seed(&rlsv3.RateLimitRequest{HitsAddend: 7, Descriptors: []*ratelimitv3.RateLimitDescriptor{desc("method", "GET", "path", "/x"), desc("ip", "::1")}})
+	seed(&rlsv3.RateLimitRequest{Domain: "api", HitsAddend: 7, Descriptors: []*ratelimitv3.RateLimitDescriptor{desc("method", "GET", "path", "/x"), desc("ip", "::1")}})
 	d := desc("generic_key", "g")
 	d.HitsAddend = wrapperspb.UInt64(1 << 40)
-	seed(&rlsv3.RateLimitRequest{Descriptors: []*ratelimitv3.RateLimitDescriptor{d}})
+	seed(&rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*ratelimitv3.RateLimitDescriptor{d}})
 	f.Add([]byte{0x12, 0x00})
 
 	rig := enforcertest.New(f, testRules)

@@ -99,6 +99,9 @@ func descriptorRequest(km KeyMap, lim *enforcer.InputLimits, i int, d *ratelimit
 	var method, path string
 	for j, e := range entries {
 		k, v := e.GetKey(), e.GetValue()
+		if k == "" {
+			return false, fmt.Errorf("%w: descriptor %d entry %d: key is empty", enforcer.ErrInvalid, i, j)
+		}
 		if len(k) > lim.MaxKeyLen {
 			return false, fmt.Errorf("%w: descriptor %d entry %d: key is %d bytes, more than %d", enforcer.ErrInvalid, i, j, len(k), lim.MaxKeyLen)
 		}

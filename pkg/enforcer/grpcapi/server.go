@@ -113,7 +113,7 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 		}
 	}
 	if have {
-		var hb [4]enforcer.Header
+		var hb [5]enforcer.Header
 		hs := decider.AppendHeaders(hb[:0])
 		resp.ResponseHeadersToAdd = make([]*corev3.HeaderValue, len(hs))
 		values := make([]corev3.HeaderValue, len(hs)) // one allocation for all of them
@@ -128,6 +128,11 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 func (s *Server) checkRLS(req *rlsv3.RateLimitRequest, lim *enforcer.InputLimits) error {
 	if req == nil {
 		return fmt.Errorf("%w: empty request", enforcer.ErrInvalid)
+	}
+	if req.GetDomain() == "" {
+		// Envoy always names the domain its rate_limits were configured under; a request
+		// without one is not from a configured Envoy.
+		return fmt.Errorf("%w: domain is empty", enforcer.ErrInvalid)
 	}
 	if n := len(req.GetDomain()); n > lim.MaxDomainLen {
 		return fmt.Errorf("%w: domain is %d bytes, more than %d", enforcer.ErrInvalid, n, lim.MaxDomainLen)
@@ -241,7 +246,7 @@ func allotResponse(d *enforcer.Decision) *allotv1.CheckResponse {
 	if n := d.ShadowRefusedCount(); n > 0 {
 		resp.ShadowRefused = append([]string(nil), d.ShadowRefused()...)
 	}
-	for _, h := range d.AppendHeaders(make([]enforcer.Header, 0, 4)) {
+	for _, h := range d.AppendHeaders(make([]enforcer.Header, 0, 5)) {
 		resp.Headers = append(resp.Headers, &allotv1.Header{Name: h.Name, Value: h.Value})
 	}
 	return resp

@@ -125,9 +125,9 @@ func TestEnvoyRLSPerDescriptorStatuses(t *testing.T) {
 	ctx := context.Background()
 	// Exhaust k1.
 	for i := 0; i < 2; i++ {
-		s.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Descriptors: []*ratelimitv3.RateLimitDescriptor{desc("api_key", "k1")}})
+		s.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*ratelimitv3.RateLimitDescriptor{desc("api_key", "k1")}})
 	}
-	resp, err := s.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Descriptors: []*ratelimitv3.RateLimitDescriptor{
+	resp, err := s.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*ratelimitv3.RateLimitDescriptor{
 		desc("api_key", "k2"), desc("api_key", "k1"), desc("generic_key", "nothing-matches-by-endpoint"),
 		{Entries: desc("api_key", "k3").Entries, IsNegativeHits: true},
 	}})
@@ -140,8 +140,13 @@ func TestEnvoyRLSPerDescriptorStatuses(t *testing.T) {
 			t.Errorf("status %d: %v, want %v", i, st.Code, codes[i])
 		}
 	}
-	if resp.Statuses[2].CurrentLimit != nil || resp.Statuses[3].CurrentLimit != nil {
-		t.Errorf("descriptors without a rule carry a limit: %v", resp.Statuses)
+	// A descriptor with neither key nor IP is counted by the default rule as anonymous
+	// (one bucket set for all such requests), never unlimited.
+	if l := resp.Statuses[2].CurrentLimit; l == nil || l.Name != "default/minute" {
+		t.Errorf("keyless, addressless descriptor: limit %v, want the default rule's (anonymous)", l)
+	}
+	if resp.Statuses[3].CurrentLimit != nil {
+		t.Errorf("a negative-hits descriptor carries a limit: %v", resp.Statuses[3])
 	}
 	if resp.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT || headerMap(resp.ResponseHeadersToAdd)["X-RateLimit-Rule"] != "default" {
 		t.Fatalf("overall %v headers %v, want OVER_LIMIT by default", resp.OverallCode, resp.ResponseHeadersToAdd)
@@ -152,13 +157,13 @@ func TestEnvoyRLSHitsAddend(t *testing.T) {
 	rig := enforcertest.New(t, testRules)
 	s := New(rig.E, Config{})
 	ctx := context.Background()
-	resp, err := s.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{HitsAddend: 2, Descriptors: []*ratelimitv3.RateLimitDescriptor{desc("api_key", "k")}})
+	resp, err := s.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "api", HitsAddend: 2, Descriptors: []*ratelimitv3.RateLimitDescriptor{desc("api_key", "k")}})
 	if err != nil || resp.OverallCode != rlsv3.RateLimitResponse_OK || resp.Statuses[0].LimitRemaining != 0 {
 		t.Fatalf("hits 2: %v %v, want OK with 0 left", resp, err)
 	}
 	d := desc("api_key", "k9")
 	d.HitsAddend = wrapperspb.UInt64(3) // more than the burst of 2: can never pass
-	resp, err = s.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{HitsAddend: 1, Descriptors: []*ratelimitv3.RateLimitDescriptor{d}})
+	resp, err = s.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "api", HitsAddend: 1, Descriptors: []*ratelimitv3.RateLimitDescriptor{d}})
 	if err != nil || resp.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT || headerMap(resp.ResponseHeadersToAdd)["Retry-After"] != "" {
 		t.Fatalf("descriptor hits 3 > burst: %v %v, want OVER_LIMIT without Retry-After", resp, err)
 	}
@@ -192,6 +197,8 @@ func TestEnvoyRLSInvalidArgument(t *testing.T) {
 		{&rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*ratelimitv3.RateLimitDescriptor{desc("api_key", "a", "x-api-key", "b")}}, "api_key given twice"},
 		{&rlsv3.RateLimitRequest{Domain: "api", HitsAddend: 1001, Descriptors: many[:1]}, "hits_addend 1001, more than 1000"},
 		{&rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*ratelimitv3.RateLimitDescriptor{nil}}, "descriptor 0 has no entries"},
+		{&rlsv3.RateLimitRequest{Descriptors: many[:1]}, "domain is empty"},
+		{&rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*ratelimitv3.RateLimitDescriptor{desc("api_key", "k", "", "v")}}, "descriptor 0 entry 1: key is empty"},
 	} {
 		_, err := cli.ShouldRateLimit(ctx, tc.req)
 		if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), tc.want) {

@@ -186,6 +186,7 @@ type CheckResponse struct {
 	ResetMs       int64    `json:"reset_ms"`
 	RetryAfterMs  int64    `json:"retry_after_ms,omitempty"`
 	Source        string   `json:"source"`
+	CountedBy     string   `json:"counted_by,omitempty"`
 	ShadowRefused []string `json:"shadow_refused,omitempty"`
 }
 
@@ -237,7 +238,7 @@ func (h *handler) check(w http.ResponseWriter, req *http.Request) {
 	resp := CheckResponse{
 		Allowed: d.Allowed, Rule: d.Rule, Limit: d.Limit, Quota: d.Quota, WindowSeconds: d.Window,
 		Remaining: d.Remaining, ResetMs: d.Reset.Milliseconds(), RetryAfterMs: d.RetryAfter.Milliseconds(),
-		Source: d.Source.String(),
+		Source: d.Source.String(), CountedBy: d.CountedBy,
 	}
 	if d.ShadowRefusedCount() > 0 {
 		resp.ShadowRefused = append([]string(nil), d.ShadowRefused()...)
@@ -360,7 +361,7 @@ func fromRight(values []string, hops int) string {
 }
 
 func setHeaders(h http.Header, d *enforcer.Decision) {
-	var buf [4]enforcer.Header
+	var buf [5]enforcer.Header
 	for _, f := range d.AppendHeaders(buf[:0]) {
 		h.Set(f.Name, f.Value)
 	}

@@ -164,6 +164,43 @@ func TestForwardAuthIPAndEndpoint(t *testing.T) {
 	}
 }
 
+// TestForwardAuthKeyless: a request without an API key is never unlimited. With a client
+// IP it is counted per IP (IPv6 per /64) by the rules counted by api_key; with neither key
+// nor IP every such request shares one anonymous bucket set. The answer says which.
+func TestForwardAuthKeyless(t *testing.T) {
+	_, srv := server(t, Config{}, nil)
+	for _, tc := range []struct {
+		name      string
+		h, other  map[string]string // other: a different client, its own budget (nil: none)
+		countedBy string
+	}{
+		{"ipv4", map[string]string{"X-Real-IP": "192.0.2.1"}, map[string]string{"X-Real-IP": "192.0.2.2"}, "ip"},
+		{"ipv6 per /64", map[string]string{"X-Real-IP": "2001:db8:1:2::1"}, map[string]string{"X-Real-IP": "2001:db8:1:3::1"}, "ip"},
+		{"neither key nor ip", map[string]string{}, nil, "anonymous"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for i := 0; i < 2; i++ { // the default rule's burst
+				resp := auth(t, srv.URL, tc.h)
+				if resp.StatusCode != 200 || resp.Header.Get("X-RateLimit-Counted-By") != tc.countedBy || resp.Header.Get("RateLimit") == "" {
+					t.Fatalf("call %d: %d %v, want allowed, counted by %s", i, resp.StatusCode, resp.Header, tc.countedBy)
+				}
+			}
+			if tc.name == "ipv6 per /64" { // another address of the same /64: same budget
+				tc.h["X-Real-IP"] = "2001:db8:1:2::ffff"
+			}
+			resp := auth(t, srv.URL, tc.h)
+			if resp.StatusCode != 429 || resp.Header.Get("X-RateLimit-Rule") != "default" {
+				t.Fatalf("third: %d %v, want refused by default", resp.StatusCode, resp.Header)
+			}
+			if tc.other != nil {
+				if resp := auth(t, srv.URL, tc.other); resp.StatusCode != 200 {
+					t.Fatalf("another client: %d, want its own budget", resp.StatusCode)
+				}
+			}
+		})
+	}
+}
+
 func TestFromRight(t *testing.T) {
 	for _, tc := range []struct {
 		in   []string

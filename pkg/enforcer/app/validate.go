@@ -1,0 +1,115 @@
+package app
+
+import (
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/allot-dev/allot/pkg/fallback"
+	"github.com/allot-dev/allot/pkg/lease"
+)
+
+// Configuration errors are errors: in the tuning sections a zero (or absent) value means
+// the layer's default, and a negative one — `fallback.timeout: -5ms` — is refused with
+// the field named, never silently replaced by the default. Then the layers' own configs,
+// built exactly as the app builds them, are validated too (so, e.g., a reply_timeout
+// below timeout is refused before anything starts).
+
+// validateSections checks the store, etcd, balancer, rules, lease, fallback and check
+// sections.
+func (c *Config) validateSections() []error {
+	var errs []error
+	neg := func(field string, v float64, shown any) {
+		if v < 0 || math.IsNaN(v) || math.IsInf(v, 0) {
+			errs = append(errs, fmt.Errorf("app: config: %s %v, must be > 0 (0 or absent: the default)", field, shown))
+		}
+	}
+	dur := func(field string, d time.Duration) { neg(field, float64(d), d) }
+	num := func(field string, n int64) { neg(field, float64(n), n) }
+
+	s := c.Store
+	dur("store.dial_timeout", s.DialTimeout)
+	dur("store.read_timeout", s.ReadTimeout)
+	dur("store.write_timeout", s.WriteTimeout)
+	num("store.pool_size", int64(s.PoolSize))
+	num("store.max_keys", int64(s.MaxKeys))
+	e := c.Etcd
+	dur("etcd.dial_timeout", e.DialTimeout)
+	dur("etcd.start_timeout", e.StartTimeout)
+	b := c.Balancer
+	dur("balancer.interval", b.Interval)
+	dur("balancer.send_timeout", b.SendTimeout)
+	num("balancer.capacity", int64(b.Capacity))
+	num("balancer.max_identities", int64(b.MaxIdentities))
+	r := c.Rules
+	dur("rules.poll_interval", r.PollInterval)
+	if r.IPv6Prefix < 0 || r.IPv6Prefix > 128 {
+		errs = append(errs, fmt.Errorf("app: config: rules.ipv6_prefix %d, must be in [1, 128] (0: 64)", r.IPv6Prefix))
+	}
+	l := c.Lease
+	dur("lease.ttl", l.TTL)
+	dur("lease.window", l.Window)
+	num("lease.busy_hits", int64(l.BusyHits))
+	num("lease.max_keys", int64(l.MaxKeys))
+	f := c.Fallback
+	dur("fallback.timeout", f.Timeout)
+	dur("fallback.reply_timeout", f.ReplyTimeout)
+	dur("fallback.probe_timeout", f.ProbeTimeout)
+	num("fallback.trip_after", int64(f.TripAfter))
+	dur("fallback.open_for", f.OpenFor)
+	num("fallback.max_in_flight", int64(f.MaxInFlight))
+	neg("fallback.slack", f.Slack, f.Slack)
+	num("fallback.max_local_keys", int64(f.MaxLocalKeys))
+	ch := c.Check
+	num("check.max_descriptors", int64(ch.MaxDescriptors))
+	num("check.max_entries", int64(ch.MaxEntries))
+	num("check.max_key_len", int64(ch.MaxKeyLen))
+	num("check.max_value_len", int64(ch.MaxValueLen))
+	num("check.max_hits", ch.MaxHits)
+	dur("check.reset_jitter_max", ch.ResetJitterMax)
+	if len(errs) > 0 {
+		return errs // the layers' checks would only repeat these
+	}
+
+	if c.Store.Kind != "memory" {
+		if err := c.fallbackConfig().Validate(); err != nil {
+			errs = append(errs, fmt.Errorf("app: config: fallback section: %w", err))
+		}
+		if !c.Lease.Disabled {
+			if err := c.leaseConfig().Validate(); err != nil {
+				errs = append(errs, fmt.Errorf("app: config: lease section: %w", err))
+			}
+		}
+	}
+	if err := c.enforcerConfig().Limits.Validate(); err != nil {
+		errs = append(errs, fmt.Errorf("app: config: check section: %w", err))
+	}
+	return errs
+}
+
+// fallbackConfig applies the fallback section over fallback.DefaultConfig (the wiring —
+// clock, peers, shard, logger, observer — is the caller's).
+func (c *Config) fallbackConfig() fallback.Config {
+	fc := fallback.DefaultConfig()
+	f := c.Fallback
+	overrideIfSet(&fc.Timeout, f.Timeout)
+	overrideIfSet(&fc.ReplyTimeout, f.ReplyTimeout)
+	overrideIfSet(&fc.ProbeTimeout, f.ProbeTimeout)
+	overrideIfSet(&fc.MaxInFlight, f.MaxInFlight)
+	overrideIfSet(&fc.TripAfter, f.TripAfter)
+	overrideIfSet(&fc.OpenFor, f.OpenFor)
+	overrideIfSet(&fc.Slack, f.Slack)
+	overrideIfSet(&fc.MaxLocalKeys, f.MaxLocalKeys)
+	return fc
+}
+
+// leaseConfig applies the lease section over lease.DefaultConfig.
+func (c *Config) leaseConfig() lease.Config {
+	lc := lease.DefaultConfig()
+	l := c.Lease
+	overrideIfSet(&lc.LeaseTTL, l.TTL)
+	overrideIfSet(&lc.Window, l.Window)
+	overrideIfSet(&lc.BusyHits, l.BusyHits)
+	overrideIfSet(&lc.MaxKeys, l.MaxKeys)
+	return lc
+}

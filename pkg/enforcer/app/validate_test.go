@@ -1,0 +1,48 @@
+package app
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestConfigErrorsAreErrors: a negative value where a positive one is needed is refused
+// with the field named, never replaced by the default; the layers' own checks run on the
+// sections as the app would build them; forward_auth goes through httpapi's Validate.
+func TestConfigErrorsAreErrors(t *testing.T) {
+	base := func() Config {
+		c := DefaultConfig()
+		c.Region = "r"
+		c.Rules.File = "rules.yaml"
+		c.Store.Kind, c.Store.Addrs = "redis-cluster", []string{"127.0.0.1:7000"}
+		return c
+	}
+	if err := func() error { c := base(); return c.Validate() }(); err != nil {
+		t.Fatalf("a good redis-cluster config: %v", err)
+	}
+	for _, tc := range []struct {
+		edit func(*Config)
+		want string
+	}{
+		{func(c *Config) { c.Fallback.Timeout = -5 * time.Millisecond }, "fallback.timeout -5ms, must be > 0"},
+		{func(c *Config) { c.Fallback.ReplyTimeout = time.Millisecond }, "ReplyTimeout 1ms, must be >= Timeout"},
+		{func(c *Config) { c.Fallback.Slack = -1 }, "fallback.slack -1"},
+		{func(c *Config) { c.Fallback.TripAfter = -1 }, "fallback.trip_after -1"},
+		{func(c *Config) { c.Lease.TTL = -time.Second }, "lease.ttl -1s"},
+		{func(c *Config) { c.Store.ReadTimeout = -time.Second }, "store.read_timeout -1s"},
+		{func(c *Config) { c.Check.MaxHits = -1 }, "check.max_hits -1"},
+		{func(c *Config) { c.Check.ResetJitterMax = -time.Second }, "check.reset_jitter_max -1s"},
+		{func(c *Config) { c.Rules.PollInterval = -time.Second }, "rules.poll_interval -1s"},
+		{func(c *Config) { f := 1.5; c.Rules.DefaultShare = &f }, "rules.default_share 1.5 is no longer supported"},
+		{func(c *Config) { c.Balancer.Interval = -time.Second }, "balancer.interval -1s, must be > 0"},
+		{func(c *Config) { c.Etcd.StartTimeout = -time.Second }, "etcd.start_timeout -1s"},
+		{func(c *Config) { c.Auth.TrustedHops = 20 }, "forward_auth: httpapi: trusted hops 20"},
+		{func(c *Config) { c.Auth.RefuseStatus = 200 }, "refuse status 200"},
+	} {
+		c := base()
+		tc.edit(&c)
+		if err := c.Validate(); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("Validate() = %v, want an error containing %q", err, tc.want)
+		}
+	}
+}

@@ -1,0 +1,267 @@
+package fallback
+
+import (
+	"context"
+	"reflect"
+	"sync/atomic"
+	"time"
+
+	"github.com/allot-dev/allot/pkg/bucket"
+	"github.com/allot-dev/allot/pkg/clock"
+)
+
+// A call to the next store runs on its own goroutine, owned by the Store, under its own
+// deadline (ReplyTimeout; ProbeTimeout for a probe); the check that made it waits for it
+// only Timeout at a time (see ask). The call's outcome goes to its shard's breaker
+// (judge, settle) before it goes to the check, so a check answered locally after a failed
+// call already sees the breaker it opened.
+
+const (
+	waiting   int32 = iota // the check waits for the answer
+	served                 // the answer is in; the check owns the call again
+	abandoned              // the check left; the call's goroutine returns the call to the pool
+)
+
+// call is one call to the next store, pooled. The checking goroutine fills it and starts
+// the call; from then on whichever side finishes with it last returns it to the pool: the
+// check after reading a served answer, or the call's goroutine when it finds the check gone.
+type call struct {
+	req    bucket.Request // a copy: the caller may reuse its request once Take returns
+	limits [bucket.MaxLimits]bucket.Limit
+	b      *breaker
+	w      uint64 // the breaker's word when the call was made
+	probe  bool
+	sent   int64 // Unix µs
+	res    bucket.Result
+	err    error
+	state  atomic.Int32
+	done   chan struct{} // cap 1: one send per served answer
+}
+
+// ask makes a call for a validated request and waits for its answer: Timeout, and one
+// Timeout more each time either the shard answered some call within the last
+// ReplyTimeout/2 (it is alive; this process or its queue is slow) or has never answered
+// yet (its first calls pay for dialling), or the wait ended a whole Timeout late (this
+// process was not running, and the answer may be waiting to be read); at most until the
+// call's own deadline. A check that stops waiting is answered
+// locally, or gets its context's error if that ended first; the call goes on.
+//
+// A fail-closed check always waits until the call's deadline (ReplyTimeout): its local
+// answer is a refusal, which a slow process must not turn good traffic into.
+//
+// Which way it errs: on a shard that has just died, checks made within ReplyTimeout/2 of
+// its last answer wait until that much time has passed since it (≤ 50 ms by default)
+// before they are answered locally, and on a shard dead since start checks wait up to
+// ReplyTimeout until its breaker opens: slower, never refused or loosened. Later checks
+// wait Timeout, until the breaker opens.
+func (s *Store) ask(ctx context.Context, b *breaker, w uint64, req *bucket.Request, probe bool) (bucket.Result, error) {
+	c := s.start(b, w, req, probe)
+	if c == nil {
+		if s.closed.Load() {
+			return bucket.Result{}, ErrClosed
+		}
+		return s.answerLocally(b, req, s.clock.Now()), nil
+	}
+	end := c.sent + s.deadline(probe).Microseconds()
+	alive := s.cfg.ReplyTimeout.Microseconds() / 2
+	due := c.sent + s.cfg.Timeout.Microseconds()
+	for {
+		t := s.newTimer(time.Duration(due-s.clock.Now().UnixMicro()) * time.Microsecond)
+		select {
+		case <-c.done:
+			s.stopTimer(t)
+			return s.collect(c, req)
+		case <-ctx.Done():
+			s.stopTimer(t)
+			if c.state.CompareAndSwap(waiting, abandoned) {
+				return bucket.Result{}, ctx.Err()
+			}
+			<-c.done
+			return s.collect(c, req)
+		case <-t.c():
+			s.stopTimer(t)
+		}
+		now := s.clock.Now().UnixMicro()
+		late := now-due >= s.cfg.Timeout.Microseconds()
+		r := b.replied.Load() // 0: never heard from; its first calls may be dialling
+		// A fail-closed check waits for the reply itself: answering it locally would
+		// refuse it, and a slow moment of this process is no reason to refuse good
+		// traffic (P2). It is refused on evidence only: an error, a missing reply, an
+		// open breaker.
+		if (req.FailClosed || r == 0 || now-r <= alive || late) && now < end {
+			due = now + s.cfg.Timeout.Microseconds()
+			continue
+		}
+		if c.state.CompareAndSwap(waiting, abandoned) {
+			return s.answerLocally(b, req, time.UnixMicro(now)), nil
+		}
+		<-c.done // answered as the wait ended: use it
+		return s.collect(c, req)
+	}
+}
+
+func (s *Store) deadline(probe bool) time.Duration {
+	if probe {
+		return s.cfg.ProbeTimeout
+	}
+	return s.cfg.ReplyTimeout
+}
+
+// start starts a call on its own goroutine, or returns nil when the shard already has
+// MaxInFlight calls in flight (a probe is never refused) or the Store is closed.
+func (s *Store) start(b *breaker, w uint64, req *bucket.Request, probe bool) *call {
+	if n := b.inFlight.Add(1); n > int32(s.cfg.MaxInFlight) && !probe {
+		b.inFlight.Add(-1)
+		return nil
+	}
+	s.mu.RLock()
+	if s.closed.Load() {
+		s.mu.RUnlock()
+		b.inFlight.Add(-1)
+		return nil
+	}
+	s.wg.Add(1)
+	s.mu.RUnlock()
+	c := s.calls.Get().(*call)
+	n := copy(c.limits[:], req.Limits)
+	c.req = *req
+	c.req.Limits = c.limits[:n]
+	c.b, c.w, c.probe = b, w, probe
+	c.sent = s.clock.Now().UnixMicro()
+	c.state.Store(waiting)
+	go s.run(c)
+	return c
+}
+
+// run makes the call, tells its breaker, and hands the answer to the check (or, if the
+// check has left, drops it: tokens it granted were taken and are not spent, which errs
+// under).
+func (s *Store) run(c *call) {
+	defer s.wg.Done()
+	d := s.deadline(c.probe)
+	ctx, expired, stop := s.callContext(c.sent, d)
+	res, err := s.next.Take(ctx, &c.req)
+	exp := err != nil && expired()
+	stop()
+	now := s.clock.Now()
+	b := c.b
+	o := s.judge(b, res, err, exp, c.sent, now.UnixMicro(), d)
+	if o == replied {
+		for r := b.replied.Load(); r < now.UnixMicro() && !b.replied.CompareAndSwap(r, now.UnixMicro()); r = b.replied.Load() {
+		}
+	}
+	if c.probe {
+		s.settleProbe(b, c.w, o, err, now)
+	} else {
+		s.settle(b, c.w, o, err, now)
+	}
+	b.inFlight.Add(-1)
+	c.res, c.err = res, err
+	if c.state.CompareAndSwap(waiting, served) {
+		c.done <- struct{}{}
+		return
+	}
+	s.put(c)
+}
+
+// collect turns a served call into the check's answer and returns the call to the pool.
+// The breaker has already heard the call's outcome.
+func (s *Store) collect(c *call, req *bucket.Request) (bucket.Result, error) {
+	res, err, b := c.res, c.err, c.b
+	s.put(c)
+	switch {
+	case err == nil:
+		s.obs.Decision(b.shard, res.Source, res.Granted > 0)
+		return res, nil
+	case isInvalid(err):
+		return bucket.Result{}, err
+	case s.closed.Load():
+		return bucket.Result{}, ErrClosed
+	}
+	return s.answerLocally(b, req, s.clock.Now()), nil
+}
+
+func (s *Store) put(c *call) {
+	c.req, c.res, c.err, c.b = bucket.Request{}, bucket.Result{}, nil, nil
+	clear(c.limits[:])
+	s.calls.Put(c)
+}
+
+// callContext is the context of one call: the Store's (cancelled by Close) with the
+// call's deadline, d after sent. With the real clock it is a context deadline, which
+// go-redis puts on the socket. With another clock (a fake in tests) the deadline is a
+// timer of that clock that cancels the context, and the context carries no Deadline.
+// expired reports whether the deadline has passed; stop releases the context.
+func (s *Store) callContext(sent int64, d time.Duration) (ctx context.Context, expired func() bool, stop func()) {
+	if s.real {
+		dl := time.UnixMicro(sent).Add(d)
+		ctx, cancel := context.WithDeadline(s.ctx, dl)
+		return ctx, func() bool { return !time.Now().Before(dl) }, cancel
+	}
+	ctx, cancel := context.WithCancel(s.ctx)
+	var exp atomic.Bool
+	left := d - time.Duration(s.clock.Now().UnixMicro()-sent)*time.Microsecond
+	stopTimer := afterFunc(s.clock, left, func() { exp.Store(true); cancel() })
+	return ctx, exp.Load, func() { stopTimer(); cancel() }
+}
+
+// timer is a check's wait: a pooled runtime timer with the real clock, else a timer of
+// the Store's clock.
+type timer struct {
+	rt *time.Timer
+	ft clock.Timer
+}
+
+func (s *Store) newTimer(d time.Duration) timer {
+	if !s.real {
+		return timer{ft: s.clock.NewTimer(d)}
+	}
+	if t, ok := s.timers.Get().(*time.Timer); ok {
+		t.Reset(d)
+		return timer{rt: t}
+	}
+	return timer{rt: time.NewTimer(d)}
+}
+
+func (t timer) c() <-chan time.Time {
+	if t.rt != nil {
+		return t.rt.C
+	}
+	return t.ft.C()
+}
+
+// stopTimer stops t (after Stop a runtime timer delivers nothing stale: Go ≥ 1.23) and
+// pools a runtime one.
+func (s *Store) stopTimer(t timer) {
+	if t.rt == nil {
+		t.ft.Stop()
+		return
+	}
+	t.rt.Stop()
+	s.timers.Put(t.rt)
+}
+
+// isReal reports whether c is clock.Real(), whose timers and deadlines are the runtime's.
+// Comparing types, not values, cannot panic on a Clock of an incomparable type.
+func isReal(c clock.Clock) bool { return reflect.TypeOf(c) == reflect.TypeOf(clock.Real()) }
+
+// afterFunc calls f on its own goroutine after d on clock c (not the real one), unless
+// stop is called first: one goroutine waits on the clock's timer; stop ends it and waits
+// for it, so no goroutine outlives the call.
+func afterFunc(c clock.Clock, d time.Duration, f func()) (stop func()) {
+	t := c.NewTimer(d)
+	quit, exited := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(exited)
+		select {
+		case <-t.C():
+			f()
+		case <-quit:
+			t.Stop()
+		}
+	}()
+	return func() {
+		close(quit)
+		<-exited
+	}
+}

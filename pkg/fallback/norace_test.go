@@ -1,5 +1,0 @@
-//go:build !race
-
-package fallback_test
-
-const raceEnabled = false

@@ -1,0 +1,105 @@
+package localstack
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	allotv1 "github.com/allot-dev/allot/proto/allot/v1"
+	"github.com/hashicorp/go-hclog"
+	"go.uber.org/goleak"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m,
+		// etcd's embedded server leaves these behind for a moment after Close.
+		goleak.IgnoreTopFunction("go.opencensus.io/stats/view.(*worker).start"),
+		goleak.IgnoreAnyFunction("github.com/golang/glog.(*fileSink).flushDaemon"),
+	)
+}
+
+const testRules = `
+rules:
+  - id: default
+    limits: [{name: second, rate: 300, per: 1s}]
+`
+
+type tWriter struct{ t *testing.T }
+
+func (w tWriter) Write(p []byte) (int, error) { w.t.Log(string(p)); return len(p), nil }
+
+// TestSharesFollowTrafficAcrossRegions: three regions in one process, traffic for one
+// key in us-east only. At the default split us-east may admit 100/s of the key's 300/s;
+// once the balancer has moved the share, it admits close to the whole limit — and the
+// regions' published shares never sum above 1.
+func TestSharesFollowTrafficAcrossRegions(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts etcd, a balancer and six enforcers")
+	}
+	s, err := Start(Config{
+		Regions:  []Region{{"us-east", 2}, {"eu-west", 2}, {"ap-south", 2}},
+		Rules:    []byte(testRules),
+		Interval: time.Second,
+		Logger:   hclog.New(&hclog.LoggerOptions{Output: tWriter{t}, Level: hclog.Warn}),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := s.Close(); err != nil {
+			t.Error(err)
+		}
+	}()
+	var clients []allotv1.AllotClient
+	for _, addr := range s.Targets()["us-east"] {
+		cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer cc.Close()
+		clients = append(clients, allotv1.NewAllotClient(cc))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	// Offer 600 checks a second (twice the global limit) for up to 40 s and watch the
+	// admitted rate of each second. Only us-east sees the key, so what it admits is the
+	// global count: never more than rate × elapsed + burst (P3, P6).
+	var best float64
+	total, begin := 0, time.Now()
+	deadline := begin.Add(40 * time.Second)
+	for sec := 0; time.Now().Before(deadline); sec++ {
+		start, admitted := time.Now(), 0
+		for i := range 600 {
+			d, err := clients[i%len(clients)].Check(ctx, &allotv1.CheckRequest{ApiKey: "k_hot"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d.Allowed {
+				admitted++
+			}
+			if i%60 == 59 { // pace to ~600/s
+				if wait := time.Until(start.Add(time.Duration(i+1) * time.Second / 600)); wait > 0 {
+					time.Sleep(wait)
+				}
+			}
+		}
+		if wait := time.Until(start.Add(time.Second)); wait > 0 {
+			time.Sleep(wait)
+		}
+		total += admitted
+		if bound := 1.01 * (300*time.Since(begin).Seconds() + 300); float64(total) > bound {
+			t.Fatalf("after %v: %d admitted globally, over rate × elapsed + burst = %.0f", time.Since(begin), total, bound)
+		}
+		rate := float64(admitted) / time.Since(start).Seconds()
+		t.Logf("second %d: us-east admitted %.0f/s (global limit 300/s, default split 100/s)", sec, rate)
+		best = max(best, rate)
+		if rate > 250 {
+			break
+		}
+	}
+	if best < 250 {
+		t.Fatalf("us-east never admitted more than %.0f/s of the key's 300/s: shares did not follow", best)
+	}
+}
