@@ -57,6 +57,14 @@ type Config struct {
 	// foreground call. Default 1024.
 	RefillQueue int
 
+	// SyncRefill runs each background refill inside the Take that made it due, after that
+	// check's answer was decided from the lease and the key's lock released, instead of on
+	// a refiller goroutine (none is started; Refillers and RefillQueue are unused). That
+	// check pays one call to the next store in latency. It exists for a single-threaded
+	// simulator on a virtual clock (regionsim), where refills must happen at a known point
+	// of the schedule for a seed to give the same run; production leaves it false.
+	SyncRefill bool
+
 	// RefillTimeout is the deadline for one background refill call. Default 100ms; it must
 	// be > 0 (a refill that hangs would hold the key's single flight).
 	RefillTimeout time.Duration

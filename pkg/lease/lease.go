@@ -172,7 +172,11 @@ func newStore(next bucket.Store, cfg Config, h hooks) (*Store, error) {
 		s.shards[i].init()
 	}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
-	for range cfg.Refillers {
+	refillers := cfg.Refillers
+	if cfg.SyncRefill {
+		refillers = 0
+	}
+	for range refillers {
 		s.wg.Add(1)
 		go s.refiller()
 	}
@@ -223,8 +227,11 @@ func (s *Store) Take(ctx context.Context, req *bucket.Request) (bucket.Result, e
 			e.countSlow(now, s.ttl, req.Want)
 			counted = true
 		}
-		if res, ok := s.fromMemory(e, req, now); ok {
+		if res, ok, refill := s.fromMemory(e, req, now); ok {
 			sh.mu.Unlock()
+			if refill { // Config.SyncRefill
+				s.refill(e)
+			}
 			return res, nil
 		}
 		f := e.flight
@@ -257,7 +264,8 @@ func (s *Store) Take(ctx context.Context, req *bucket.Request) (bucket.Result, e
 // TakeCached answers req from memory — leased tokens, the refusal cache, pacing — when it
 // can, and reports whether it did (pkg/fallback's Cache). When it reports false the check
 // has not been counted toward the key's demand, so the caller passes it to Take. It never
-// calls the next store, never blocks on a call and allocates nothing.
+// blocks on a call and allocates nothing, and it calls the next store only with
+// Config.SyncRefill, for a refill the check made due.
 func (s *Store) TakeCached(req *bucket.Request) (bucket.Result, bool) {
 	if s.closed.Load() || req.Validate() != nil {
 		return bucket.Result{}, false
@@ -265,15 +273,20 @@ func (s *Store) TakeCached(req *bucket.Request) (bucket.Result, bool) {
 	sh := s.shardOf(req.Identity)
 	now := s.now()
 	sh.mu.Lock()
-	defer sh.mu.Unlock()
 	e := s.lookup(sh, req.Identity, now)
 	s.refresh(e, req, now)
 	if !s.inMemory(e, req, now) {
+		sh.mu.Unlock()
 		return bucket.Result{}, false
 	}
 	e.count(now, s.window, req.Want)
 	e.countSlow(now, s.ttl, req.Want)
-	return s.fromMemory(e, req, now)
+	res, ok, refill := s.fromMemory(e, req, now)
+	sh.mu.Unlock()
+	if refill { // Config.SyncRefill
+		s.refill(e)
+	}
+	return res, ok
 }
 
 // refresh brings e up to date for req at now: new limits drop the lease, expired tokens go.
@@ -296,25 +309,28 @@ func (s *Store) inMemory(e *entry, req *bucket.Request, now int64) bool {
 }
 
 // fromMemory answers a counted check from the lease, the refusal cache or pacing, if one
-// applies. Called with e's shard lock held.
-func (s *Store) fromMemory(e *entry, req *bucket.Request, now int64) (bucket.Result, bool) {
+// applies (ok). refill asks the caller to run s.refill(e) once it has released the lock
+// (Config.SyncRefill; see spend). Called with e's shard lock held.
+func (s *Store) fromMemory(e *entry, req *bucket.Request, now int64) (res bucket.Result, ok, refill bool) {
 	min := req.MinGrant()
 	switch {
 	case e.held() >= min:
-		return s.spend(e, req, now), true
+		res, refill = s.spend(e, req, now)
+		return res, true, refill
 	case e.refused(now, min):
 		s.emit(EventRefusalHit, 0)
-		return e.refusalFromMemory(e.refusedUntil, now), true
+		return e.refusalFromMemory(e.refusedUntil, now), true, false
 	case now < e.pacedUntil:
 		s.emit(EventPaced, 0)
-		return e.refusalFromMemory(e.pacedUntil, now), true
+		return e.refusalFromMemory(e.pacedUntil, now), true, false
 	}
-	return bucket.Result{}, false
+	return bucket.Result{}, false, false
 }
 
-// spend answers a check from the lease and queues a refill if it fell to half a batch.
-// Called with the shard lock held and e.held() >= req.MinGrant().
-func (s *Store) spend(e *entry, req *bucket.Request, now int64) bucket.Result {
+// spend answers a check from the lease and queues a refill if it fell to half a batch
+// (with Config.SyncRefill it returns true instead: the caller runs s.refill(e) once it has
+// released the lock). Called with the shard lock held and e.held() >= req.MinGrant().
+func (s *Store) spend(e *entry, req *bucket.Request, now int64) (bucket.Result, bool) {
 	g := min(e.held(), req.Want)
 	e.spend(g)
 	e.lastCost = req.MinGrant()
@@ -329,9 +345,9 @@ func (s *Store) spend(e *entry, req *bucket.Request, now int64) bucket.Result {
 	s.emit(EventLeaseHit, g)
 	if e.flight == nil && 2*held <= e.batch && (e.busy(s.busyHits) || e.quiet) &&
 		now >= e.refillAfter && now >= e.pacedUntil && !e.refused(now, e.lastCost) {
-		s.enqueue(e)
+		return res, s.enqueue(e)
 	}
-	return res
+	return res, false
 }
 
 // callFor is a foreground call begun for a key: its flight, the request it sends, and

@@ -292,3 +292,45 @@ func TestWaiterContext(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// With SyncRefill the refill runs inside the Take that made it due: when Take returns the
+// refill has landed, with no goroutine and nothing to wait for. The steps are those of
+// TestRefillAtHalfEmpty.
+func TestSyncRefill(t *testing.T) {
+	f := newFixture(t, func(c *Config) { c.BusyHits = 1; c.SyncRefill = true })
+	f.peers.Store(10)
+	r := req("k", 1000, 1000, 1)
+	for i, st := range []struct{ held, refills int64 }{
+		{1, 0}, {4, 1}, {3, 1}, {10, 2}, {9, 2}, {8, 2}, {7, 2}, {6, 2}, {5, 2},
+		{14, 3}, {13, 3}, {12, 3}, {11, 3}, {10, 3}, {9, 3}, {8, 3}, {7, 3}, {6, 3}, {15, 4},
+	} {
+		res := f.take(f.s, r)
+		if res.Granted != 1 || res.Source != bucket.SourceLease && i > 0 {
+			t.Fatalf("check %d: %+v", i+1, res)
+		}
+		if h, n := f.s.heldFor("k"), f.rec.n[EventRefill].Load(); h != st.held || n != st.refills {
+			t.Fatalf("check %d: held %d after %d refills, want %d after %d (refill not synchronous?)", i+1, h, n, st.held, st.refills)
+		}
+	}
+	if n := f.next.calls.Load(); n != 5 {
+		t.Fatalf("calls = %d, want 1 foreground + 4 refills", n)
+	}
+	f.s.wg.Wait() // no refiller was started: returns at once
+}
+
+// TakeCached (pkg/fallback's cache path) runs a refill it makes due the same way, after it
+// released the key's lock.
+func TestSyncRefillTakeCached(t *testing.T) {
+	f := newFixture(t, func(c *Config) { c.BusyHits = 1; c.SyncRefill = true })
+	f.peers.Store(10)
+	r := req("k", 1000, 1000, 1)
+	f.take(f.s, r) // miss: lease of 2, spend 1
+	res, ok := f.s.TakeCached(r)
+	if !ok || res.Granted != 1 || res.Source != bucket.SourceLease {
+		t.Fatalf("TakeCached = %+v, %v", res, ok)
+	}
+	// 1 → 0 <= 2/2: the refill of 4 has landed when TakeCached returns.
+	if h, n := f.s.heldFor("k"), f.rec.n[EventRefill].Load(); h != 4 || n != 1 {
+		t.Fatalf("held %d after %d refills, want 4 after 1", h, n)
+	}
+}

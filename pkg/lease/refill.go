@@ -13,13 +13,18 @@ import (
 // store itself and sees the error (so a breaker above this layer sees it too).
 
 // enqueue queues a background refill for e. Called with e's shard lock held; never blocks.
-func (s *Store) enqueue(e *entry) {
+// With Config.SyncRefill it marks the flight and returns true: the caller runs the refill.
+func (s *Store) enqueue(e *entry) (runNow bool) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	if s.shutting {
-		return
+		return false
 	}
 	s.bg.Add(1)
+	if s.cfg.SyncRefill {
+		e.flight = &flight{done: make(chan struct{}), bg: true}
+		return true
+	}
 	select {
 	case s.work <- e:
 		e.flight = &flight{done: make(chan struct{}), bg: true}
@@ -27,6 +32,7 @@ func (s *Store) enqueue(e *entry) {
 		s.bg.Done()
 		s.emit(EventRefillSkipped, 0)
 	}
+	return false
 }
 
 func (s *Store) refiller() {

@@ -1,0 +1,194 @@
+// Command regionsim replays traffic that moves between regions through allot and judges
+// whether the global limits held (pkg/sim; scenarios under configs/scenarios/).
+//
+//	regionsim run -scenario FILE [-mode virtual] [-policy balancer|static|full]
+//	              [-summary FILE] [-json] [-out DIR]
+//
+//	regionsim run -scenario FILE -mode live -targets us-east=HOST:PORT,eu-west=HOST:PORT
+//	regionsim rules -scenario FILE
+//
+// Exit status: 0 when every key met its expectations, 1 when one did not, 2 for a bad
+// scenario or bad flags.
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+
+	"github.com/allot-dev/allot/pkg/sim"
+	"github.com/allot-dev/allot/pkg/sim/scenario"
+)
+
+func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
+
+const usage = `usage:
+  regionsim run -scenario FILE [-mode virtual|live] [-policy balancer|static|full]
+                [-summary FILE] [-json] [-out DIR] [-targets us-east=ADDR,...]
+  regionsim rules -scenario FILE    print the rules enforcers need for a live run
+`
+
+func run(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return 2
+	}
+	switch args[0] {
+	case "run":
+		return runCmd(args[1:], stdout, stderr)
+	case "rules":
+		return rulesCmd(args[1:], stdout, stderr)
+	case "-h", "-help", "--help", "help":
+		fmt.Fprint(stdout, usage)
+		return 0
+	}
+	fmt.Fprintf(stderr, "regionsim: unknown command %q\n%s", args[0], usage)
+	return 2
+}
+
+func runCmd(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("regionsim run", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	file := fs.String("scenario", "", "the scenario file (YAML; see configs/scenarios/)")
+	mode := fs.String("mode", "virtual", "virtual (one process, virtual clock) or live (real time over gRPC)")
+	policy := fs.String("policy", sim.PolicyBalancer, "where shares come from: balancer, static (the default split) or full (the whole limit everywhere)")
+	summary := fs.String("summary", "", "write the summary JSON to this file")
+	asJSON := fs.Bool("json", false, "print the summary JSON on stdout instead of the table")
+	out := fs.String("out", "", "write the per-second CSV and the plots (SVG, PNG) into this directory")
+	targets := fs.String("targets", "", "live mode: region=host:port of an enforcer's gRPC API, comma-separated")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "regionsim run: unexpected arguments %q\n", fs.Args())
+		return 2
+	}
+	if *file == "" {
+		fmt.Fprintln(stderr, "regionsim run: -scenario is required")
+		return 2
+	}
+	sc, err := scenario.Load(*file)
+	if err != nil {
+		fmt.Fprintln(stderr, err)
+		return 2
+	}
+	var res *sim.Result
+	switch *mode {
+	case "virtual":
+		if *targets != "" {
+			fmt.Fprintln(stderr, "regionsim run: -targets is for -mode live")
+			return 2
+		}
+		res, err = sim.Run(sc, sim.Options{Policy: *policy})
+	case "live":
+		tg, perr := sim.ParseTargets(*targets)
+		if perr != nil {
+			fmt.Fprintln(stderr, perr)
+			return 2
+		}
+		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+		defer stop()
+		fmt.Fprintf(stderr, "regionsim: replaying %s in real time (%v) against %d regions; faults are not injected in live mode\n",
+			sc.Name, sc.Duration, len(tg))
+		res, err = sim.RunLive(ctx, sc, sim.LiveOptions{Policy: *policy, Targets: tg, Progress: stderr})
+	default:
+		fmt.Fprintf(stderr, "regionsim run: -mode %q: want virtual or live\n", *mode)
+		return 2
+	}
+	if err != nil {
+		fmt.Fprintln(stderr, err)
+		return 2
+	}
+	return report(res, *summary, *asJSON, *out, stdout, stderr)
+}
+
+// report writes what was asked for and returns the exit status: 0 pass, 1 fail (or 1 when
+// an output could not be written, said on stderr).
+func report(res *sim.Result, summary string, asJSON bool, out string, stdout, stderr io.Writer) int {
+	status := 0
+	if !res.Summary.Pass {
+		status = 1
+	}
+	var js bytes.Buffer
+	if err := res.WriteJSON(&js); err != nil {
+		fmt.Fprintln(stderr, err)
+		return 1
+	}
+	if summary != "" {
+		if err := os.WriteFile(summary, js.Bytes(), 0o644); err != nil {
+			fmt.Fprintf(stderr, "regionsim: while writing the summary: %v\n", err)
+			status = 1
+		}
+	}
+	if out != "" {
+		if err := writeOut(res, out); err != nil {
+			fmt.Fprintln(stderr, err)
+			status = 1
+		}
+	}
+	if asJSON {
+		stdout.Write(js.Bytes())
+	} else {
+		res.WriteTable(stdout)
+		if out != "" {
+			fmt.Fprintf(stdout, "\nper-second CSV and plots in %s\n", out)
+		}
+	}
+	return status
+}
+
+func writeOut(res *sim.Result, dir string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("regionsim: while creating %s: %w", dir, err)
+	}
+	name := filepath.Join(dir, strings.ToLower(res.Scenario.Name)+"-"+res.Policy+".csv")
+	f, err := os.Create(name)
+	if err != nil {
+		return fmt.Errorf("regionsim: %w", err)
+	}
+	if err := res.WriteCSV(f); err != nil {
+		f.Close()
+		return fmt.Errorf("regionsim: while writing %s: %w", name, err)
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("regionsim: while writing %s: %w", name, err)
+	}
+	return res.WritePlots(dir)
+}
+
+func rulesCmd(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("regionsim rules", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	file := fs.String("scenario", "", "the scenario file")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if *file == "" || fs.NArg() > 0 {
+		fmt.Fprintln(stderr, "usage: regionsim rules -scenario FILE")
+		return 2
+	}
+	sc, err := scenario.Load(*file)
+	if err != nil {
+		fmt.Fprintln(stderr, err)
+		return 2
+	}
+	if err := sim.RulesYAML(stdout, sc); err != nil {
+		fmt.Fprintln(stderr, err)
+		return 1
+	}
+	return 0
+}

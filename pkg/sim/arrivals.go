@@ -1,0 +1,119 @@
+package sim
+
+import (
+	"math"
+	"math/rand/v2"
+	"time"
+
+	"github.com/allot-dev/allot/pkg/sim/scenario"
+)
+
+// stream is the Poisson arrivals of one key in one region. Its rate is piecewise constant
+// (the key's phases); the next arrival after t is found by drawing u ~ Exp(1) and walking
+// the phases until the integral of the rate from t reaches u, which is exact for a
+// piecewise-constant rate (memorylessness makes resampling at a phase change unnecessary).
+// Each stream has its own generator seeded from (scenario seed, key, region), so adding a
+// key does not change the traffic of the others.
+type stream struct {
+	key, region int
+	rng         *rand.Rand
+	at          []float64 // phase starts, seconds
+	rate        []float64 // offered requests/s from at[i]
+	end         float64   // the run's end, seconds
+	t           float64   // the next arrival, seconds; +Inf when none
+	next        int64     // the next arrival, ns since Epoch
+}
+
+func newStream(sc *scenario.Scenario, k, r int) *stream {
+	key := &sc.Keys[k]
+	s := &stream{
+		key: k, region: r,
+		rng: rand.New(rand.NewPCG(uint64(sc.Seed), uint64(k)<<16|uint64(r))),
+		end: sc.Duration.Seconds(),
+	}
+	for _, p := range key.Phases {
+		s.at = append(s.at, p.At.Seconds())
+		s.rate = append(s.rate, p.Offered[r])
+	}
+	s.t = 0
+	s.advance()
+	return s
+}
+
+// advance draws the next arrival after s.t.
+func (s *stream) advance() {
+	u := s.rng.ExpFloat64()
+	t := s.t
+	for {
+		i := -1 // the phase in force at t
+		for j, a := range s.at {
+			if a <= t {
+				i = j
+			}
+		}
+		change := s.end
+		if i+1 < len(s.at) {
+			change = s.at[i+1]
+		}
+		if i >= 0 && s.rate[i] > 0 {
+			if dt := u / s.rate[i]; t+dt < change {
+				s.setT(t + dt)
+				return
+			}
+			u -= (change - t) * s.rate[i]
+		}
+		if change >= s.end {
+			s.setT(math.Inf(1))
+			return
+		}
+		t = change
+	}
+}
+
+func (s *stream) setT(t float64) {
+	s.t = t
+	if math.IsInf(t, 1) {
+		s.next = math.MaxInt64
+		return
+	}
+	s.next = int64(t * float64(time.Second))
+}
+
+// streamHeap orders streams by their next arrival (ties: key, then region).
+type streamHeap []*stream
+
+func (h streamHeap) less(i, j int) bool {
+	a, b := h[i], h[j]
+	if a.next != b.next {
+		return a.next < b.next
+	}
+	if a.key != b.key {
+		return a.key < b.key
+	}
+	return a.region < b.region
+}
+
+func (h streamHeap) init() {
+	for i := len(h)/2 - 1; i >= 0; i-- {
+		h.down(i)
+	}
+}
+
+// down restores the heap after h[i] moved later.
+func (h streamHeap) down(i int) {
+	n := len(h)
+	for {
+		l, r, m := 2*i+1, 2*i+2, i
+		if l < n && h.less(l, m) {
+			m = l
+		}
+		if r < n && h.less(r, m) {
+			m = r
+		}
+		if m == i {
+			return
+		}
+		h[i], h[m] = h[m], h[i]
+		i = m
+	}
+}

@@ -1,0 +1,93 @@
+package sim
+
+import (
+	"github.com/allot-dev/allot/pkg/enforcer"
+	"github.com/allot-dev/allot/pkg/sim/scenario"
+)
+
+// Policies name where a run's shares come from (-policy).
+const (
+	// PolicyBalancer: shares from the balancer's core, fed by the enforcers' usage reports
+	// and published to the regions with the scenario's propagation delay.
+	PolicyBalancer = "balancer"
+	// PolicyStatic: every region enforces its default share (equal split) all run long.
+	PolicyStatic = "static"
+	// PolicyFull: every region enforces the whole global limit (no coordination at all).
+	PolicyFull = "full"
+)
+
+// plane is a run's control plane: it decides the share of each key every region enforces.
+// The simulator calls it from its one goroutine, at virtual times; it must schedule any
+// work of its own (reports, recomputes, publication) on the world's clock, so that a seed
+// gives one run.
+type plane interface {
+	// name is the policy's name, as the summary gives it.
+	name() string
+	// initial is the shares the regions compile their first rules with: [region][key],
+	// nil for the whole limit.
+	initial() [][]float64
+	// bind is called once, before the enforcers are built, with the world they live in.
+	bind(w *world) error
+	// sharesFor is what region r's enforcers consult for each identity's share
+	// (enforcer.Config.Shares); nil: the share the rules were compiled with.
+	sharesFor(r int) enforcer.Shares
+	// observer is the usage observer of enforcer e of region r (nil: none listens).
+	observer(r, e int) enforcer.UsageObserver
+	// start schedules the plane's background work: the enforcers' on their region's
+	// clock, the balancer's on the coordinator's (w.clk).
+	start(w *world)
+	// barrier is called by the coordinator at each barrier, before the events due then.
+	barrier()
+	// fault starts (on) or ends a balancer-down or region-isolated fault.
+	fault(f scenario.Fault, on bool)
+	// share is the share region r enforces for key k now.
+	share(r, k int) float64
+}
+
+// fixedPlane never changes a share: static (the default split) or full (the whole limit).
+type fixedPlane struct {
+	policy string
+	shares [][]float64 // nil: 1 everywhere
+}
+
+func newFixedPlane(sc *scenario.Scenario, policy string) *fixedPlane {
+	p := &fixedPlane{policy: policy}
+	if policy == PolicyStatic {
+		def := DefaultSplit(sc)
+		p.shares = make([][]float64, len(sc.Regions))
+		for r := range p.shares {
+			p.shares[r] = make([]float64, len(sc.Keys))
+			for k := range p.shares[r] {
+				p.shares[r][k] = def[r]
+			}
+		}
+	}
+	return p
+}
+
+// DefaultSplit is the share each region gets of a key the balancer has not moved: an
+// equal split (scenarios give regions no weights, and keys no shares: of their own).
+func DefaultSplit(sc *scenario.Scenario) []float64 {
+	def := make([]float64, len(sc.Regions))
+	for r := range def {
+		def[r] = 1 / float64(len(def))
+	}
+	return def
+}
+
+func (p *fixedPlane) name() string                             { return p.policy }
+func (p *fixedPlane) initial() [][]float64                     { return p.shares }
+func (p *fixedPlane) bind(*world) error                        { return nil }
+func (p *fixedPlane) sharesFor(int) enforcer.Shares            { return nil }
+func (p *fixedPlane) observer(int, int) enforcer.UsageObserver { return nil }
+func (p *fixedPlane) start(*world)                             {}
+func (p *fixedPlane) fault(scenario.Fault, bool)               {}
+
+func (p *fixedPlane) share(r, k int) float64 {
+	if p.shares == nil {
+		return 1
+	}
+	return p.shares[r][k]
+}
+
+func (p *fixedPlane) barrier() {}

@@ -1,0 +1,164 @@
+// Package sim is regionsim's engine: it replays a scenario (pkg/sim/scenario) through the
+// real allot code paths on a virtual clock and judges the result against the promises.
+//
+// # The virtual mode
+//
+// One process on virtual clocks (discrete-event schedulers implementing clock.Clock): one
+// per region, which every layer of the region's enforcers reads, and one for the control
+// plane. Regions run in parallel between barriers every Slice (50 ms) of virtual time and
+// the control plane runs at the barriers; reports take ReportDelay = Slice to reach the
+// balancer, so the parallel run is the sequential one (see Slice). Each region has one
+// exact in-memory bucket store standing for its Redis Cluster; each enforcer of a region
+// is the real stack — pkg/enforcer.Enforcer deciding checks against the region's
+// compiled pkg/rules snapshot, over pkg/fallback over pkg/lease over that store — built
+// with the region's clock. Requests arrive as Poisson
+// processes per key and region at the offered rates, each on a random enforcer of its
+// region. Background work runs at known points of the schedule (lease refills inside the
+// check that makes them due, control-plane reports and publication as events), so one
+// seed gives one run, byte for byte.
+//
+// The shares each region enforces come from the run's control plane (-policy): the
+// balancer, the static default split, or the whole limit everywhere (full).
+//
+// # The figures
+//
+// See judge.go: max_window_ratio, steady_ratio and recovery_s per key, and the summary
+// (Summary) with exactly the fields issue 9 fixes.
+package sim
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/allot-dev/allot/pkg/sim/scenario"
+)
+
+// ErrPolicy is returned for a -policy the simulator does not know.
+var ErrPolicy = errors.New("sim: unknown policy")
+
+// Options tune a run.
+type Options struct {
+	// Policy is PolicyBalancer, PolicyStatic or PolicyFull; "" means PolicyBalancer.
+	Policy string
+}
+
+// Result is one run: the per-second cells of every key and the judged summary.
+type Result struct {
+	Scenario *scenario.Scenario
+	Policy   string
+	// Seconds is the run's length in whole seconds.
+	Seconds int
+	// Keys holds each key's cells, [second × regions + region], in scenario order.
+	Keys [][]Cell
+	// Verdicts are the judged figures of each key, in scenario order.
+	Verdicts []Verdict
+	Summary  Summary
+}
+
+// Cell returns key k's cell for second s in region r.
+func (res *Result) Cell(k, s, r int) *Cell {
+	return &res.Keys[k][s*len(res.Scenario.Regions)+r]
+}
+
+// Summary is the run's summary: exactly the fields of issue 9 (-summary, -json).
+type Summary struct {
+	Scenario string      `json:"scenario"`
+	Policy   string      `json:"policy"`
+	Pass     bool        `json:"pass"`
+	Failures []string    `json:"failures"`
+	Keys     []KeyResult `json:"keys"`
+}
+
+// Run replays sc in virtual mode and judges it. It returns an error only for a bad
+// option or a scenario the layers refuse (ErrPolicy, a rule that does not compile).
+func Run(sc *scenario.Scenario, opt Options) (*Result, error) {
+	policy := opt.Policy
+	if policy == "" {
+		policy = PolicyBalancer
+	}
+	var p plane
+	switch policy {
+	case PolicyStatic, PolicyFull:
+		p = newFixedPlane(sc, policy)
+	case PolicyBalancer:
+		bp, err := newBalancerPlane(sc)
+		if err != nil {
+			return nil, err
+		}
+		p = bp
+	default:
+		return nil, fmt.Errorf("%w %q (want %s, %s or %s)", ErrPolicy, policy, PolicyBalancer, PolicyStatic, PolicyFull)
+	}
+	w, err := newWorld(sc, p)
+	if err != nil {
+		return nil, err
+	}
+	w.run()
+	w.close()
+	return w.judge(), nil
+}
+
+// judge builds the result and its verdicts from what the world recorded.
+func (w *world) judge() *Result {
+	calls := make([]int64, len(w.keys))
+	for k := range w.keys {
+		for _, reg := range w.regions {
+			calls[k] += reg.store.calls[k]
+		}
+	}
+	return judgeRun(w.sc, w.plane.name(), w.secs, w.keys, calls, w.spans)
+}
+
+// judgeRun judges the recorded cells of every key (both modes).
+func judgeRun(sc *scenario.Scenario, policy string, secs int, keys []keyState, storeCalls []int64, spans []Span) *Result {
+	R := len(sc.Regions)
+	res := &Result{Scenario: sc, Policy: policy, Seconds: secs}
+	res.Summary = Summary{Scenario: sc.Name, Policy: policy, Pass: true, Failures: []string{}, Keys: []KeyResult{}}
+	exp := Expect(sc.Expect)
+	for k, key := range sc.Keys {
+		ks := &keys[k]
+		res.Keys = append(res.Keys, ks.cells)
+		ser := &KeySeries{
+			Key: key.Name, Rate: ks.rate, Burst: key.Limit.Burst,
+			Offered: make([]float64, secs), Admitted: make([]float64, secs),
+			StoreCalls: storeCalls[k],
+		}
+		for s := 0; s < secs; s++ {
+			for r := 0; r < R; r++ {
+				c := &ks.cells[s*R+r]
+				ser.Offered[s] += float64(c.Offered)
+				ser.Admitted[s] += float64(c.Admitted)
+				ser.Requests += c.Offered
+			}
+		}
+		for _, ph := range key.Phases {
+			ser.Phases = append(ser.Phases, int(ph.At/time.Second))
+		}
+		v := Judge(ser, spans, exp)
+		res.Verdicts = append(res.Verdicts, v)
+		res.Summary.Keys = append(res.Summary.Keys, rounded(v.KeyResult))
+		if len(v.Failures) > 0 {
+			res.Summary.Pass = false
+			res.Summary.Failures = append(res.Summary.Failures, v.Failures...)
+		}
+	}
+	return res
+}
+
+// rounded keeps six decimals of each figure: the summary is for people and diffs, and
+// the pass/fail decisions were made on the exact values.
+func rounded(k KeyResult) KeyResult {
+	r6 := func(f float64) float64 { return math.Round(f*1e6) / 1e6 }
+	k.Rate = r6(k.Rate)
+	k.MaxWindowRatio = r6(k.MaxWindowRatio)
+	k.SteadyRatio = r6(k.SteadyRatio)
+	k.StoreCallsPerRequest = r6(k.StoreCallsPerRequest)
+	rec := make([]float64, len(k.RecoveryS))
+	for i, x := range k.RecoveryS {
+		rec[i] = r6(x)
+	}
+	k.RecoveryS = rec
+	return k
+}

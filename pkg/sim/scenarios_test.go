@@ -1,0 +1,117 @@
+package sim
+
+import (
+	"bytes"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/allot-dev/allot/pkg/sim/scenario"
+)
+
+const scenarioDir = "../../configs/scenarios"
+
+func load(t testing.TB, name string) *scenario.Scenario {
+	t.Helper()
+	sc, err := scenario.Load(filepath.Join(scenarioDir, name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sc
+}
+
+func run(t testing.TB, sc *scenario.Scenario, policy string) *Result {
+	t.Helper()
+	res, err := Run(sc, Options{Policy: policy})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res
+}
+
+// Every shipped scenario passes in virtual mode with the balancer, with the expectations
+// its file states (the defaults unless a comment there says why).
+func TestShippedScenarios(t *testing.T) {
+	files, err := filepath.Glob(filepath.Join(scenarioDir, "*.yaml"))
+	if err != nil || len(files) < 8 {
+		t.Fatalf("want at least 8 scenarios in %s, found %d (%v)", scenarioDir, len(files), err)
+	}
+	for _, f := range files {
+		name := filepath.Base(f)
+		t.Run(strings.TrimSuffix(name, ".yaml"), func(t *testing.T) {
+			t.Parallel() // each run is one goroutine on its own virtual clock
+			sc := load(t, name)
+			if (testing.Short() || raceEnabled) && sc.Duration.Seconds()*float64(len(sc.Keys)) > 2000 {
+				t.Skipf("%s is long (%v × %d keys): it runs without -short and without -race", name, sc.Duration, len(sc.Keys))
+			}
+			res := run(t, sc, PolicyBalancer)
+			var b strings.Builder
+			res.WriteTable(&b)
+			t.Log("\n" + b.String())
+			if !res.Summary.Pass {
+				t.Errorf("%s failed under the balancer:\n%s", name, strings.Join(res.Summary.Failures, "\n"))
+			}
+		})
+	}
+}
+
+// The failing direction is honest: traffic spread over regions is over-admitted when every
+// region enforces the whole limit, and traffic in one region is held far under its limit
+// by a static split.
+func TestPolicyContrasts(t *testing.T) {
+	t.Parallel()
+	res := run(t, load(t, "three-way-split.yaml"), PolicyFull)
+	if res.Summary.Pass || !res.Verdicts[0].WindowFailed {
+		t.Fatalf("three-way-split under -policy full: want a max_window_ratio failure, got %+v", res.Summary)
+	}
+	t.Logf("full: %s", res.Summary.Failures[0])
+	if !strings.Contains(res.Summary.Failures[0], "max_window_ratio") || !strings.Contains(res.Summary.Failures[0], "key globex") {
+		t.Fatalf("unclear reason: %q", res.Summary.Failures[0])
+	}
+
+	res = run(t, load(t, "shift-eu-to-us.yaml"), PolicyStatic)
+	if res.Summary.Pass || !res.Verdicts[0].SteadyFailed || res.Verdicts[0].WindowFailed {
+		t.Fatalf("shift-eu-to-us under -policy static: want a steady_ratio failure only, got %+v", res.Summary)
+	}
+	var steady string
+	for _, f := range res.Summary.Failures {
+		if strings.Contains(f, "steady_ratio") {
+			steady = f
+		}
+	}
+	t.Logf("static: %s", steady)
+	if !strings.Contains(steady, "key acme: steady_ratio 0.") {
+		t.Fatalf("unclear reason: %q", steady)
+	}
+}
+
+// The same seed gives byte-identical summaries and CSVs (with a fault, and the balancer's
+// reports, recomputes and publications on the virtual clock); another seed does not.
+func TestDeterminism(t *testing.T) {
+	t.Parallel()
+	sc := load(t, "redis-outage.yaml")
+	var js, csv [2]bytes.Buffer
+	for i := range 2 {
+		res := run(t, sc, PolicyBalancer)
+		if err := res.WriteJSON(&js[i]); err != nil {
+			t.Fatal(err)
+		}
+		if err := res.WriteCSV(&csv[i]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !bytes.Equal(js[0].Bytes(), js[1].Bytes()) {
+		t.Fatalf("summaries differ:\n%s\n%s", js[0].String(), js[1].String())
+	}
+	if !bytes.Equal(csv[0].Bytes(), csv[1].Bytes()) {
+		t.Fatal("CSVs differ")
+	}
+	sc.Seed++
+	var other bytes.Buffer
+	if err := run(t, sc, PolicyBalancer).WriteCSV(&other); err != nil {
+		t.Fatal(err)
+	}
+	if bytes.Equal(other.Bytes(), csv[0].Bytes()) {
+		t.Fatal("another seed gave the same CSV")
+	}
+}

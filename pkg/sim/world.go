@@ -1,0 +1,383 @@
+package sim
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/allot-dev/allot/pkg/bucket"
+	"github.com/allot-dev/allot/pkg/enforcer"
+	"github.com/allot-dev/allot/pkg/fallback"
+	"github.com/allot-dev/allot/pkg/lease"
+	"github.com/allot-dev/allot/pkg/rules"
+	"github.com/allot-dev/allot/pkg/sim/scenario"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// errRedisDown is what a region's store answers during a redis-down fault.
+var errRedisDown = errors.New("sim: redis down (scenario fault)")
+
+// regionStore is one region's bucket store, standing for its Redis Cluster: the exact
+// in-memory store on the virtual clock, behind a switch the redis-down fault throws. It
+// counts the calls that reach it per key (store_calls_per_request) and stamps its answers
+// SourceRedis, which is what they stand for.
+type regionStore struct {
+	mem   *bucket.Memory
+	down  atomic.Bool
+	keyOf map[string]int // identity → key index
+	calls []int64        // per key; the run's one goroutine writes it
+}
+
+func (s *regionStore) Take(ctx context.Context, req *bucket.Request) (bucket.Result, error) {
+	if k, ok := s.keyOf[req.Identity]; ok {
+		s.calls[k]++
+	}
+	if s.down.Load() {
+		return bucket.Result{}, errRedisDown
+	}
+	res, err := s.mem.Take(ctx, req)
+	if res.Source == bucket.SourceMemory {
+		res.Source = bucket.SourceRedis
+	}
+	return res, err
+}
+
+// node is one enforcer: the real layers fallback → lease → the region's store, and the
+// real pkg/enforcer.Enforcer deciding checks over them.
+type node struct {
+	lease *lease.Store
+	fb    *fallback.Store
+	enf   *enforcer.Enforcer
+}
+
+func (n *node) close() {
+	n.fb.Close()
+	n.lease.Close()
+}
+
+// region is one region of a run: its own virtual clock (every layer of its enforcers reads
+// it), its arrivals and its enforcers. Between two barriers (see run) a region touches
+// nothing outside itself, so regions run in parallel.
+type region struct {
+	idx     int
+	name    string
+	clk     *scheduler
+	streams streamHeap
+	store   *regionStore
+	rules   *rules.Holder
+	nodes   []*node
+}
+
+// world is everything one run holds.
+type world struct {
+	sc *scenario.Scenario
+	// clk is the coordinator's clock: the control plane (balancer ticks, reports
+	// arriving, publication) and the per-second samples run on it, at barriers.
+	clk     *scheduler
+	plane   plane
+	regions []*region
+	keys    []keyState
+	secs    int
+	// faults
+	spans []Span
+}
+
+// keyState is one key's request template and what it recorded.
+type keyState struct {
+	req      enforcer.Request
+	identity string
+	rate     float64 // per second
+	cells    []Cell  // [second × regions + region]
+}
+
+// Cell is one key's traffic in one region during one second of a run.
+type Cell struct {
+	Offered, Admitted int64
+	// Share is the share the region enforced at the end of the second; RegionalRate is the
+	// global rate (per second) × Share.
+	Share, RegionalRate float64
+	// Sources counts the answers by where they came from (SourceColumns).
+	Sources [numSourceCols]int64
+}
+
+// SourceColumns name Cell.Sources, in order.
+var SourceColumns = [numSourceCols]string{"redis", "lease", "refusal_cache", "fallback", "fail_open", "other"}
+
+const numSourceCols = 6
+
+func sourceCol(s enforcer.Source) int {
+	switch s {
+	case enforcer.SourceRedis, enforcer.SourceMemory:
+		return 0
+	case enforcer.SourceLease:
+		return 1
+	case enforcer.SourceRefusalCache:
+		return 2
+	case enforcer.SourceFallback:
+		return 3
+	case enforcer.SourceFailOpen:
+		return 4
+	}
+	return 5
+}
+
+// ruleSet is the rules every region compiles: one rule per key, matched by plan (the
+// simulator sends plan = key name), counted by api key, with the key's limit as written.
+// shares[r][k] is region r's share of key k's limit (nil: 1).
+func ruleSet(sc *scenario.Scenario, r int, shares [][]float64) *rules.Set {
+	set := &rules.Set{Version: "regionsim"}
+	for k, key := range sc.Keys {
+		ru := rules.Rule{
+			ID:     key.Name,
+			Match:  rules.Match{Plan: key.Name},
+			By:     rules.ByAPIKey,
+			Limits: []rules.LimitSpec{{Name: "limit", Rate: key.Limit.Rate, Per: key.Limit.Per, Burst: key.Limit.Burst}},
+			Reason: "regionsim scenario " + sc.Name,
+		}
+		if shares != nil {
+			ru.Shares = map[string]float64{sc.Regions[r].Name: shares[r][k]}
+		}
+		set.Rules = append(set.Rules, ru)
+	}
+	return set
+}
+
+func compileRegion(sc *scenario.Scenario, r int, shares [][]float64, now time.Time) (*rules.Snapshot, error) {
+	snap, err := rules.Compile(ruleSet(sc, r, shares), rules.CompileOptions{Region: sc.Regions[r].Name, Now: now})
+	if err != nil {
+		return nil, fmt.Errorf("sim: while compiling the rules of region %s: %w", sc.Regions[r].Name, err)
+	}
+	return snap, nil
+}
+
+// newWorld builds the regions and enforcers of sc with the control plane p.
+func newWorld(sc *scenario.Scenario, p plane) (*world, error) {
+	w := &world{sc: sc, clk: &scheduler{}, plane: p, secs: int(sc.Duration / time.Second)}
+	w.keys = newKeyStates(sc, w.secs)
+	keyOf := make(map[string]int, len(sc.Keys))
+	for k := range w.keys {
+		keyOf[w.keys[k].identity] = k
+	}
+	for r, rg := range sc.Regions {
+		w.regions = append(w.regions, &region{idx: r, name: rg.Name, clk: &scheduler{}})
+	}
+	if err := p.bind(w); err != nil {
+		return nil, err
+	}
+	for r, rg := range sc.Regions {
+		reg := w.regions[r]
+		reg.store = &regionStore{mem: bucket.NewMemory(reg.clk, 0), keyOf: keyOf, calls: make([]int64, len(sc.Keys))}
+		snap, err := compileRegion(sc, r, p.initial(), Epoch)
+		if err != nil {
+			w.close()
+			return nil, err
+		}
+		reg.rules = rules.NewHolder(snap)
+		n := rg.Enforcers
+		peers := func() int { return n }
+		for e := range n {
+			nd, err := w.newNode(reg, r, e, peers)
+			if err != nil {
+				w.close()
+				return nil, err
+			}
+			reg.nodes = append(reg.nodes, nd)
+		}
+		for k := range sc.Keys {
+			reg.streams = append(reg.streams, newStream(sc, k, r))
+		}
+		reg.streams.init()
+	}
+	w.spans = faultSpans(sc)
+	return w, nil
+}
+
+// faultSpans are the whole seconds each fault touches.
+func faultSpans(sc *scenario.Scenario) []Span {
+	var spans []Span
+	for _, f := range sc.Faults {
+		spans = append(spans, Span{int(f.At / time.Second), int(math.Ceil(f.End().Seconds()))})
+	}
+	return spans
+}
+
+func newKeyStates(sc *scenario.Scenario, secs int) []keyState {
+	keys := make([]keyState, len(sc.Keys))
+	for k, key := range sc.Keys {
+		keys[k] = keyState{
+			req:      enforcer.Request{Attrs: rules.Attrs{APIKey: key.Name, Plan: key.Name}},
+			identity: "key:" + key.Name,
+			rate:     key.Limit.PerSecond(),
+			cells:    make([]Cell, secs*len(sc.Regions)),
+		}
+	}
+	return keys
+}
+
+func (w *world) newNode(reg *region, r, e int, peers func() int) (*node, error) {
+	lc := lease.DefaultConfig()
+	lc.Clock = reg.clk
+	lc.Peers = peers
+	lc.SyncRefill = true
+	ls, err := lease.New(reg.store, lc)
+	if err != nil {
+		return nil, fmt.Errorf("sim: region %s enforcer %d: %w", reg.name, e, err)
+	}
+	fc := fallback.DefaultConfig()
+	fc.Clock = reg.clk
+	fc.Peers = peers
+	fb, err := fallback.New(ls, fc)
+	if err != nil {
+		ls.Close()
+		return nil, fmt.Errorf("sim: region %s enforcer %d: %w", reg.name, e, err)
+	}
+	ec := enforcer.DefaultConfig()
+	ec.Region = reg.name
+	ec.Rules = reg.rules
+	ec.Store = fb
+	ec.Clock = reg.clk
+	ec.Registerer = prometheus.NewRegistry()
+	ec.Usage = w.plane.observer(r, e)
+	ec.Shares = w.plane.sharesFor(r)
+	ec.DecisionLogEvery, ec.RefusalLogEvery = 0, 0
+	enf, err := enforcer.New(ec)
+	if err != nil {
+		fb.Close()
+		ls.Close()
+		return nil, fmt.Errorf("sim: region %s enforcer %d: %w", reg.name, e, err)
+	}
+	return &node{lease: ls, fb: fb, enf: enf}, nil
+}
+
+func (w *world) close() {
+	for _, reg := range w.regions {
+		for _, n := range reg.nodes {
+			n.close()
+		}
+	}
+}
+
+// Slice is the virtual time between two barriers. Within a slice each region runs on its
+// own (in parallel with the others); at the barrier that ends it the coordinator runs the
+// control plane's events due by then. Reports take ReportDelay = Slice to reach the
+// balancer, so a report sent within a slice is delivered at or after its barrier: the
+// parallel run is the sequential one, event for event. Faults of the control plane
+// (balancer-down, region-isolated) start and end at the first barrier at or after their
+// time (at most Slice late); a redis-down fault is the region's own, exact to the
+// nanosecond.
+const Slice = ReportDelay
+
+// barrierAt is the first barrier at or after t.
+func barrierAt(t time.Duration) time.Duration { return (t + Slice - 1) / Slice * Slice }
+
+// scheduleFaults turns the scenario's faults into events.
+func (w *world) scheduleFaults() {
+	for _, f := range w.sc.Faults {
+		f := f
+		switch f.Kind {
+		case scenario.RedisDown:
+			reg := w.regions[f.Region]
+			reg.clk.at(f.At, func() { reg.store.down.Store(true) })
+			reg.clk.at(f.End(), func() { reg.store.down.Store(false) })
+		default:
+			w.clk.at(barrierAt(f.At), func() { w.plane.fault(f, true) })
+			w.clk.at(barrierAt(f.End()), func() { w.plane.fault(f, false) })
+		}
+	}
+}
+
+// sample records the shares in force at the end of second s.
+func (w *world) sample(s int) {
+	R := len(w.regions)
+	for k := range w.keys {
+		ks := &w.keys[k]
+		for r := range w.regions {
+			c := &ks.cells[s*R+r]
+			c.Share = w.plane.share(r, k)
+			c.RegionalRate = ks.rate * c.Share
+		}
+	}
+}
+
+// runUntil runs the region's arrivals and events due before b (ns since Epoch), in time
+// order (events first on a tie), then sets its clock to b.
+func (w *world) runUntil(reg *region, b int64) {
+	R := len(w.regions)
+	ctx := context.Background()
+	for {
+		st := reg.streams[0]
+		evAt, ok := reg.clk.peek()
+		if ok && evAt < b && evAt <= st.next {
+			reg.clk.runNext()
+			continue
+		}
+		if st.next >= b {
+			break
+		}
+		reg.clk.set(st.next)
+		nd := reg.nodes[st.rng.IntN(len(reg.nodes))] // a random enforcer of its region
+		ks := &w.keys[st.key]
+		sec := int(st.next / int64(time.Second))
+		c := &ks.cells[sec*R+reg.idx]
+		c.Offered++
+		d, err := nd.enf.Check(ctx, &ks.req)
+		if err == nil && d.Allowed {
+			c.Admitted++
+		}
+		c.Sources[sourceCol(d.Source)]++
+		st.advance()
+		reg.streams.down(0)
+	}
+	reg.clk.set(b)
+}
+
+// run replays the scenario slice by slice: every region up to the barrier (the first on
+// this goroutine, the others on one goroutine each, owned here and ended before run
+// returns), then the coordinator's events due by the barrier.
+func (w *world) run() {
+	end := w.sc.Duration
+	w.scheduleFaults()
+	w.plane.start(w)
+	for s := 1; s <= w.secs; s++ {
+		s := s
+		w.clk.at(time.Duration(s)*time.Second, func() { w.sample(s - 1) })
+	}
+	var wg, exited sync.WaitGroup
+	work := make([]chan int64, len(w.regions))
+	for i := 1; i < len(w.regions); i++ {
+		work[i] = make(chan int64)
+		exited.Add(1)
+		go func(reg *region, c chan int64) {
+			defer exited.Done()
+			for b := range c {
+				w.runUntil(reg, b)
+				wg.Done()
+			}
+		}(w.regions[i], work[i])
+	}
+	for b := Slice; b <= end; b += Slice {
+		wg.Add(len(w.regions) - 1)
+		for i := 1; i < len(w.regions); i++ {
+			work[i] <- int64(b)
+		}
+		w.runUntil(w.regions[0], int64(b))
+		wg.Wait()
+		w.plane.barrier()
+		for {
+			at, ok := w.clk.peek()
+			if !ok || at > int64(b) {
+				break
+			}
+			w.clk.runNext()
+		}
+		w.clk.set(int64(b))
+	}
+	for i := 1; i < len(w.regions); i++ {
+		close(work[i])
+	}
+	exited.Wait()
+}
