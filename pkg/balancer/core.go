@@ -158,6 +158,9 @@ type Core struct {
 	lastCompDur time.Duration
 	stats       counters
 	mayBuf      []float64
+	// gone[r]: region r has been silent for Stale + AckTimeout (see acks): whatever it
+	// enforces is at most min(its share, the default split).
+	gone []bool
 }
 
 type counters struct {
@@ -174,7 +177,7 @@ func NewCore(cfg CoreConfig) (*Core, error) {
 	c := &Core{
 		cfg: cfg, n: n, regionIdx: make(map[string]int, n), weights: cfg.weightSplit(),
 		regions: make([]regionState, n), ids: map[key]*ident{}, pending: map[*ident]struct{}{},
-		learning: true, dirty: true, mayBuf: make([]float64, n),
+		learning: true, dirty: true, mayBuf: make([]float64, n), gone: make([]bool, n),
 	}
 	for i, r := range cfg.Regions {
 		c.regionIdx[r] = i

@@ -364,15 +364,17 @@ func TestSilentRegionHeldThenStale(t *testing.T) {
 	if s := w.published(k); math.Abs(s[2]-last) > 1e-9 || s[0]+s[1] > 1-last+1e-9 {
 		t.Fatalf("silent ap-south: shares %v, want it held at %g and the others within the rest", s, last)
 	}
-	// Stale (2 min after its last report): held at min(last, default) = 1/3; the others
-	// get the rest once that decrease is acknowledged (Stale after it landed: no reports).
-	w.step(50 * time.Second)
+	// Stale (2 min after its last report): held at min(last, default) = 1/3. Its
+	// enforcers have gone stale by their own clocks by then (no share refresh, or no
+	// report accepted, for Stale: pkg/shares), so once AckTimeout more has passed (a
+	// report's round trip) the others get the rest without an acknowledgement.
+	w.step(50 * time.Second) // 140 s after its last report
 	if s := w.published(k); math.Abs(s[2]-1.0/3) > 1e-9 {
 		t.Fatalf("stale ap-south: shares %v, want it held at 1/3", s)
 	}
-	w.step(c.cfg.Stale + 20*time.Second)
+	w.step(2 * c.cfg.Interval)
 	if s := w.published(k); s[0] < 0.6 {
-		t.Fatalf("after the stale decrease was timed out: shares %v, want us-east ≈ 2/3", s)
+		t.Fatalf("Stale + AckTimeout after ap-south's last report: shares %v, want us-east ≈ 2/3", s)
 	}
 }
 

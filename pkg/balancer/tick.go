@@ -87,6 +87,16 @@ func (c *Core) acks(now time.Time) []uint64 {
 		if !any {
 			timeout = c.cfg.Stale
 		}
+		// Silent for the staleness period (plus AckTimeout, which covers a report's round
+		// trip: the enforcer counts from when its last report was answered): every
+		// enforcer of the region has gone stale by its own clock — no share refreshed, or
+		// no report accepted, for Stale (pkg/shares) — so it enforces at most
+		// min(share, default split) whatever version it holds.
+		last := rs.lastHeard
+		if last.IsZero() || last.Before(c.start) {
+			last = c.start
+		}
+		c.gone[r] = !any && now.Sub(last) >= c.cfg.Stale+c.cfg.AckTimeout
 		var byTime uint64
 		for _, l := range c.log {
 			if !l.landed.IsZero() && now.Sub(l.landed) >= timeout {
@@ -130,6 +140,7 @@ func (c *Core) trimLog(ack []uint64) {
 // region may still apply (see the package doc) and prunes the versions no region applies.
 func (c *Core) mayApply(id *ident, ack []uint64, dst []float64) {
 	copy(dst, id.published(c.n))
+	defer c.clampGone(id, dst)
 	if len(id.hist) == 0 {
 		return
 	}
@@ -155,6 +166,19 @@ func (c *Core) mayApply(id *ident, ack []uint64, dst []float64) {
 	id.hist = id.hist[:keep]
 	if keep == 0 {
 		id.hist = nil
+	}
+}
+
+// clampGone caps what a gone region (see acks) may be applying at the identity's default
+// share: a stale enforcer enforces min(last, default), whichever last it holds.
+func (c *Core) clampGone(id *ident, dst []float64) {
+	if len(id.def) != len(dst) {
+		return
+	}
+	for r, g := range c.gone {
+		if g {
+			dst[r] = min(dst[r], id.def[r])
+		}
 	}
 }
 

@@ -51,6 +51,9 @@ type App struct {
 	http  *http.Server
 	grpcL net.Listener
 	httpL net.Listener
+	mux   *http.ServeMux // the HTTP routes (admin.go adds the admin API's)
+	rules *rules.Holder  // the rules in force here
+	base  *rules.Set     // the base rules file under etcd's rules, nil without
 
 	ctx    context.Context // ended by Close: the parent of every background goroutine
 	cancel context.CancelFunc
@@ -115,6 +118,9 @@ func New(cfg Config, log hclog.Logger) (_ *App, err error) {
 		return nil, err
 	}
 	allotv1.RegisterBalancerServer(a.grpc, dashboard.Tap(a.svc, a.dash))
+	if err := a.buildAdmin(); err != nil {
+		return nil, err
+	}
 	return a, nil
 }
 
@@ -138,6 +144,7 @@ func (a *App) buildRules() error {
 	opts := []rules.Option{rules.WithInterval(rc.PollInterval), rules.WithLogger(a.log.Named("rules")),
 		rules.WithOnError(func(err error) { a.log.Error("rules rejected; the previous rules keep serving", "error", err) })}
 	h := rules.NewHolder(nil)
+	a.rules, a.base = h, base
 	a.table = balancer.NewRuleTable(h, a.cfg.Regions)
 	if rc.EtcdPrefix == "" {
 		f, err := rules.NewFileSource(rc.File, h, opt, opts...)
@@ -185,6 +192,7 @@ func (a *App) listen() (err error) {
 		return fmt.Errorf("app: grpc listen %s: %w", a.cfg.Listen.GRPC, err)
 	}
 	mux := http.NewServeMux()
+	a.mux = mux
 	mux.Handle("/metrics", promhttp.HandlerFor(a.reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
