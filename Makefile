@@ -80,9 +80,25 @@ stack-down:
 	if [ -n "$$ids" ]; then docker rm -f $$ids >/dev/null 2>&1 || true; echo "stack-down: removed $$(echo $$ids | wc -w) containers"; \
 	else echo "stack-down: no stack left"; fi
 
-# One region for real (etcd, a Redis Cluster, two enforcers, a rule change, an outage).
-# The three-region regionsim demo arrives with milestone 2.
+# The demo: three regions of allot in one process (embedded etcd, a balancer, two
+# enforcers per region on in-memory stores, real gRPC on loopback), replaying
+# configs/scenarios/demo.yaml in real time (about 2 minutes); it prints the balancer's
+# dashboard address, ends with the summary table, writes the CSV and plots to bin/demo/,
+# and leaves nothing running. Needs nothing but Go.
 demo:
+	$(GO) build -o bin/regionsim ./cmd/regionsim
+	bin/regionsim demo -out bin/demo
+
+# The same demo against three real Redis Clusters (one per region, in local containers,
+# started and removed by scripts/region.sh; needs Docker).
+.PHONY: demo-redis demo-region
+demo-redis: images
+	$(GO) build -o bin/regionsim ./cmd/regionsim
+	bash scripts/demo-redis.sh
+
+# Milestone 1's one-region walk-through: etcd, a Redis Cluster, two enforcer processes, a
+# live rule change and a Redis master outage (needs Docker).
+demo-region:
 	bash scripts/demo.sh
 
 clean:

@@ -6,6 +6,7 @@
 //
 //	regionsim run -scenario FILE -mode live -targets us-east=HOST:PORT,eu-west=HOST:PORT
 //	regionsim rules -scenario FILE
+//	regionsim demo [-scenario configs/scenarios/demo.yaml] [-out bin/demo] [-redis ...]
 //
 // Exit status: 0 when every key met its expectations, 1 when one did not, 2 for a bad
 // scenario or bad flags.
@@ -34,6 +35,8 @@ const usage = `usage:
   regionsim run -scenario FILE [-mode virtual|live] [-policy balancer|static|full]
                 [-summary FILE] [-json] [-out DIR] [-targets us-east=ADDR,...]
   regionsim rules -scenario FILE    print the rules enforcers need for a live run
+  regionsim demo [-scenario FILE] [-out DIR] [-redis region=host:port|...,...]
+                 a whole three-region deployment in this process, replayed in real time
 `
 
 func run(args []string, stdout, stderr io.Writer) int {
@@ -46,6 +49,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return runCmd(args[1:], stdout, stderr)
 	case "rules":
 		return rulesCmd(args[1:], stdout, stderr)
+	case "demo":
+		return demoCmd(args[1:], stdout, stderr)
 	case "-h", "-help", "--help", "help":
 		fmt.Fprint(stdout, usage)
 		return 0

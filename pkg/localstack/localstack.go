@@ -58,6 +58,9 @@ type Config struct {
 	// Learning is how long a new balancer leader waits before reallocating when not every
 	// region has reported. Default 2 × Interval.
 	Learning time.Duration
+	// Redis names, per region, the seed nodes of a real Redis Cluster the region's
+	// enforcers use instead of the shared in-memory store ("regionsim demo -redis").
+	Redis map[string][]string
 	// Dir holds the etcd data and the rules file; "" makes (and removes) a temporary one.
 	Dir string
 	// Logger gets every part's logs (named per part); nil discards them.
@@ -171,19 +174,31 @@ func Start(cfg Config) (_ *Stack, err error) {
 		s.run(func(ctx context.Context) error { return b.Run(ctx) })
 	}
 	for _, r := range cfg.Regions {
-		store := bucket.NewMemory(clock.Real(), 0)
-		s.stores[r.Name] = store
+		var store *bucket.Memory
+		if len(cfg.Redis[r.Name]) == 0 {
+			store = bucket.NewMemory(clock.Real(), 0)
+			s.stores[r.Name] = store
+		}
 		for j := range r.Enforcers {
 			ec := enforcerapp.DefaultConfig()
 			ec.Region, ec.ID = r.Name, fmt.Sprintf("%s-%d", r.Name, j+1)
 			ec.Regions = weights
 			ec.Store.Kind = "memory"
+			if store == nil {
+				ec.Store.Kind, ec.Store.Addrs = "redis-cluster", cfg.Redis[r.Name]
+			}
 			ec.Etcd.Endpoints = []string{s.etcdURL}
 			ec.Rules.File, ec.Rules.EtcdPrefix = rulesFile, "/allot/rules/"
 			ec.Listen.GRPC, ec.Listen.HTTP = "127.0.0.1:0", "127.0.0.1:0"
 			ec.Shares.StaleAfter = cfg.Stale
 			ec.Balancer.Enabled, ec.Balancer.Interval = true, cfg.Interval
-			e, err := enforcerapp.NewWithStore(ec, cfg.Logger.Named(ec.ID), store)
+			var e *enforcerapp.App
+			var err error
+			if store != nil {
+				e, err = enforcerapp.NewWithStore(ec, cfg.Logger.Named(ec.ID), store)
+			} else {
+				e, err = enforcerapp.New(ec, cfg.Logger.Named(ec.ID))
+			}
 			if err != nil {
 				return nil, fmt.Errorf("localstack: enforcer %s: %w", ec.ID, err)
 			}
