@@ -25,24 +25,36 @@ const (
 // ErrInvalid is wrapped by every validation error: the request never reached a store.
 var ErrInvalid = errors.New("bucket: invalid request")
 
-// Source says where a decision came from, for metrics and decision logs.
+// Source says where an answer came from, for responses, metrics and decision logs. It is
+// the one Source of the check path: the stores and the layers above them (pkg/lease,
+// pkg/fallback) stamp theirs on a Result, the enforcer stamps its own (none, fail-open,
+// too-large, shadow) on a Decision, and the front ends map it to their wire forms in one
+// place each (pkg/enforcer/grpcapi for allot.v1.Source). The zero value is SourceNone: no
+// store answered. Values are small and dense (NumSources bounds them) so that per-source
+// counters are an array.
 type Source uint8
 
-// The sources of a decision. Each layer stamps its own.
+// The sources of an answer.
 const (
-	SourceUnknown      Source = iota
-	SourceMemory              // the in-memory store
-	SourceRedis               // one script on the key's Redis shard
-	SourceLease               // tokens leased earlier and spent from memory
-	SourceRefusalCache        // refused from memory until a known retry time
-	SourceFallback            // local degraded limits while Redis is unavailable
-	SourceFailClosed          // refused because the store is unavailable and the rule fails closed
+	SourceNone         Source = iota // no store answered (the enforcer: no enforcing rule applied)
+	SourceMemory                     // the in-memory store
+	SourceRedis                      // one script on the key's Redis shard
+	SourceLease                      // tokens leased earlier and spent from memory
+	SourceRefusalCache               // refused from memory until a retry time the store gave
+	SourceFallback                   // local degraded limits while Redis is unavailable
+	SourceFailClosed                 // refused: the store is unavailable and the rule fails closed
+	SourceFailOpen                   // allowed: the store failed and the rule fails open
+	SourceTooLarge                   // refused: the request costs more than the rule's burst
+	SourceShadow                     // a shadow rule's evaluation (decision logs only)
+	NumSources                       // one past the last Source
 )
 
-var sourceNames = [...]string{"unknown", "memory", "redis", "lease", "refusal-cache", "fallback", "fail-closed"}
+var sourceNames = [NumSources]string{"none", "memory", "redis", "lease", "refusal-cache", "fallback", "fail-closed", "fail-open", "too-large", "shadow"}
 
+// String is the source's name as metrics, logs and the HTTP API spell it; "unknown" for
+// a value past the last source.
 func (s Source) String() string {
-	if int(s) < len(sourceNames) {
+	if s < NumSources {
 		return sourceNames[s]
 	}
 	return "unknown"

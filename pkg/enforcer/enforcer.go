@@ -224,7 +224,7 @@ func (e *Enforcer) Check(ctx context.Context, req *Request) (Decision, error) {
 			chosen = true
 		}
 		if ok && err == nil {
-			e.observeUsage(m, want, res.Allowed(), sourceOf(res.Source))
+			e.observeUsage(m, want, res.Allowed(), res.Source)
 		}
 	}
 	e.finish(&d, req, snap, now)
@@ -293,7 +293,7 @@ func (e *Enforcer) shadow(ctx context.Context, sc *scratch, m *rules.Matched, hi
 		d.addShadow(m.Rule.ID)
 		if n := e.cfg.RefusalLogEvery; n > 0 && e.refuseTick.Add(1)%n == 1%n {
 			e.log.Info("shadow rule would refuse", "region", e.cfg.Region, "rule", m.Rule.ID,
-				"source", SourceShadow.String(), "store-source", sourceOf(res.Source).String(),
+				"source", SourceShadow.String(), "store-source", res.Source.String(),
 				"retry-after", res.RetryAfter)
 		}
 	default:
@@ -313,7 +313,7 @@ func (e *Enforcer) fill(d *Decision, m *rules.Matched, lim limits, i int, res *b
 	d.Remaining = res.Remaining
 	d.Reset = res.Reset + jitter(m.Identity, res.Reset, e.cfg.ResetJitterMax, e.cfg.ResetJitterRatio)
 	d.RetryAfter = res.RetryAfter
-	d.Source = sourceOf(res.Source)
+	d.Source = res.Source
 }
 
 func (e *Enforcer) observeUsage(m *rules.Matched, want int64, allowed bool, src Source) {
