@@ -25,6 +25,13 @@ const (
 // ErrInvalid is wrapped by every validation error: the request never reached a store.
 var ErrInvalid = errors.New("bucket: invalid request")
 
+// ErrUnavailable is returned by a layer that cannot reach the store for a request it must
+// not answer itself (Request.FailClosed; pkg/fallback while a shard is unavailable).
+// Nothing was taken. The Result returned with it is not an answer: its Source is
+// SourceFailClosed and its RetryAfter, when > 0, is when the store will next be tried. The
+// caller applies the fail mode (pkg/enforcer, the one place that decides it).
+var ErrUnavailable = errors.New("bucket: store unavailable")
+
 // Source says where an answer came from, for responses, metrics and decision logs. It is
 // the one Source of the check path: the stores and the layers above them (pkg/lease,
 // pkg/fallback) stamp theirs on a Result, the enforcer stamps its own (none, fail-open,
@@ -72,9 +79,10 @@ type Request struct {
 	// Min is the fewest tokens worth taking; 0 means Want (all or nothing). A request of
 	// cost c sets Min = Want = c; a lease asks for a batch with Min = the cost.
 	Min int64
-	// FailClosed asks layers that answer while the store is unavailable (pkg/fallback) to
-	// refuse instead of enforcing local limits: for security rules (login, OTP) an outage
-	// must not become a brute-force window. Stores themselves ignore it.
+	// FailClosed asks layers that answer while the store is unavailable (pkg/fallback) not
+	// to enforce local limits but to return ErrUnavailable, so that the caller refuses: for
+	// security rules (login, OTP) an outage must not become a brute-force window. Stores
+	// themselves ignore it.
 	FailClosed bool
 }
 

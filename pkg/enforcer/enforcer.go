@@ -203,11 +203,20 @@ func (e *Enforcer) Check(ctx context.Context, req *Request) (Decision, error) {
 			if ctxErr := ctx.Err(); ctxErr != nil {
 				return Decision{}, ctxErr
 			}
+			// The one place the fail mode is decided. A layer that knows when the store will
+			// next be tried (pkg/fallback: ErrUnavailable, until the shard's probe) says so in
+			// res.RetryAfter; any other error gets FailClosedRetryAfter.
 			e.metrics.storeErrors[m.Rule.FailMode&1].Inc()
-			e.log.Warn("store could not answer", "rule", m.Rule.ID, "fail-mode", failModeName(m.Rule.FailMode), "error", err)
+			if !errors.Is(err, bucket.ErrUnavailable) { // pkg/fallback logs its shard's transitions
+				e.log.Warn("store could not answer", "rule", m.Rule.ID, "fail-mode", failModeName(m.Rule.FailMode), "error", err)
+			}
 			if m.Rule.FailMode == rules.FailClosed {
-				e.fill(&d, m, lim, 0, &bucket.Result{Reset: e.cfg.FailClosedRetryAfter})
-				d.Allowed, d.Source, d.RetryAfter = false, SourceFailClosed, e.cfg.FailClosedRetryAfter
+				retry := e.cfg.FailClosedRetryAfter
+				if errors.Is(err, bucket.ErrUnavailable) && res.RetryAfter > 0 {
+					retry = res.RetryAfter
+				}
+				e.fill(&d, m, lim, 0, &bucket.Result{Reset: retry})
+				d.Allowed, d.Source, d.RetryAfter = false, SourceFailClosed, retry
 			} else if !chosen && d.Rule == "" {
 				// Budget unknown: say the quota is whole rather than invent a shortage.
 				e.fill(&d, m, lim, 0, &bucket.Result{})

@@ -57,7 +57,7 @@ func (s *Store) ask(ctx context.Context, b *breaker, w uint64, req *bucket.Reque
 		if s.closed.Load() {
 			return bucket.Result{}, ErrClosed
 		}
-		return s.answerLocally(b, req, s.clock.Now()), nil
+		return s.answerLocally(b, req, s.clock.Now())
 	}
 	end := c.sent + s.deadline(probe).Microseconds()
 	alive := s.cfg.ReplyTimeout.Microseconds() / 2
@@ -86,7 +86,7 @@ func (s *Store) ask(ctx context.Context, b *breaker, w uint64, req *bucket.Reque
 			continue
 		}
 		if c.state.CompareAndSwap(waiting, abandoned) {
-			return s.answerLocally(b, req, time.UnixMicro(now)), nil
+			return s.answerLocally(b, req, time.UnixMicro(now))
 		}
 		<-c.done // answered as the wait ended: use it
 		return s.collect(c, req)
@@ -171,7 +171,7 @@ func (s *Store) collect(c *call, req *bucket.Request) (bucket.Result, error) {
 	case s.closed.Load():
 		return bucket.Result{}, ErrClosed
 	}
-	return s.answerLocally(b, req, s.clock.Now()), nil
+	return s.answerLocally(b, req, s.clock.Now())
 }
 
 func (s *Store) put(c *call) {

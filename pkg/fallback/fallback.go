@@ -32,8 +32,9 @@
 //
 // While a shard's breaker is not closed, or a check's wait passed, the check is answered
 // locally at limit × Slack / N, N the enforcers in the region, from a bounded in-memory
-// bucket table; rules marked fail-closed are refused instead (bucket.SourceFailClosed,
-// the one place the fail mode is decided). A check whose wait passed keeps waiting while
+// bucket table; a request of a rule marked fail-closed is not answered but returned as
+// bucket.ErrUnavailable with the wait until the shard is next tried (pkg/enforcer refuses
+// it: the one place the fail mode is decided). A check whose wait passed keeps waiting while
 // the shard has answered some call within the last ReplyTimeout/2, or when the wait ended
 // late (this process was not running): under load, replies later than Timeout are still
 // used rather than replaced by local answers.
@@ -346,21 +347,22 @@ func (s *Store) degraded(ctx context.Context, b *breaker, w uint64, req *bucket.
 			return s.ask(ctx, b, hw, req, true)
 		}
 	}
-	return s.answerLocally(b, req, now), nil
+	return s.answerLocally(b, req, now)
 }
 
 // answerLocally answers a validated request without the next store: a fail-closed
-// request is refused until the next probe; any other is taken from the local table at
-// limit × Slack / N.
+// request is not answered but returned as bucket.ErrUnavailable, with the wait until the
+// shard is next tried in RetryAfter (the caller refuses it: the fail mode is decided in
+// pkg/enforcer only); any other is taken from the local table at limit × Slack / N.
 //
 // Both rate and burst are scaled. The local burst is at least the request's minimum grant
 // (>= 1, and never above the real burst), so a request the real limit could admit is never
 // refused forever by rounding; with many enforcers that errs over by at most that minimum
 // per refill.
-func (s *Store) answerLocally(b *breaker, req *bucket.Request, now time.Time) bucket.Result {
+func (s *Store) answerLocally(b *breaker, req *bucket.Request, now time.Time) (bucket.Result, error) {
 	if req.FailClosed {
 		s.obs.Decision(b.shard, bucket.SourceFailClosed, false)
-		return bucket.Result{Source: bucket.SourceFailClosed, RetryAfter: s.retryAfter(b, now)}
+		return bucket.Result{Source: bucket.SourceFailClosed, RetryAfter: s.retryAfter(b, now)}, bucket.ErrUnavailable
 	}
 	n := 1
 	if s.cfg.Peers != nil {
@@ -390,7 +392,7 @@ func (s *Store) answerLocally(b *breaker, req *bucket.Request, now time.Time) bu
 	s.scratch.Put(sc)
 	res.Source = bucket.SourceFallback
 	s.obs.Decision(b.shard, bucket.SourceFallback, res.Granted > 0)
-	return res
+	return res, nil
 }
 
 // retryAfter is the wait until the shard is next tried: until the probe if the breaker is
