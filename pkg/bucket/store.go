@@ -132,6 +132,25 @@ type Store interface {
 	Take(ctx context.Context, req *Request) (Result, error)
 }
 
+// ValidTaker is a Store that can take for a request its caller has already validated
+// (Request.Validate returned nil and the request has not changed since), skipping the
+// validation its Take would repeat. The check path validates once, at its outermost layer
+// (pkg/fallback's Take), and each layer passes the request down with TakeValid: a request
+// with up to MaxLimits limits costs one Validate instead of one per layer. TakeValid of an
+// invalid request is undefined (it may panic or take wrongly); Take stays the safe entry.
+type ValidTaker interface {
+	TakeValid(ctx context.Context, req *Request) (Result, error)
+}
+
+// Validated returns next's TakeValid when next is a ValidTaker, else its Take: resolved once
+// by a layer when it is built, so the check path makes no type assertion.
+func Validated(next Store) func(ctx context.Context, req *Request) (Result, error) {
+	if v, ok := next.(ValidTaker); ok {
+		return v.TakeValid
+	}
+	return next.Take
+}
+
 // Validate checks a request against the bounds above and returns an error wrapping
 // ErrInvalid that names the field and value at fault.
 func (r *Request) Validate() error {

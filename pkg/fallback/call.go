@@ -133,7 +133,7 @@ func (s *Store) run(c *call) {
 	defer s.wg.Done()
 	d := s.deadline(c.probe)
 	ctx, expired, stop := s.callContext(c.sent, d)
-	res, err := s.next.Take(ctx, &c.req)
+	res, err := s.take(ctx, &c.req)
 	exp := err != nil && expired()
 	stop()
 	now := s.clock.Now()

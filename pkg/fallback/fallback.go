@@ -85,9 +85,10 @@ const maxBreakers = 1024
 const OverflowShard = "(overflow)"
 
 // Cache is implemented by a next store that can answer some requests from memory, without
-// I/O (pkg/lease: leased tokens, the refusal cache). TakeCached validates req, answers it
-// and reports true when it can; when it reports false it has changed nothing, and the
-// Store passes the check to Take. It must not block.
+// I/O (pkg/lease: leased tokens, the refusal cache). TakeCached is given a validated req
+// (the Store validates once, first); it answers it and reports true when it can; when it
+// reports false it has changed nothing, and the Store passes the check on (TakeValid when
+// next is a bucket.ValidTaker, else Take). It must not block.
 type Cache interface {
 	TakeCached(req *bucket.Request) (bucket.Result, bool)
 }
@@ -118,7 +119,8 @@ type Store struct {
 	one      *breaker // the breaker when Config.Shard is nil; the overflow one otherwise
 
 	next    bucket.Store
-	cache   Cache // next, when it can answer from memory; else nil
+	take    func(context.Context, *bucket.Request) (bucket.Result, error) // next's TakeValid (or Take)
+	cache   Cache                                                         // next, when it can answer from memory; else nil
 	cfg     Config
 	clock   clock.Clock
 	real    bool // clock is clock.Real(): timers and deadlines are the runtime's
@@ -160,6 +162,7 @@ func New(next bucket.Store, cfg Config) (*Store, error) {
 	}
 	s := &Store{
 		next:  next,
+		take:  bucket.Validated(next),
 		cfg:   cfg,
 		clock: cfg.Clock,
 		real:  isReal(cfg.Clock),
@@ -213,6 +216,11 @@ func (s *Store) Take(ctx context.Context, req *bucket.Request) (bucket.Result, e
 	if s.closed.Load() {
 		return bucket.Result{}, ErrClosed
 	}
+	// The one validation of the check path: the layers below are given the request by
+	// TakeCached and TakeValid, which trust it (see bucket.ValidTaker).
+	if err := req.Validate(); err != nil {
+		return bucket.Result{}, err
+	}
 	b := s.breakerFor(req.Identity)
 	w := b.word.Load()
 	if stateOf(w) != Closed {
@@ -223,9 +231,6 @@ func (s *Store) Take(ctx context.Context, req *bucket.Request) (bucket.Result, e
 			s.obs.Decision(b.shard, res.Source, res.Granted > 0)
 			return res, nil
 		}
-	}
-	if err := req.Validate(); err != nil {
-		return bucket.Result{}, err
 	}
 	return s.ask(ctx, b, w, req, false)
 }
@@ -333,9 +338,6 @@ var testHookProbeRace func()
 // degraded answers a check whose breaker was not closed: it probes if the breaker has been
 // open for OpenFor and this check wins the probe, else answers locally.
 func (s *Store) degraded(ctx context.Context, b *breaker, w uint64, req *bucket.Request) (bucket.Result, error) {
-	if err := req.Validate(); err != nil {
-		return bucket.Result{}, err
-	}
 	now := s.clock.Now()
 	if stateOf(w) == Open && now.UnixMicro() >= b.openUntil.Load() {
 		if testHookProbeRace != nil {
