@@ -17,10 +17,12 @@ build:
 test: images
 	$(GO) test -race -count=1 -timeout $(TIMEOUT) $(PKGS)
 
-# The external tools tests exec (promtool, from Debian's prometheus package), installed when
-# missing. `make test` needs no separate step: configs/prometheus_test.go calls the script.
+# The external tools tests exec (promtool, from Debian's prometheus package; chromium for the
+# dashboard's browser test), installed when missing. `make test` needs no separate step:
+# configs/prometheus_test.go and pkg/balancer/dashboard/browser_test.go call the script.
 tools:
 	bash scripts/tools.sh promtool
+	bash scripts/tools.sh chromium
 
 # Unit tests only: no containers.
 test-short:
@@ -42,7 +44,9 @@ lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
 
-# The local base image (redis-server, etcd) the tests run; built once per machine.
+# The local base image (redis-server, etcd) the tests run; built once per machine. The e2e
+# stack's images (allot/gateway: the base plus Debian's nginx; allot/stack:<hash>: plus
+# allot's static binaries) are built by the harness on first use: scripts/images.sh stack.
 # With ALLOT_UPSTREAM_IMAGES=1, pkg/testenv uses upstream images instead (see its doc).
 images:
 	@case "$${ALLOT_UPSTREAM_IMAGES:-}" in \
@@ -57,6 +61,27 @@ clean-containers:
 	@ids=$$( { docker ps -aq --filter label=allot-test; docker ps -aq --filter name=allot-test-; } | sort -u ); \
 	if [ -n "$$ids" ]; then docker rm -f $$ids >/dev/null && echo "clean-containers: removed $$(echo $$ids | wc -w)"; \
 	else echo "clean-containers: none"; fi
+
+# The failure drills of issue 11 alone (docs/drills.md): the three-region stack in containers,
+# about a minute and a half. `make test` runs them too.
+.PHONY: drills stack-up stack-down
+drills: images
+	$(GO) test -race -count=1 -run '^TestDrills$$' -v -timeout 15m ./e2e/
+
+# The same three-region stack for a user on this machine (everything on 127.0.0.1): prints
+# every address and how to point a gateway or regionsim at it, writes them to bin/stack.env,
+# and runs until Ctrl-C. `make stack-down` removes a stack whose stack-up was killed.
+stack-up: images
+	$(GO) run ./e2e/stackup
+
+stack-down:
+	@pid=$$(cat bin/stack.pid 2>/dev/null); \
+	if [ -n "$$pid" ] && kill -0 "$$pid" 2>/dev/null; then kill "$$pid"; \
+	  for i in $$(seq 1 300); do kill -0 "$$pid" 2>/dev/null || break; sleep 0.1; done; fi; \
+	rm -f bin/stack.pid; \
+	ids=$$(docker ps -aq --filter label=allot-test.test=stack-up); \
+	if [ -n "$$ids" ]; then docker rm -f $$ids >/dev/null 2>&1 || true; echo "stack-down: removed $$(echo $$ids | wc -w) containers"; \
+	else echo "stack-down: no stack left"; fi
 
 # One region for real (etcd, a Redis Cluster, two enforcers, a rule change, an outage).
 # The three-region regionsim demo arrives with milestone 2.

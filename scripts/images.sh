@@ -1,49 +1,127 @@
 #!/usr/bin/env bash
-# Builds the container images allot's tests and demo use, locally, because no registry
-# can be reached from these machines. The base image is a minimal Debian root made by
-# debootstrap with redis-server, etcd-server and iproute2, then `docker import`ed.
-# The package mirror is read from this machine's apt configuration, never hard-coded.
+# Builds the container images allot's tests, demo and e2e stack use, locally, because no
+# registry can be reached from these machines. Nothing is ever pulled.
 #
-# Images are cached by tag: a machine builds them once. ALLOT_BASE_IMAGE overrides the tag.
+#   scripts/images.sh [base]   allot/base:bookworm-1: a minimal Debian root made by
+#                              debootstrap with redis-server, etcd-server and iproute2,
+#                              then `docker import`ed. What pkg/testenv runs Redis and etcd from.
+#   scripts/images.sh gateway  allot/gateway:bookworm-1: the base plus Debian's nginx (the
+#                              gateway of the e2e stack), installed with apt from the same mirror.
+#   scripts/images.sh stack    allot/stack:<hash>: the gateway image plus allot's own static
+#                              binaries (CGO_ENABLED=0 builds of every ./cmd/... main) in
+#                              /usr/local/bin. <hash> is a content hash of the binaries and
+#                              the gateway image, so a rerun with unchanged code reuses the
+#                              image; the tag is the last line printed.
+#
+# The package mirror is read from this machine's apt configuration, never hard-coded
+# (ALLOT_DEBIAN_MIRROR overrides it). The base and gateway images are cached by tag: a
+# machine builds them once (ALLOT_BASE_IMAGE, ALLOT_GATEWAY_IMAGE override the tags).
 set -euo pipefail
 
+what="${1:-base}"
 tag="${ALLOT_BASE_IMAGE:-allot/base:bookworm-1}"
+gateway_tag="${ALLOT_GATEWAY_IMAGE:-allot/gateway:bookworm-1}"
 suite="${ALLOT_DEBIAN_SUITE:-bookworm}"
 
-if docker image inspect "$tag" >/dev/null 2>&1; then
-  echo "images: $tag present"
-  exit 0
-fi
-
-# The first Debian archive URI from apt's configuration (deb822 .sources or legacy list).
-mirror="${ALLOT_DEBIAN_MIRROR:-}"
-if [ -z "$mirror" ]; then
-  mirror=$( { awk '/^URIs:/{for(i=2;i<=NF;i++)print $i}' /etc/apt/sources.list.d/*.sources 2>/dev/null
-              grep -h '^deb ' /etc/apt/sources.list /etc/apt/sources.list.d/*.list 2>/dev/null | awk '{print $2}'; } \
-            | grep -v -- '-security' | grep '/debian/\?$' | head -n1 || true)
-fi
-if [ -z "$mirror" ]; then
-  echo "images: no Debian mirror found in /etc/apt; set ALLOT_DEBIAN_MIRROR" >&2
-  exit 1
-fi
-
-if ! command -v debootstrap >/dev/null 2>&1; then
-  echo "images: installing debootstrap"
-  if [ "$(id -u)" = 0 ]; then
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap >/dev/null
-  else
-    sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap >/dev/null
+build_base() {
+  if docker image inspect "$tag" >/dev/null 2>&1; then
+    echo "images: $tag present"
+    return 0
   fi
-fi
 
-root=$(mktemp -d /tmp/allot-rootfs.XXXXXX)
-trap 'rm -rf "$root"' EXIT
-echo "images: debootstrap $suite into $root (this takes a few minutes, once)"
-debootstrap --variant=minbase --include=redis-server,etcd-server,iproute2,ca-certificates \
-  "$suite" "$root" "$mirror" >/tmp/allot-debootstrap.log 2>&1 || {
-  tail -n 30 /tmp/allot-debootstrap.log >&2; exit 1; }
-rm -rf "$root"/var/cache/apt/archives/*.deb "$root"/var/lib/apt/lists/*
-tar -C "$root" -c . | docker import \
-  -c 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
-  - "$tag" >/dev/null
-echo "images: built $tag"
+  # The first Debian archive URI from apt's configuration (deb822 .sources or legacy list).
+  local mirror="${ALLOT_DEBIAN_MIRROR:-}"
+  if [ -z "$mirror" ]; then
+    mirror=$( { awk '/^URIs:/{for(i=2;i<=NF;i++)print $i}' /etc/apt/sources.list.d/*.sources 2>/dev/null
+                grep -h '^deb ' /etc/apt/sources.list /etc/apt/sources.list.d/*.list 2>/dev/null | awk '{print $2}'; } \
+              | grep -v -- '-security' | grep '/debian/\?$' | head -n1 || true)
+  fi
+  if [ -z "$mirror" ]; then
+    echo "images: no Debian mirror found in /etc/apt; set ALLOT_DEBIAN_MIRROR" >&2
+    exit 1
+  fi
+
+  if ! command -v debootstrap >/dev/null 2>&1; then
+    echo "images: installing debootstrap"
+    if [ "$(id -u)" = 0 ]; then
+      apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap >/dev/null
+    else
+      sudo apt-get update -qq && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq debootstrap >/dev/null
+    fi
+  fi
+
+  local root
+  root=$(mktemp -d /tmp/allot-rootfs.XXXXXX)
+  trap 'rm -rf "$root"' EXIT
+  echo "images: debootstrap $suite into $root (this takes a few minutes, once)"
+  debootstrap --variant=minbase --include=redis-server,etcd-server,iproute2,ca-certificates \
+    "$suite" "$root" "$mirror" >/tmp/allot-debootstrap.log 2>&1 || {
+    tail -n 30 /tmp/allot-debootstrap.log >&2; exit 1; }
+  rm -rf "$root"/var/cache/apt/archives/*.deb "$root"/var/lib/apt/lists/*
+  tar -C "$root" -c . | docker import \
+    -c 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
+    - "$tag" >/dev/null
+  rm -rf "$root"
+  trap - EXIT
+  echo "images: built $tag"
+}
+
+# The gateway image: apt-get inside a container of the base (whose sources.list debootstrap
+# wrote with the mirror above), committed. Host networking reaches the mirror as the host does.
+build_gateway() {
+  build_base
+  if docker image inspect "$gateway_tag" >/dev/null 2>&1; then
+    echo "images: $gateway_tag present"
+    return 0
+  fi
+  local name="allot-images-gateway-$$"
+  echo "images: installing Debian's nginx into $gateway_tag (a minute, once)"
+  docker rm -f "$name" >/dev/null 2>&1 || true
+  if ! docker run --name "$name" --network host "$tag" sh -c '
+      apt-get update -qq &&
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nginx >/dev/null &&
+      nginx -V 2>&1 | grep -q http_auth_request_module &&
+      rm -rf /var/lib/apt/lists/* /var/cache/apt/archives/*.deb' >/tmp/allot-gateway-build.log 2>&1; then
+    tail -n 30 /tmp/allot-gateway-build.log >&2
+    docker rm -f "$name" >/dev/null 2>&1 || true
+    exit 1
+  fi
+  docker commit -c 'CMD ["nginx", "-g", "daemon off;"]' "$name" "$gateway_tag" >/dev/null
+  docker rm -f "$name" >/dev/null
+  echo "images: built $gateway_tag"
+}
+
+# The stack image: allot's binaries, static (CGO_ENABLED=0, -trimpath: the same source gives
+# the same bytes), copied into a container of the gateway image and committed.
+build_stack() {
+  build_gateway >&2
+  local root
+  root=$(cd "$(dirname "$0")/.." && pwd)
+  stack_out=$(mktemp -d /tmp/allot-stack-bin.XXXXXX)
+  trap 'rm -rf "$stack_out"' EXIT
+  local out=$stack_out
+  (cd "$root" && CGO_ENABLED=0 go build -trimpath -buildvcs=false -o "$out/" ./cmd/...)
+  local hash
+  hash=$( { docker image inspect -f '{{.Id}}' "$gateway_tag"; (cd "$out" && sha256sum -- *); } | sha256sum | cut -c1-12)
+  local stack_tag="allot/stack:$hash"
+  if docker image inspect "$stack_tag" >/dev/null 2>&1; then
+    echo "images: $stack_tag present ($(cd "$out" && ls | tr '\n' ' '))" >&2
+    echo "$stack_tag"
+    return 0
+  fi
+  local name="allot-images-stack-$$"
+  docker rm -f "$name" >/dev/null 2>&1 || true
+  docker create --name "$name" "$gateway_tag" true >/dev/null
+  docker cp "$out/." "$name:/usr/local/bin/"
+  docker commit "$name" "$stack_tag" >/dev/null
+  docker rm -f "$name" >/dev/null
+  echo "images: built $stack_tag with $(cd "$out" && ls | tr '\n' ' ')" >&2
+  echo "$stack_tag"
+}
+
+case "$what" in
+  base) build_base ;;
+  gateway) build_gateway ;;
+  stack) build_stack ;;
+  *) echo "usage: scripts/images.sh [base|gateway|stack]" >&2; exit 2 ;;
+esac

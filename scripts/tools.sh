@@ -3,11 +3,13 @@
 # the one asked for:
 #
 #   scripts/tools.sh promtool     # promtool, from Debian's prometheus package
+#   scripts/tools.sh chromium     # chromium (headless), for the dashboard's browser test
 #
 # A tool already on PATH is used as it is. Otherwise it is installed with apt-get, from the
 # package mirror in this machine's apt configuration (nothing here names a host), as root
 # or through sudo. Exit status 1 with a message on stderr when the tool is neither present
-# nor installable; the callers (the Go tests in configs/) fail on that under CI=true.
+# nor installable; the callers (the Go tests in configs/ and pkg/balancer/dashboard) fail
+# on that under CI=true.
 set -euo pipefail
 
 apt_install() {
@@ -48,5 +50,6 @@ need() {
 
 case "${1:-}" in
   promtool) need promtool prometheus ;;
-  *) echo "usage: $0 promtool" >&2; exit 2 ;;
+  chromium) need chromium chromium ;;
+  *) echo "usage: $0 promtool|chromium" >&2; exit 2 ;;
 esac

@@ -5,6 +5,7 @@
 // wiring, configs/balancer.yaml for an example config.
 //
 //	balancer -config configs/balancer.yaml [flags]
+//	balancer rules|override|shares|explain|audit ...   (the admin API's CLI: cli.go)
 //
 // SIGINT/SIGTERM shut down gracefully: leadership is resigned so a standby takes over at
 // once.
@@ -22,7 +23,12 @@ import (
 	"github.com/hashicorp/go-hclog"
 )
 
-func main() { os.Exit(run(os.Args[1:], os.Getenv, os.Stderr)) }
+func main() {
+	if isCLI(os.Args[1:]) { // balancer rules|override|shares|explain|audit (cli.go)
+		os.Exit(cli(os.Args[1:], cliEnv{getenv: os.Getenv, stdout: os.Stdout, stderr: os.Stderr}))
+	}
+	os.Exit(run(os.Args[1:], os.Getenv, os.Stderr))
+}
 
 func run(args []string, getenv func(string) string, stderr io.Writer) int {
 	cfg, err := app.Parse(args, getenv, stderr)

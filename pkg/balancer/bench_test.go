@@ -91,3 +91,33 @@ func BenchmarkIngest10k(b *testing.B) {
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/10_000, "ns/identity")
 }
+
+// BenchmarkTop20Of1M: Core.Top(20) over 1,000,000 tracked identities with demand (the
+// dashboard's once-an-interval sample): how long it holds the core's mutex.
+func BenchmarkTop20Of1M(b *testing.B) {
+	const ids = 1_000_000
+	cfg := testConfig()
+	cfg.Learning = time.Second
+	c, err := NewCore(cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	now := t0
+	c.Published(c.Tick(now), now)
+	for r, name := range regions3 {
+		for _, rq := range benchReports(ids, cfg.MaxEntries, name, 1, now, r*ids/3) {
+			if err := c.Ingest(now, rq); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	now = now.Add(cfg.Interval)
+	c.Published(c.Tick(now), now) // a recompute: every identity has a smoothed demand
+	b.ReportAllocs()
+	b.ResetTimer()
+	for range b.N {
+		if top := c.Top(20); len(top) != 20 {
+			b.Fatalf("Top(20) returned %d", len(top))
+		}
+	}
+}

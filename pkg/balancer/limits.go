@@ -77,6 +77,21 @@ func (t *RuleTable) Limits(rule, _ string) (float64, []float64, bool) {
 	return l.rate, l.def, l.ok
 }
 
+// Rules returns the ids of the rules in force (for tools that look an identity up under
+// every rule); none before the first rules load.
+func (t *RuleTable) Rules() []string {
+	snap := t.holder.Current()
+	if snap == nil {
+		return nil
+	}
+	rs := snap.Rules()
+	out := make([]string, len(rs))
+	for i, r := range rs {
+		out[i] = r.ID
+	}
+	return out
+}
+
 func (t *RuleTable) compute(rule string) ruleLimits {
 	g := t.snap.Rule(rule)
 	if g == nil || len(g.Global) == 0 || !(g.Global[0].Rate > 0) {

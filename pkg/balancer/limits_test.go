@@ -2,6 +2,7 @@ package balancer
 
 import (
 	"math"
+	"slices"
 	"testing"
 
 	"github.com/allot-dev/allot/pkg/rules"
@@ -83,5 +84,17 @@ func TestRuleTableRateAndDefaultSplit(t *testing.T) {
 	h.Store(snap)
 	if rate, _, ok := tab.Limits("default", "key:x"); !ok || rate != 7 {
 		t.Fatalf("after a new global snapshot: rate %g ok %v, want 7", rate, ok)
+	}
+}
+
+func TestRuleTableRules(t *testing.T) {
+	tab, _ := ruleTable(t, tableRules, nil)
+	got := tab.Rules()
+	slices.Sort(got)
+	if want := []string{"default", "partial", "pro"}; !slices.Equal(got, want) {
+		t.Fatalf("Rules() = %v, want %v", got, want)
+	}
+	if got := NewRuleTable(rules.NewHolder(nil), regions3).Rules(); len(got) != 0 {
+		t.Fatalf("Rules() before any rules = %v, want none", got)
 	}
 }

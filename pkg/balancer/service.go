@@ -194,6 +194,14 @@ func (s *Service) Leading() (bool, int64) {
 	return s.core != nil, s.rev
 }
 
+// Core returns the current term's core, nil while standing by. Read it (Stats,
+// Identity, Top); the Service alone drives it.
+func (s *Service) Core() *Core { return s.currentCore() }
+
+// Leader returns the leader's report address and term: this replica's own while it leads,
+// else as last read from the election (at most a second old; "" and 0 when none is known).
+func (s *Service) Leader(ctx context.Context) (addr string, term int64) { return s.leader(ctx) }
+
 // currentCore returns the current term's core (nil while standing by).
 func (s *Service) currentCore() *Core {
 	s.mu.Lock()

@@ -107,6 +107,14 @@ type Config struct {
 	// "would refuse" outcomes share this sampler.
 	DecisionLogEvery uint64
 	RefusalLogEvery  uint64
+
+	// RecentDecisions is how many recent takes (identity, rule, source, outcome) the
+	// enforcer keeps for Explain, in a ring by identity (0: none). Recording one costs a
+	// shard lock and no allocation.
+	RecentDecisions int
+	// Peek, if set, reads bucket levels for Explain without taking (bucket.Redis under a
+	// fallback → lease stack); nil means the Store itself when it is a bucket.Peeker.
+	Peek bucket.Peeker
 }
 
 // DefaultConfig returns a Config with every tunable set; the dependencies (Region, Rules,
@@ -120,6 +128,7 @@ func DefaultConfig() Config {
 		FailClosedRetryAfter: time.Second,
 		DecisionLogEvery:     10000,
 		RefusalLogEvery:      100,
+		RecentDecisions:      1024,
 	}
 }
 
@@ -140,6 +149,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("enforcer: config: reset jitter ratio %g, must be in [0, 0.5]", c.ResetJitterRatio)
 	case c.FailClosedRetryAfter < 0 || c.FailClosedRetryAfter > time.Hour:
 		return fmt.Errorf("enforcer: config: fail-closed retry-after %v, must be in [0, 1h]", c.FailClosedRetryAfter)
+	case c.RecentDecisions < 0 || c.RecentDecisions > 1<<20:
+		return fmt.Errorf("enforcer: config: recent decisions %d, must be in [0, %d]", c.RecentDecisions, 1<<20)
 	}
 	return c.Limits.Validate()
 }

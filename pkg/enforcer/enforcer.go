@@ -83,6 +83,7 @@ type Enforcer struct {
 	metrics *metrics
 	scratch sync.Pool // *scratch
 
+	recent     *recentRing   // nil without Config.RecentDecisions
 	logTick    atomic.Uint64 // decisions seen, for DecisionLogEvery
 	refuseTick atomic.Uint64 // refusals seen, for RefusalLogEvery
 }
@@ -108,7 +109,8 @@ func New(cfg Config) (*Enforcer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("enforcer: while registering metrics: %w", err)
 	}
-	e := &Enforcer{cfg: cfg, clock: cfg.Clock, real: cfg.Clock == clock.Real(), log: cfg.Logger.Named("enforcer"), metrics: m}
+	e := &Enforcer{cfg: cfg, clock: cfg.Clock, real: cfg.Clock == clock.Real(), log: cfg.Logger.Named("enforcer"), metrics: m,
+		recent: newRecentRing(cfg.RecentDecisions)}
 	e.scratch.New = func() any { return &scratch{matched: make([]rules.Matched, 0, 8)} }
 	return e, nil
 }
@@ -222,7 +224,7 @@ func (e *Enforcer) Check(ctx context.Context, req *Request) (Decision, error) {
 				e.fill(&d, m, lim, 0, &bucket.Result{})
 				d.Remaining, d.Source = d.Quota, SourceFailOpen
 			}
-			e.observeUsage(m, want, m.Rule.FailMode != rules.FailClosed, d.Source)
+			e.observeUsage(m, want, m.Rule.FailMode != rules.FailClosed, d.Source, now)
 			continue
 		case !res.Allowed():
 			e.fill(&d, m, lim, res.Limiting, &res)
@@ -233,7 +235,7 @@ func (e *Enforcer) Check(ctx context.Context, req *Request) (Decision, error) {
 			chosen = true
 		}
 		if ok && err == nil {
-			e.observeUsage(m, want, res.Allowed(), res.Source)
+			e.observeUsage(m, want, res.Allowed(), res.Source, now)
 		}
 	}
 	e.finish(&d, req, snap, now)
@@ -325,7 +327,8 @@ func (e *Enforcer) fill(d *Decision, m *rules.Matched, lim limits, i int, res *b
 	d.Source = res.Source
 }
 
-func (e *Enforcer) observeUsage(m *rules.Matched, want int64, allowed bool, src Source) {
+func (e *Enforcer) observeUsage(m *rules.Matched, want int64, allowed bool, src Source, now time.Time) {
+	e.recent.add(m.Identity, m.Rule.ID, allowed, src, now)
 	if e.cfg.Usage != nil {
 		e.cfg.Usage.ObserveTake(m.Rule, m.Identity, want, allowed, src)
 	}

@@ -46,6 +46,9 @@ type call struct {
 // call's own deadline. A check that stops waiting is answered
 // locally, or gets its context's error if that ended first; the call goes on.
 //
+// A fail-closed check always waits until the call's deadline (ReplyTimeout): its local
+// answer is a refusal, which a slow process must not turn good traffic into.
+//
 // Which way it errs: on a shard that has just died, checks made within ReplyTimeout/2 of
 // its last answer wait until that much time has passed since it (≤ 50 ms by default)
 // before they are answered locally, and on a shard dead since start checks wait up to
@@ -81,7 +84,11 @@ func (s *Store) ask(ctx context.Context, b *breaker, w uint64, req *bucket.Reque
 		now := s.clock.Now().UnixMicro()
 		late := now-due >= s.cfg.Timeout.Microseconds()
 		r := b.replied.Load() // 0: never heard from; its first calls may be dialling
-		if (r == 0 || now-r <= alive || late) && now < end {
+		// A fail-closed check waits for the reply itself: answering it locally would
+		// refuse it, and a slow moment of this process is no reason to refuse good
+		// traffic (P2). It is refused on evidence only: an error, a missing reply, an
+		// open breaker.
+		if (req.FailClosed || r == 0 || now-r <= alive || late) && now < end {
 			due = now + s.cfg.Timeout.Microseconds()
 			continue
 		}

@@ -172,3 +172,29 @@ func TestMeter(t *testing.T) {
 		t.Error("a call sent after the stall ended: marked")
 	}
 }
+
+// TestFailClosedWaitsForTheReply: a fail-closed check whose reply is late (20 ms) on a
+// shard last heard from long ago is answered by the reply, not refused after its 5 ms
+// wait: a refusal must come from evidence about the shard, never from this process's
+// slowness.
+func TestFailClosedWaitsForTheReply(t *testing.T) {
+	h := newHarness(t, nil)
+	h.take(t, req("a:warm", 1000, 1000)) // the shard has answered once...
+	h.clk.Advance(time.Second)           // ...long ago
+	h.next.set("a", late)
+	h.next.delay = 20 * time.Millisecond
+	r := req("a:login", 1000, 1000)
+	r.FailClosed = true
+	out := h.takeAsync(r)
+	h.waitEntered(t)
+	h.waitTimers(t, 3) // the wait, the call's deadline, the late reply
+	for step := time.Duration(0); step < h.next.delay; step += time.Millisecond {
+		h.clk.Advance(time.Millisecond)
+	}
+	if o := <-out; o.err != nil || o.res.Source != bucket.SourceRedis || !o.res.Allowed() {
+		t.Fatalf("fail-closed check with a 20 ms reply: %+v, %v; want the redis grant", o.res, o.err)
+	}
+	if st := h.s.State("a"); st != Closed {
+		t.Fatalf("breaker %v, want closed", st)
+	}
+}

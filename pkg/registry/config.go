@@ -29,6 +29,9 @@ type Config struct {
 
 	// Addr is the address this enforcer serves on, for operators and debugging. Required.
 	Addr string
+	// HTTPAddr is the address of this enforcer's HTTP API (/v1/explain), when it serves
+	// one: the balancer's `explain` asks every region's enforcers there. Optional.
+	HTTPAddr string
 
 	// TTL is the lease time to live: how long after this process dies (or loses etcd)
 	// its registration disappears and the others stop counting it. etcd leases are whole

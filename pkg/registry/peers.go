@@ -16,6 +16,8 @@ type Member struct {
 	Region  string    `json:"region"`
 	Addr    string    `json:"addr"`
 	Started time.Time `json:"started"`
+	// HTTPAddr is the enforcer's HTTP API address ("" when it registered none).
+	HTTPAddr string `json:"http_addr,omitempty"`
 	// Lease is the etcd lease holding the registration (0 if none), for debugging.
 	Lease int64 `json:"lease,omitempty"`
 }
@@ -26,6 +28,8 @@ type record struct {
 	Region  string    `json:"region"`
 	Addr    string    `json:"addr"`
 	Started time.Time `json:"started"`
+	// HTTPAddr: see Config.HTTPAddr.
+	HTTPAddr string `json:"http_addr,omitempty"`
 }
 
 // entry is a Member with the etcd revision that last wrote it.
@@ -80,7 +84,7 @@ func (p *peerSet) put(key string, value []byte, lease, rev int64) error {
 	var rec record
 	err := json.Unmarshal(value, &rec)
 	if err == nil {
-		m.Addr, m.Started = rec.Addr, rec.Started
+		m.Addr, m.Started, m.HTTPAddr = rec.Addr, rec.Started, rec.HTTPAddr
 		if rec.ID != id || rec.Region != p.region {
 			err = fmt.Errorf("registry: key %q holds id %q region %q", key, rec.ID, rec.Region)
 		}

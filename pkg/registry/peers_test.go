@@ -161,3 +161,21 @@ func TestConflict(t *testing.T) {
 		t.Errorf("a key without a lease must be a confirmed duplicate: %v", noLease.err("/k", t0))
 	}
 }
+
+// TestPeerSetHTTPAddr: the HTTP address an enforcer registers reaches its Member (the
+// balancer's explain asks it there); a record without one (an older enforcer) has none.
+func TestPeerSetHTTPAddr(t *testing.T) {
+	p := newPeerSet(testPrefix, "us")
+	b, _ := json.Marshal(record{ID: "a", Region: "us", Addr: "a:8081", HTTPAddr: "a:8080"})
+	if err := p.put(testPrefix+"a", b, 1, 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.put(testPrefix+"b", value(t, "b"), 1, 2); err != nil {
+		t.Fatal(err)
+	}
+	a, _ := p.get(testPrefix + "a")
+	old, _ := p.get(testPrefix + "b")
+	if a.HTTPAddr != "a:8080" || old.HTTPAddr != "" {
+		t.Fatalf("http addrs %q %q", a.HTTPAddr, old.HTTPAddr)
+	}
+}

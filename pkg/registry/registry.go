@@ -119,7 +119,7 @@ func (r *Registry) Start(ctx context.Context) error {
 		return fmt.Errorf("registry: Start called twice")
 	}
 	r.started = true
-	rec, err := json.Marshal(record{ID: r.cfg.ID, Region: r.cfg.Region, Addr: r.cfg.Addr, Started: r.cfg.Clock.Now().UTC()})
+	rec, err := json.Marshal(record{ID: r.cfg.ID, Region: r.cfg.Region, Addr: r.cfg.Addr, HTTPAddr: r.cfg.HTTPAddr, Started: r.cfg.Clock.Now().UTC()})
 	if err != nil { // cannot happen: plain strings and a time
 		r.mu.Unlock()
 		return fmt.Errorf("registry: while encoding the registration: %w", err)

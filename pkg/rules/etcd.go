@@ -133,29 +133,10 @@ func (e *EtcdSource) parse(key string, value []byte, modRev int64) *etcdEntry {
 // rebuildLocked compiles base + etcd rules and stores the snapshot if it is good and new.
 // Caller holds e.mu (compiling is CPU only; the hooks it calls must not call back).
 func (e *EtcdSource) rebuildLocked() error {
-	var errs errList
-	set := &Set{}
-	base := map[string]int{} // base rule id → index, until an etcd rule replaces it
-	if b := e.cfg.base; b != nil {
-		set.Rules = append(set.Rules, b.Rules...)
-		for i, r := range set.Rules {
-			base[r.ID] = i
-		}
-	}
-	for _, k := range sortedKeys(e.kvs) { // key order: the same on every enforcer
+	set, err := layer(e.cfg.base, sortedKeys(e.kvs), func(k string) (*Rule, error) { // key order: the same on every enforcer
 		en := e.kvs[k]
-		if en.err != nil {
-			errs.add(en.err)
-			continue
-		}
-		if i, ok := base[en.rule.ID]; ok {
-			set.Rules[i] = *en.rule  // etcd replaces the base rule of the same id
-			delete(base, en.rule.ID) // a second etcd rule of that id is a duplicate
-			continue
-		}
-		set.Rules = append(set.Rules, *en.rule)
-	}
-	err := errs.err()
+		return en.rule, en.err
+	})
 	var snap *Snapshot
 	if err == nil {
 		opt := e.opt

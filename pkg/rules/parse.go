@@ -122,13 +122,27 @@ func LoadFile(path string) (*Set, error) {
 // CheckFile loads, validates and compiles the rule file at path the way an enforcer would,
 // and returns every error found (nil if the file is good). It backs `enforcer rules check`.
 func CheckFile(path string) error {
-	s, err := LoadFile(path)
+	data, err := readFileLimited(path)
 	if err != nil {
 		return err
 	}
-	_, err = Compile(s, CompileOptions{})
+	return CheckYAML(data, path, CompileOptions{})
+}
+
+// CheckYAML parses, validates and compiles a rule file's content for opt, naming file in
+// every error: CheckFile's check, for content that did not come from a file (the
+// balancer's admin API dry run).
+func CheckYAML(data []byte, file string, opt CompileOptions) error {
+	s, err := parseSet(data, file)
+	if err != nil {
+		return err
+	}
+	_, err = Compile(s, opt)
 	return err
 }
+
+// ParseYAMLAt is ParseYAML naming file in every error.
+func ParseYAMLAt(data []byte, file string) (*Set, error) { return parseSet(data, file) }
 
 // ParseRule parses one rule written alone (an etcd value: a YAML or JSON mapping with the
 // fields of one entry of `rules:`). Errors name the rule, field and line, like ParseYAML.

@@ -23,6 +23,14 @@
 // Head.LeaderRev) is ignored whatever its version, so a deposed leader cannot undo a newer
 // leader's decreases.
 //
+// With Config.Reports (the enforcer sends usage reports), the same fallback also starts
+// when the balancer has not accepted a report from this enforcer for Config.Stale (Heard):
+// the balancer then holds this region silent and, once the same period has passed, hands
+// the rest of the limit to the other regions on the understanding that this region
+// enforces at most min(last, default). The enforcer must switch by then whether or not it
+// can still read etcd: a region cut off from the balancer but not from etcd would
+// otherwise keep its last share, refreshed, while the others were given the rest.
+//
 // "Refreshed" is Head.PublishedAt as the balancer wrote it, but never later than the time
 // the Holder saw it: a balancer whose clock is ahead cannot make a set look fresher than
 // it is, and an enforcer that starts and finds a head last written an hour ago treats it
@@ -57,6 +65,10 @@ const DefaultStale = 5 * time.Minute
 type Config struct {
 	// Region is this enforcer's region: the share of each entry it enforces. Required.
 	Region string
+	// Reports says this enforcer reports usage to the balancer, which calls Heard after
+	// every accepted report: a set is then also stale Stale after the last accepted report
+	// (since NewHolder before the first). False: only the refresh counts.
+	Reports bool
 	// Stale is how long a set stays in force without a refresh; after it every listed
 	// identity enforces min(last share, default share). Default DefaultStale; must be > 0.
 	Stale time.Duration
@@ -120,6 +132,7 @@ type Holder struct {
 	started time.Time // for the age metric before the first set
 	m       *metrics
 	changed chan struct{} // one pending signal: a new set was swapped in (see Changed)
+	heard   atomic.Int64  // Unix ns of the last accepted usage report (Config.Reports)
 }
 
 // Changed receives after a new set was swapped in (a refresh of the set in force does not
@@ -135,6 +148,9 @@ func NewHolder(cfg Config) (*Holder, error) {
 	}
 	h := &Holder{cfg: cfg, log: cfg.Logger.Named("shares"), started: cfg.Clock.Now(), changed: make(chan struct{}, 1)}
 	h.cur.Store(&set{})
+	if cfg.Reports {
+		h.heard.Store(h.started.UnixNano())
+	}
 	if cfg.Registerer != nil {
 		m, err := newMetrics(cfg.Registerer, h)
 		if err != nil {
@@ -222,10 +238,31 @@ func (h *Holder) Share(rule *rules.Compiled, identity string, now time.Time) flo
 	if !ok {
 		return def
 	}
-	if !e.listed || !now.Before(s.fresh.Add(h.cfg.Stale)) {
+	if !e.listed || h.stale(s, now) {
 		return min(e.share, def)
 	}
 	return e.share
+}
+
+// stale: s not refreshed for Stale, or (Config.Reports) no report accepted for Stale.
+func (h *Holder) stale(s *set, now time.Time) bool {
+	if !now.Before(s.fresh.Add(h.cfg.Stale)) {
+		return true
+	}
+	heard := h.heard.Load()
+	return heard != 0 && now.UnixNano()-heard >= int64(h.cfg.Stale)
+}
+
+// Heard records that the balancer accepted a usage report at t (see Config.Reports).
+// Safe for concurrent use; an earlier t than the one held is ignored.
+func (h *Holder) Heard(t time.Time) {
+	n := t.UnixNano()
+	for {
+		old := h.heard.Load()
+		if old == 0 || n <= old || h.heard.CompareAndSwap(old, n) {
+			return
+		}
+	}
 }
 
 // Applied returns the fencing token and version of the set in force (0, 0 before any):
@@ -245,11 +282,12 @@ func (h *Holder) Age(now time.Time) time.Duration {
 	return now.Sub(s.fresh)
 }
 
-// Stale reports whether the set in force is past Config.Stale at now (false before any
-// set: the default split is never stale).
+// Stale reports whether the set in force is past Config.Stale at now, by its refresh or
+// (Config.Reports) by the last accepted report (false before any set: the default split
+// is never stale).
 func (h *Holder) Stale(now time.Time) bool {
 	s := h.cur.Load()
-	return !s.fresh.IsZero() && !now.Before(s.fresh.Add(h.cfg.Stale))
+	return !s.fresh.IsZero() && h.stale(s, now)
 }
 
 // Len is the number of identities the set in force lists.

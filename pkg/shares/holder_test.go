@@ -356,3 +356,37 @@ func TestHolderChangedSignalsNewSetsOnly(t *testing.T) {
 		t.Fatal("a refresh of the set in force signalled a change")
 	}
 }
+
+// With Reports, a set goes stale Stale after the last accepted usage report even while
+// it keeps being refreshed: a region the balancer no longer hears from must be at
+// min(last, default) by the time the balancer hands the rest to the others.
+func TestHolderStaleWhenReportsGoUnheard(t *testing.T) {
+	fc := clock.NewFake(t0)
+	cfg := DefaultConfig()
+	cfg.Region, cfg.Clock, cfg.Reports, cfg.Stale = "us-east", fc, true, time.Minute
+	h, err := NewHolder(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := compiled(t)
+	apply := func() {
+		now := fc.Now()
+		h.Apply(head(5, 10, now), []shareset.Entry{entry("key:a", 0.8, 0.1, 0.1)}, now)
+	}
+	apply()
+	h.Heard(fc.Now())
+	fc.Advance(50 * time.Second)
+	apply() // refreshed; the report at t0 is 50 s old
+	if got := h.Share(r, "key:a", fc.Now()); got != 0.8 {
+		t.Fatalf("50 s after the last accepted report: share %g, want 0.8", got)
+	}
+	fc.Advance(10 * time.Second)
+	apply() // refreshed again, but no report accepted for a minute
+	if got := h.Share(r, "key:a", fc.Now()); got != r.Share || !h.Stale(fc.Now()) {
+		t.Fatalf("a minute without an accepted report: share %g stale %v, want min(0.8, default %g) and stale", got, h.Stale(fc.Now()), r.Share)
+	}
+	h.Heard(fc.Now())
+	if got := h.Share(r, "key:a", fc.Now()); got != 0.8 {
+		t.Fatalf("heard again: share %g, want 0.8", got)
+	}
+}

@@ -202,6 +202,20 @@ func (c *container) getState() containerState {
 // running argv, with host networking and allot-test labels, and registers its removal
 // at t.Cleanup. In local mode argv runs under timeout(1) so it ends at the expiry.
 func startContainer(t testing.TB, kind, image string, argv []string) (*container, error) {
+	return startContainerSpec(t, containerSpec{kind: kind, image: image, argv: argv})
+}
+
+// containerSpec is what a container runs: kind names it ("redis", "etcd", "proc"), binds
+// are Docker bind mounts ("host:container[:ro]"), env is KEY=value pairs.
+type containerSpec struct {
+	kind, image string
+	argv        []string
+	binds, env  []string
+}
+
+// startContainerSpec is startContainer with bind mounts and environment.
+func startContainerSpec(t testing.TB, spec containerSpec) (*container, error) {
+	kind, image, argv := spec.kind, spec.image, spec.argv
 	pool, err := dockerPool()
 	if err != nil {
 		return nil, err
@@ -219,6 +233,7 @@ func startContainer(t testing.TB, kind, image string, argv []string) (*container
 		Tag:        tag,
 		Entrypoint: argv[:1],
 		Cmd:        argv[1:],
+		Env:        spec.env,
 		Labels: map[string]string{
 			labelKey:     "1",
 			labelOwner:   ownerID(),
@@ -230,6 +245,7 @@ func startContainer(t testing.TB, kind, image string, argv []string) (*container
 		hc.PublishAllPorts = false
 		hc.AutoRemove = false
 		hc.RestartPolicy = dc.NeverRestart()
+		hc.Binds = spec.binds
 	})
 	if err != nil {
 		_ = pool.RemoveContainerByName(name) // created but not started
@@ -338,6 +354,30 @@ func (c *container) stop() error {
 		if _, err := cl.WaitContainerWithContext(c.id, ctx); err != nil {
 			return fmt.Errorf("while waiting for %s to exit: %w", c.name, err)
 		}
+	}
+	c.setState(stopped)
+	return nil
+}
+
+// kill sends SIGKILL (unpausing first) and waits for the container to exit: the crash
+// drill, no chance to clean up.
+func (c *container) kill() error {
+	if c.getState() == paused {
+		if err := c.unpause(); err != nil {
+			return err
+		}
+	}
+	cl := docker.pool.Client
+	if err := cl.KillContainer(dc.KillContainerOptions{ID: c.id, Signal: dc.SIGKILL}); err != nil {
+		var nr *dc.ContainerNotRunning
+		if !errors.As(err, &nr) {
+			return fmt.Errorf("while killing %s: %w", c.name, err)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), dockerCall)
+	defer cancel()
+	if _, err := cl.WaitContainerWithContext(c.id, ctx); err != nil {
+		return fmt.Errorf("while waiting for %s to exit: %w", c.name, err)
 	}
 	c.setState(stopped)
 	return nil

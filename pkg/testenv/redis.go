@@ -194,6 +194,15 @@ func (n *Node) Stop(t testing.TB) {
 	}
 }
 
+// Kill kills the server (SIGKILL): no shutdown, its connections are reset and then
+// refused. Like Stop it keeps the container's file system for Start.
+func (n *Node) Kill(t testing.TB) {
+	t.Helper()
+	if err := n.c.kill(); err != nil {
+		t.Fatalf("testenv: %v", err)
+	}
+}
+
 // Start starts a stopped server again on the same ports and waits until it answers. It
 // does not wait for a cluster node to be back in the cluster: use Cluster.WaitOK.
 func (n *Node) Start(t testing.TB) {

@@ -40,6 +40,11 @@ type ReporterConfig struct {
 	// change plan waits for before it publishes increases) within about AckGap, not a
 	// whole interval.
 	SharesChanged <-chan struct{}
+	// Accepted, if not nil, is told when the leader accepted a report (with the time the
+	// answer came): shares.Holder.Heard, so an enforcer the balancer has not heard from
+	// for the staleness period falls back to min(last, default) exactly when the
+	// balancer starts treating its region so.
+	Accepted func(at time.Time)
 	// AckGap is the least time between reports that an acknowledgement may bring forward.
 	// Must be > 0. Default 250ms.
 	AckGap time.Duration
@@ -222,6 +227,9 @@ func (r *Reporter) report(now time.Time, early bool) {
 	for try := 0; try < 2; try++ {
 		if err = r.send(req); err == nil {
 			at := r.clock.Now()
+			if r.cfg.Accepted != nil {
+				r.cfg.Accepted(at)
+			}
 			r.m.sent.Inc()
 			r.m.lag.Set(at.Sub(now).Seconds())
 			r.m.lastSent.Set(float64(at.UnixNano()) / 1e9)

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/allot-dev/allot/pkg/balancer"
+	"github.com/allot-dev/allot/pkg/balancer/dashboard"
 	"github.com/allot-dev/allot/pkg/rules"
 	allotv1 "github.com/allot-dev/allot/proto/allot/v1"
 	"github.com/hashicorp/go-hclog"
@@ -45,10 +46,14 @@ type App struct {
 	srcs  []*rules.EtcdSource
 	table *balancer.RuleTable
 	svc   *balancer.Service
+	dash  *dashboard.Dashboard
 	grpc  *grpc.Server
 	http  *http.Server
 	grpcL net.Listener
 	httpL net.Listener
+	mux   *http.ServeMux // the HTTP routes (admin.go adds the admin API's)
+	rules *rules.Holder  // the rules in force here
+	base  *rules.Set     // the base rules file under etcd's rules, nil without
 
 	ctx    context.Context // ended by Close: the parent of every background goroutine
 	cancel context.CancelFunc
@@ -109,7 +114,13 @@ func New(cfg Config, log hclog.Logger) (_ *App, err error) {
 	if a.svc, err = balancer.NewService(sc); err != nil {
 		return nil, err
 	}
-	allotv1.RegisterBalancerServer(a.grpc, a.svc)
+	if err := a.buildDashboard(); err != nil {
+		return nil, err
+	}
+	allotv1.RegisterBalancerServer(a.grpc, dashboard.Tap(a.svc, a.dash))
+	if err := a.buildAdmin(); err != nil {
+		return nil, err
+	}
 	return a, nil
 }
 
@@ -133,6 +144,7 @@ func (a *App) buildRules() error {
 	opts := []rules.Option{rules.WithInterval(rc.PollInterval), rules.WithLogger(a.log.Named("rules")),
 		rules.WithOnError(func(err error) { a.log.Error("rules rejected; the previous rules keep serving", "error", err) })}
 	h := rules.NewHolder(nil)
+	a.rules, a.base = h, base
 	a.table = balancer.NewRuleTable(h, a.cfg.Regions)
 	if rc.EtcdPrefix == "" {
 		f, err := rules.NewFileSource(rc.File, h, opt, opts...)
@@ -180,6 +192,7 @@ func (a *App) listen() (err error) {
 		return fmt.Errorf("app: grpc listen %s: %w", a.cfg.Listen.GRPC, err)
 	}
 	mux := http.NewServeMux()
+	a.mux = mux
 	mux.Handle("/metrics", promhttp.HandlerFor(a.reg, promhttp.HandlerOpts{}))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
@@ -193,6 +206,7 @@ func (a *App) listen() (err error) {
 		}
 		fmt.Fprintln(w, "ready:", role)
 	})
+	a.serveDashboard(mux)
 	a.http = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, WriteTimeout: 30 * time.Second}
 	if a.cfg.Listen.HTTP != "" {
 		if a.httpL, err = net.Listen("tcp", a.cfg.Listen.HTTP); err != nil {
@@ -277,6 +291,7 @@ func (a *App) Run(ctx context.Context) error {
 			}
 		})
 	}
+	a.goFn(func() { a.dash.Run(a.ctx) })
 	for _, f := range a.files {
 		a.goFn(func() { f.Run(a.ctx) })
 	}

@@ -114,7 +114,7 @@ func TestAppLeadsPublishesAndResigns(t *testing.T) {
 		return head.Version >= 1
 	})
 	for path, want := range map[string]string{"/readyz": "ready: leader", "/healthz": "ok",
-		"/metrics": "allot_balancer_leader 1"} {
+		"/metrics": "allot_balancer_leader 1", "/dashboard/": "LEADER", "/": "eu-west"} {
 		resp, err := http.Get("http://" + a.HTTPAddr() + path)
 		if err != nil {
 			t.Fatal(err)

@@ -35,6 +35,7 @@ type Config struct {
 	Rules   RulesConfig   `yaml:"rules"`
 	Balance BalanceConfig `yaml:"balance"`
 	Share   ShareConfig   `yaml:"share"`
+	Admin   AdminConfig   `yaml:"admin"`
 
 	// DrainTimeout bounds graceful shutdown. Default 10s.
 	DrainTimeout time.Duration `yaml:"drain_timeout"`
@@ -43,7 +44,8 @@ type Config struct {
 	LogJSON  bool   `yaml:"log_json"`
 }
 
-// ListenConfig: where the report API (gRPC) and /metrics, /healthz, /readyz (HTTP) listen.
+// ListenConfig: where the report API (gRPC) and /metrics, /healthz, /readyz, /dashboard/
+// (HTTP) listen.
 type ListenConfig struct {
 	GRPC string `yaml:"grpc"`
 	HTTP string `yaml:"http"`
@@ -128,6 +130,7 @@ func DefaultConfig() Config {
 	cc, sc := balancer.DefaultCoreConfig(), balancer.DefaultServiceConfig()
 	return Config{
 		Listen: ListenConfig{GRPC: "127.0.0.1:9090", HTTP: "127.0.0.1:9091"},
+		Admin:  defaultAdminConfig(),
 		Etcd: EtcdConfig{DialTimeout: 2 * time.Second, ElectionPrefix: balancer.DefaultElectionPrefix,
 			SharesPrefix: shareset.DefaultPrefix, SessionTTL: sc.SessionTTL, WriteTimeout: sc.WriteTimeout},
 		Rules: RulesConfig{PollInterval: 2 * time.Second, IPv6Prefix: 64},
@@ -227,6 +230,7 @@ func (c *Config) Validate() error {
 	if !ok {
 		bad("log_level %q, want trace, debug, info, warn or error", c.LogLevel)
 	}
+	errs = append(errs, c.Admin.validate(c)...)
 	sc := c.serviceConfig()
 	// What New fills in is not the file's to get wrong: stand-ins for the checks.
 	sc.Core.Limits = func(string, string) (float64, []float64, bool) { return 0, nil, false }

@@ -125,6 +125,8 @@ var overrides = []override{
 	{name: "session-ttl", usage: "election lease TTL (whole seconds)", apply: dur(func(c *Config) *time.Duration { return &c.Etcd.SessionTTL })},
 	{name: "rules-file", usage: "YAML rules file (the enforcers' rules)", apply: str(func(c *Config) *string { return &c.Rules.File })},
 	{name: "rules-etcd-prefix", usage: "etcd prefix holding one rule per key", apply: str(func(c *Config) *string { return &c.Rules.EtcdPrefix })},
+	{name: "admin", usage: "serve the admin API on the HTTP address (needs admin tokens)", isBool: true, apply: boolean(func(c *Config) *bool { return &c.Admin.Enabled })},
+	{name: "admin-tokens-file", usage: "admin API tokens, name:secret a line", apply: str(func(c *Config) *string { return &c.Admin.TokensFile })},
 	{name: "interval", usage: "balancing interval", apply: dur(func(c *Config) *time.Duration { return &c.Balance.Interval })},
 	{name: "learning", usage: "a new leader's learning period", apply: dur(func(c *Config) *time.Duration { return &c.Balance.Learning })},
 	{name: "ack-timeout", usage: "how long an increase waits for unacknowledged decreases (>= propagation)", apply: dur(func(c *Config) *time.Duration { return &c.Balance.AckTimeout })},

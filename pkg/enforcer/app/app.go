@@ -152,6 +152,9 @@ func newApp(cfg Config, log hclog.Logger, store bucket.Store) (_ *App, err error
 	}
 	ec := cfg.enforcerConfig()
 	ec.Rules, ec.Store, ec.Clock, ec.Logger, ec.Registerer = a.holder, a.store, a.clock, log, a.reg
+	if a.redisStore != nil {
+		ec.Peek = a.redisStore // explain reads levels in Redis, under fallback → lease
+	}
 	if a.sharesW != nil {
 		ec.Shares = a.shares
 	}
@@ -184,7 +187,7 @@ func newApp(cfg Config, log hclog.Logger, store bucket.Store) (_ *App, err error
 		rc.Leader = usage.EtcdLeader(a.etcd, cfg.Balancer.ElectionPrefix)
 		rc.Clock, rc.Logger, rc.Registerer, rc.TLS = a.clock, log.Named("usage"), a.reg, tlsCfg
 		overrideIfSet(&rc.SendTimeout, cfg.Balancer.SendTimeout)
-		rc.Shares, rc.SharesChanged = a.shares.Applied, a.shares.Changed()
+		rc.Shares, rc.SharesChanged, rc.Accepted = a.shares.Applied, a.shares.Changed(), a.shares.Heard
 		if a.reporter, err = usage.NewReporter(rc); err != nil {
 			return nil, err
 		}
@@ -371,6 +374,9 @@ func (a *App) listen() (err error) {
 		}
 	}
 	var h http.Handler = httpapi.Handler(a.enf, a.cfg.authConfig(), a.reg, a.Ready, a.log.Named("http"))
+	if h, err = a.withExplain(h); err != nil { // GET /v1/explain (explain.go)
+		return err
+	}
 	if a.cfg.Pprof {
 		mux := http.NewServeMux()
 		mux.Handle("/", h)
@@ -403,6 +409,7 @@ func (a *App) register() error {
 	}
 	rc := registry.DefaultConfig()
 	rc.Region, rc.ID, rc.Addr = a.cfg.Region, a.cfg.ID, addr
+	rc.HTTPAddr = a.HTTPAddr() // for the balancer's explain
 	rc.Prefix, rc.TTL, rc.Logger, rc.Clock = a.cfg.Etcd.RegistryPrefix, a.cfg.Etcd.RegistrationTTL, a.log.Named("registry"), a.clock
 	r, err := registry.New(a.etcd, rc)
 	if err != nil {

@@ -43,6 +43,7 @@ type Config struct {
 	Auth     AuthConfig     `yaml:"forward_auth"`
 	RLS      RLSConfig      `yaml:"envoy_rls"`
 	Shares   SharesConfig   `yaml:"shares"`
+	Explain  ExplainConfig  `yaml:"explain"`
 
 	// Peers is N, the live enforcers in the region, when etcd is not configured; with
 	// etcd, the registry counts them. Default 1.

@@ -134,6 +134,7 @@ func (c *Config) validateShares(bad func(format string, a ...any)) {
 func (a *App) buildShares() error {
 	hc := shares.DefaultConfig()
 	hc.Region, hc.Stale, hc.Clock, hc.Logger = a.cfg.Region, a.cfg.Shares.StaleAfter, a.clock, a.log
+	hc.Reports = a.cfg.Balancer.Enabled && len(a.cfg.Etcd.Endpoints) > 0
 	if a.cfg.watchShares() {
 		// Only then: a share age that grows without a balancer to refresh it would page.
 		hc.Registerer = a.reg

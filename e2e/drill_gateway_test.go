@@ -1,0 +1,111 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/allot-dev/allot/e2e/stack"
+)
+
+// gatewayClient is an HTTP client whose connections come from the loopback address src
+// (127.0.0.x), so nginx's $remote_addr, hence the enforcer's client IP, is src.
+func gatewayClient(src string) *http.Client {
+	d := &net.Dialer{Timeout: 2 * time.Second, LocalAddr: &net.TCPAddr{IP: net.ParseIP(src)}}
+	return &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DialContext: d.DialContext, DisableKeepAlives: true}}
+}
+
+type gwAnswer struct {
+	code                    int
+	rl, policy, retry, body string
+}
+
+func gwGet(t *testing.T, c *http.Client, g *stack.Gateway, path, key string) gwAnswer {
+	t.Helper()
+	r, err := http.NewRequestWithContext(context.Background(), "GET", "http://"+g.Addr+path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if key != "" {
+		r.Header.Set("X-Api-Key", key)
+	}
+	resp, err := c.Do(r)
+	if err != nil {
+		t.Fatalf("GET %s through nginx: %v", path, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return gwAnswer{code: resp.StatusCode, rl: resp.Header.Get("RateLimit"), policy: resp.Header.Get("RateLimit-Policy"),
+		retry: resp.Header.Get("Retry-After"), body: string(b)}
+}
+
+// burst sends n requests and counts the answers by status; it fails t on a status other
+// than 200 or 429 or on an answer missing what the README promises.
+func burst(t *testing.T, c *http.Client, g *stack.Gateway, n int, path, key string) (ok, limited int) {
+	t.Helper()
+	bare := 0
+	defer func() {
+		if bare > 0 {
+			t.Errorf("%d of %d allowed answers came without the RateLimit fields", bare, ok)
+		}
+	}()
+	for range n {
+		a := gwGet(t, c, g, path, key)
+		switch a.code {
+		case http.StatusOK:
+			ok++
+			if a.rl == "" || a.policy == "" {
+				bare++
+			}
+			if a.body != "backend\n" {
+				t.Errorf("allowed answer's body %q, want the backend's", a.body)
+			}
+		case http.StatusTooManyRequests:
+			limited++
+			if secs, err := strconv.Atoi(a.retry); err != nil || secs < 1 {
+				t.Errorf("429 with Retry-After %q, want whole seconds ≥ 1", a.retry)
+			}
+		default:
+			t.Errorf("status %d through nginx (body %q), want 200 or 429", a.code, a.body)
+		}
+	}
+	return ok, limited
+}
+
+// drillGateway: Debian's nginx configured with the README's auth_request snippet, in front
+// of us-east's two enforcers. Promise: refusals reach the client as 429 with Retry-After,
+// allowed answers carry the RateLimit fields and reach the backend, refused ones do not,
+// and keyless requests are limited per client IP (DESIGN.md §8).
+func drillGateway(t *testing.T, s *stack.Stack) {
+	g := s.Gateway
+	c := gatewayClient("127.0.0.1")
+	before := g.BackendHits()
+	// The example rules' default: 20 a second, bursts of 40, per API key.
+	ok, limited := burst(t, c, g, 80, "/v1/items", fmt.Sprintf("gw-key-%d", time.Now().UnixNano()))
+	if limited == 0 || ok == 0 {
+		t.Errorf("80 quick requests of one key (limit 20/s, burst 40): %d allowed, %d refused; want both", ok, limited)
+	}
+	if hits := g.BackendHits() - before; hits != int64(ok) {
+		t.Errorf("backend saw %d requests, nginx answered %d allowed: refusals must not reach the backend", hits, ok)
+	}
+	t.Logf("gateway, one key: 80 requests → %d × 200 (RateLimit fields on each), %d × 429 (Retry-After on each); backend saw %d", ok, limited, g.BackendHits()-before)
+
+	t.Run("keyless-per-ip", func(t *testing.T) {
+		// Keyless requests from 127.0.0.2 must be limited (DESIGN.md §8: never unlimited)
+		// and counted per IP, so 127.0.0.3 still gets through.
+		okA, limA := burst(t, gatewayClient("127.0.0.2"), g, 80, "/v1/items", "")
+		okB, limB := burst(t, gatewayClient("127.0.0.3"), g, 5, "/v1/items", "")
+		t.Logf("gateway, keyless: 80 requests from 127.0.0.2 → %d × 200, %d × 429; then 5 from 127.0.0.3 → %d × 200, %d × 429", okA, limA, okB, limB)
+		if limA == 0 {
+			t.Errorf("80 quick keyless requests from one IP were all allowed: keyless traffic must be limited per IP")
+		}
+		if okB != 5 {
+			t.Errorf("another IP's first 5 keyless requests: %d allowed, want 5 (counted per IP, not shared)", okB)
+		}
+	})
+}

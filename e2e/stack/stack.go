@@ -1,0 +1,392 @@
+// Package stack is allot's multi-region stack for end-to-end drills, built from the same
+// images a user would run: per region a Redis Cluster and two or more enforcer processes
+// (bin/enforcer, statically built into the local allot/stack image), one etcd cluster the
+// regions share, and optionally a real nginx in front of the first region, configured
+// exactly as cmd/enforcer/README.md documents. Every process is a container started by
+// pkg/testenv (dockertest, host networking, 127.0.0.1 ports); nothing is pulled.
+//
+// Geography. etcd and the balancer replicas live in the first region. Every other region
+// reaches etcd through a pkg/testenv Link (Toxiproxy in this process)
+// that adds the cross-region latency each way (DefaultLatency: 35–75 ms, so round trips of
+// 70–150 ms as between real regions) and that the drills cut or blackhole. Inside a
+// region, enforcer → Redis is direct. Enforcers dial the balancer leader at the address it
+// advertises in its election key, one address for every region, so usage reports are not
+// delayed (a per-region proxy would need the leader to advertise per region).
+//
+// What it guarantees: Start returns only when every enforcer answers /readyz and counts
+// every enforcer of its region as a peer; everything is removed at the cleanup of the test
+// that called Start. Start and the methods that change the stack's state must be called
+// from the test's goroutine; the read-only methods (Check, Metrics, ...) are safe for
+// concurrent use.
+package stack
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/allot-dev/allot/pkg/testenv"
+	"gopkg.in/yaml.v3"
+)
+
+// Regions are the three regions of configs/regions, in the order the stack builds them.
+var Regions = []string{"us-east", "eu-west", "ap-south"}
+
+// DefaultLatency is the one-way latency added between the first region (where etcd lives)
+// and each other region: round trips of 80 ms to eu-west and 140 ms to ap-south.
+var DefaultLatency = map[string]time.Duration{"eu-west": 40 * time.Millisecond, "ap-south": 70 * time.Millisecond}
+
+// Options shapes a stack. The zero value is not useful; start from DefaultOptions.
+type Options struct {
+	// Regions, in order; the first is home to etcd (and the gateway).
+	Regions []RegionOptions
+	// EtcdMembers is 1 or 3.
+	EtcdMembers int
+	// Rules is the YAML rules file every enforcer loads (default: configs/rules/example.yaml
+	// with DrillRules appended).
+	Rules string
+	// Gateway puts nginx in front of the first region's enforcers.
+	Gateway bool
+	// Jitter is added to each link's latency (uniform ±).
+	Jitter time.Duration
+	// Enforcer overrides config fields of every enforcer (YAML merged over the stack's
+	// defaults, e.g. "lease: {ttl: 500ms}").
+	Enforcer string
+
+	// Balancers is the number of bin/balancer replicas (0: none; the enforcers' usage
+	// reports are then dropped and every region enforces its default split).
+	Balancers int
+	// BalanceInterval is the balancer's interval and the enforcers' report interval.
+	BalanceInterval time.Duration
+	// SessionTTL is the balancer's election lease (whole seconds).
+	SessionTTL time.Duration
+	// ShareStale is the staleness period, for the enforcers and the balancer.
+	ShareStale time.Duration
+	// Balancer overrides config fields of every balancer replica (YAML).
+	Balancer string
+
+	// FallbackTimeout is how long a check waits for Redis before it alone is answered
+	// locally (fallback.timeout; the shard's breaker hears the call's outcome, with the
+	// shipped 100 ms reply timeout, not the wait). Default the shipped 5 ms, or
+	// ALLOT_STACK_FALLBACK_TIMEOUT: on a machine starved of CPU a few checks miss 5 ms and
+	// are answered locally; the drills report those answers apart (stack.Shared).
+	FallbackTimeout time.Duration
+}
+
+// fallbackTimeout is DefaultOptions' FallbackTimeout.
+func fallbackTimeout() time.Duration {
+	if d, err := time.ParseDuration(os.Getenv("ALLOT_STACK_FALLBACK_TIMEOUT")); err == nil && d > 0 {
+		return d
+	}
+	return 5 * time.Millisecond
+}
+
+// RegionOptions shapes one region.
+type RegionOptions struct {
+	Name string
+	// Enforcers is the number of enforcer processes (≥ 1; the design runs ≥ 2).
+	Enforcers int
+	// Replicas per Redis master (1 where a drill needs failover).
+	Replicas int
+	// Latency is the one-way latency to the first region (0 for the first region).
+	Latency time.Duration
+}
+
+// DefaultOptions is three regions of two enforcers each over 3-master clusters without
+// replicas, a 3-member etcd, no gateway and no balancer, with the shipped configs'
+// intervals (balancing 10 s, election lease 10 s, staleness 5 min) and fallback settings.
+func DefaultOptions() Options {
+	o := Options{EtcdMembers: 3, Jitter: 5 * time.Millisecond,
+		BalanceInterval: 10 * time.Second, SessionTTL: 10 * time.Second, ShareStale: 5 * time.Minute,
+		FallbackTimeout: fallbackTimeout()}
+	for _, r := range Regions {
+		o.Regions = append(o.Regions, RegionOptions{Name: r, Enforcers: 2, Latency: DefaultLatency[r]})
+	}
+	return o
+}
+
+// Stack is a running stack.
+type Stack struct {
+	Regions   []*Region
+	Etcd      *testenv.EtcdCluster
+	Links     *testenv.Links
+	Gateway   *Gateway // nil unless Options.Gateway
+	Balancers []*Balancer
+	Dir       string // configs and rules files, bind-mounted at the same path
+	Image     string // the stack image
+
+	RulesFile string
+}
+
+// Region is one region's Redis Cluster and enforcers.
+type Region struct {
+	Name      string
+	Redis     *testenv.Cluster
+	Enforcers []*Enforcer
+	// EtcdLinks are this region's paths to the etcd members (empty for the first region,
+	// which reaches etcd directly); EtcdEndpoints what its enforcers dial.
+	EtcdLinks     []*testenv.Link
+	EtcdEndpoints []string
+
+	config string // the region's enforcer config file
+}
+
+// Start builds the stack shaped by opt and returns once it is ready (see the package
+// doc). It fails t when any part does not come up.
+func Start(t testing.TB, opt Options) *Stack {
+	t.Helper()
+	began := time.Now()
+	if len(opt.Regions) == 0 {
+		t.Fatal("stack: Options.Regions is empty")
+	}
+	s := &Stack{Dir: t.TempDir(), Links: testenv.NewLinks(t)}
+	s.Image = testenv.StackImage(t)
+	imaged := time.Since(began)
+
+	// etcd and every region's Redis Cluster at once: container start-up dominates.
+	s.Regions = make([]*Region, len(opt.Regions))
+	fns := []func(tb testing.TB){func(tb testing.TB) { s.Etcd = testenv.Etcd(tb, opt.EtcdMembers) }}
+	for i, ro := range opt.Regions {
+		if ro.Enforcers < 1 {
+			t.Fatalf("stack: region %s: Enforcers = %d, want ≥ 1", ro.Name, ro.Enforcers)
+		}
+		s.Regions[i] = &Region{Name: ro.Name}
+		fns = append(fns, func(tb testing.TB) {
+			s.Regions[i].Redis = testenv.RedisCluster(tb, testenv.ClusterOptions{Masters: 3, ReplicasPerMaster: ro.Replicas, NodeTimeout: 2 * time.Second})
+		})
+	}
+	Parallel(t, fns...)
+	infra := time.Since(began)
+
+	for i, r := range s.Regions {
+		if i == 0 {
+			r.EtcdEndpoints = s.Etcd.Endpoints()
+			continue
+		}
+		for j, m := range s.Etcd.Members {
+			k := s.Links.Add(t, fmt.Sprintf("%s-etcd-%d", r.Name, j), strings.TrimPrefix(m.ClientURL, "http://"), opt.Regions[i].Latency, opt.Jitter)
+			r.EtcdLinks = append(r.EtcdLinks, k)
+			r.EtcdEndpoints = append(r.EtcdEndpoints, "http://"+k.Addr)
+		}
+	}
+
+	rules := opt.Rules
+	if rules == "" {
+		rules = DefaultRules(t)
+	}
+	s.RulesFile = filepath.Join(s.Dir, "rules.yaml")
+	writeFile(t, s.RulesFile, rules)
+	var names []string
+	for _, r := range s.Regions {
+		names = append(names, r.Name)
+	}
+	for i, r := range s.Regions {
+		r.config = filepath.Join(s.Dir, r.Name+".yaml")
+		writeFile(t, r.config, enforcerConfig(t, r, names, s.RulesFile, i == 0 && opt.Gateway, opt))
+	}
+	if opt.Balancers > 0 {
+		writeFile(t, balancerConfigFile(s), balancerConfig(t, s, names, opt))
+		s.Balancers = make([]*Balancer, opt.Balancers)
+	}
+	var starts []func(tb testing.TB)
+	for i := range s.Balancers {
+		starts = append(starts, func(tb testing.TB) { s.Balancers[i] = s.startBalancer(tb, balancerConfigFile(s), i) })
+	}
+	for i, r := range s.Regions {
+		r.Enforcers = make([]*Enforcer, opt.Regions[i].Enforcers)
+		for j := range r.Enforcers {
+			starts = append(starts, func(tb testing.TB) { r.Enforcers[j] = s.startEnforcer(tb, r, j) })
+		}
+	}
+	Parallel(t, starts...)
+	for _, r := range s.Regions {
+		for _, e := range r.Enforcers {
+			e.WaitPeers(t, len(r.Enforcers), time.Minute)
+		}
+	}
+	if opt.Gateway {
+		s.Gateway = StartGateway(t, s.Regions[0].Enforcers)
+	}
+	if opt.Balancers > 0 {
+		s.Leader(t, time.Minute)
+	}
+	t.Logf("stack: %d regions × %v enforcers, etcd × %d, %d balancers, gateway %v: ready in %v (image %v, Redis+etcd %v)",
+		len(s.Regions), enforcerCounts(s), opt.EtcdMembers, opt.Balancers, opt.Gateway,
+		time.Since(began).Round(time.Millisecond), imaged.Round(time.Millisecond), infra.Round(time.Millisecond))
+	return s
+}
+
+func enforcerCounts(s *Stack) []int {
+	var out []int
+	for _, r := range s.Regions {
+		out = append(out, len(r.Enforcers))
+	}
+	return out
+}
+
+// Region returns the region named name, or nil.
+func (s *Stack) Region(name string) *Region {
+	for _, r := range s.Regions {
+		if r.Name == name {
+			return r
+		}
+	}
+	return nil
+}
+
+// Enforcers returns every enforcer of every region.
+func (s *Stack) Enforcers() []*Enforcer {
+	var out []*Enforcer
+	for _, r := range s.Regions {
+		out = append(out, r.Enforcers...)
+	}
+	return out
+}
+
+// DrillRules are the rules the drills count on, appended to the shipped example rules.
+// Each is selected by plan, so a drill's keys never meet another drill's limits:
+//
+//	drill         100/s, burst 100 (no minute limit): over-admission is easy to count
+//	drill-closed  the same, fail_mode: closed
+//	drill-lease   600/s, burst 600: busy keys lease batches (200/s a region, 10 a batch)
+//	drill-shift   300/s, burst 300: the key whose traffic moves between regions
+//	drill-slow    5/s, burst 5: a limit a few checks exhaust
+const DrillRules = `
+- id: drill
+  match: {plan: drill}
+  limits: [{name: second, rate: 100, per: 1s, burst: 100}]
+  reason: e2e drills
+- id: drill-closed
+  match: {plan: drill-closed}
+  limits: [{name: second, rate: 100, per: 1s, burst: 100}]
+  fail_mode: closed
+  reason: e2e drills, failing closed
+- id: drill-lease
+  match: {plan: drill-lease}
+  limits: [{name: second, rate: 600, per: 1s, burst: 600}]
+  reason: e2e drills, busy enough for leases
+- id: drill-shift
+  match: {plan: drill-shift}
+  limits: [{name: second, rate: 300, per: 1s, burst: 300}]
+  reason: e2e balancer drills
+- id: drill-slow
+  match: {plan: drill-slow}
+  limits: [{name: second, rate: 5, per: 1s, burst: 5}]
+  reason: e2e drills
+`
+
+// DefaultRules is configs/rules/example.yaml (what a user starts from) with DrillRules
+// appended to its rules.
+func DefaultRules(t testing.TB) string {
+	t.Helper()
+	raw, err := os.ReadFile(filepath.Join(RepoRoot(t), "configs", "rules", "example.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc map[string]any
+	if err := yaml.Unmarshal(raw, &doc); err != nil {
+		t.Fatalf("stack: configs/rules/example.yaml: %v", err)
+	}
+	var extra []any
+	if err := yaml.Unmarshal([]byte(DrillRules), &extra); err != nil {
+		t.Fatalf("stack: DrillRules: %v", err)
+	}
+	list, _ := doc["rules"].([]any)
+	doc["rules"] = append(list, extra...)
+	doc["version"] = fmt.Sprint(doc["version"], "+drills")
+	out, err := yaml.Marshal(doc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(out)
+}
+
+// RepoRoot is the directory holding go.mod, found from this source file.
+func RepoRoot(t testing.TB) string {
+	t.Helper()
+	_, file, _, ok := runtime.Caller(0)
+	if !ok {
+		t.Fatal("stack: cannot find the repository root")
+	}
+	for dir := filepath.Dir(file); dir != filepath.Dir(dir); dir = filepath.Dir(dir) {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return dir
+		}
+	}
+	t.Fatal("stack: no go.mod above " + file)
+	return ""
+}
+
+func writeFile(t testing.TB, path, content string) {
+	t.Helper()
+	if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Parallel runs fns concurrently, each with a testing.TB whose Fatal ends only that
+// function (the testenv constructors call t.Fatal, which must not run on another
+// goroutine than the test's), and fails t with every failure once all have returned.
+func Parallel(t testing.TB, fns ...func(tb testing.TB)) {
+	t.Helper()
+	var wg sync.WaitGroup
+	errs := make([]string, len(fns))
+	for i, fn := range fns {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			g := &goTB{TB: t}
+			defer func() { errs[i] = g.failure() }()
+			fn(g)
+		}()
+	}
+	wg.Wait()
+	var failed []string
+	for _, e := range errs {
+		if e != "" {
+			failed = append(failed, e)
+		}
+	}
+	if len(failed) > 0 {
+		t.Fatalf("stack: %s", strings.Join(failed, "\n"))
+	}
+}
+
+// goTB is a testing.TB for a goroutine: Fatal and FailNow record and end the goroutine;
+// Skip is a failure (a part of the stack cannot be skipped); the rest is t's.
+type goTB struct {
+	testing.TB
+
+	mu  sync.Mutex // mu guards msg
+	msg []string
+}
+
+func (g *goTB) record(s string) {
+	g.mu.Lock()
+	g.msg = append(g.msg, s)
+	g.mu.Unlock()
+}
+
+func (g *goTB) failure() string {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return strings.Join(g.msg, "; ")
+}
+
+func (g *goTB) Helper()                         {}
+func (g *goTB) Error(args ...any)               { g.record(fmt.Sprint(args...)) }
+func (g *goTB) Errorf(f string, args ...any)    { g.record(fmt.Sprintf(f, args...)) }
+func (g *goTB) Fail()                           { g.record("failed") }
+func (g *goTB) FailNow()                        { g.record("failed"); runtime.Goexit() }
+func (g *goTB) Fatal(args ...any)               { g.record(fmt.Sprint(args...)); runtime.Goexit() }
+func (g *goTB) Fatalf(f string, args ...any)    { g.record(fmt.Sprintf(f, args...)); runtime.Goexit() }
+func (g *goTB) Skip(args ...any)                { g.Fatal(args...) }
+func (g *goTB) Skipf(f string, args ...any)     { g.Fatalf(f, args...) }
+func (g *goTB) SkipNow()                        { g.Fatal("skipped") }
+func (g *goTB) Failed() bool                    { return g.failure() != "" || g.TB.Failed() }
+func (g *goTB) Logf(format string, args ...any) { g.TB.Logf(format, args...) }

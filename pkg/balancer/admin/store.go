@@ -1,0 +1,307 @@
+package admin
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"regexp"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/allot-dev/allot/pkg/rules"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// Errors of a change, each answered with its own status (see the package doc).
+var (
+	// ErrConflict: something under the rules prefix (or an admin change) landed after the
+	// revision the caller read. Read again and retry. 409.
+	ErrConflict = errors.New("admin: conflict: the rules changed since the revision you read")
+	// ErrBadRequest wraps every malformed request. 400.
+	ErrBadRequest = errors.New("admin: bad request")
+	// ErrNotFound: no such rule or override. 404.
+	ErrNotFound = errors.New("admin: not found")
+)
+
+// entry is one rule as stored: its key, its revision and its value.
+type entry struct {
+	key    string
+	modRev int64
+	value  []byte
+}
+
+// state is the rules prefix read at one revision.
+type state struct {
+	rev  int64
+	kvs  map[string]entry // by key
+	byID map[string]string
+	bad  map[string]error // keys whose value does not parse
+}
+
+func (s *Server) read(ctx context.Context) (*state, error) {
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
+	defer cancel()
+	resp, err := s.cfg.Etcd.Get(ctx, s.cfg.RulesPrefix, clientv3.WithPrefix())
+	if err != nil {
+		return nil, fmt.Errorf("admin: while reading %s from etcd: %w", s.cfg.RulesPrefix, err)
+	}
+	st := &state{rev: resp.Header.Revision, kvs: map[string]entry{}, byID: map[string]string{}, bad: map[string]error{}}
+	for _, kv := range resp.Kvs {
+		k := string(kv.Key)
+		st.kvs[k] = entry{key: k, modRev: kv.ModRevision, value: kv.Value}
+		r, err := rules.ParseRuleAt(kv.Value, k)
+		if err != nil {
+			st.bad[k] = err
+			continue
+		}
+		id := r.ID
+		if id == "" {
+			id = strings.TrimPrefix(strings.TrimPrefix(k, s.cfg.RulesPrefix), "/")
+		}
+		st.byID[id] = k
+	}
+	return st, nil
+}
+
+// change is one admin change: rules to write (by id) and rule ids to delete.
+type change struct {
+	action string
+	put    []*rules.Rule
+	del    []string
+	reason string
+	rev    int64 // the revision the caller read
+	who    string
+	dryRun bool
+}
+
+// Result is the answer to a change.
+type Result struct {
+	// Revision is the etcd revision of the change (0 for a dry run or no change).
+	Revision int64 `json:"revision"`
+	// Changed names the rule ids written or deleted (unchanged rules are not rewritten).
+	Changed []string `json:"changed"`
+	DryRun  bool     `json:"dry_run,omitempty"`
+	// Audit is the key of the audit record.
+	Audit string `json:"audit,omitempty"`
+}
+
+// apply checks the change against the rules in etcd — the whole resulting set, parsed
+// and compiled the way every enforcer will (rules.EtcdSet over the base, rules.Compile) —
+// and writes it in one transaction compared on c.rev: it lands only if nothing under the
+// rules prefix and no admin change landed after c.rev. The audit record goes in the same
+// transaction. Nothing is written on any error.
+func (s *Server) apply(ctx context.Context, c *change) (Result, error) {
+	if strings.TrimSpace(c.reason) == "" {
+		return Result{}, fmt.Errorf("%w: reason is missing: say why (it is kept in the audit record)", ErrBadRequest)
+	}
+	if c.rev <= 0 {
+		return Result{}, fmt.Errorf("%w: revision is missing: send the revision you read (If-Match header or \"revision\" field; GET /v1/admin/rules says it)", ErrBadRequest)
+	}
+	st, err := s.read(ctx)
+	if err != nil {
+		return Result{}, err
+	}
+	if c.rev > st.rev {
+		return Result{}, fmt.Errorf("%w: revision %d is ahead of etcd's %d: send the revision a read returned", ErrBadRequest, c.rev, st.rev)
+	}
+	next := map[string][]byte{}
+	for k, e := range st.kvs {
+		next[k] = e.value
+	}
+	var ops []clientv3.Op
+	var changed []string
+	for _, id := range c.del {
+		k, ok := st.byID[id]
+		if !ok { // a value that does not parse has no id: name it by its key
+			k = s.cfg.RulesPrefix + id
+			_, ok = st.kvs[k]
+		}
+		if !ok {
+			return Result{}, fmt.Errorf("%w: rule %q is not in etcd under %s", ErrNotFound, id, s.cfg.RulesPrefix)
+		}
+		delete(next, k)
+		ops = append(ops, clientv3.OpDelete(k))
+		changed = append(changed, id)
+	}
+	for _, r := range c.put {
+		v, err := rules.EncodeRule(r)
+		if err != nil {
+			return Result{}, fmt.Errorf("%w: rule %q: %v", ErrBadRequest, r.ID, err)
+		}
+		k, ok := st.byID[r.ID]
+		if !ok {
+			k = s.cfg.RulesPrefix + r.ID
+		}
+		if old, ok := next[k]; ok && string(old) == string(v) {
+			continue // unchanged: no write, no event on every enforcer
+		}
+		next[k] = v
+		ops = append(ops, clientv3.OpPut(k, string(v)))
+		changed = append(changed, r.ID)
+	}
+	set, err := rules.EtcdSet(s.cfg.RulesPrefix, next, s.base())
+	if err == nil {
+		opt := s.cfg.Compile
+		opt.Now = s.cfg.Clock.Now()
+		_, err = rules.Compile(set, opt)
+	}
+	if err != nil {
+		return Result{}, &InvalidError{Err: err}
+	}
+	res := Result{Changed: changed, DryRun: c.dryRun}
+	if c.dryRun || len(ops) == 0 {
+		return res, nil
+	}
+	if len(ops)+2 > s.cfg.MaxTxnOps {
+		return Result{}, fmt.Errorf("%w: %d rules change, but one etcd transaction takes at most %d operations (etcd --max-txn-ops, admin.max_txn_ops): raise both or change fewer rules at once", ErrBadRequest, len(ops), s.cfg.MaxTxnOps-2)
+	}
+	now := s.cfg.Clock.Now().UTC()
+	rec := AuditRecord{At: now, Who: c.who, Action: c.action, Rules: changed, Reason: c.reason, ReadRevision: c.rev}
+	recJSON, _ := json.Marshal(rec)
+	auditKey := s.auditKey(now)
+	ops = append(ops, clientv3.OpPut(auditKey, string(recJSON)), clientv3.OpPut(s.cfg.ChangeKey, auditKey))
+	cmps := []clientv3.Cmp{
+		clientv3.Compare(clientv3.ModRevision(s.cfg.RulesPrefix), "<", c.rev+1).WithPrefix(),
+		clientv3.Compare(clientv3.ModRevision(s.cfg.ChangeKey), "<", c.rev+1),
+	}
+	tctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
+	defer cancel()
+	resp, err := s.cfg.Etcd.Txn(tctx).If(cmps...).Then(ops...).Commit()
+	if err != nil {
+		return Result{}, fmt.Errorf("admin: while writing to etcd (nothing was written unless a read shows it): %w", err)
+	}
+	if !resp.Succeeded {
+		return Result{}, fmt.Errorf("%w (read at %d); read again and retry", ErrConflict, c.rev)
+	}
+	res.Revision, res.Audit = resp.Header.Revision, auditKey
+	s.pruneAudit(ctx)
+	return res, nil
+}
+
+// auditKey orders records by time: <prefix><20-digit Unix ns>-<4 random hex>.
+func (s *Server) auditKey(now time.Time) string {
+	var b [2]byte
+	rand.Read(b[:])
+	return fmt.Sprintf("%s%020d-%s", s.cfg.AuditPrefix, now.UnixNano(), hex.EncodeToString(b[:]))
+}
+
+// pruneAudit keeps the newest AuditKeep records: the older are deleted after each change
+// (a failure is logged; the next change prunes again).
+func (s *Server) pruneAudit(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
+	defer cancel()
+	resp, err := s.cfg.Etcd.Get(ctx, s.cfg.AuditPrefix, clientv3.WithPrefix(), clientv3.WithKeysOnly(),
+		clientv3.WithSort(clientv3.SortByKey, clientv3.SortAscend))
+	if err != nil {
+		s.cfg.Logger.Warn("could not read the audit records to prune them", "error", err)
+		return
+	}
+	n := len(resp.Kvs) - s.cfg.AuditKeep
+	if n <= 0 {
+		return
+	}
+	first, end := string(resp.Kvs[0].Key), string(resp.Kvs[n].Key)
+	if _, err := s.cfg.Etcd.Delete(ctx, first, clientv3.WithRange(end)); err != nil {
+		s.cfg.Logger.Warn("could not prune the audit records", "error", err)
+	}
+}
+
+// AuditRecord is one change as kept in etcd under the audit prefix.
+type AuditRecord struct {
+	At     time.Time `json:"at"`
+	Who    string    `json:"who"`    // the admin token's name
+	Action string    `json:"action"` // rules.apply, rule.put, rule.delete, override.set, override.delete
+	Rules  []string  `json:"rules"`  // the rule ids written or deleted
+	Reason string    `json:"reason"`
+	// ReadRevision is the revision the change was compared on; Revision the change's own
+	// (the record's etcd mod revision, filled when listed).
+	ReadRevision int64  `json:"read_revision"`
+	Revision     int64  `json:"revision,omitempty"`
+	Key          string `json:"key,omitempty"`
+}
+
+func (s *Server) audit(ctx context.Context, limit int) ([]AuditRecord, error) {
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
+	defer cancel()
+	resp, err := s.cfg.Etcd.Get(ctx, s.cfg.AuditPrefix, clientv3.WithPrefix(),
+		clientv3.WithSort(clientv3.SortByKey, clientv3.SortDescend), clientv3.WithLimit(int64(limit)))
+	if err != nil {
+		return nil, fmt.Errorf("admin: while reading the audit records: %w", err)
+	}
+	out := make([]AuditRecord, 0, len(resp.Kvs))
+	for _, kv := range resp.Kvs {
+		var r AuditRecord
+		if err := json.Unmarshal(kv.Value, &r); err != nil {
+			r = AuditRecord{Reason: "undecodable record: " + err.Error()}
+		}
+		r.Revision, r.Key = kv.ModRevision, string(kv.Key)
+		out = append(out, r)
+	}
+	return out, nil
+}
+
+// InvalidError is a change refused because the resulting rule set is invalid: Err is the
+// rules package's error (every problem, each naming the key or file, rule, field and
+// line). 400.
+type InvalidError struct{ Err error }
+
+func (e *InvalidError) Error() string { return e.Err.Error() }
+func (e *InvalidError) Unwrap() error { return e.Err }
+
+// Problem is one rules.Error as JSON.
+type Problem struct {
+	Message string `json:"message"`
+	File    string `json:"file,omitempty"`
+	Line    int    `json:"line,omitempty"`
+	Rule    string `json:"rule,omitempty"`
+	Field   string `json:"field,omitempty"`
+}
+
+// problems flattens a rules error into its problems, in order.
+func problems(err error) []Problem {
+	var out []Problem
+	var walk func(error)
+	walk = func(err error) {
+		if j, ok := err.(interface{ Unwrap() []error }); ok {
+			for _, e := range j.Unwrap() {
+				walk(e)
+			}
+			return
+		}
+		p := Problem{Message: err.Error()}
+		var re *rules.Error
+		if errors.As(err, &re) {
+			p.File, p.Line, p.Rule, p.Field = re.File, re.Line, re.Rule, re.Field
+		}
+		out = append(out, p)
+	}
+	walk(err)
+	return out
+}
+
+var overrideIDRE = regexp.MustCompile(`^[A-Za-z0-9._:@-]{1,70}$`)
+
+// OverrideID is the rule id of the override of api key: "override:<key>", or
+// "override:sha256-<16 hex>" for a key a rule id cannot spell.
+func OverrideID(key string) string {
+	if overrideIDRE.MatchString(key) {
+		return "override:" + key
+	}
+	sum := sha256.Sum256([]byte(key))
+	return "override:sha256-" + hex.EncodeToString(sum[:8])
+}
+
+// sortedIDs returns the ids of st in order.
+func (st *state) sortedIDs() []string {
+	ids := make([]string, 0, len(st.byID))
+	for id := range st.byID {
+		ids = append(ids, id)
+	}
+	sort.Strings(ids)
+	return ids
+}

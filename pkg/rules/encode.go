@@ -1,0 +1,130 @@
+package rules
+
+import (
+	"encoding/json"
+	"strings"
+	"time"
+)
+
+// jsonRule is one rule in the schema ParseYAML reads (an entry of `rules:`), as JSON: what
+// EncodeRule writes and ParseRule reads back.
+type jsonRule struct {
+	ID        string             `json:"id,omitempty"`
+	Match     *jsonMatch         `json:"match,omitempty"`
+	By        string             `json:"by,omitempty"`
+	Limits    []jsonLimit        `json:"limits"`
+	Cost      map[string]int64   `json:"cost,omitempty"`
+	Mode      string             `json:"mode,omitempty"`
+	FailMode  string             `json:"fail_mode,omitempty"`
+	ExpiresAt string             `json:"expires_at,omitempty"`
+	Reason    string             `json:"reason,omitempty"`
+	Shares    map[string]float64 `json:"shares,omitempty"`
+}
+
+type jsonMatch struct {
+	APIKey   string `json:"api_key,omitempty"`
+	Plan     string `json:"plan,omitempty"`
+	Org      string `json:"org,omitempty"`
+	Endpoint string `json:"endpoint,omitempty"`
+	IP       string `json:"ip,omitempty"`
+}
+
+type jsonLimit struct {
+	Name  string  `json:"name"`
+	Rate  float64 `json:"rate"`
+	Per   string  `json:"per"`
+	Burst float64 `json:"burst,omitempty"`
+}
+
+// EncodeRule writes r as one JSON mapping in the rule schema: the value of one etcd key
+// under the rules prefix (EtcdSource), which ParseRule reads back into an equal Rule.
+// Fields at their defaults are left out. It checks nothing: validate the set first.
+func EncodeRule(r *Rule) ([]byte, error) {
+	j := jsonRule{ID: r.ID, Cost: r.Cost, Reason: r.Reason, Shares: r.Shares}
+	if r.Match != (Match{}) {
+		m := jsonMatch(r.Match)
+		j.Match = &m
+	}
+	if r.By != ByAPIKey {
+		j.By = r.By.String()
+	}
+	if r.Mode != ModeEnforce {
+		j.Mode = r.Mode.String()
+	}
+	if r.FailMode != FailOpen {
+		j.FailMode = r.FailMode.String()
+	}
+	if !r.ExpiresAt.IsZero() {
+		j.ExpiresAt = r.ExpiresAt.UTC().Format(time.RFC3339)
+	}
+	j.Limits = make([]jsonLimit, len(r.Limits))
+	for i, l := range r.Limits {
+		j.Limits[i] = jsonLimit{Name: l.Name, Rate: l.Rate, Per: formatPer(l.Per), Burst: l.Burst}
+	}
+	return json.MarshalIndent(j, "", "  ") // one field a line: errors name lines usefully
+}
+
+// formatPer writes a period the way rule files do: "1s", "1m", "1h30m" (not "1m0s").
+func formatPer(d time.Duration) string {
+	s := d.String()
+	if strings.HasSuffix(s, "m0s") {
+		s = s[:len(s)-2]
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = s[:len(s)-2]
+	}
+	return s
+}
+
+// ParseRuleAt is ParseRule for the value of etcd key (or any named source): errors name
+// key as the file, the way an EtcdSource reports them.
+func ParseRuleAt(data []byte, key string) (*Rule, error) { return parseRule(data, key) }
+
+// EtcdSet is the set an EtcdSource compiles from the values under prefix (key → value)
+// over base (nil: none): base rules first, an etcd rule replacing the base rule of its id,
+// the other etcd rules after in key order; a rule without an id takes the key's name after
+// the prefix. Every value that does not parse is an error (all listed, like a rejected
+// set); Compile the result to check the whole set. It backs the balancer's admin API, so a
+// change is checked the way every enforcer will check it.
+func EtcdSet(prefix string, kvs map[string][]byte, base *Set) (*Set, error) {
+	return layer(base, sortedKeys(kvs), func(k string) (*Rule, error) {
+		r, err := parseRule(kvs[k], k)
+		if err == nil && r.ID == "" {
+			r.ID = strings.TrimPrefix(strings.TrimPrefix(k, prefix), "/")
+		}
+		return r, err
+	})
+}
+
+// layer is base's rules, then each key's rule in keys order, an etcd rule replacing the
+// base rule of its id (a second etcd rule of that id is a duplicate, which Validate
+// reports). Every rule that failed to parse is an error. EtcdSource and EtcdSet both
+// build their sets here.
+func layer(base *Set, keys []string, rule func(key string) (*Rule, error)) (*Set, error) {
+	var errs errList
+	set := &Set{}
+	byID := map[string]int{} // base rule id → index, until an etcd rule replaces it
+	if base != nil {
+		set.Rules = append(set.Rules, base.Rules...)
+		for i, r := range set.Rules {
+			byID[r.ID] = i
+		}
+	}
+	for _, k := range keys {
+		r, err := rule(k)
+		if err != nil {
+			errs.add(err)
+			continue
+		}
+		if i, ok := byID[r.ID]; ok {
+			set.Rules[i] = *r
+			delete(byID, r.ID)
+			continue
+		}
+		set.Rules = append(set.Rules, *r)
+	}
+	if err := errs.err(); err != nil {
+		return nil, err
+	}
+	return set, nil
+}
