@@ -159,6 +159,17 @@ func (r *loadReport) table() string {
 		}
 		fmt.Fprintf(&sb, "| %s | %s | %s | %s |\n", f.name, cell(a, f), nc, ratio)
 	}
+	// Ratios within each round: both targets ran minutes apart on the same machine, so these
+	// are steadier than the ratio of the medians when the machine's load moves.
+	for _, f := range []figure{loadFigures[0], loadFigures[1], loadFigures[7]} {
+		var per []string
+		for i := range min(len(a), len(n)) {
+			if d := f.get(n[i]); d != 0 {
+				per = append(per, fmt.Sprintf("%.2f×", f.get(a[i])/d))
+			}
+		}
+		fmt.Fprintf(&sb, "| %s, allot / null per round | %s | — | — |\n", f.name, strings.Join(per, ", "))
+	}
 	var srcs []string
 	for _, row := range a {
 		for s := range row.Sources {
