@@ -31,11 +31,14 @@ test-short:
 bench: images
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime $(BENCHTIME) -timeout $(TIMEOUT) $(PKGS)
 
-# The enforcer load benchmark (issue 4): one enforcer process vs a 3-master Redis Cluster over
-# Envoy RLS gRPC; see e2e/load_test.go for the workload, the metrics and the ALLOT_BENCH_* knobs.
+# The enforcer load benchmark (issues 4, 8): one enforcer process vs a 3-master Redis Cluster
+# over Envoy RLS gRPC, side by side with a null RLS server in the same run. Prints one table,
+# writes it as JSON to bin/bench-load.json, fails on any fallback answer. Not part of `make
+# test` (it is a benchmark). See BENCHMARKS.md and e2e/load_test.go (the ALLOT_BENCH_* knobs).
 .PHONY: bench-load
 bench-load: images
-	$(GO) test -run '^$$' -bench BenchmarkEnforcerRLS -benchtime 1x -timeout 10m ./e2e/
+	ALLOT_BENCH_JSON=$(CURDIR)/bin/bench-load.json \
+	$(GO) test -run '^$$' -bench BenchmarkEnforcerRLS -benchtime 1x -timeout 15m ./e2e/
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi

@@ -14,6 +14,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -47,9 +48,12 @@ rules:
     limits: [{name: second, rate: 500, per: 1s, burst: 500}]
 `
 
-// BenchmarkEnforcerRLS is the enforcer load benchmark of issue 4: one bin/enforcer process
-// (built here, run as a child so its CPU can be read from /proc) against a real 3-master
-// Redis Cluster, driven over gRPC by go-control-plane's Envoy RLS client.
+// BenchmarkEnforcerRLS is the enforcer load benchmark of issues 4 and 8: one bin/enforcer
+// process (built here, run as a child so its CPU can be read from /proc) against a real
+// 3-master Redis Cluster, driven over gRPC by go-control-plane's Envoy RLS client, and in
+// the same invocation the same load against a null RLS server (nullrls_test.go: the same
+// gRPC server, answering OK and doing nothing), so that every figure can be read as a ratio
+// to the floor on the same machine at the same time.
 //
 // Workload. Every request is one RLS descriptor {api_key: key-K, remote_address: 10.0.0.1}
 // under one rule: 500 checks a second per key, burst 500. K is drawn from 10,000 keys with
@@ -63,37 +67,55 @@ rules:
 // few times a second or less is what a real API key population looks like, and it is the
 // hard part for a lease design: there is nothing to batch.
 //
-// Phases: a closed loop of 64 callers for 10 s (maximum throughput), then an open loop at
-// half the measured rate for 10 s (latency from each request's intended send time, so
-// queueing is not hidden). Metrics:
+// Rounds (ALLOT_BENCH_ROUNDS, default 3). Each round runs, for the null server and allot in
+// turn (the order alternates between rounds, so neither always runs on a warmer or a
+// quieter machine): a closed loop of 64 callers on 4 connections for 10 s (maximum
+// throughput); then, for both, an open loop at 1/6 of the null server's closed-loop rate of
+// that round for 10 s (latency from each request's intended send time, so queueing is not
+// hidden). The figures, per target and round (loadtable_test.go prints them as one table
+// and writes them as JSON to ALLOT_BENCH_JSON, `make bench-load`: bin/bench-load.json):
 //
 //	checks/s           closed loop throughput
-//	server-µs/check    enforcer utime+stime (/proc/PID/stat, 100 Hz ticks) / checks
-//	client-µs/check    this process' utime+stime / checks (the load generator shares the
-//	                   machine: on 2 cores its CPU is taken from the server)
-//	redis-calls/check  Σ over the masters of INFO commandstats evalsha+eval calls / checks
-//	fallback-%         share of answers given locally by the fallback layer (breaker open,
-//	                   or a check that outlived its wait): must stay ≈ 0 against a healthy
-//	                   cluster
-//	refused-%          share of RLS answers OVER_LIMIT
-//	p50/p99/p999-ms    open loop, at half the closed-loop throughput
+//	server µs/check    the server's utime+stime (/proc/PID/stat, 100 Hz ticks) / checks,
+//	                   closed loop
+//	redis µs/check     Σ over the masters of INFO cpu used_cpu_user+used_cpu_sys / checks,
+//	                   closed loop (Redis shares the machine)
+//	client µs/check    this process' utime+stime / checks, closed loop (the load generator
+//	                   shares the machine: on 2 cores its CPU is taken from the server)
+//	redis calls/check  Σ over the masters of INFO commandstats evalsha+eval calls / checks,
+//	                   closed loop (with store.pipeline on, several calls share a round trip)
+//	p50/p99/p99.9 ms   open loop
+//	answers by source  allot_enforcer_decisions_total by source, closed loop, % of checks
+//	lease expired      leased tokens dropped unspent / tokens granted to leases
+//	                   (allot_lease_tokens_total), closed loop
+//	refused            share of RLS answers OVER_LIMIT, closed loop
+//
+// The benchmark FAILS if any answer of either phase came from the fallback layer or from a
+// fail mode (sources fallback, fail-open, fail-closed): the cluster is healthy throughout,
+// and a local answer then loosens or tightens a limit for no reason (issue 8, part 1).
 //
 // ALLOT_BENCH_LOG=1 prints the enforcer's log (warn and above: breaker transitions) at
 // the end. ALLOT_BENCH_BIN runs a prebuilt enforcer instead of building ./cmd/enforcer;
 // ALLOT_BENCH_ARGS adds flags to it (e.g. "-fallback-timeout 50ms"); ALLOT_BENCH_PROFILE
-// writes a 5 s CPU profile of the enforcer taken during the closed loop.
-//
-// The enforcer runs with its defaults (checks wait 5 ms) unless ALLOT_BENCH_ARGS says
-// otherwise; fallback-% shows whether its breakers opened on the healthy cluster.
+// writes a 5 s CPU profile of the enforcer taken during the first round's closed loop.
 //
 // Pinning: ALLOT_BENCH_SERVER_CPUS and ALLOT_BENCH_CLIENT_CPUS (taskset lists such as "1"
-// and "0") pin the enforcer and this process; unset, nothing is pinned and the server, the
+// and "0") pin the servers and this process; unset, nothing is pinned and the servers, the
 // client and the three redis-servers share every core. Skipped under -short.
 func BenchmarkEnforcerRLS(b *testing.B) {
 	if testing.Short() {
 		b.Skip("load benchmark: needs Docker and a built enforcer")
 	}
 	testenv.Require(b)
+	rounds := 3
+	if v := os.Getenv("ALLOT_BENCH_ROUNDS"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n <= 0 {
+			b.Fatalf("ALLOT_BENCH_ROUNDS = %q, want a positive integer", v)
+		}
+		rounds = n
+	}
+	load0 := loadAvg()
 	cluster := testenv.RedisCluster(b, testenv.ClusterOptions{Masters: 3})
 	dir := b.TempDir()
 	bin := os.Getenv("ALLOT_BENCH_BIN") // a prebuilt enforcer, e.g. of another commit
@@ -112,20 +134,9 @@ func BenchmarkEnforcerRLS(b *testing.B) {
 			b.Fatalf("while pinning the client to %s: %v\n%s", cpus, err, out)
 		}
 	}
-	srv := startEnforcer(b, bin, rulesFile, cluster.Addrs(), fmt.Sprintf("bench%d:", time.Now().UnixNano()))
-
-	conns := make([]*grpc.ClientConn, loadConns)
-	for i := range conns {
-		cc, err := grpc.NewClient(srv.grpc, grpc.WithTransportCredentials(insecure.NewCredentials()))
-		if err != nil {
-			b.Fatal(err)
-		}
-		b.Cleanup(func() { cc.Close() })
-		conns[i] = cc
-	}
-	clients := make([]rlsv3.RateLimitServiceClient, len(conns))
-	for i := range conns {
-		clients[i] = rlsv3.NewRateLimitServiceClient(conns[i])
+	targets := []*loadTarget{
+		{name: "null", proc: startNullRLS(b)},
+		{name: "allot", proc: startEnforcer(b, bin, rulesFile, cluster.Addrs(), fmt.Sprintf("bench%d:", time.Now().UnixNano()))},
 	}
 	// Requests are built once per key: the client's own cost should be the RPC, not this.
 	reqs := make([]*rlsv3.RateLimitRequest, loadKeys)
@@ -134,71 +145,157 @@ func BenchmarkEnforcerRLS(b *testing.B) {
 			Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "api_key", Value: fmt.Sprintf("key-%d", i)}, {Key: "remote_address", Value: "10.0.0.1"}},
 		}}}
 	}
-	var refused atomicCount
-	check := func(ctx context.Context, k int) error {
-		// The loop's own deadline must not cut calls in flight short (gRPC's timer may fire
-		// before the loop sees its context done, and that is no server error).
-		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer cancel()
-		resp, err := clients[k%len(clients)].ShouldRateLimit(ctx, reqs[k])
-		if err == nil && resp.GetOverallCode() == rlsv3.RateLimitResponse_OVER_LIMIT {
-			refused.add()
-		}
-		return err
-	}
 	ctx := context.Background()
 	keys := func(w int) *loadgen.Keys { return loadgen.NewKeys(loadKeys, loadZipfS, uint64(w+1)) }
+	for _, t := range targets {
+		t.connect(b, reqs)
+		// Warm up: connections, the script cache, the Go runtime of both processes.
+		loadgen.ClosedLoop(ctx, loadCallers, time.Second, loadMax, keys, t.check)
+	}
 
-	// Warm up: connections, the script cache, the Go runtime of both processes.
-	loadgen.ClosedLoop(ctx, loadCallers, time.Second, loadMax, keys, check)
-
+	enforcer := "built from the tree at commit"
+	if v := os.Getenv("ALLOT_BENCH_BIN"); v != "" {
+		enforcer = v
+	}
+	report := &loadReport{Enforcer: enforcer, Cores: runtime.NumCPU(), GOMAXPROCS: runtime.GOMAXPROCS(0), Commit: gitCommit(),
+		Started: time.Now().UTC().Format(time.RFC3339), LoadAvgBefore: load0, Rounds: rounds,
+		Callers: loadCallers, Conns: loadConns, Keys: loadKeys, ZipfS: loadZipfS, ClosedSeconds: loadClosed.Seconds(), OpenSeconds: loadOpen.Seconds()}
 	for range b.N {
-		s0 := srv.sample(b, cluster)
-		refused.reset()
-		profiled := make(chan struct{})
-		if path := os.Getenv("ALLOT_BENCH_PROFILE"); path != "" {
-			go func() { defer close(profiled); srv.profile(b, path) }()
-		} else {
-			close(profiled)
+		for r := range rounds {
+			order := targets
+			if r%2 == 1 {
+				order = []*loadTarget{targets[1], targets[0]}
+			}
+			rows := map[string]*loadRow{}
+			for _, t := range order {
+				rows[t.name] = t.closed(b, cluster, keys, r == 0)
+			}
+			rate := rows["null"].ChecksPerSec / 6
+			for _, t := range order {
+				t.open(b, cluster, rows[t.name], rate)
+			}
+			for _, t := range targets {
+				row := rows[t.name]
+				row.Round = r + 1
+				row.LoadAvg = loadAvg()
+				report.Rows = append(report.Rows, row)
+				b.Logf("round %d %s: %s", r+1, t.name, row)
+			}
 		}
-		res := loadgen.ClosedLoop(ctx, loadCallers, loadClosed, loadMax, keys, check)
-		s1 := srv.sample(b, cluster)
-		<-profiled
-		if res.Errors > 0 {
-			b.Fatalf("closed loop: %d errors, first: %v", res.Errors, res.FirstErr)
+	}
+	report.LoadAvgAfter = loadAvg()
+	fmt.Print(report.table())
+	if path := os.Getenv("ALLOT_BENCH_JSON"); path != "" {
+		if err := report.write(path); err != nil {
+			b.Errorf("while writing %s: %v", path, err)
 		}
-		n := float64(res.Calls)
-		b.ReportMetric(res.PerSecond(), "checks/s")
-		b.ReportMetric(float64((s1.server-s0.server).Microseconds())/n, "server-µs/check")
-		b.ReportMetric(float64((s1.client-s0.client).Microseconds())/n, "client-µs/check")
-		b.ReportMetric(float64(s1.redis-s0.redis)/n, "redis-calls/check")
-		b.ReportMetric(100*(s1.fallback-s0.fallback)/n, "fallback-%")
-		b.ReportMetric(100*float64(refused.load())/n, "refused-%")
-		b.Logf("closed loop, %d callers: %.0f checks/s over %v; server %.1f µs/check, client %.1f µs/check, redis %.3f calls/check, fallback %.2f%%, refused %.1f%%",
-			loadCallers, res.PerSecond(), res.Elapsed.Round(time.Millisecond),
-			float64((s1.server-s0.server).Microseconds())/n, float64((s1.client-s0.client).Microseconds())/n,
-			float64(s1.redis-s0.redis)/n, 100*(s1.fallback-s0.fallback)/n, 100*float64(refused.load())/n)
+	}
+	a := report.medians("allot")
+	n := report.medians("null")
+	b.ReportMetric(a.ChecksPerSec, "checks/s")
+	b.ReportMetric(a.ChecksPerSec/n.ChecksPerSec, "×null-checks/s")
+	b.ReportMetric(a.ServerUsPerCheck, "server-µs/check")
+	b.ReportMetric(a.RedisCallsPerCheck, "redis-calls/check")
+	b.ReportMetric(a.P99ms, "p99-ms")
+	for _, row := range report.Rows {
+		if row.Degraded > 0 {
+			b.Errorf("round %d, %s: %d answers came from fallback or a fail mode while Redis was healthy (%.3f%% of the closed loop's checks from fallback)",
+				row.Round, row.Target, row.Degraded, row.Sources["fallback"])
+		}
+	}
+}
 
-		rate := res.PerSecond() / 2
-		o0 := srv.sample(b, cluster)
-		or, err := loadgen.OpenLoop(ctx, rate, loadOpen, loadCallers, loadgen.NewKeys(loadKeys, loadZipfS, 99), check)
+// loadTarget is one RLS server under test and the clients that drive it.
+type loadTarget struct {
+	name    string
+	proc    *serverProc
+	clients []rlsv3.RateLimitServiceClient
+	reqs    []*rlsv3.RateLimitRequest
+	refused atomicCount
+}
+
+func (t *loadTarget) connect(b *testing.B, reqs []*rlsv3.RateLimitRequest) {
+	t.reqs = reqs
+	for range loadConns {
+		cc, err := grpc.NewClient(t.proc.grpc, grpc.WithTransportCredentials(insecure.NewCredentials()))
 		if err != nil {
 			b.Fatal(err)
 		}
-		o1 := srv.sample(b, cluster)
-		if or.Errors > 0 || or.Dropped > 0 {
-			b.Fatalf("open loop: %d errors, %d dropped, first: %v", or.Errors, or.Dropped, or.FirstErr)
+		b.Cleanup(func() { cc.Close() })
+		t.clients = append(t.clients, rlsv3.NewRateLimitServiceClient(cc))
+	}
+}
+
+func (t *loadTarget) check(ctx context.Context, k int) error {
+	// The loop's own deadline must not cut calls in flight short (gRPC's timer may fire
+	// before the loop sees its context done, and that is no server error).
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	resp, err := t.clients[k%len(t.clients)].ShouldRateLimit(ctx, t.reqs[k])
+	if err == nil && resp.GetOverallCode() == rlsv3.RateLimitResponse_OVER_LIMIT {
+		t.refused.add()
+	}
+	return err
+}
+
+// closed runs the closed loop against t and returns its figures.
+func (t *loadTarget) closed(b *testing.B, c *testenv.Cluster, keys func(int) *loadgen.Keys, profile bool) *loadRow {
+	s0 := t.proc.sample(b, c)
+	t.refused.reset()
+	profiled := make(chan struct{})
+	if path := os.Getenv("ALLOT_BENCH_PROFILE"); path != "" && profile && t.proc.http != "" {
+		go func() { defer close(profiled); t.proc.profile(b, path) }()
+	} else {
+		close(profiled)
+	}
+	res := loadgen.ClosedLoop(context.Background(), loadCallers, loadClosed, loadMax, keys, t.check)
+	s1 := t.proc.sample(b, c)
+	<-profiled
+	if res.Errors > 0 {
+		b.Fatalf("%s, closed loop: %d errors, first: %v", t.name, res.Errors, res.FirstErr)
+	}
+	n := float64(res.Calls)
+	row := &loadRow{Target: t.name, Checks: res.Calls, ChecksPerSec: res.PerSecond(),
+		ServerUsPerCheck:   float64((s1.server - s0.server).Microseconds()) / n,
+		RedisUsPerCheck:    float64((s1.redisCPU - s0.redisCPU).Microseconds()) / n,
+		ClientUsPerCheck:   float64((s1.client - s0.client).Microseconds()) / n,
+		RedisCallsPerCheck: float64(s1.redis-s0.redis) / n,
+		RefusedPct:         100 * float64(t.refused.load()) / n,
+		Sources:            map[string]float64{},
+	}
+	if t.proc.http != "" { // the null server has no redis, metrics or sources
+		for src, v := range s1.sources {
+			if d := v - s0.sources[src]; d > 0 {
+				row.Sources[src] = 100 * d / n
+			}
 		}
-		ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
-		on := float64(or.Calls)
-		b.ReportMetric(rate, "open-rate/s")
-		b.ReportMetric(ms(or.Quantile(0.5)), "p50-ms")
-		b.ReportMetric(ms(or.Quantile(0.99)), "p99-ms")
-		b.ReportMetric(ms(or.Quantile(0.999)), "p999-ms")
-		b.Logf("open loop at %.0f/s for %v: p50 %v p99 %v p999 %v; server %.1f µs/check, client %.1f µs/check, redis %.3f calls/check, fallback %.2f%%",
-			rate, loadOpen, or.Quantile(0.5), or.Quantile(0.99), or.Quantile(0.999),
-			float64((o1.server-o0.server).Microseconds())/on, float64((o1.client-o0.client).Microseconds())/on,
-			float64(o1.redis-o0.redis)/on, 100*(o1.fallback-o0.fallback)/on)
+		if g := s1.granted - s0.granted; g > 0 {
+			row.LeaseExpiredPct = 100 * (s1.expired - s0.expired) / g
+		}
+		row.Degraded = int64(s1.degraded() - s0.degraded())
+	} else {
+		row.RedisUsPerCheck, row.RedisCallsPerCheck = 0, 0
+	}
+	return row
+}
+
+// open runs the open loop against t at rate and adds its figures to row.
+func (t *loadTarget) open(b *testing.B, c *testenv.Cluster, row *loadRow, rate float64) {
+	s0 := t.proc.sample(b, c)
+	or, err := loadgen.OpenLoop(context.Background(), rate, loadOpen, loadCallers, loadgen.NewKeys(loadKeys, loadZipfS, 99), t.check)
+	if err != nil {
+		b.Fatal(err)
+	}
+	s1 := t.proc.sample(b, c)
+	if or.Errors > 0 || or.Dropped > 0 {
+		b.Fatalf("%s, open loop: %d errors, %d dropped, first: %v", t.name, or.Errors, or.Dropped, or.FirstErr)
+	}
+	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+	row.OpenRate = rate
+	row.P50ms, row.P99ms, row.P999ms = ms(or.Quantile(0.5)), ms(or.Quantile(0.99)), ms(or.Quantile(0.999))
+	row.OpenServerUsPerCheck = float64((s1.server - s0.server).Microseconds()) / float64(or.Calls)
+	if t.proc.http != "" {
+		row.Degraded += int64(s1.degraded() - s0.degraded())
 	}
 }
 
@@ -209,16 +306,16 @@ func (c *atomicCount) add()        { c.n.Add(1) }
 func (c *atomicCount) reset()      { c.n.Store(0) }
 func (c *atomicCount) load() int64 { return c.n.Load() }
 
-// enforcerProc is the enforcer child process.
-type enforcerProc struct {
+// serverProc is a server child process: the enforcer, or the null RLS server (no HTTP).
+type serverProc struct {
 	cmd        *exec.Cmd
-	grpc, http string
+	grpc, http string // http is "" for the null server
 	stderr     *bytes.Buffer
 }
 
-func startEnforcer(b *testing.B, bin, rulesFile string, redisAddrs []string, prefix string) *enforcerProc {
+func startEnforcer(b *testing.B, bin, rulesFile string, redisAddrs []string, prefix string) *serverProc {
 	ports := freePorts(b, 2)
-	p := &enforcerProc{grpc: ports[0], http: ports[1], stderr: new(bytes.Buffer)}
+	p := &serverProc{grpc: ports[0], http: ports[1], stderr: new(bytes.Buffer)}
 	args := []string{
 		"-region", "bench", "-id", "bench-1", "-store", "redis-cluster",
 		"-redis-addrs", strings.Join(redisAddrs, ","), "-redis-key-prefix", prefix,
@@ -228,32 +325,7 @@ func startEnforcer(b *testing.B, bin, rulesFile string, redisAddrs []string, pre
 	if v := os.Getenv("ALLOT_BENCH_ARGS"); v != "" { // e.g. "-fallback-timeout 50ms"
 		args = append(args, strings.Fields(v)...)
 	}
-	name := bin
-	if cpus := os.Getenv("ALLOT_BENCH_SERVER_CPUS"); cpus != "" {
-		args = append([]string{"-c", cpus, bin}, args...)
-		name = "taskset"
-	}
-	p.cmd = exec.Command(name, args...)
-	p.cmd.Stderr = p.stderr
-	// Environment variables must not reconfigure the child behind the benchmark's back.
-	p.cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "GOMAXPROCS=" + os.Getenv("GOMAXPROCS")}
-	if err := p.cmd.Start(); err != nil {
-		b.Fatalf("while starting the enforcer: %v", err)
-	}
-	b.Cleanup(func() {
-		_ = p.cmd.Process.Signal(os.Interrupt)
-		done := make(chan struct{})
-		go func() { _ = p.cmd.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(15 * time.Second):
-			_ = p.cmd.Process.Kill()
-			<-done
-		}
-		if b.Failed() || os.Getenv("ALLOT_BENCH_LOG") != "" {
-			b.Logf("enforcer stderr:\n%s", p.stderr.String())
-		}
-	})
+	p.start(b, bin, args, nil)
 	end := time.Now().Add(20 * time.Second)
 	for {
 		if resp, err := http.Get("http://" + p.http + "/readyz"); err == nil {
@@ -269,19 +341,104 @@ func startEnforcer(b *testing.B, bin, rulesFile string, redisAddrs []string, pre
 	}
 }
 
-// sample is one reading of the counters the benchmark reports deltas of.
-type sample struct {
-	server, client time.Duration
-	redis          int64
-	fallback       float64
+// startNullRLS runs this test binary as the null RLS server (nullrls_test.go) and waits
+// until it answers.
+func startNullRLS(b *testing.B) *serverProc {
+	p := &serverProc{grpc: freePorts(b, 1)[0], stderr: new(bytes.Buffer)}
+	p.start(b, os.Args[0], []string{"-test.run=^$"}, []string{nullRLSEnv + "=" + p.grpc})
+	cc, err := grpc.NewClient(p.grpc, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer cc.Close()
+	c := rlsv3.NewRateLimitServiceClient(cc)
+	end := time.Now().Add(20 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		_, err := c.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "api"})
+		cancel()
+		if err == nil {
+			return p
+		}
+		if time.Now().After(end) {
+			b.Fatalf("null RLS server not answering after 20s: %v; stderr:\n%s", err, p.stderr.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }
 
-func (p *enforcerProc) sample(b *testing.B, c *testenv.Cluster) sample {
-	s := sample{server: procCPU(b, p.cmd.Process.Pid), client: procCPU(b, os.Getpid())}
+// start runs bin with args (under taskset when ALLOT_BENCH_SERVER_CPUS is set) with only
+// PATH, GOMAXPROCS and env in its environment, and stops it (SIGINT, then SIGKILL after
+// 15 s) when the benchmark ends.
+func (p *serverProc) start(b *testing.B, bin string, args, env []string) {
+	name := bin
+	if cpus := os.Getenv("ALLOT_BENCH_SERVER_CPUS"); cpus != "" {
+		args = append([]string{"-c", cpus, bin}, args...)
+		name = "taskset"
+	}
+	p.cmd = exec.Command(name, args...)
+	p.cmd.Stderr = p.stderr
+	// Environment variables must not reconfigure the child behind the benchmark's back.
+	p.cmd.Env = append([]string{"PATH=" + os.Getenv("PATH"), "GOMAXPROCS=" + os.Getenv("GOMAXPROCS")}, env...)
+	if err := p.cmd.Start(); err != nil {
+		b.Fatalf("while starting %s: %v", bin, err)
+	}
+	b.Cleanup(func() {
+		_ = p.cmd.Process.Signal(os.Interrupt)
+		done := make(chan struct{})
+		go func() { _ = p.cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(15 * time.Second):
+			_ = p.cmd.Process.Kill()
+			<-done
+		}
+		if p.http != "" && (b.Failed() || os.Getenv("ALLOT_BENCH_LOG") != "") {
+			b.Logf("enforcer stderr:\n%s", p.stderr.String())
+		}
+	})
+}
+
+// sample is one reading of the counters the benchmark reports deltas of.
+type sample struct {
+	server, client, redisCPU time.Duration
+	redis                    int64
+	sources                  map[string]float64 // allot_enforcer_decisions_total by source
+	granted, expired         float64            // allot_lease_tokens_total
+}
+
+// degraded is the answers not from the store: the fallback layer's and the fail modes'.
+func (s sample) degraded() float64 {
+	return s.sources["fallback"] + s.sources["fail-open"] + s.sources["fail-closed"]
+}
+
+var (
+	decisionsRE = regexp.MustCompile(`(?m)^allot_enforcer_decisions_total\{[^}]*source="([^"]+)"[^}]*\} (\S+)`)
+	leaseTokRE  = regexp.MustCompile(`(?m)^allot_lease_tokens_total\{event="(granted|expired)"\} (\S+)`)
+)
+
+func (p *serverProc) sample(b *testing.B, c *testenv.Cluster) sample {
+	s := sample{server: procCPU(b, p.cmd.Process.Pid), client: procCPU(b, os.Getpid()), sources: map[string]float64{}}
 	for _, m := range c.Masters() {
 		s.redis += scriptCalls(b, m)
+		s.redisCPU += redisCPU(b, m)
 	}
-	s.fallback = p.metricSum(b, regexp.MustCompile(`(?m)^allot_enforcer_decisions_total\{[^}]*source="fallback"[^}]*\} (\S+)`))
+	if p.http == "" {
+		return s
+	}
+	raw := p.metrics(b)
+	for _, m := range decisionsRE.FindAllSubmatch(raw, -1) {
+		v, _ := strconv.ParseFloat(string(m[2]), 64)
+		s.sources[string(m[1])] += v
+	}
+	for _, m := range leaseTokRE.FindAllSubmatch(raw, -1) {
+		v, _ := strconv.ParseFloat(string(m[2]), 64)
+		if string(m[1]) == "granted" {
+			s.granted = v
+		} else {
+			s.expired = v
+		}
+	}
 	return s
 }
 
@@ -317,25 +474,39 @@ func scriptCalls(b *testing.B, n *testenv.Node) int64 {
 	return sum
 }
 
-func (p *enforcerProc) metricSum(b *testing.B, re *regexp.Regexp) float64 {
+func (p *serverProc) metrics(b *testing.B) []byte {
 	resp, err := http.Get("http://" + p.http + "/metrics")
 	if err != nil {
 		b.Fatalf("while scraping /metrics: %v", err)
 	}
 	defer resp.Body.Close()
-	raw, _ := io.ReadAll(resp.Body)
-	var sum float64
-	for _, m := range re.FindAllSubmatch(raw, -1) {
-		v, _ := strconv.ParseFloat(string(m[1]), 64)
-		sum += v
+	raw, err := io.ReadAll(resp.Body)
+	if err != nil {
+		b.Fatalf("while scraping /metrics: %v", err)
 	}
-	return sum
+	return raw
+}
+
+var cpuRE = regexp.MustCompile(`(?m)^used_cpu_(?:sys|user):([0-9.]+)`)
+
+// redisCPU is the CPU a redis-server has used (INFO cpu, used_cpu_sys + used_cpu_user).
+func redisCPU(b *testing.B, n *testenv.Node) time.Duration {
+	info, err := n.Client().Info(context.Background(), "cpu").Result()
+	if err != nil {
+		b.Fatalf("INFO cpu: %v", err)
+	}
+	var sec float64
+	for _, m := range cpuRE.FindAllStringSubmatch(info, -1) {
+		v, _ := strconv.ParseFloat(m[1], 64)
+		sec += v
+	}
+	return time.Duration(sec * float64(time.Second))
 }
 
 // profile takes a 5 s CPU profile of the enforcer (run while the closed loop runs) and
 // writes it to path (ALLOT_BENCH_PROFILE), for `go tool pprof`. Errors are logged: a
 // missing profile must not fail the measurement.
-func (p *enforcerProc) profile(b *testing.B, path string) {
+func (p *serverProc) profile(b *testing.B, path string) {
 	resp, err := http.Get("http://" + p.http + "/debug/pprof/profile?seconds=5")
 	if err != nil {
 		b.Logf("pprof: %v", err)

@@ -85,6 +85,11 @@ func (m *Memory) Take(ctx context.Context, req *Request) (Result, error) {
 	return m.TakeAt(req, m.clock.Now().UnixMicro()), nil
 }
 
+// TakeValid is Take of a request the caller has validated (ValidTaker).
+func (m *Memory) TakeValid(_ context.Context, req *Request) (Result, error) {
+	return m.TakeAt(req, m.clock.Now().UnixMicro()), nil
+}
+
 // TakeAt is Take at the given time (Unix µs) for an already validated request.
 func (m *Memory) TakeAt(req *Request, now int64) Result {
 	var buf [MaxLimits]float64

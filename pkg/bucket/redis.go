@@ -190,6 +190,11 @@ func (r *Redis) Take(ctx context.Context, req *Request) (Result, error) {
 	if err := req.Validate(); err != nil {
 		return Result{}, err
 	}
+	return r.TakeValid(ctx, req)
+}
+
+// TakeValid is Take of a request the caller has validated (ValidTaker).
+func (r *Redis) TakeValid(ctx context.Context, req *Request) (Result, error) {
 	if r.pipeline {
 		if b := r.batcherFor(req.Identity); b != nil {
 			return r.takePipelined(ctx, b, req)

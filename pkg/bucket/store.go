@@ -25,24 +25,43 @@ const (
 // ErrInvalid is wrapped by every validation error: the request never reached a store.
 var ErrInvalid = errors.New("bucket: invalid request")
 
-// Source says where a decision came from, for metrics and decision logs.
+// ErrUnavailable is returned by a layer that cannot reach the store for a request it must
+// not answer itself (Request.FailClosed; pkg/fallback while a shard is unavailable).
+// Nothing was taken. The Result returned with it is not an answer: its Source is
+// SourceFailClosed and its RetryAfter, when > 0, is when the store will next be tried. The
+// caller applies the fail mode (pkg/enforcer, the one place that decides it).
+var ErrUnavailable = errors.New("bucket: store unavailable")
+
+// Source says where an answer came from, for responses, metrics and decision logs. It is
+// the one Source of the check path: the stores and the layers above them (pkg/lease,
+// pkg/fallback) stamp theirs on a Result, the enforcer stamps its own (none, fail-open,
+// too-large, shadow) on a Decision, and the front ends map it to their wire forms in one
+// place each (pkg/enforcer/grpcapi for allot.v1.Source). The zero value is SourceNone: no
+// store answered. Values are small and dense (NumSources bounds them) so that per-source
+// counters are an array.
 type Source uint8
 
-// The sources of a decision. Each layer stamps its own.
+// The sources of an answer.
 const (
-	SourceUnknown      Source = iota
-	SourceMemory              // the in-memory store
-	SourceRedis               // one script on the key's Redis shard
-	SourceLease               // tokens leased earlier and spent from memory
-	SourceRefusalCache        // refused from memory until a known retry time
-	SourceFallback            // local degraded limits while Redis is unavailable
-	SourceFailClosed          // refused because the store is unavailable and the rule fails closed
+	SourceNone         Source = iota // no store answered (the enforcer: no enforcing rule applied)
+	SourceMemory                     // the in-memory store
+	SourceRedis                      // one script on the key's Redis shard
+	SourceLease                      // tokens leased earlier and spent from memory
+	SourceRefusalCache               // refused from memory until a retry time the store gave
+	SourceFallback                   // local degraded limits while Redis is unavailable
+	SourceFailClosed                 // refused: the store is unavailable and the rule fails closed
+	SourceFailOpen                   // allowed: the store failed and the rule fails open
+	SourceTooLarge                   // refused: the request costs more than the rule's burst
+	SourceShadow                     // a shadow rule's evaluation (decision logs only)
+	NumSources                       // one past the last Source
 )
 
-var sourceNames = [...]string{"unknown", "memory", "redis", "lease", "refusal-cache", "fallback", "fail-closed"}
+var sourceNames = [NumSources]string{"none", "memory", "redis", "lease", "refusal-cache", "fallback", "fail-closed", "fail-open", "too-large", "shadow"}
 
+// String is the source's name as metrics, logs and the HTTP API spell it; "unknown" for
+// a value past the last source.
 func (s Source) String() string {
-	if int(s) < len(sourceNames) {
+	if s < NumSources {
 		return sourceNames[s]
 	}
 	return "unknown"
@@ -60,9 +79,10 @@ type Request struct {
 	// Min is the fewest tokens worth taking; 0 means Want (all or nothing). A request of
 	// cost c sets Min = Want = c; a lease asks for a batch with Min = the cost.
 	Min int64
-	// FailClosed asks layers that answer while the store is unavailable (pkg/fallback) to
-	// refuse instead of enforcing local limits: for security rules (login, OTP) an outage
-	// must not become a brute-force window. Stores themselves ignore it.
+	// FailClosed asks layers that answer while the store is unavailable (pkg/fallback) not
+	// to enforce local limits but to return ErrUnavailable, so that the caller refuses: for
+	// security rules (login, OTP) an outage must not become a brute-force window. Stores
+	// themselves ignore it.
 	FailClosed bool
 }
 
@@ -110,6 +130,25 @@ func ResultOf(d Decision, source Source) Result {
 // answer (e.g. Redis unreachable) and nothing is known to have been taken.
 type Store interface {
 	Take(ctx context.Context, req *Request) (Result, error)
+}
+
+// ValidTaker is a Store that can take for a request its caller has already validated
+// (Request.Validate returned nil and the request has not changed since), skipping the
+// validation its Take would repeat. The check path validates once, at its outermost layer
+// (pkg/fallback's Take), and each layer passes the request down with TakeValid: a request
+// with up to MaxLimits limits costs one Validate instead of one per layer. TakeValid of an
+// invalid request is undefined (it may panic or take wrongly); Take stays the safe entry.
+type ValidTaker interface {
+	TakeValid(ctx context.Context, req *Request) (Result, error)
+}
+
+// Validated returns next's TakeValid when next is a ValidTaker, else its Take: resolved once
+// by a layer when it is built, so the check path makes no type assertion.
+func Validated(next Store) func(ctx context.Context, req *Request) (Result, error) {
+	if v, ok := next.(ValidTaker); ok {
+		return v.TakeValid
+	}
+	return next.Take
 }
 
 // Validate checks a request against the bounds above and returns an error wrapping

@@ -98,7 +98,8 @@ type Config struct {
 	ResetJitterRatio float64
 
 	// FailClosedRetryAfter is the Retry-After given when a fail-closed rule refuses because
-	// the store could not answer.
+	// the store could not answer and did not say when it will next be tried (pkg/fallback
+	// does, with bucket.ErrUnavailable: until the shard's probe, and that is given instead).
 	FailClosedRetryAfter time.Duration
 
 	// DecisionLogEvery logs one decision in every N at debug level (0: none).

@@ -7,52 +7,25 @@ import (
 	"github.com/allot-dev/allot/pkg/bucket"
 )
 
-// Source says where a decision came from, for responses, metrics and decision logs.
-type Source uint8
+// Source is bucket.Source, the one Source of the check path (an alias, not a second type:
+// a store's answer carries its source into the Decision unchanged). The names below are
+// kept for the packages that spell them enforcer.SourceX.
+type Source = bucket.Source
 
-// The sources of a decision. The first ones mirror bucket.Source; the rest are the
-// enforcer's own.
+// The sources of a decision (see bucket.Source).
 const (
-	SourceNone         Source = iota // no enforcing rule applied: allowed without a store
-	SourceMemory                     // the in-memory store
-	SourceRedis                      // one script on the key's Redis shard
-	SourceLease                      // tokens leased earlier, spent from memory
-	SourceRefusalCache               // refused from memory until a retry time Redis gave
-	SourceFallback                   // local degraded limits while Redis is unavailable
-	SourceFailClosed                 // refused: the store failed and the rule fails closed
-	SourceFailOpen                   // allowed: the store failed and the rule fails open
-	SourceTooLarge                   // refused: the request costs more than the rule's burst
-	SourceShadow                     // a shadow rule's evaluation (decision logs only)
-	numSources
+	SourceNone         = bucket.SourceNone
+	SourceMemory       = bucket.SourceMemory
+	SourceRedis        = bucket.SourceRedis
+	SourceLease        = bucket.SourceLease
+	SourceRefusalCache = bucket.SourceRefusalCache
+	SourceFallback     = bucket.SourceFallback
+	SourceFailClosed   = bucket.SourceFailClosed
+	SourceFailOpen     = bucket.SourceFailOpen
+	SourceTooLarge     = bucket.SourceTooLarge
+	SourceShadow       = bucket.SourceShadow
+	numSources         = bucket.NumSources
 )
-
-var sourceNames = [numSources]string{"none", "memory", "redis", "lease", "refusal-cache", "fallback", "fail-closed", "fail-open", "too-large", "shadow"}
-
-func (s Source) String() string {
-	if s < numSources {
-		return sourceNames[s]
-	}
-	return "unknown"
-}
-
-// sourceOf maps a store's source to the enforcer's.
-func sourceOf(s bucket.Source) Source {
-	switch s {
-	case bucket.SourceMemory:
-		return SourceMemory
-	case bucket.SourceRedis:
-		return SourceRedis
-	case bucket.SourceLease:
-		return SourceLease
-	case bucket.SourceRefusalCache:
-		return SourceRefusalCache
-	case bucket.SourceFallback:
-		return SourceFallback
-	case bucket.SourceFailClosed:
-		return SourceFailClosed
-	}
-	return SourceNone
-}
 
 // maxShadowNames is how many refusing shadow rules a Decision names; more are counted.
 const maxShadowNames = 4

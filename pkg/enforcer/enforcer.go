@@ -205,11 +205,20 @@ func (e *Enforcer) Check(ctx context.Context, req *Request) (Decision, error) {
 			if ctxErr := ctx.Err(); ctxErr != nil {
 				return Decision{}, ctxErr
 			}
+			// The one place the fail mode is decided. A layer that knows when the store will
+			// next be tried (pkg/fallback: ErrUnavailable, until the shard's probe) says so in
+			// res.RetryAfter; any other error gets FailClosedRetryAfter.
 			e.metrics.storeErrors[m.Rule.FailMode&1].Inc()
-			e.log.Warn("store could not answer", "rule", m.Rule.ID, "fail-mode", failModeName(m.Rule.FailMode), "error", err)
+			if !errors.Is(err, bucket.ErrUnavailable) { // pkg/fallback logs its shard's transitions
+				e.log.Warn("store could not answer", "rule", m.Rule.ID, "fail-mode", failModeName(m.Rule.FailMode), "error", err)
+			}
 			if m.Rule.FailMode == rules.FailClosed {
-				e.fill(&d, m, lim, 0, &bucket.Result{Reset: e.cfg.FailClosedRetryAfter})
-				d.Allowed, d.Source, d.RetryAfter = false, SourceFailClosed, e.cfg.FailClosedRetryAfter
+				retry := e.cfg.FailClosedRetryAfter
+				if errors.Is(err, bucket.ErrUnavailable) && res.RetryAfter > 0 {
+					retry = res.RetryAfter
+				}
+				e.fill(&d, m, lim, 0, &bucket.Result{Reset: retry})
+				d.Allowed, d.Source, d.RetryAfter = false, SourceFailClosed, retry
 			} else if !chosen && d.Rule == "" {
 				// Budget unknown: say the quota is whole rather than invent a shortage.
 				e.fill(&d, m, lim, 0, &bucket.Result{})
@@ -226,7 +235,7 @@ func (e *Enforcer) Check(ctx context.Context, req *Request) (Decision, error) {
 			chosen = true
 		}
 		if ok && err == nil {
-			e.observeUsage(m, want, res.Allowed(), sourceOf(res.Source), now)
+			e.observeUsage(m, want, res.Allowed(), res.Source, now)
 		}
 	}
 	e.finish(&d, req, snap, now)
@@ -295,7 +304,7 @@ func (e *Enforcer) shadow(ctx context.Context, sc *scratch, m *rules.Matched, hi
 		d.addShadow(m.Rule.ID)
 		if n := e.cfg.RefusalLogEvery; n > 0 && e.refuseTick.Add(1)%n == 1%n {
 			e.log.Info("shadow rule would refuse", "region", e.cfg.Region, "rule", m.Rule.ID,
-				"source", SourceShadow.String(), "store-source", sourceOf(res.Source).String(),
+				"source", SourceShadow.String(), "store-source", res.Source.String(),
 				"retry-after", res.RetryAfter)
 		}
 	default:
@@ -315,7 +324,7 @@ func (e *Enforcer) fill(d *Decision, m *rules.Matched, lim limits, i int, res *b
 	d.Remaining = res.Remaining
 	d.Reset = res.Reset + jitter(m.Identity, res.Reset, e.cfg.ResetJitterMax, e.cfg.ResetJitterRatio)
 	d.RetryAfter = res.RetryAfter
-	d.Source = sourceOf(res.Source)
+	d.Source = res.Source
 }
 
 func (e *Enforcer) observeUsage(m *rules.Matched, want int64, allowed bool, src Source, now time.Time) {

@@ -388,6 +388,34 @@ func (failing) Take(context.Context, *bucket.Request) (bucket.Result, error) {
 	return bucket.Result{}, errors.New("redis: connection refused")
 }
 
+// unavailable is a layer that cannot reach the store and knows when it will next try
+// (pkg/fallback on an open breaker, for a fail-closed request).
+type unavailable struct{ retry time.Duration }
+
+func (u unavailable) Take(context.Context, *bucket.Request) (bucket.Result, error) {
+	return bucket.Result{Source: bucket.SourceFailClosed, RetryAfter: u.retry}, bucket.ErrUnavailable
+}
+
+// TestFailClosedIsDecidedHere: the fail mode is decided in the enforcer only; the wait a
+// layer gives with ErrUnavailable becomes the Retry-After, else FailClosedRetryAfter.
+func TestFailClosedIsDecidedHere(t *testing.T) {
+	for _, c := range []struct {
+		retry time.Duration
+		want  int64
+	}{{3 * time.Second, 3}, {0, 1}} {
+		r := newRig(t, `
+rules:
+  - id: login
+    fail_mode: closed
+    limits: [{name: minute, rate: 5, per: 1m}]
+`, func(clock.Clock) bucket.Store { return unavailable{c.retry} })
+		d := r.check(t, rules.Attrs{APIKey: "k"})
+		if d.Allowed || d.Source != SourceFailClosed || d.RetryAfterSeconds() != c.want {
+			t.Errorf("layer retry %v: %+v, want refused fail-closed, retry-after %ds", c.retry, d, c.want)
+		}
+	}
+}
+
 func TestStoreFailureFollowsFailMode(t *testing.T) {
 	r := newRig(t, `
 rules:

@@ -60,7 +60,7 @@ func (s *Store) ask(ctx context.Context, b *breaker, w uint64, req *bucket.Reque
 		if s.closed.Load() {
 			return bucket.Result{}, ErrClosed
 		}
-		return s.answerLocally(b, req, s.clock.Now()), nil
+		return s.answerLocally(b, req, s.clock.Now())
 	}
 	end := c.sent + s.deadline(probe).Microseconds()
 	alive := s.cfg.ReplyTimeout.Microseconds() / 2
@@ -93,7 +93,7 @@ func (s *Store) ask(ctx context.Context, b *breaker, w uint64, req *bucket.Reque
 			continue
 		}
 		if c.state.CompareAndSwap(waiting, abandoned) {
-			return s.answerLocally(b, req, time.UnixMicro(now)), nil
+			return s.answerLocally(b, req, time.UnixMicro(now))
 		}
 		<-c.done // answered as the wait ended: use it
 		return s.collect(c, req)
@@ -140,7 +140,7 @@ func (s *Store) run(c *call) {
 	defer s.wg.Done()
 	d := s.deadline(c.probe)
 	ctx, expired, stop := s.callContext(c.sent, d)
-	res, err := s.next.Take(ctx, &c.req)
+	res, err := s.take(ctx, &c.req)
 	exp := err != nil && expired()
 	stop()
 	now := s.clock.Now()
@@ -178,7 +178,7 @@ func (s *Store) collect(c *call, req *bucket.Request) (bucket.Result, error) {
 	case s.closed.Load():
 		return bucket.Result{}, ErrClosed
 	}
-	return s.answerLocally(b, req, s.clock.Now()), nil
+	return s.answerLocally(b, req, s.clock.Now())
 }
 
 func (s *Store) put(c *call) {

@@ -41,11 +41,12 @@ func Example() {
 		res, _ := s.Take(context.Background(), search)
 		admitted += int(res.Granted)
 	}
-	res, _ := s.Take(context.Background(), search)
+	res, err := s.Take(context.Background(), search)
 	fmt.Println("breaker:", s.State(""), "| search from", res.Source, "| admitted 10 of 15 first:", admitted == 10)
-	res, _ = s.Take(context.Background(), login)
-	fmt.Println("login:", res.Source, "granted", res.Granted, "retry after", res.RetryAfter)
+	// A fail-closed request is not answered locally: the caller refuses it.
+	res, err = s.Take(context.Background(), login)
+	fmt.Println("login:", err, "| retry after", res.RetryAfter)
 	// Output:
 	// breaker: open | search from fallback | admitted 10 of 15 first: true
-	// login: fail-closed granted 0 retry after 2s
+	// login: bucket: store unavailable | retry after 2s
 }

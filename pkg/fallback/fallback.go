@@ -32,8 +32,9 @@
 //
 // While a shard's breaker is not closed, or a check's wait passed, the check is answered
 // locally at limit × Slack / N, N the enforcers in the region, from a bounded in-memory
-// bucket table; rules marked fail-closed are refused instead (bucket.SourceFailClosed,
-// the one place the fail mode is decided). A check whose wait passed keeps waiting while
+// bucket table; a request of a rule marked fail-closed is not answered but returned as
+// bucket.ErrUnavailable with the wait until the shard is next tried (pkg/enforcer refuses
+// it: the one place the fail mode is decided). A check whose wait passed keeps waiting while
 // the shard has answered some call within the last ReplyTimeout/2, or when the wait ended
 // late (this process was not running): under load, replies later than Timeout are still
 // used rather than replaced by local answers.
@@ -84,9 +85,10 @@ const maxBreakers = 1024
 const OverflowShard = "(overflow)"
 
 // Cache is implemented by a next store that can answer some requests from memory, without
-// I/O (pkg/lease: leased tokens, the refusal cache). TakeCached validates req, answers it
-// and reports true when it can; when it reports false it has changed nothing, and the
-// Store passes the check to Take. It must not block.
+// I/O (pkg/lease: leased tokens, the refusal cache). TakeCached is given a validated req
+// (the Store validates once, first); it answers it and reports true when it can; when it
+// reports false it has changed nothing, and the Store passes the check on (TakeValid when
+// next is a bucket.ValidTaker, else Take). It must not block.
 type Cache interface {
 	TakeCached(req *bucket.Request) (bucket.Result, bool)
 }
@@ -117,7 +119,8 @@ type Store struct {
 	one      *breaker // the breaker when Config.Shard is nil; the overflow one otherwise
 
 	next    bucket.Store
-	cache   Cache // next, when it can answer from memory; else nil
+	take    func(context.Context, *bucket.Request) (bucket.Result, error) // next's TakeValid (or Take)
+	cache   Cache                                                         // next, when it can answer from memory; else nil
 	cfg     Config
 	clock   clock.Clock
 	real    bool // clock is clock.Real(): timers and deadlines are the runtime's
@@ -159,6 +162,7 @@ func New(next bucket.Store, cfg Config) (*Store, error) {
 	}
 	s := &Store{
 		next:  next,
+		take:  bucket.Validated(next),
 		cfg:   cfg,
 		clock: cfg.Clock,
 		real:  isReal(cfg.Clock),
@@ -212,6 +216,11 @@ func (s *Store) Take(ctx context.Context, req *bucket.Request) (bucket.Result, e
 	if s.closed.Load() {
 		return bucket.Result{}, ErrClosed
 	}
+	// The one validation of the check path: the layers below are given the request by
+	// TakeCached and TakeValid, which trust it (see bucket.ValidTaker).
+	if err := req.Validate(); err != nil {
+		return bucket.Result{}, err
+	}
 	b := s.breakerFor(req.Identity)
 	w := b.word.Load()
 	if stateOf(w) != Closed {
@@ -222,9 +231,6 @@ func (s *Store) Take(ctx context.Context, req *bucket.Request) (bucket.Result, e
 			s.obs.Decision(b.shard, res.Source, res.Granted > 0)
 			return res, nil
 		}
-	}
-	if err := req.Validate(); err != nil {
-		return bucket.Result{}, err
 	}
 	return s.ask(ctx, b, w, req, false)
 }
@@ -332,9 +338,6 @@ var testHookProbeRace func()
 // degraded answers a check whose breaker was not closed: it probes if the breaker has been
 // open for OpenFor and this check wins the probe, else answers locally.
 func (s *Store) degraded(ctx context.Context, b *breaker, w uint64, req *bucket.Request) (bucket.Result, error) {
-	if err := req.Validate(); err != nil {
-		return bucket.Result{}, err
-	}
 	now := s.clock.Now()
 	if stateOf(w) == Open && now.UnixMicro() >= b.openUntil.Load() {
 		if testHookProbeRace != nil {
@@ -346,21 +349,22 @@ func (s *Store) degraded(ctx context.Context, b *breaker, w uint64, req *bucket.
 			return s.ask(ctx, b, hw, req, true)
 		}
 	}
-	return s.answerLocally(b, req, now), nil
+	return s.answerLocally(b, req, now)
 }
 
 // answerLocally answers a validated request without the next store: a fail-closed
-// request is refused until the next probe; any other is taken from the local table at
-// limit × Slack / N.
+// request is not answered but returned as bucket.ErrUnavailable, with the wait until the
+// shard is next tried in RetryAfter (the caller refuses it: the fail mode is decided in
+// pkg/enforcer only); any other is taken from the local table at limit × Slack / N.
 //
 // Both rate and burst are scaled. The local burst is at least the request's minimum grant
 // (>= 1, and never above the real burst), so a request the real limit could admit is never
 // refused forever by rounding; with many enforcers that errs over by at most that minimum
 // per refill.
-func (s *Store) answerLocally(b *breaker, req *bucket.Request, now time.Time) bucket.Result {
+func (s *Store) answerLocally(b *breaker, req *bucket.Request, now time.Time) (bucket.Result, error) {
 	if req.FailClosed {
 		s.obs.Decision(b.shard, bucket.SourceFailClosed, false)
-		return bucket.Result{Source: bucket.SourceFailClosed, RetryAfter: s.retryAfter(b, now)}
+		return bucket.Result{Source: bucket.SourceFailClosed, RetryAfter: s.retryAfter(b, now)}, bucket.ErrUnavailable
 	}
 	n := 1
 	if s.cfg.Peers != nil {
@@ -390,7 +394,7 @@ func (s *Store) answerLocally(b *breaker, req *bucket.Request, now time.Time) bu
 	s.scratch.Put(sc)
 	res.Source = bucket.SourceFallback
 	s.obs.Decision(b.shard, bucket.SourceFallback, res.Granted > 0)
-	return res
+	return res, nil
 }
 
 // retryAfter is the wait until the shard is next tried: until the probe if the breaker is

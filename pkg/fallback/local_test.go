@@ -2,6 +2,7 @@ package fallback
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"testing"
 	"time"
@@ -83,22 +84,25 @@ func TestFailClosed(t *testing.T) {
 		t.Fatalf("healthy shard: fail-closed request got %+v", res)
 	}
 
+	// An unavailable shard: the request is not answered but returned as ErrUnavailable
+	// with the wait until the shard is next tried; pkg/enforcer refuses it.
+	unavailable := func(what string, want time.Duration) {
+		t.Helper()
+		res, err := h.s.Take(context.Background(), closedReq)
+		if !errors.Is(err, bucket.ErrUnavailable) || res.Granted != 0 || res.Source != bucket.SourceFailClosed || res.RetryAfter != want {
+			t.Fatalf("%s: got %+v, %v; want ErrUnavailable, retry after %v", what, res, err, want)
+		}
+	}
 	h.next.set("a", down)
 	for i := 1; i <= DefaultTripAfter; i++ {
-		res := h.take(t, closedReq)
 		want := DefaultTimeout // closed breaker: the next check tries the shard again
 		if i == DefaultTripAfter {
 			want = DefaultOpenFor // this failure opened it: until the probe
 		}
-		if res.Granted != 0 || res.Source != bucket.SourceFailClosed || res.RetryAfter != want {
-			t.Fatalf("failure %d: got %+v, want refused fail-closed, retry after %v", i, res, want)
-		}
+		unavailable(fmt.Sprintf("failure %d", i), want)
 	}
 	h.clk.Advance(500 * time.Millisecond)
-	res := h.take(t, closedReq)
-	if res.Granted != 0 || res.Source != bucket.SourceFailClosed || res.RetryAfter != DefaultOpenFor-500*time.Millisecond {
-		t.Fatalf("open: got %+v, want refused until the probe in 1.5s", res)
-	}
+	unavailable("open", DefaultOpenFor-500*time.Millisecond)
 	// A fail-open key on the same shard is still admitted locally.
 	if res := h.take(t, req("a:search", 100, 100)); res.Source != bucket.SourceFallback || res.Granted != 1 {
 		t.Fatalf("open, fail-open key: %+v", res)

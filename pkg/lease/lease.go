@@ -113,6 +113,7 @@ type Store struct {
 	shutting bool
 
 	next     bucket.Store
+	take     func(context.Context, *bucket.Request) (bucket.Result, error) // next's TakeValid (or Take)
 	cfg      Config
 	base     time.Time // times in entries are nanoseconds since base (monotonic if the clock has it)
 	ttl      int64
@@ -155,6 +156,7 @@ func newStore(next bucket.Store, cfg Config, h hooks) (*Store, error) {
 	n := shardsFor(cfg.MaxKeys)
 	s := &Store{
 		next:     next,
+		take:     bucket.Validated(next),
 		cfg:      cfg,
 		base:     cfg.Clock.Now(),
 		ttl:      int64(cfg.LeaseTTL),
@@ -212,6 +214,13 @@ func (s *Store) Take(ctx context.Context, req *bucket.Request) (bucket.Result, e
 	if err := req.Validate(); err != nil {
 		return bucket.Result{}, err
 	}
+	return s.TakeValid(ctx, req)
+}
+
+// TakeValid is Take of a request the caller has validated (bucket.ValidTaker); the calls
+// it makes for req (its batch is capped by the smallest burst, so they are valid too) go
+// to the next store's TakeValid.
+func (s *Store) TakeValid(ctx context.Context, req *bucket.Request) (bucket.Result, error) {
 	sh := s.shardOf(req.Identity)
 	now := s.now()
 	counted := false
@@ -265,9 +274,12 @@ func (s *Store) Take(ctx context.Context, req *bucket.Request) (bucket.Result, e
 // can, and reports whether it did (pkg/fallback's Cache). When it reports false the check
 // has not been counted toward the key's demand, so the caller passes it to Take. It never
 // blocks on a call and allocates nothing, and it calls the next store only with
-// Config.SyncRefill, for a refill the check made due.
+// Config.SyncRefill, for a refill the check made due. req must be valid
+// (Request.Validate): pkg/fallback validates once before it asks; TakeCached checks only
+// that the number of limits fits the entry (one comparison), so that an unvalidated
+// request cannot write past it.
 func (s *Store) TakeCached(req *bucket.Request) (bucket.Result, bool) {
-	if s.closed.Load() || req.Validate() != nil {
+	if s.closed.Load() || len(req.Limits) == 0 || len(req.Limits) > bucket.MaxLimits {
 		return bucket.Result{}, false
 	}
 	sh := s.shardOf(req.Identity)
@@ -378,7 +390,7 @@ func (s *Store) begin(e *entry, req *bucket.Request) callFor {
 // caller has released) and keeps what the check does not spend.
 func (s *Store) call(ctx context.Context, sh *shard, e *entry, req *bucket.Request, c callFor, start int64) (bucket.Result, error) {
 	s.emit(EventCall, c.req.Want)
-	res, err := s.next.Take(ctx, &c.req)
+	res, err := s.take(ctx, &c.req)
 
 	sh.mu.Lock()
 	defer sh.mu.Unlock()

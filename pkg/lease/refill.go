@@ -72,7 +72,7 @@ func (s *Store) refill(e *entry) {
 	s.emit(EventRefill, req.Want)
 	start := s.now()
 	ctx, cancel := context.WithTimeout(s.ctx, s.cfg.RefillTimeout)
-	res, err := s.next.Take(ctx, req)
+	res, err := s.take(ctx, req) // valid: e.limits came from a validated request, lastCost <= batch <= min burst
 	cancel()
 
 	sh.mu.Lock()

@@ -36,7 +36,7 @@ type Harness struct {
 	// real clock: time passing between the takes of one check. Default 2 s, against waits
 	// of 100 s and more.
 	Tolerance time.Duration
-	// Source, when not SourceUnknown, is the Source every answer must carry.
+	// Source, when not SourceNone, is the Source every answer must carry.
 	Source bucket.Source
 	// Calls, when set, counts what the store sends to its backend (for Redis: every
 	// command reaching the client). The suite checks invalid requests send nothing.
@@ -96,7 +96,7 @@ func (s *suite) take(t *testing.T, st bucket.Store, id string, want, min int64, 
 	if err != nil {
 		t.Fatalf("Take(%q, want %d, min %d): %v", id, want, min, err)
 	}
-	if s.h.Source != bucket.SourceUnknown && r.Source != s.h.Source {
+	if s.h.Source != bucket.SourceNone && r.Source != s.h.Source {
 		t.Fatalf("Take(%q): source %v, want %v", id, r.Source, s.h.Source)
 	}
 	if r.Granted != 0 && (r.Granted < minGrant(want, min) || r.Granted > want) {

@@ -9,6 +9,7 @@ import (
 	"runtime/debug"
 	"time"
 
+	"github.com/allot-dev/allot/pkg/bucket"
 	"github.com/allot-dev/allot/pkg/enforcer"
 	allotv1 "github.com/allot-dev/allot/proto/allot/v1"
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -252,26 +253,25 @@ func allotResponse(d *enforcer.Decision) *allotv1.CheckResponse {
 	return resp
 }
 
-func allotSource(s enforcer.Source) allotv1.Source {
-	switch s {
-	case enforcer.SourceNone:
-		return allotv1.Source_SOURCE_NONE
-	case enforcer.SourceMemory:
-		return allotv1.Source_SOURCE_MEMORY
-	case enforcer.SourceRedis:
-		return allotv1.Source_SOURCE_REDIS
-	case enforcer.SourceLease:
-		return allotv1.Source_SOURCE_LEASE
-	case enforcer.SourceRefusalCache:
-		return allotv1.Source_SOURCE_REFUSAL_CACHE
-	case enforcer.SourceFallback:
-		return allotv1.Source_SOURCE_FALLBACK
-	case enforcer.SourceFailClosed:
-		return allotv1.Source_SOURCE_FAIL_CLOSED
-	case enforcer.SourceFailOpen:
-		return allotv1.Source_SOURCE_FAIL_OPEN
-	case enforcer.SourceTooLarge:
-		return allotv1.Source_SOURCE_TOO_LARGE
+// allotSources is the one mapping of the check path's Source (bucket.Source) to the wire:
+// allot.v1.Source spells each source SOURCE_<NAME> (TestAllotSources holds them to it).
+// SourceShadow never decides a check, so it has no wire form.
+var allotSources = [bucket.NumSources]allotv1.Source{
+	bucket.SourceNone:         allotv1.Source_SOURCE_NONE,
+	bucket.SourceMemory:       allotv1.Source_SOURCE_MEMORY,
+	bucket.SourceRedis:        allotv1.Source_SOURCE_REDIS,
+	bucket.SourceLease:        allotv1.Source_SOURCE_LEASE,
+	bucket.SourceRefusalCache: allotv1.Source_SOURCE_REFUSAL_CACHE,
+	bucket.SourceFallback:     allotv1.Source_SOURCE_FALLBACK,
+	bucket.SourceFailClosed:   allotv1.Source_SOURCE_FAIL_CLOSED,
+	bucket.SourceFailOpen:     allotv1.Source_SOURCE_FAIL_OPEN,
+	bucket.SourceTooLarge:     allotv1.Source_SOURCE_TOO_LARGE,
+	bucket.SourceShadow:       allotv1.Source_SOURCE_UNSPECIFIED,
+}
+
+func allotSource(s bucket.Source) allotv1.Source {
+	if s < bucket.NumSources {
+		return allotSources[s]
 	}
 	return allotv1.Source_SOURCE_UNSPECIFIED
 }

@@ -1,0 +1,226 @@
+package e2e
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+)
+
+// loadRow is one target's figures in one round of BenchmarkEnforcerRLS (the fields are
+// described in its doc). Closed-loop figures unless named Open.
+type loadRow struct {
+	Target               string             `json:"target"` // "allot" or "null"
+	Round                int                `json:"round"`
+	LoadAvg              string             `json:"load_avg"` // /proc/loadavg at the end of the round
+	Checks               int64              `json:"checks"`
+	ChecksPerSec         float64            `json:"checks_per_sec"`
+	ServerUsPerCheck     float64            `json:"server_us_per_check"`
+	RedisUsPerCheck      float64            `json:"redis_us_per_check"`
+	ClientUsPerCheck     float64            `json:"client_us_per_check"`
+	RedisCallsPerCheck   float64            `json:"redis_calls_per_check"`
+	RefusedPct           float64            `json:"refused_pct"`
+	Sources              map[string]float64 `json:"sources_pct"`       // % of checks by source
+	LeaseExpiredPct      float64            `json:"lease_expired_pct"` // % of granted tokens
+	Degraded             int64              `json:"degraded_answers"`  // fallback + fail modes, both phases
+	OpenRate             float64            `json:"open_rate"`
+	P50ms                float64            `json:"p50_ms"`
+	P99ms                float64            `json:"p99_ms"`
+	P999ms               float64            `json:"p999_ms"`
+	OpenServerUsPerCheck float64            `json:"open_server_us_per_check"`
+}
+
+func (r *loadRow) String() string {
+	return fmt.Sprintf("%.0f checks/s; server %.1f µs, redis %.1f µs, client %.1f µs per check; %.3f redis calls/check; open loop at %.0f/s p50 %.2f p99 %.2f p99.9 %.2f ms; sources %v; lease expired %.1f%%; refused %.1f%%; degraded %d",
+		r.ChecksPerSec, r.ServerUsPerCheck, r.RedisUsPerCheck, r.ClientUsPerCheck, r.RedisCallsPerCheck,
+		r.OpenRate, r.P50ms, r.P99ms, r.P999ms, r.Sources, r.LeaseExpiredPct, r.RefusedPct, r.Degraded)
+}
+
+// loadReport is what `make bench-load` writes to bin/bench-load.json.
+type loadReport struct {
+	Commit        string     `json:"commit"`   // git rev-parse HEAD, "+dirty" when the tree has changes
+	Enforcer      string     `json:"enforcer"` // "built from the tree at commit", or ALLOT_BENCH_BIN
+	Cores         int        `json:"cores"`    // runtime.NumCPU of the machine
+	GOMAXPROCS    int        `json:"gomaxprocs"`
+	Started       string     `json:"started"`
+	LoadAvgBefore string     `json:"load_avg_before"`
+	LoadAvgAfter  string     `json:"load_avg_after"`
+	Rounds        int        `json:"rounds"`
+	Callers       int        `json:"callers"`
+	Conns         int        `json:"conns"`
+	Keys          int        `json:"keys"`
+	ZipfS         float64    `json:"zipf_s"`
+	ClosedSeconds float64    `json:"closed_seconds"`
+	OpenSeconds   float64    `json:"open_seconds"`
+	Rows          []*loadRow `json:"rows"`
+}
+
+func (r *loadReport) write(path string) error {
+	raw, err := json.MarshalIndent(r, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return err
+	}
+	return os.WriteFile(path, append(raw, '\n'), 0o644)
+}
+
+// figure picks one number out of a row.
+type figure struct {
+	name   string
+	format string
+	get    func(*loadRow) float64
+}
+
+var loadFigures = []figure{
+	{"checks/s, closed loop C=64", "%.0f", func(r *loadRow) float64 { return r.ChecksPerSec }},
+	{"server CPU µs/check", "%.1f", func(r *loadRow) float64 { return r.ServerUsPerCheck }},
+	{"redis CPU µs/check", "%.1f", func(r *loadRow) float64 { return r.RedisUsPerCheck }},
+	{"generator CPU µs/check", "%.1f", func(r *loadRow) float64 { return r.ClientUsPerCheck }},
+	{"redis calls/check", "%.3f", func(r *loadRow) float64 { return r.RedisCallsPerCheck }},
+	{"open loop rate (null/6) /s", "%.0f", func(r *loadRow) float64 { return r.OpenRate }},
+	{"p50 ms, open loop", "%.2f", func(r *loadRow) float64 { return r.P50ms }},
+	{"p99 ms, open loop", "%.2f", func(r *loadRow) float64 { return r.P99ms }},
+	{"p99.9 ms, open loop", "%.2f", func(r *loadRow) float64 { return r.P999ms }},
+	{"server CPU µs/check, open loop", "%.1f", func(r *loadRow) float64 { return r.OpenServerUsPerCheck }},
+	{"leased tokens expired unspent %", "%.1f", func(r *loadRow) float64 { return r.LeaseExpiredPct }},
+	{"refused %", "%.1f", func(r *loadRow) float64 { return r.RefusedPct }},
+}
+
+func (r *loadReport) rows(target string) []*loadRow {
+	var out []*loadRow
+	for _, row := range r.Rows {
+		if row.Target == target {
+			out = append(out, row)
+		}
+	}
+	return out
+}
+
+// stat is the median and range of a figure over the rounds.
+func stat(rows []*loadRow, get func(*loadRow) float64) (med, lo, hi float64) {
+	if len(rows) == 0 {
+		return 0, 0, 0
+	}
+	v := make([]float64, len(rows))
+	for i, r := range rows {
+		v[i] = get(r)
+	}
+	slices.Sort(v)
+	med = v[len(v)/2]
+	if len(v)%2 == 0 {
+		med = (v[len(v)/2-1] + v[len(v)/2]) / 2
+	}
+	return med, v[0], v[len(v)-1]
+}
+
+// medians is a row of the medians over the rounds of target's figures.
+func (r *loadReport) medians(target string) *loadRow {
+	rows := r.rows(target)
+	m := func(get func(*loadRow) float64) float64 { v, _, _ := stat(rows, get); return v }
+	return &loadRow{Target: target,
+		ChecksPerSec:       m(func(r *loadRow) float64 { return r.ChecksPerSec }),
+		ServerUsPerCheck:   m(func(r *loadRow) float64 { return r.ServerUsPerCheck }),
+		RedisCallsPerCheck: m(func(r *loadRow) float64 { return r.RedisCallsPerCheck }),
+		P99ms:              m(func(r *loadRow) float64 { return r.P99ms }),
+	}
+}
+
+// table is the one table `make bench-load` prints: per figure, allot and the null server
+// (median and range over the rounds) and the ratio of the medians; then the answers by
+// source, per round.
+func (r *loadReport) table() string {
+	var sb strings.Builder
+	a, n := r.rows("allot"), r.rows("null")
+	cell := func(rows []*loadRow, f figure) string {
+		med, lo, hi := stat(rows, f.get)
+		if len(rows) == 1 || lo == hi {
+			return fmt.Sprintf(f.format, med)
+		}
+		return fmt.Sprintf(f.format+" ("+f.format+"–"+f.format+")", med, lo, hi)
+	}
+	fmt.Fprintf(&sb, "\nload benchmark: commit %s, enforcer %s, %d cores (GOMAXPROCS %d), %d rounds, load average %s before, %s after\n\n",
+		r.Commit, r.Enforcer, r.Cores, r.GOMAXPROCS, r.Rounds, r.LoadAvgBefore, r.LoadAvgAfter)
+	fmt.Fprintf(&sb, "| figure | allot, median (range) | null RLS server, median (range) | allot / null |\n|---|---|---|---|\n")
+	for _, f := range loadFigures {
+		am, _, _ := stat(a, f.get)
+		nm, _, _ := stat(n, f.get)
+		ratio := "—"
+		if nm != 0 {
+			ratio = fmt.Sprintf("%.2f×", am/nm)
+		}
+		nc := cell(n, f)
+		if nm == 0 {
+			nc, ratio = "—", "—"
+		}
+		fmt.Fprintf(&sb, "| %s | %s | %s | %s |\n", f.name, cell(a, f), nc, ratio)
+	}
+	// Ratios within each round: both targets ran minutes apart on the same machine, so these
+	// are steadier than the ratio of the medians when the machine's load moves.
+	for _, f := range []figure{loadFigures[0], loadFigures[1], loadFigures[7]} {
+		var per []string
+		for i := range min(len(a), len(n)) {
+			if d := f.get(n[i]); d != 0 {
+				per = append(per, fmt.Sprintf("%.2f×", f.get(a[i])/d))
+			}
+		}
+		fmt.Fprintf(&sb, "| %s, allot / null per round | %s | — | — |\n", f.name, strings.Join(per, ", "))
+	}
+	var srcs []string
+	for _, row := range a {
+		for s := range row.Sources {
+			if !slices.Contains(srcs, s) {
+				srcs = append(srcs, s)
+			}
+		}
+	}
+	slices.Sort(srcs)
+	for _, s := range srcs {
+		var per []string
+		for _, row := range a {
+			per = append(per, fmt.Sprintf("%.2f", row.Sources[s]))
+		}
+		fmt.Fprintf(&sb, "| answers from %s %%, per round | %s | — | — |\n", s, strings.Join(per, ", "))
+	}
+	var deg []string
+	for _, row := range a {
+		deg = append(deg, fmt.Sprint(row.Degraded))
+	}
+	fmt.Fprintf(&sb, "| answers from fallback or a fail mode (count, both phases), per round | %s | — | — |\n", strings.Join(deg, ", "))
+	var loads []string
+	for _, row := range a {
+		loads = append(loads, row.LoadAvg)
+	}
+	fmt.Fprintf(&sb, "\nload average at the end of each round: %s\n", strings.Join(loads, "; "))
+	return sb.String()
+}
+
+// loadAvg is the first three fields of /proc/loadavg.
+func loadAvg() string {
+	raw, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "?"
+	}
+	f := strings.Fields(string(raw))
+	if len(f) < 3 {
+		return "?"
+	}
+	return strings.Join(f[:3], " ")
+}
+
+// gitCommit is the commit the benchmark ran at, "+dirty" when the tree had changes.
+func gitCommit() string {
+	out, err := exec.Command("git", "rev-parse", "HEAD").Output()
+	if err != nil {
+		return "unknown"
+	}
+	c := strings.TrimSpace(string(out))
+	if st, err := exec.Command("git", "status", "--porcelain", "--untracked-files=no").Output(); err == nil && len(strings.TrimSpace(string(st))) > 0 {
+		c += "+dirty"
+	}
+	return c
+}

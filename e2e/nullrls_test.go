@@ -1,0 +1,69 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/signal"
+	"runtime"
+	"syscall"
+
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+)
+
+// nullRLSEnv, when set to a listen address, turns this test binary into the null RLS server
+// of BenchmarkEnforcerRLS: it serves on that address until SIGINT or SIGTERM and exits,
+// running no test. The benchmark starts it as a child process (os.Args[0]) so that its CPU
+// is read from /proc exactly as the enforcer's is.
+const nullRLSEnv = "ALLOT_BENCH_NULL_RLS"
+
+// init runs before TestMain: a child started as the null server must not run the tests.
+func init() {
+	if addr := os.Getenv(nullRLSEnv); addr != "" {
+		if err := serveNullRLS(addr); err != nil {
+			fmt.Fprintln(os.Stderr, "null RLS server:", err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
+}
+
+// nullRLS is the floor the enforcer is measured against: an Envoy RLS server over the same
+// gRPC stack (grpc-go, the same generated code, the transport options of cmd/enforcer)
+// that answers every request OK and does nothing else — no validation, no matching, no
+// store, no metrics. It builds one response per call, as any server must.
+type nullRLS struct {
+	rlsv3.UnimplementedRateLimitServiceServer
+}
+
+func (nullRLS) ShouldRateLimit(context.Context, *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+	return &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK}, nil
+}
+
+func serveNullRLS(addr string) error {
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return err
+	}
+	// The transport options of cmd/enforcer (pkg/enforcer/app listen), so the floor is the
+	// same gRPC server, not a differently tuned one.
+	s := grpc.NewServer(
+		grpc.MaxRecvMsgSize(64<<10),
+		grpc.MaxConcurrentStreams(1024),
+		grpc.NumStreamWorkers(uint32(32*runtime.GOMAXPROCS(0))),
+	)
+	rlsv3.RegisterRateLimitServiceServer(s, nullRLS{})
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
+	done := make(chan error, 1)
+	go func() { done <- s.Serve(l) }()
+	select {
+	case <-sig:
+		s.GracefulStop()
+		return <-done
+	case err := <-done:
+		return err
+	}
+}
