@@ -55,6 +55,12 @@ type call struct {
 // ReplyTimeout until its breaker opens: slower, never refused or loosened. Later checks
 // wait Timeout, until the breaker opens.
 func (s *Store) ask(ctx context.Context, b *breaker, w uint64, req *bucket.Request, probe bool) (bucket.Result, error) {
+	if s.cfg.Inline {
+		sent := s.clock.Now()
+		res, err := s.take(ctx, req)
+		s.heard(b, w, probe, res, err, false, sent.UnixMicro(), s.clock.Now())
+		return s.answer(b, req, res, err)
+	}
 	c := s.start(b, w, req, probe)
 	if c == nil {
 		if s.closed.Load() {
@@ -143,19 +149,8 @@ func (s *Store) run(c *call) {
 	res, err := s.take(ctx, &c.req)
 	exp := err != nil && expired()
 	stop()
-	now := s.clock.Now()
-	b := c.b
-	o := s.judge(b, res, err, exp, c.sent, now.UnixMicro(), d)
-	if o == replied {
-		for r := b.replied.Load(); r < now.UnixMicro() && !b.replied.CompareAndSwap(r, now.UnixMicro()); r = b.replied.Load() {
-		}
-	}
-	if c.probe {
-		s.settleProbe(b, c.w, o, err, now)
-	} else {
-		s.settle(b, c.w, o, err, now)
-	}
-	b.inFlight.Add(-1)
+	s.heard(c.b, c.w, c.probe, res, err, exp, c.sent, s.clock.Now())
+	c.b.inFlight.Add(-1)
 	c.res, c.err = res, err
 	if c.state.CompareAndSwap(waiting, served) {
 		c.done <- struct{}{}
@@ -164,11 +159,31 @@ func (s *Store) run(c *call) {
 	s.put(c)
 }
 
+// heard tells b's breaker the outcome of a call sent at sent (Unix µs) and answered at
+// now; exp says its deadline had passed.
+func (s *Store) heard(b *breaker, w uint64, probe bool, res bucket.Result, err error, exp bool, sent int64, now time.Time) {
+	o := s.judge(b, res, err, exp, sent, now.UnixMicro(), s.deadline(probe))
+	if o == replied {
+		for r := b.replied.Load(); r < now.UnixMicro() && !b.replied.CompareAndSwap(r, now.UnixMicro()); r = b.replied.Load() {
+		}
+	}
+	if probe {
+		s.settleProbe(b, w, o, err, now)
+	} else {
+		s.settle(b, w, o, err, now)
+	}
+}
+
 // collect turns a served call into the check's answer and returns the call to the pool.
 // The breaker has already heard the call's outcome.
 func (s *Store) collect(c *call, req *bucket.Request) (bucket.Result, error) {
 	res, err, b := c.res, c.err, c.b
 	s.put(c)
+	return s.answer(b, req, res, err)
+}
+
+// answer is the check's answer to a call's outcome: the store's, or a local one.
+func (s *Store) answer(b *breaker, req *bucket.Request, res bucket.Result, err error) (bucket.Result, error) {
 	switch {
 	case err == nil:
 		s.obs.Decision(b.shard, res.Source, res.Granted > 0)

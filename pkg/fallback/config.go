@@ -63,6 +63,14 @@ type Config struct {
 	// ReplyTimeout). Default 256.
 	MaxInFlight int
 
+	// Inline calls the next store on the checking goroutine and waits for its answer, with
+	// no wait timer, call goroutine or reply deadline: for a next store that answers at
+	// once and cannot hang — the in-memory store, or regionsim's virtual mode, whose clock
+	// is virtual — where a goroutine and two timers per call are all cost. The breaker
+	// still hears every outcome (TripAfter consecutive errors open it; a probe closes
+	// it). Never for Redis: a hung shard would hang the check. Default false.
+	Inline bool
+
 	// Peers returns N, the number of enforcers live in the region; the local limits while
 	// a shard is unavailable are limit × Slack / N. It is called only on the degraded path.
 	// Nil, or an answer below 1, means 1: this enforcer alone, which errs over by a factor

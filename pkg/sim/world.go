@@ -229,6 +229,7 @@ func (w *world) newNode(reg *region, r, e int, peers func() int) (*node, error) 
 	}
 	fc := fallback.DefaultConfig()
 	fc.Clock = reg.clk
+	fc.Inline = true // the region's store is in memory and the clock virtual: no waits to bound
 	fc.Peers = peers
 	fb, err := fallback.New(ls, fc)
 	if err != nil {
