@@ -97,7 +97,7 @@ func (a *App) buildAdmin() error {
 		return err
 	}
 	srv.Register(a.mux)
-	tc, err := ac.TLS.build()
+	tc, err := ac.TLS.Build()
 	if err != nil {
 		return fmt.Errorf("app: admin.tls: %w", err)
 	}

@@ -84,7 +84,7 @@ func New(cfg Config, log hclog.Logger) (_ *App, err error) {
 		a.cfg.ID = fmt.Sprintf("%s-%d", strings.ReplaceAll(host, "/", "_"), os.Getpid())
 	}
 	a.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	tlsCfg, err := cfg.Etcd.TLS.build()
+	tlsCfg, err := cfg.Etcd.TLS.Build()
 	if err != nil {
 		return nil, fmt.Errorf("app: etcd tls: %w", err)
 	}
@@ -178,7 +178,7 @@ func (a *App) buildRules() error {
 
 func (a *App) listen() (err error) {
 	var opts []grpc.ServerOption
-	srvTLS, err := a.cfg.Listen.TLS.build()
+	srvTLS, err := a.cfg.Listen.TLS.Build()
 	if err != nil {
 		return fmt.Errorf("app: listen.tls: %w", err)
 	}

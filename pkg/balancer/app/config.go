@@ -8,6 +8,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"github.com/allot-dev/allot/pkg/tlsfiles"
 	"os"
 	"strings"
 	"time"
@@ -58,22 +59,10 @@ type ListenConfig struct {
 
 // ServerTLSConfig is the report API's TLS. With ClientCAFile set, enforcers must present
 // a certificate signed by it.
-type ServerTLSConfig struct {
-	Enabled      bool   `yaml:"enabled"`
-	CertFile     string `yaml:"cert_file"`
-	KeyFile      string `yaml:"key_file"`
-	ClientCAFile string `yaml:"client_ca_file"`
-}
+type ServerTLSConfig = tlsfiles.Server
 
 // TLSConfig is client TLS to etcd. Files are PEM.
-type TLSConfig struct {
-	Enabled            bool   `yaml:"enabled"`
-	CAFile             string `yaml:"ca_file"`
-	CertFile           string `yaml:"cert_file"`
-	KeyFile            string `yaml:"key_file"`
-	ServerName         string `yaml:"server_name"`
-	InsecureSkipVerify bool   `yaml:"insecure_skip_verify"`
-}
+type TLSConfig = tlsfiles.Client
 
 // EtcdConfig: the cluster holding the election, the share sets and (optionally) rules.
 type EtcdConfig struct {

@@ -10,20 +10,20 @@ func TestTLSBuildRefusesHalfConfigs(t *testing.T) {
 		build func() error
 		want  string
 	}{
-		{func() error { _, err := (ServerTLSConfig{CertFile: "c.pem"}).build(); return err }, "tls.enabled is false"},
+		{func() error { _, err := (ServerTLSConfig{CertFile: "c.pem"}).Build(); return err }, "tls.enabled is false"},
 		{func() error {
-			_, err := (ServerTLSConfig{Enabled: true, CertFile: "nope.pem", KeyFile: "nope.pem"}).build()
+			_, err := (ServerTLSConfig{Enabled: true, CertFile: "nope.pem", KeyFile: "nope.pem"}).Build()
 			return err
 		}, "server certificate"},
-		{func() error { _, err := (TLSConfig{CAFile: "ca.pem"}).build(); return err }, "tls.enabled is false"},
-		{func() error { _, err := (TLSConfig{Enabled: true, CertFile: "c.pem"}).build(); return err }, "must be set together"},
-		{func() error { _, err := (TLSConfig{Enabled: true, CAFile: "nope.pem"}).build(); return err }, "CA file"},
+		{func() error { _, err := (TLSConfig{CAFile: "ca.pem"}).Build(); return err }, "tls.enabled is false"},
+		{func() error { _, err := (TLSConfig{Enabled: true, CertFile: "c.pem"}).Build(); return err }, "must be set together"},
+		{func() error { _, err := (TLSConfig{Enabled: true, CAFile: "nope.pem"}).Build(); return err }, "while reading ca_file"},
 	} {
 		if err := tc.build(); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("error %v, want one naming %q", err, tc.want)
 		}
 	}
-	if c, err := (TLSConfig{}).build(); c != nil || err != nil {
+	if c, err := (TLSConfig{}).Build(); c != nil || err != nil {
 		t.Fatalf("off: %v %v", c, err)
 	}
 }

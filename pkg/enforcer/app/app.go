@@ -121,7 +121,7 @@ func newApp(cfg Config, log hclog.Logger, store bucket.Store) (_ *App, err error
 	a.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
 	if len(cfg.Etcd.Endpoints) > 0 {
-		tlsCfg, err := cfg.Etcd.TLS.build()
+		tlsCfg, err := cfg.Etcd.TLS.Build()
 		if err != nil {
 			return nil, fmt.Errorf("app: etcd tls: %w", err)
 		}
@@ -178,7 +178,7 @@ func newApp(cfg Config, log hclog.Logger, store bucket.Store) (_ *App, err error
 		return nil, err
 	}
 	if a.usage != nil {
-		tlsCfg, err := cfg.Balancer.TLS.build()
+		tlsCfg, err := cfg.Balancer.TLS.Build()
 		if err != nil {
 			return nil, fmt.Errorf("app: balancer tls: %w", err)
 		}
@@ -300,7 +300,7 @@ func (a *App) buildStore() error {
 		}
 		return nil
 	}
-	tlsCfg, err := sc.TLS.build()
+	tlsCfg, err := sc.TLS.Build()
 	if err != nil {
 		return fmt.Errorf("app: redis tls: %w", err)
 	}

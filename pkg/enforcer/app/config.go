@@ -8,6 +8,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"github.com/allot-dev/allot/pkg/tlsfiles"
 	"os"
 	"strings"
 	"time"
@@ -84,15 +85,8 @@ type StoreConfig struct {
 	MaxKeys int `yaml:"max_keys"`
 }
 
-// TLSConfig is client TLS for Redis or etcd. Files are PEM.
-type TLSConfig struct {
-	Enabled            bool   `yaml:"enabled"`
-	CAFile             string `yaml:"ca_file"`
-	CertFile           string `yaml:"cert_file"`
-	KeyFile            string `yaml:"key_file"`
-	ServerName         string `yaml:"server_name"`
-	InsecureSkipVerify bool   `yaml:"insecure_skip_verify"`
-}
+// TLSConfig is client TLS for Redis, etcd or the balancer. Files are PEM.
+type TLSConfig = tlsfiles.Client
 
 // EtcdConfig: with endpoints set the enforcer registers itself (so every enforcer knows
 // N) and may read rules from etcd.

@@ -1,4 +1,4 @@
-package app
+package tlsfiles
 
 import (
 	"crypto/ecdsa"
@@ -38,29 +38,29 @@ func writeCert(t *testing.T, dir string) (certFile, keyFile string) {
 	return certFile, keyFile
 }
 
-func TestTLSConfig(t *testing.T) {
+func TestClient(t *testing.T) {
 	dir := t.TempDir()
 	cert, key := writeCert(t, dir)
 	notPEM := filepath.Join(dir, "not.pem")
 	os.WriteFile(notPEM, []byte("hello"), 0o600)
-	if c, err := (TLSConfig{}).build(); c != nil || err != nil {
+	if c, err := (Client{}).Build(); c != nil || err != nil {
 		t.Fatalf("disabled: %v %v, want nil nil", c, err)
 	}
-	c, err := TLSConfig{Enabled: true, CAFile: cert, CertFile: cert, KeyFile: key, ServerName: "redis.internal"}.build()
+	c, err := Client{Enabled: true, CAFile: cert, CertFile: cert, KeyFile: key, ServerName: "redis.internal"}.Build()
 	if err != nil || c.RootCAs == nil || len(c.Certificates) != 1 || c.ServerName != "redis.internal" {
 		t.Fatalf("full: %+v %v", c, err)
 	}
 	for _, tc := range []struct {
-		cfg  TLSConfig
+		cfg  Client
 		want string
 	}{
-		{TLSConfig{CAFile: cert}, "tls.enabled is false"},
-		{TLSConfig{Enabled: true, CAFile: notPEM}, "holds no PEM certificate"},
-		{TLSConfig{Enabled: true, CAFile: filepath.Join(dir, "missing")}, "while reading ca_file"},
-		{TLSConfig{Enabled: true, CertFile: cert}, "must be set together"},
-		{TLSConfig{Enabled: true, CertFile: notPEM, KeyFile: key}, "while loading the client certificate"},
+		{Client{CAFile: cert}, "tls.enabled is false"},
+		{Client{Enabled: true, CAFile: notPEM}, "holds no PEM certificate"},
+		{Client{Enabled: true, CAFile: filepath.Join(dir, "missing")}, "while reading ca_file"},
+		{Client{Enabled: true, CertFile: cert}, "must be set together"},
+		{Client{Enabled: true, CertFile: notPEM, KeyFile: key}, "while loading the client certificate"},
 	} {
-		if _, err := tc.cfg.build(); err == nil || !strings.Contains(err.Error(), tc.want) {
+		if _, err := tc.cfg.Build(); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%+v: %v, want %q", tc.cfg, err, tc.want)
 		}
 	}
