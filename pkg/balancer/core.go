@@ -161,6 +161,8 @@ type Core struct {
 	// gone[r]: region r has been silent for Stale + AckTimeout (see acks): whatever it
 	// enforces is at most min(its share, the default split).
 	gone []bool
+	// rankBuf is capPublished's and capTracked's scratch (one recompute at a time).
+	rankBuf []ranked
 }
 
 type counters struct {

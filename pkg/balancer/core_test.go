@@ -3,6 +3,8 @@ package balancer
 import (
 	"errors"
 	"math"
+	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -498,5 +500,35 @@ func TestTooManyEnforcersRefused(t *testing.T) {
 	}
 	if err := c.Ingest(t0, report("eu-west", "e3", 1, t0)); err != nil {
 		t.Fatalf("the cap is per region: %v", err)
+	}
+}
+
+// lowest puts the m least demanded first, as a sort would (up to ties), for any m.
+func TestLowestSelectsLikeASort(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	for trial := range 200 {
+		n := 1 + rng.IntN(300)
+		rs := make([]ranked, n)
+		for i := range rs {
+			rs[i].d = float64(rng.IntN(20)) // many ties
+		}
+		sorted := make([]float64, n)
+		for i := range rs {
+			sorted[i] = rs[i].d
+		}
+		slices.Sort(sorted)
+		m := rng.IntN(n + 1)
+		got := lowest(rs, m)
+		if len(got) != m {
+			t.Fatalf("trial %d: %d returned, want %d", trial, len(got), m)
+		}
+		ds := make([]float64, m)
+		for i := range got {
+			ds[i] = got[i].d
+		}
+		slices.Sort(ds)
+		if !slices.Equal(ds, sorted[:m]) {
+			t.Fatalf("trial %d: n %d m %d: got %v, want %v", trial, n, m, ds, sorted[:m])
+		}
 	}
 }
