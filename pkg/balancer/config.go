@@ -44,12 +44,12 @@ type CoreConfig struct {
 	// reported or Learning has passed since its first call, so it does not move shares on
 	// one region's word. Default 2 × Interval.
 	Learning time.Duration
-	// AckTimeout bounds how long an increase waits for the decreases it needs to be
-	// acknowledged: past AckTimeout after the decrease landed in etcd, the decrease counts
-	// as applied by every enforcer of a region still reporting. It must be ≥ the time a
-	// landed write takes to reach every enforcer (the watch, ~1 s): shorter risks Σ > 1
-	// for an enforcer that has not yet swapped in the decrease; longer holds the increase
-	// back (the key stays under its limit) for longer. Default 5s.
+	// AckTimeout is the margin past Stale after which a region none of whose enforcers
+	// reported is taken to enforce at most the default split (its enforcers have gone
+	// stale by their own clocks): it covers a report's round trip, since an enforcer
+	// counts its staleness from when its last report was answered. Decreases are
+	// otherwise acknowledged only by the reports of the region's enforcers, never by
+	// time. Default 5s.
 	AckTimeout time.Duration
 	// MinVersionGap is the least time between two new versions (a retried write aside).
 	// Every version rewrites every chunk, so with it the bytes written per Interval are at

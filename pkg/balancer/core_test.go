@@ -232,15 +232,25 @@ func TestIncreaseWaitsForAcknowledgement(t *testing.T) {
 	}
 }
 
-func TestIncreaseAfterAckTimeout(t *testing.T) {
+// TestIncreaseWaitsForReportsNotTime: a decrease counts as applied only when the region's
+// enforcers report it — a region cut off from etcd would otherwise go on enforcing its
+// old, larger share beside the others' increases. However long it lasts.
+func TestIncreaseWaitsForReportsNotTime(t *testing.T) {
 	c := newTestCore(t, func(c *CoreConfig) { c.Learning = time.Second })
 	now := t0
 	c.Published(c.Tick(now), now)
-	for r, name := range regions3 {
-		if err := c.Ingest(now, report(name, "e-"+name, 1, now, use("key:a", float64(1000*max(1-r, 0)), 0))); err != nil {
-			t.Fatal(err)
+	seq := uint64(0)
+	reportAll := func(ver uint64) {
+		seq++
+		for r, name := range regions3 {
+			rq := report(name, "e-"+name, seq, now, use("key:a", float64(1000*max(1-r, 0)), 0))
+			rq.ShareLeaderRev, rq.ShareVersion = 7, ver
+			if err := c.Ingest(now, rq); err != nil {
+				t.Fatal(err)
+			}
 		}
 	}
+	reportAll(1)
 	now = now.Add(10 * time.Second)
 	p := c.Tick(now)
 	c.Published(p, now)
@@ -248,13 +258,20 @@ func TestIncreaseAfterAckTimeout(t *testing.T) {
 	if raised(p) {
 		t.Fatal("raised at once")
 	}
-	for d := time.Second; d < c.cfg.AckTimeout; d += time.Second {
-		if p := c.Tick(now.Add(d)); raised(p) {
-			t.Fatalf("raised %v after the decrease, before AckTimeout %v", d, c.cfg.AckTimeout)
+	dec := p.Head.Version
+	for range 30 { // a minute of reports still applying the version before the decrease
+		now = now.Add(2 * time.Second)
+		reportAll(dec - 1)
+		if p := c.Tick(now); raised(p) {
+			t.Fatalf("raised %v after the decrease, which no report acknowledged", now.Sub(t0))
+		} else if p != nil {
+			c.Published(p, now)
 		}
 	}
-	if p := c.Tick(now.Add(c.cfg.AckTimeout)); !raised(p) {
-		t.Fatalf("not raised at AckTimeout: %+v", p)
+	now = now.Add(2 * time.Second)
+	reportAll(dec)
+	if p := c.Tick(now); !raised(p) {
+		t.Fatalf("not raised once every region reported the decrease: %+v", p)
 	}
 }
 

@@ -34,9 +34,9 @@
 // past it. mayApply_r(i) is the largest share of i for region r among the versions r may
 // still be applying: the one its enforcers acknowledged and every later one. A region
 // acknowledges version v when every enforcer of it heard from in the last SilentAfter
-// reports applying ≥ v (its share_version under this leader's fencing token) — or, when
-// none answers, AckTimeout after v landed in etcd (Stale when the region is silent; see
-// below). share.Step(mayApply, target) then returns the next shares to publish: decreases
+// reports applying ≥ v (its share_version under this leader's fencing token); only reports
+// acknowledge, never time (see acks), and a region gone quiet for Stale + AckTimeout is
+// taken to enforce at most the default split (see below). share.Step(mayApply, target) then returns the next shares to publish: decreases
 // at once, increases only when Σ_q max(mayApply_q, next_q) ≤ 1, so whatever mix of old
 // and new versions the regions apply, the shares in force sum to ≤ 1.
 //
@@ -46,14 +46,13 @@
 // 1/3 + 1/3 = 1. Once eu-west and ap-south report applying ≥ v, mayApply = (1/3, 0.01,
 // 0.01) and version v' raises us-east to 0.98: 0.98 + 0.01 + 0.01 = 1 whatever us-east
 // applies. us-east was held at 1/3 of the limit (under, never over) for about one report
-// interval, or AckTimeout.
+// interval, or a share set's propagation and an early report.
 //
-// AckTimeout is the trade-off: an enforcer that reports is acknowledged by its report
-// (≈ one report interval); AckTimeout lets an increase go sooner on the assumption that a
-// write that landed reaches every watching enforcer within AckTimeout. Too short and an
-// enforcer with a slow watch may apply an old, larger share alongside another region's
-// increase (Σ > 1 by at most the decrease, for at most the watch's lag); too long and the
-// increased region stays under its new share (errs under) for longer.
+// Enforcers report as soon as they apply a new set (usage.ReporterConfig.SharesChanged, at
+// least AckGap after their last report), so the acknowledgement an increase waits for
+// takes about the watch's delay plus a report's round trip, not an interval. An enforcer
+// that died mid-plan holds the increase back until it is no longer counted (SilentAfter):
+// under, never over.
 //
 // # Silence and staleness
 //
@@ -61,11 +60,13 @@
 // share: the others' targets get no more than the rest (and while it may still apply an
 // older, larger share, the plan keeps their increases back). After Stale it is held at
 // min(last, default_r), which is what its enforcers enforce on their own after Stale
-// without a fresh head. The decrease
-// this publishes is acknowledged only by the region's own reports or Stale after it
-// landed: by then each enforcer of that region has either read the decrease from etcd or
-// gone stale on its own (its last head is older than Stale), so no mix sums above 1. A
-// region that is gone for good thus gives back its share after about 2 × Stale.
+// without a fresh head or, with usage reports, without an accepted report (pkg/shares).
+// Stale + AckTimeout after its last report (AckTimeout covering the round trip from which
+// its enforcers count) the region is gone: every enforcer of it enforces at most
+// min(its share, default), so the plan reserves the default share for it and hands the
+// rest to the others — a region down for good gives its share back one staleness period
+// (plus AckTimeout) after it fell silent, and had it only been cut off, no mix of what
+// the regions apply sums above 1.
 //
 // # Bounds
 //

@@ -63,10 +63,14 @@ func (c *Core) Tick(now time.Time) *Publication {
 	return nil
 }
 
-// acks returns, per region, the newest version the region is known to have moved to:
-// the least version its enforcers heard in the last SilentAfter report applying, or the
-// newest version that landed AckTimeout ago (Stale ago for a silent region), whichever
-// is newer.
+// acks returns, per region, the newest version the region is known to have moved to: the
+// least version its enforcers heard in the last SilentAfter report applying. Only reports
+// acknowledge: a write that landed in etcd says nothing about a region cut off from etcd,
+// which would go on enforcing its old, larger share while the others were given more
+// (the region-down drill measured Σ 1.22 when a decrease counted as applied AckTimeout
+// after it landed). A region gone quiet for Stale + AckTimeout (gone) acknowledges every
+// version: its enforcers are stale by their own clocks and enforce at most the default
+// split, which clampGone reserves for it instead.
 func (c *Core) acks(now time.Time) []uint64 {
 	out := make([]uint64, c.n)
 	for r := range c.regions {
@@ -83,10 +87,6 @@ func (c *Core) acks(now time.Time) []uint64 {
 			}
 			any = true
 		}
-		timeout := c.cfg.AckTimeout
-		if !any {
-			timeout = c.cfg.Stale
-		}
 		// Silent for the staleness period (plus AckTimeout, which covers a report's round
 		// trip: the enforcer counts from when its last report was answered): every
 		// enforcer of the region has gone stale by its own clock — no share refreshed, or
@@ -97,13 +97,10 @@ func (c *Core) acks(now time.Time) []uint64 {
 			last = c.start
 		}
 		c.gone[r] = !any && now.Sub(last) >= c.cfg.Stale+c.cfg.AckTimeout
-		var byTime uint64
-		for _, l := range c.log {
-			if !l.landed.IsZero() && now.Sub(l.landed) >= timeout {
-				byTime = max(byTime, l.v)
-			}
+		out[r] = byReport
+		if c.gone[r] {
+			out[r] = c.version
 		}
-		out[r] = max(byReport, byTime)
 	}
 	return out
 }
@@ -169,15 +166,16 @@ func (c *Core) mayApply(id *ident, ack []uint64, dst []float64) {
 	}
 }
 
-// clampGone caps what a gone region (see acks) may be applying at the identity's default
-// share: a stale enforcer enforces min(last, default), whichever last it holds.
+// clampGone sets what a gone region (see acks) may be applying to the identity's default
+// share: a stale enforcer enforces min(last, default), whichever last it holds, so at
+// most the default (errs under by what its last share was below it).
 func (c *Core) clampGone(id *ident, dst []float64) {
 	if len(id.def) != len(dst) {
 		return
 	}
 	for r, g := range c.gone {
 		if g {
-			dst[r] = min(dst[r], id.def[r])
+			dst[r] = id.def[r]
 		}
 	}
 }
