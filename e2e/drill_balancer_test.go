@@ -27,14 +27,20 @@ func TestBalancerDrills(t *testing.T) {
 	opt.BalanceInterval = 2 * time.Second
 	opt.SessionTTL = 4 * time.Second
 	opt.ShareStale = 12 * time.Second
+	opt.AdminToken = adminToken
 	s := stack.Start(t, opt)
 	t.Logf("balancer drills: stack up in %v", time.Since(began).Round(time.Millisecond))
 
 	sums := watchShareSums(t, s)
+	t.Run("admin-rule-change", func(t *testing.T) { drillAdminRuleChange(t, s) })
+	t.Run("admin-auth", func(t *testing.T) { drillAdminAuth(t, s) })
+	t.Run("report-unknown-region", func(t *testing.T) { drillReportUnknownRegion(t, s) })
 	t.Run("traffic-shift", func(t *testing.T) { drillTrafficShift(t, s) })
 	t.Run("leader-killed", func(t *testing.T) { drillLeaderKilled(t, s) })
 	t.Run("region-down", func(t *testing.T) { drillRegionDown(t, s, sums) })
 	n, worst := sums.stop()
+	// Last: it stops etcd, which every replica's election and every published set need.
+	t.Run("admin-etcd-down", func(t *testing.T) { drillAdminEtcdDown(t, s) })
 	t.Logf("share sets read from etcd during the drills: %d, largest sum over regions %.4f; every version seen (time from the stack up, shares in region order us-east eu-west ap-south):%s", n, worst, sums.History())
 	if worst > 1+1e-9 {
 		t.Errorf("a published share vector summed to %.6f > 1", worst)

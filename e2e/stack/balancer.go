@@ -44,6 +44,9 @@ func balancerConfig(t testing.TB, s *Stack, regions []string, opt Options) strin
 		"drain_timeout": "5s",
 		"log_level":     "info",
 	}
+	if opt.AdminToken != "" {
+		cfg["admin"] = map[string]any{"enabled": true, "tokens_file": adminTokensFile(s), "tokens_env": ""}
+	}
 	if opt.Balancer != "" {
 		var over map[string]any
 		if err := yaml.Unmarshal([]byte(opt.Balancer), &over); err != nil {
@@ -146,3 +149,5 @@ func ShareSet(ctx context.Context, cli *clientv3.Client) (shareset.Head, []share
 }
 
 func balancerConfigFile(s *Stack) string { return filepath.Join(s.Dir, "balancer.yaml") }
+
+func adminTokensFile(s *Stack) string { return filepath.Join(s.Dir, "admin-tokens") }

@@ -69,6 +69,10 @@ type Options struct {
 	ShareStale time.Duration
 	// Balancer overrides config fields of every balancer replica (YAML).
 	Balancer string
+	// AdminToken, if not empty, turns on the balancers' admin API (pkg/balancer/admin on
+	// their HTTP listeners) with one named token, "drill:" + AdminToken (in a tokens file
+	// under Dir; at least adminauth.MinSecretLen bytes).
+	AdminToken string
 
 	// FallbackTimeout is how long a check waits for Redis before it alone is answered
 	// locally (fallback.timeout; the shard's breaker hears the call's outcome, with the
@@ -190,6 +194,9 @@ func Start(t testing.TB, opt Options) *Stack {
 		writeFile(t, r.config, enforcerConfig(t, r, names, s.RulesFile, i == 0 && opt.Gateway, opt))
 	}
 	if opt.Balancers > 0 {
+		if opt.AdminToken != "" {
+			writeFile(t, adminTokensFile(s), "drill:"+opt.AdminToken+"\n")
+		}
 		writeFile(t, balancerConfigFile(s), balancerConfig(t, s, names, opt))
 		s.Balancers = make([]*Balancer, opt.Balancers)
 	}
