@@ -14,8 +14,11 @@ build:
 
 # Everything, including the tests against real Redis, Redis Cluster and etcd in containers.
 # The images are built locally on first use (no registry is needed).
+# One package at a time (-p 1): the drills and the outage tests judge latencies and
+# breaker behaviour on a real stack, and a second package's race-instrumented CPU load on
+# these 2-core machines would be measured as theirs.
 test: images
-	$(GO) test -race -count=1 -timeout $(TIMEOUT) $(PKGS)
+	$(GO) test -race -count=1 -p 1 -timeout $(TIMEOUT) $(PKGS)
 
 # The external tools tests exec (promtool, from Debian's prometheus package; chromium for the
 # dashboard's browser test), installed when missing. `make test` needs no separate step:
