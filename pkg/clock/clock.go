@@ -89,6 +89,20 @@ func (f *Fake) Timers() int {
 	return len(f.timers)
 }
 
+// Waiting reports whether a timer is waiting to fire at exactly at: a test that knows
+// where a goroutine will park (a deadline it computed) waits for that timer, not merely
+// for some timer, before it advances the clock.
+func (f *Fake) Waiting(at time.Time) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, tm := range f.timers {
+		if tm.at.Equal(at) {
+			return true
+		}
+	}
+	return false
+}
+
 // NewTimer returns a timer that fires when the fake time reaches Now()+d.
 func (f *Fake) NewTimer(d time.Duration) Timer {
 	f.mu.Lock()

@@ -303,8 +303,10 @@ func TestReporterEarly(t *testing.T) {
 	poll(t, "the reporter to park", func() bool { return g.clk.Timers() == 1 })
 	g.clk.Advance(time.Second)
 	g.tb.ObserveTake(rule("default", 10), "key:k1", 500, false, 0) // a jump, 1 s in
-	// The Reporter wakes (Early channel), finds the gap not passed, and parks until t0+2s.
-	g.tick(t, time.Second)
+	// The Reporter wakes (Early channel), finds the gap not passed, and parks until t0+2s:
+	// wait for that timer (the one it had before also counts as one timer).
+	poll(t, "the reporter to park until t0+2s", func() bool { return g.clk.Waiting(t0.Add(2 * time.Second)) })
+	g.clk.Advance(time.Second)
 	poll(t, "an early report", func() bool { return len(lead.reports()) == 1 })
 	r := lead.reports()[0]
 	if !r.Early || r.IntervalEndMs != t0.Add(2*time.Second).UnixMilli() || len(r.Usage) != 1 {
@@ -376,7 +378,8 @@ func TestReporterAcknowledgesNewSharesEarly(t *testing.T) {
 	g.clk.Advance(100 * time.Millisecond)
 	changed <- struct{}{} // a set swapped in 100 ms after the interval began
 	// The Reporter wakes, finds AckGap not passed, and parks until t0+500ms.
-	g.tick(t, 400*time.Millisecond)
+	poll(t, "the reporter to park until t0+500ms", func() bool { return g.clk.Waiting(t0.Add(500 * time.Millisecond)) })
+	g.clk.Advance(400 * time.Millisecond)
 	poll(t, "the acknowledging report", func() bool { return len(lead.reports()) == 1 })
 	if r := lead.reports()[0]; !r.Early || r.IntervalEndMs != t0.Add(500*time.Millisecond).UnixMilli() || r.ShareVersion != 9 {
 		t.Fatalf("early %v end %dms version %d, want an early report at 500ms carrying version 9",
