@@ -20,8 +20,8 @@ type entry struct {
 	gen    uint32
 	gone   bool // evicted: a call landing here keeps nothing
 
-	// The lease: two lots of tokens, each expiring LeaseTTL after the call that took it
-	// was sent. cur is spent first; nxt moves up when cur is empty. Lots never merge into
+	// The lease: two lots of tokens, each expiring LeaseTTL (QuietTTL for a quiet batch)
+	// after the call that took it was sent. cur is spent first; nxt moves up when cur is empty. Lots never merge into
 	// a later expiry: see add.
 	cur, nxt       int64
 	curExp, nxtExp int64
@@ -34,7 +34,7 @@ type entry struct {
 	winStart       int64
 	hits, prevHits int64
 	asked, prevAsk int64
-	// Slow demand: tokens asked in the current LeaseTTL-long period and the last (see
+	// Slow demand: tokens asked in the current QuietTTL-long period and the last (see
 	// quietBatch).
 	slowStart         int64
 	slowAsk, slowPrev int64
@@ -72,7 +72,7 @@ func (e *entry) count(now, window, cost int64) {
 	e.asked += cost
 }
 
-// countSlow records cost tokens at now in the LeaseTTL-long demand period.
+// countSlow records cost tokens at now in the QuietTTL-long demand period (ttl).
 func (e *entry) countSlow(now, ttl, cost int64) {
 	if d := now - e.slowStart; d >= ttl {
 		if d < 2*ttl {

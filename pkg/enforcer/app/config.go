@@ -136,6 +136,7 @@ type ListenConfig struct {
 type LeaseConfig struct {
 	Disabled bool          `yaml:"disabled"`
 	TTL      time.Duration `yaml:"ttl"`
+	QuietTTL time.Duration `yaml:"quiet_ttl"`
 	Window   time.Duration `yaml:"window"`
 	BusyHits int           `yaml:"busy_hits"`
 	MaxKeys  int           `yaml:"max_keys"`

@@ -48,6 +48,7 @@ func (c *Config) validateSections() []error {
 	}
 	l := c.Lease
 	dur("lease.ttl", l.TTL)
+	dur("lease.quiet_ttl", l.QuietTTL)
 	dur("lease.window", l.Window)
 	num("lease.busy_hits", int64(l.BusyHits))
 	num("lease.max_keys", int64(l.MaxKeys))
@@ -108,6 +109,10 @@ func (c *Config) leaseConfig() lease.Config {
 	lc := lease.DefaultConfig()
 	l := c.Lease
 	overrideIfSet(&lc.LeaseTTL, l.TTL)
+	overrideIfSet(&lc.QuietTTL, l.QuietTTL)
+	if l.QuietTTL == 0 && lc.QuietTTL < lc.LeaseTTL {
+		lc.QuietTTL = lc.LeaseTTL // a long ttl alone does not make the default quiet_ttl an error
+	}
 	overrideIfSet(&lc.Window, l.Window)
 	overrideIfSet(&lc.BusyHits, l.BusyHits)
 	overrideIfSet(&lc.MaxKeys, l.MaxKeys)
