@@ -58,13 +58,16 @@
 // one QuietTTL (Q, Config.QuietTTL, 10 s), whose tokens may be spent for Q:
 //
 //	prev  = tokens this enforcer was asked for the key over the last whole Q
-//	cur   = max(prev, tokens asked so far in the current Q)
-//	quiet batch = min(cur, ⌊ R × T / (4 × N) ⌋, ⌊ min burst ⌋)
-//	              when prev ≥ 2c and 4 × N × cur ≤ R × Q
+//	a, t  = tokens asked so far in the current Q, and for how long it has run
+//	crit  = max(prev, a × Q / max(t, T))          the demand over Q, erring high
+//	size  = max(prev, a × Q / (t + T))            the demand over Q, erring low
+//	quiet batch = min(size, ⌊ R × T / (4 × N) ⌋, ⌊ min burst ⌋)
+//	              when 4 × N × crit ≤ R × Q, and prev ≥ 2c or (t ≥ T and a ≥ 2c)
 //
 // with R the slowest rate of the request's limits, T = LeaseTTL and N the enforcers in
-// the region. A key needs a whole Q of history first, so a key seen once is never leased
-// for. It is refilled at half, like a busy lease, so in steady state it costs one call per
+// the region. A key needs at least a LeaseTTL of history with two checks first, so a key
+// seen once is never leased for, and one seen for the first time is leased a second or
+// two later, its batch growing toward its demand over Q as the period fills. It is refilled at half, like a busy lease, so in steady state it costs one call per
 // batch: one per Q for a key under the cap, instead of one per check.
 //
 // Which way it errs, and by how much. Under, never over in total: tokens are still taken
@@ -262,7 +265,7 @@ func (s *Store) TakeValid(ctx context.Context, req *bucket.Request) (bucket.Resu
 		f := e.flight
 		var c callFor
 		if f == nil {
-			c = s.begin(e, req)
+			c = s.begin(e, req, now)
 		} else {
 			// Someone is calling for this key: it is busy; wait for that call and look again.
 			e.hits = max(e.hits, s.busyHits)
@@ -391,10 +394,10 @@ type callFor struct {
 
 // begin claims the one foreground call for e's key. Called with e's shard lock held. If
 // the key is busy the call asks for a batch, else it passes the check through as it is.
-func (s *Store) begin(e *entry, req *bucket.Request) callFor {
+func (s *Store) begin(e *entry, req *bucket.Request, now int64) callFor {
 	c := callFor{f: &flight{done: make(chan struct{})}, req: *req, gen: e.gen, peers: s.peers()}
 	e.flight = c.f
-	batch, ttl, lease := s.leaseBatch(e, req.Limits, req.Want, c.peers)
+	batch, ttl, lease := s.leaseBatch(e, req.Limits, req.Want, c.peers, now)
 	c.ttl = ttl
 	if lease {
 		e.batch = batch
@@ -457,12 +460,15 @@ func (s *Store) call(ctx context.Context, sh *shard, e *entry, req *bucket.Reque
 // (batchSize) for a busy key, under LeaseTTL, or the quiet batch (quietBatch) for a key far
 // under its limits, under QuietTTL, whichever is larger. It records in e.quiet whether the
 // quiet criterion held. Called with e's shard lock held.
-func (s *Store) leaseBatch(e *entry, limits []bucket.Limit, cost int64, peers int) (batch, ttl int64, lease bool) {
+func (s *Store) leaseBatch(e *entry, limits []bucket.Limit, cost int64, peers int, now int64) (batch, ttl int64, lease bool) {
 	b := int64(0)
 	if e.busy(s.busyHits) {
 		b = batchSize(limits, cost, e.demand(), peers, s.cfg.Window)
 	}
-	q := quietBatch(limits, cost, e.slowPrev, max(e.slowPrev, e.slowAsk), peers, s.cfg.QuietTTL, s.cfg.LeaseTTL)
+	q := int64(0)
+	if crit, size, ok := e.slowDemand(now, s.quietTTL, s.ttl, cost); ok {
+		q = quietBatch(limits, cost, crit, size, peers, s.cfg.QuietTTL, s.cfg.LeaseTTL)
+	}
 	e.quiet = q > cost
 	if e.quiet && q >= b {
 		return q, s.quietTTL, true
@@ -471,16 +477,16 @@ func (s *Store) leaseBatch(e *entry, limits []bucket.Limit, cost int64, peers in
 }
 
 // quietBatch is the batch for a key this enforcer sees far under its limits, sized to the
-// key's own demand over one QuietTTL (Q): prev is the tokens asked over the last whole Q,
-// cur = max(prev, the current part). With R the slowest rate of the limits, it is 0 (no
-// quiet lease) unless
+// key's own demand over one QuietTTL (Q), as entry.slowDemand estimates it: crit (erring
+// high) for the criterion, size (erring low) for the batch. With R the slowest rate of
+// the limits, it is 0 (no quiet lease) unless
 //
-//	prev ≥ 2 × cost  and  4 × N × cur ≤ R × Q        (the key runs at ≤ R/4 per fleet)
+//	4 × N × crit ≤ R × Q        (the key runs at ≤ R/4 per fleet)
 //
-// and then cur, capped at ⌊ R × T / (4 × N) ⌋ (T = LeaseTTL: what a quiet lease of one
+// and then size, capped at ⌊ R × T / (4 × N) ⌋ (T = LeaseTTL: what a quiet lease of one
 // LeaseTTL could hold) and at the smallest burst. See "Quiet keys" in the package comment.
-func quietBatch(limits []bucket.Limit, cost, prev, cur int64, peers int, quiet, ttl time.Duration) int64 {
-	if prev < 2*cost || cur <= cost {
+func quietBatch(limits []bucket.Limit, cost, crit, size int64, peers int, quiet, ttl time.Duration) int64 {
+	if size <= cost {
 		return 0
 	}
 	byRate, burst := limits[0].Rate, limits[0].Burst
@@ -488,11 +494,11 @@ func quietBatch(limits []bucket.Limit, cost, prev, cur int64, peers int, quiet, 
 		byRate, burst = min(byRate, l.Rate), min(burst, l.Burst)
 	}
 	n := float64(4 * int64(max(peers, 1)))
-	if n*float64(cur) > byRate*quiet.Seconds() {
+	if n*float64(crit) > byRate*quiet.Seconds() {
 		return 0
 	}
 	hold := int64(byRate * ttl.Seconds() / n) // ≤ 1e9 × 1 h: fits
-	return max(min(cur, hold, int64(burst)), 0)
+	return max(min(size, hold, int64(burst)), 0)
 }
 
 func batchSize(limits []bucket.Limit, cost, demand int64, peers int, window time.Duration) int64 {

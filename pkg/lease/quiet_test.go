@@ -8,21 +8,20 @@ import (
 	"github.com/allot-dev/allot/pkg/bucket"
 )
 
-// A key seen 10 times a second, far under its limit (1000/s), leases its own demand over
-// one QuietTTL (10 s) once it has a whole QuietTTL of history: about one call per QuietTTL,
-// not one per check. The tokens of a quiet lease live QuietTTL, not LeaseTTL.
+// A key seen 10 times a second, far under its limit (1000/s), is exact for its first
+// LeaseTTL, then leases its own demand over one QuietTTL (10 s): once the period has
+// filled, about one call per QuietTTL, not one per check.
 func TestQuietKeyLeasesItsDemand(t *testing.T) {
 	f := newFixture(t, nil) // BusyHits 3, Window 100ms, LeaseTTL 1s, QuietTTL 10s, one enforcer
 	r := req("quiet", 1000, 1000, 1)
-	for i := range 100 { // the first QuietTTL: exact calls
+	for i := range 10 { // the first LeaseTTL: exact calls
 		if res := f.take(f.s, r); res.Source != bucket.SourceMemory || f.next.lastWant() != 1 {
 			t.Fatalf("check %d: %+v want=%d, want an exact check", i, res, f.next.lastWant())
 		}
 		f.clk.Advance(100 * time.Millisecond)
 	}
-	before := f.next.calls.Load()
 	var admitted, leased int64
-	for range 300 { // three more QuietTTLs at the same pace
+	check := func() {
 		res := f.take(f.s, r)
 		if res.Granted != 1 {
 			t.Fatalf("%+v, want granted", res)
@@ -34,13 +33,23 @@ func TestQuietKeyLeasesItsDemand(t *testing.T) {
 		f.s.settle()
 		f.clk.Advance(100 * time.Millisecond)
 	}
-	if n := f.next.calls.Load() - before; n > 6 {
-		t.Errorf("%d calls for 300 quiet checks over 30 s, want <= 6 (about one per QuietTTL)", n)
+	for range 90 { // the rest of the first QuietTTL: the batch grows toward the demand
+		check()
 	}
-	if leased < 290 {
-		t.Errorf("%d of 300 answered from the lease, want >= 290", leased)
+	if n := f.next.calls.Load() - 10; n > 8 {
+		t.Errorf("%d calls for 90 checks while the first QuietTTL fills, want <= 8", n)
 	}
-	if g := f.next.granted.Load() - 100; admitted > g {
+	before, leased := f.next.calls.Load(), int64(0)
+	for range 300 { // three more QuietTTLs at the same pace
+		check()
+	}
+	if n := f.next.calls.Load() - before; n > 5 {
+		t.Errorf("%d calls for 300 quiet checks over 30 s, want <= 5 (about one per QuietTTL)", n)
+	}
+	if leased < 295 {
+		t.Errorf("%d of 300 answered from the lease, want >= 295", leased)
+	}
+	if g := f.next.granted.Load() - 10; admitted > g {
 		t.Fatalf("admitted %d > granted %d", admitted, g)
 	}
 }
@@ -79,29 +88,30 @@ func TestQuietLeaseExpiresAtQuietTTL(t *testing.T) {
 		}
 	})
 	r := req("expiring", 1000, 1000, 1)
-	for range 100 {
+	for range 10 {
 		f.take(f.s, r)
 		f.clk.Advance(100 * time.Millisecond)
 	}
-	res := f.take(f.s, r) // a quiet lease of 100 tokens, this check spends one
+	// 11 checks in 1 s: a quiet lease of 11 × 10 s / (1 s + 1 s) = 55, this check spends one.
+	res := f.take(f.s, r)
 	f.s.settle()
-	if res.Granted != 1 || f.next.lastWant() != 100 {
-		t.Fatalf("%+v want=%d, want a quiet lease of 100", res, f.next.lastWant())
+	if res.Granted != 1 || f.next.lastWant() != 55 {
+		t.Fatalf("%+v want=%d, want a quiet lease of 55", res, f.next.lastWant())
 	}
+	calls := f.next.calls.Load()
 	f.clk.Advance(9 * time.Second) // still within QuietTTL: from the lease
-	if res := f.take(f.s, r); res.Source != bucket.SourceLease {
+	if res := f.take(f.s, r); res.Source != bucket.SourceLease || f.next.calls.Load() != calls {
 		t.Fatalf("after 9 s: %+v, want an answer from the quiet lease", res)
 	}
 	if expired.Load() != 0 {
 		t.Fatalf("expired %d before QuietTTL", expired.Load())
 	}
-	f.clk.Advance(time.Second + time.Millisecond)
-	calls := f.next.calls.Load()
+	f.clk.Advance(time.Second)
 	if res := f.take(f.s, r); res.Source == bucket.SourceLease || f.next.calls.Load() == calls {
 		t.Fatalf("after QuietTTL: %+v, want a call to the next store", res)
 	}
-	if expired.Load() != 98 {
-		t.Fatalf("expired %d tokens, want the 98 left", expired.Load())
+	if expired.Load() != 53 {
+		t.Fatalf("expired %d tokens, want the 53 left", expired.Load())
 	}
 }
 
@@ -123,19 +133,19 @@ func TestQuietKeyNearLimitIsExact(t *testing.T) {
 func TestQuietBatch(t *testing.T) {
 	one := []bucket.Limit{{Rate: 1000, Burst: 1000}}
 	for _, c := range []struct {
-		name            string
-		limits          []bucket.Limit
-		cost, prev, cur int64
-		peers           int
-		want            int64
+		name             string
+		limits           []bucket.Limit
+		cost, crit, size int64
+		peers            int
+		want             int64
 	}{
-		// Q = 10 s, T = 1 s: quiet while 4 × N × cur ≤ R × 10 s, capped at R × 1 s / 4N.
-		{"no history", one, 1, 0, 50, 1, 0},
-		{"history under 2c", one, 1, 1, 50, 1, 0},
-		{"far under", one, 1, 10, 12, 1, 12},
+		// Q = 10 s, T = 1 s: quiet while 4 × N × crit ≤ R × 10 s, capped at R × 1 s / 4N.
+		{"far under", one, 1, 12, 12, 1, 12},
+		{"size errs low", one, 1, 100, 40, 1, 40},
+		{"nothing to lease", one, 1, 10, 1, 1, 0},
 		{"capped at R×T/4N", one, 1, 2000, 2000, 1, 250},
 		{"at R×Q/4N", one, 1, 2500, 2500, 1, 250},
-		{"over R×Q/4N", one, 1, 2501, 2501, 1, 0},
+		{"over R×Q/4N", one, 1, 2501, 100, 1, 0},
 		{"peers shrink the cap", one, 1, 200, 200, 3, 83},
 		{"peers shrink the criterion", one, 1, 900, 900, 3, 0},
 		{"slowest limit", []bucket.Limit{{Rate: 1000, Burst: 1000}, {Rate: 100, Burst: 6000}}, 1, 20, 20, 1, 20},
@@ -143,10 +153,36 @@ func TestQuietBatch(t *testing.T) {
 		{"slowest limit over", []bucket.Limit{{Rate: 1000, Burst: 1000}, {Rate: 100, Burst: 6000}}, 1, 251, 251, 1, 0},
 		{"burst caps", []bucket.Limit{{Rate: 1000, Burst: 8}}, 1, 10, 10, 1, 8},
 		{"slow limit: no quiet lease", []bucket.Limit{{Rate: 2, Burst: 10}}, 1, 5, 5, 1, 0},
-		{"cost", one, 5, 9, 50, 1, 0},
+		{"cost", one, 5, 9, 5, 1, 0},
 	} {
-		if got := quietBatch(c.limits, c.cost, c.prev, c.cur, c.peers, 10*time.Second, time.Second); got != c.want {
+		if got := quietBatch(c.limits, c.cost, c.crit, c.size, c.peers, 10*time.Second, time.Second); got != c.want {
 			t.Errorf("%s: quietBatch = %d, want %d", c.name, got, c.want)
+		}
+	}
+}
+
+func TestSlowDemand(t *testing.T) {
+	const s = int64(time.Second)
+	for _, c := range []struct {
+		name                 string
+		prev, ask, start, at int64 // at: now
+		crit, size           int64
+		ok                   bool
+	}{
+		{"nothing yet", 0, 1, 0, s / 10, 10, 9, false},
+		{"two checks, under a ttl", 0, 2, 0, s / 2, 20, 13, false},
+		{"a ttl in", 0, 10, 0, s, 100, 50, true},
+		{"half a period in", 0, 50, 0, 5 * s, 100, 83, true},
+		{"a whole last period", 40, 3, 0, s, 40, 40, true},
+		{"current part faster than the last", 10, 30, 0, 2 * s, 150, 100, true},
+		{"the period rolled: the part is the last", 5, 30, 0, 12 * s, 30, 30, true},
+		{"two periods idle: nothing", 40, 30, 0, 25 * s, 0, 0, false},
+		{"one check last period", 1, 0, 0, s / 10, 1, 1, false},
+	} {
+		e := entry{slowPrev: c.prev, slowAsk: c.ask, slowStart: c.start}
+		crit, size, ok := e.slowDemand(c.at, 10*s, s, 1)
+		if crit != c.crit || size != c.size || ok != c.ok {
+			t.Errorf("%s: slowDemand = %d, %d, %v; want %d, %d, %v", c.name, crit, size, ok, c.crit, c.size, c.ok)
 		}
 	}
 }

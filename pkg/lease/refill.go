@@ -56,7 +56,7 @@ func (s *Store) refill(e *entry) {
 	peers := s.peers()
 	ttl := s.ttl
 	if !e.gone {
-		if b, t, ok := s.leaseBatch(e, e.limits, e.lastCost, peers); ok {
+		if b, t, ok := s.leaseBatch(e, e.limits, e.lastCost, peers, s.now()); ok {
 			ttl = t
 			e.batch = b
 			req = &bucket.Request{Identity: e.key, Limits: e.limits, Want: b, Min: e.lastCost}
