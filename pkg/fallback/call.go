@@ -164,13 +164,20 @@ func (s *Store) run(c *call) {
 func (s *Store) heard(b *breaker, w uint64, probe bool, res bucket.Result, err error, exp bool, sent int64, now time.Time) {
 	o := s.judge(b, res, err, exp, sent, now.UnixMicro(), s.deadline(probe))
 	if o == replied {
-		for r := b.replied.Load(); r < now.UnixMicro() && !b.replied.CompareAndSwap(r, now.UnixMicro()); r = b.replied.Load() {
-		}
+		raise(&b.replied, now.UnixMicro())
+		raise(&s.anyReplied, now.UnixMicro())
+		raise(&s.anySent, sent)
 	}
 	if probe {
 		s.settleProbe(b, w, o, err, now)
 	} else {
 		s.settle(b, w, o, err, now)
+	}
+}
+
+// raise sets v to t if t is later.
+func raise(v *atomic.Int64, t int64) {
+	for r := v.Load(); r < t && !v.CompareAndSwap(r, t); r = v.Load() {
 	}
 }
 

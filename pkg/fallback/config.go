@@ -42,6 +42,18 @@ type Config struct {
 	// master takes to trip. Must be >= Timeout. Default 100 ms.
 	ReplyTimeout time.Duration
 
+	// AllSilentFor is how long no shard at all may have answered before a missing reply
+	// opens a breaker when no other shard can vouch for this process. A reply missing for
+	// ReplyTimeout is evidence against its shard only if another shard answered a call
+	// sent after it (this process and its network were working, that shard was not);
+	// when every shard went quiet together the likelier cause is this process or its
+	// machine (a stall the meter missed, a loaded host starving the reads), and local
+	// limits then would loosen every key for OpenFor. So the breaker opens only once no
+	// shard has answered for AllSilentFor: a whole cluster that died (or a network cut to
+	// all of it), or a shard whose peers have no traffic, trips in about AllSilentFor
+	// instead of ReplyTimeout. Must be >= ReplyTimeout. Default 500 ms.
+	AllSilentFor time.Duration
+
 	// ProbeTimeout is the deadline of the one call that probes a shard whose breaker has
 	// been open for OpenFor. The first call to a shard that came back may pay for dialling
 	// it again, and a probe that misses keeps the shard's keys on local limits for another
@@ -98,6 +110,7 @@ const (
 	DefaultTimeout      = 5 * time.Millisecond
 	DefaultReplyTimeout = 100 * time.Millisecond
 	DefaultProbeTimeout = 100 * time.Millisecond
+	DefaultAllSilentFor = 500 * time.Millisecond
 	DefaultTripAfter    = 5
 	DefaultOpenFor      = 2 * time.Second
 	DefaultMaxInFlight  = 256
@@ -106,7 +119,8 @@ const (
 )
 
 // DefaultConfig returns the defaults: real clock, one shard, checks wait 5 ms, calls live
-// 100 ms (a probe too), open after 5 consecutive errors or one missing reply for 2 s, 256
+// 100 ms (a probe too), open after 5 consecutive errors or one missing reply (500 ms of
+// silence from every shard when no other shard answered meanwhile) for 2 s, 256
 // calls in flight per shard, N = 1, Slack 2, 100,000 local keys, no logs, no metrics.
 func DefaultConfig() Config {
 	return Config{
@@ -114,6 +128,7 @@ func DefaultConfig() Config {
 		Timeout:      DefaultTimeout,
 		ReplyTimeout: DefaultReplyTimeout,
 		ProbeTimeout: DefaultProbeTimeout,
+		AllSilentFor: DefaultAllSilentFor,
 		TripAfter:    DefaultTripAfter,
 		OpenFor:      DefaultOpenFor,
 		MaxInFlight:  DefaultMaxInFlight,
@@ -132,6 +147,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("fallback: config: Timeout %v, must be > 0", c.Timeout)
 	case c.ReplyTimeout < c.Timeout:
 		return fmt.Errorf("fallback: config: ReplyTimeout %v, must be >= Timeout (%v)", c.ReplyTimeout, c.Timeout)
+	case c.AllSilentFor < c.ReplyTimeout:
+		return fmt.Errorf("fallback: config: AllSilentFor %v, must be >= ReplyTimeout (%v)", c.AllSilentFor, c.ReplyTimeout)
 	case c.ProbeTimeout <= 0:
 		return fmt.Errorf("fallback: config: ProbeTimeout %v, must be > 0", c.ProbeTimeout)
 	case c.TripAfter < 1 || c.TripAfter > maxCount:

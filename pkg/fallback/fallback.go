@@ -19,14 +19,20 @@
 //   - TripAfter consecutive errors from the shard (refused or reset connections, cluster
 //     errors) open it;
 //   - a call with no reply within ReplyTimeout opens it at once, unless the shard
-//     answered another call sent after it (it is alive), or this process was not running
+//     answered after it was sent (it is alive), or this process was not running
 //     meanwhile: the timeout was seen more than ReplyTimeout/2 late, or the Store's stall
 //     meter (a 5 ms ticker, see meter) saw a gap over ReplyTimeout/4 since the call was
 //     sent; the reply may then be sitting unread in the socket;
+//   - and only if another shard answered a call sent after it: a shard silent while its
+//     peers answer is the shard's fault. When every shard went quiet together it is more
+//     likely this process or its machine (a loaded host starving the reads of every
+//     connection at once), so the breaker waits until no shard has answered for
+//     Config.AllSilentFor (500 ms) before it opens;
 //   - while open (OpenFor, 2 s) no check calls the shard; then exactly one probe does.
 //
 // So a paused or dead master trips ReplyTimeout after the first call it does not answer
-// (≈ 100 ms), and a stall of this process (GC, a loaded 2-core VM: 20–30 ms, sometimes
+// (≈ 100 ms) while the other masters answer, a whole cluster down (or a shard whose peers
+// have no traffic) in about AllSilentFor (≈ 500 ms), and a stall of this process (GC, a loaded 2-core VM: 20–30 ms, sometimes
 // 200 ms) opens nothing: the replies of the calls it delayed arrive late and count as
 // replies, and a reply missing across a stall proves nothing.
 //
@@ -131,10 +137,14 @@ type Store struct {
 	calls   sync.Pool // *call
 	timers  sync.Pool // *time.Timer, real clock only
 	closed  atomic.Bool
-	meter   meter           // stalls of this process (real clock only)
-	ctx     context.Context // parent of every call; cancelled by Close
-	cancel  context.CancelFunc
-	wg      sync.WaitGroup // calls in flight
+	meter   meter // stalls of this process (real clock only)
+	// Across shards, for judge: the latest reply from any shard (Unix µs when it came) and
+	// the latest send time of a call that got one. Only evidence a shard is alive moves them.
+	anyReplied atomic.Int64
+	anySent    atomic.Int64
+	ctx        context.Context // parent of every call; cancelled by Close
+	cancel     context.CancelFunc
+	wg         sync.WaitGroup // calls in flight
 }
 
 // scratch is the space answerLocally builds the scaled request in.
@@ -265,7 +275,12 @@ func (s *Store) judge(b *breaker, res bucket.Result, err error, expired bool, se
 	case end-(sent+d.Microseconds()) > d.Microseconds()/2, s.meter.stalledSince(sent, end):
 		return notJudged // this process was not running: the reply may be unread
 	case b.replied.Load() > sent:
-		return notJudged // the shard answered a call sent after this one: it is alive
+		return notJudged // the shard answered after this call was sent: it is alive
+	case s.anySent.Load() <= sent && end-s.anyReplied.Load() < s.cfg.AllSilentFor.Microseconds():
+		// No shard answered a call sent after this one, and some shard answered within
+		// AllSilentFor: every shard went quiet together, which is likelier this process
+		// or its machine than this shard. Not yet evidence (see Config.AllSilentFor).
+		return notJudged
 	}
 	return silent
 }

@@ -195,6 +195,11 @@ func newHarness(t *testing.T, edit func(*Config)) *harness {
 	cfg.Shard = shardOf
 	cfg.Observer = h.obs
 	cfg.Logger = hclog.New(&hclog.LoggerOptions{Output: h.logs, Level: hclog.Info})
+	// Most tests here judge one shard alone, with no other shard answering: they get the
+	// per-shard rule (a missing reply on time trips) by letting any silence of every shard
+	// count once it is ReplyTimeout old. The cross-shard rule is tested at its default in
+	// silence_test.go.
+	cfg.AllSilentFor = cfg.ReplyTimeout
 	if edit != nil {
 		edit(&cfg)
 	}
