@@ -65,8 +65,17 @@ type Config struct {
 	// Store closing) open its breaker. Default 5.
 	TripAfter int
 
-	// OpenFor is how long an open breaker stays open before it lets one probe through to
-	// the next store. Default 2 s.
+	// FirstOpenFor is how long a breaker that opens from closed stays open before it lets
+	// one probe through; each failed probe doubles the wait, up to OpenFor, and a breaker
+	// that opens again within OpenFor of closing starts from double its last wait. A shard
+	// that missed replies for a moment (a Redis process descheduled on a loaded host, a
+	// failover's first second) is back on shared counts after FirstOpenFor rather than
+	// OpenFor, while a dead shard is still probed once per OpenFor soon after. Must be in
+	// (0, OpenFor]. Default 250 ms.
+	FirstOpenFor time.Duration
+
+	// OpenFor is the longest an open breaker stays open before it lets one probe through
+	// to the next store (see FirstOpenFor). Default 2 s.
 	OpenFor time.Duration
 
 	// MaxInFlight bounds the calls in flight to one shard, answered or not: a check that
@@ -113,6 +122,7 @@ const (
 	DefaultAllSilentFor = 500 * time.Millisecond
 	DefaultTripAfter    = 5
 	DefaultOpenFor      = 2 * time.Second
+	DefaultFirstOpenFor = 250 * time.Millisecond
 	DefaultMaxInFlight  = 256
 	DefaultSlack        = 2.0
 	DefaultMaxLocalKeys = 100_000
@@ -131,6 +141,7 @@ func DefaultConfig() Config {
 		AllSilentFor: DefaultAllSilentFor,
 		TripAfter:    DefaultTripAfter,
 		OpenFor:      DefaultOpenFor,
+		FirstOpenFor: DefaultFirstOpenFor,
 		MaxInFlight:  DefaultMaxInFlight,
 		Slack:        DefaultSlack,
 		MaxLocalKeys: DefaultMaxLocalKeys,
@@ -155,6 +166,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("fallback: config: TripAfter %d, must be in [1, %d]", c.TripAfter, maxCount)
 	case c.OpenFor <= 0:
 		return fmt.Errorf("fallback: config: OpenFor %v, must be > 0", c.OpenFor)
+	case c.FirstOpenFor <= 0 || c.FirstOpenFor > c.OpenFor:
+		return fmt.Errorf("fallback: config: FirstOpenFor %v, must be in (0, OpenFor (%v)]", c.FirstOpenFor, c.OpenFor)
 	case c.MaxInFlight < 1 || c.MaxInFlight > maxCount:
 		return fmt.Errorf("fallback: config: MaxInFlight %d, must be in [1, %d]", c.MaxInFlight, maxCount)
 	case math.IsNaN(c.Slack) || math.IsInf(c.Slack, 0) || c.Slack <= 0:
@@ -173,7 +186,7 @@ const (
 	// Closed: checks go to the next store.
 	Closed State = iota
 	// Open: checks are answered locally (or refused, if fail-closed) without calling the
-	// next store, until OpenFor has passed since the breaker opened.
+	// next store, until its wait (FirstOpenFor, doubling up to OpenFor) has passed.
 	Open
 	// HalfOpen: one probe is in flight to the next store; every other check is answered
 	// as if Open.

@@ -28,7 +28,10 @@
 //     likely this process or its machine (a loaded host starving the reads of every
 //     connection at once), so the breaker waits until no shard has answered for
 //     Config.AllSilentFor (500 ms) before it opens;
-//   - while open (OpenFor, 2 s) no check calls the shard; then exactly one probe does.
+//   - while open no check calls the shard; then exactly one probe does. The first wait is
+//     FirstOpenFor (250 ms), doubled after each failed probe up to OpenFor (2 s): a shard
+//     that only missed replies for a moment is back on shared counts quickly, a dead one
+//     costs one probe every 2 s.
 //
 // So a paused or dead master trips ReplyTimeout after the first call it does not answer
 // (≈ 100 ms) while the other masters answer, a whole cluster down (or a shard whose peers
@@ -209,6 +212,8 @@ type breaker struct {
 	word      atomic.Uint64 // generation<<2 | State
 	fails     atomic.Int32  // consecutive errors in the current closed period
 	openUntil atomic.Int64  // Unix µs when an open breaker may probe; stored before the word that publishes Open
+	openFor   atomic.Int64  // µs: the current period's wait before its probe (see Config.FirstOpenFor)
+	closedAt  atomic.Int64  // Unix µs when a probe last closed the breaker; 0: never
 	replied   atomic.Int64  // Unix µs of the latest reply from the shard; 0: none yet
 	inFlight  atomic.Int32  // calls in flight to the shard
 	shard     string
@@ -306,7 +311,12 @@ func (s *Store) settle(b *breaker, w uint64, o outcome, err error, now time.Time
 	b.mu.Lock()
 	tripped := b.word.Load() == w
 	if tripped {
-		b.openUntil.Store(now.Add(s.cfg.OpenFor).UnixMicro())
+		d := s.cfg.FirstOpenFor.Microseconds()
+		if c := b.closedAt.Load(); c != 0 && now.UnixMicro()-c < s.cfg.OpenFor.Microseconds() {
+			d = s.longer(b.openFor.Load()) // it opens again soon after closing: back off
+		}
+		b.openFor.Store(d)
+		b.openUntil.Store(now.UnixMicro() + d)
 		b.fails.Store(0)
 		b.word.Store(bump(w, Open))
 	}
@@ -317,7 +327,7 @@ func (s *Store) settle(b *breaker, w uint64, o outcome, err error, now time.Time
 			why = "no reply within " + s.cfg.ReplyTimeout.String()
 		}
 		s.log.Warn("redis shard unavailable: breaker open, enforcing local limits",
-			"shard", b.shard, "why", why, "open-for", s.cfg.OpenFor, "error", err)
+			"shard", b.shard, "why", why, "open-for", time.Duration(b.openFor.Load())*time.Microsecond, "error", err)
 		s.obs.Transition(b.shard, Closed, Open)
 	}
 }
@@ -330,6 +340,7 @@ func (s *Store) settleProbe(b *breaker, hw uint64, o outcome, err error, now tim
 	switch o {
 	case replied:
 		b.fails.Store(0)
+		b.closedAt.Store(now.UnixMicro())
 		b.word.Store(bump(hw, Closed))
 		s.log.Info("redis shard answered: breaker closed", "shard", b.shard)
 		s.obs.Transition(b.shard, HalfOpen, Closed)
@@ -339,11 +350,18 @@ func (s *Store) settleProbe(b *breaker, hw uint64, o outcome, err error, now tim
 		s.obs.Transition(b.shard, HalfOpen, Open)
 	default:
 		s.obs.Failure(b.shard, err)
-		b.openUntil.Store(now.Add(s.cfg.OpenFor).UnixMicro())
+		d := s.longer(b.openFor.Load())
+		b.openFor.Store(d)
+		b.openUntil.Store(now.UnixMicro() + d)
 		b.word.Store(bump(hw, Open))
-		s.log.Warn("probe failed: breaker open again", "shard", b.shard, "open-for", s.cfg.OpenFor, "error", err)
+		s.log.Warn("probe failed: breaker open again", "shard", b.shard, "open-for", time.Duration(d)*time.Microsecond, "error", err)
 		s.obs.Transition(b.shard, HalfOpen, Open)
 	}
+}
+
+// longer is the wait after one of d µs: doubled, within [FirstOpenFor, OpenFor].
+func (s *Store) longer(d int64) int64 {
+	return min(max(2*d, s.cfg.FirstOpenFor.Microseconds()), s.cfg.OpenFor.Microseconds())
 }
 
 // testHookProbeRace, set by tests only, runs between a check seeing that a probe is due

@@ -147,8 +147,10 @@ type LeaseConfig struct {
 type FallbackConfig struct {
 	Timeout      time.Duration `yaml:"timeout"`
 	ReplyTimeout time.Duration `yaml:"reply_timeout"`
+	AllSilentFor time.Duration `yaml:"all_silent_for"`
 	ProbeTimeout time.Duration `yaml:"probe_timeout"`
 	TripAfter    int           `yaml:"trip_after"`
+	FirstOpenFor time.Duration `yaml:"first_open_for"`
 	OpenFor      time.Duration `yaml:"open_for"`
 	MaxInFlight  int           `yaml:"max_in_flight"`
 	Slack        float64       `yaml:"slack"`
