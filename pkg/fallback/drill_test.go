@@ -424,7 +424,7 @@ func runDrill(t *testing.T, c *testenv.Cluster, withLease bool) {
 	}
 	// 3. While open, only probes reach the dead shard: after the calls in flight at openAt
 	// end (within ReplyTimeout, allowed 100ms more), failures are failed probes, one per
-	// OpenFor.
+	// wait (FirstOpenFor, doubling up to OpenFor).
 	settle := openAt.Add(cfg.ReplyTimeout + 100*time.Millisecond)
 	fails := obs.count(paused, "fail", settle, unpauseAt)
 	probes := obs.count(paused, "half-open->open", settle, unpauseAt)
@@ -519,9 +519,12 @@ func runDrill(t *testing.T, c *testenv.Cluster, withLease bool) {
 	if len(pausedAfter.lats) == 0 {
 		t.Error("no check on the recovered shard")
 	}
-	// No check waits on the dead shard: p99 well under the 5 ms default deadline.
-	if p99 := pct(pausedOpen.lats, 0.99); p99 >= fallback.DefaultTimeout {
-		t.Errorf("p99 of checks on the open shard %v, want below %v", p99, fallback.DefaultTimeout)
+	// No check waits on the dead shard but the probes (one per wait, each waiting its
+	// Timeout before it is answered locally): without the slowest `probes` of them, p99
+	// well under the 5 ms default deadline.
+	open := pausedOpen.lats[:max(len(pausedOpen.lats)-probes, 0)]
+	if p99 := pct(open, 0.99); p99 >= fallback.DefaultTimeout {
+		t.Errorf("p99 of checks on the open shard (%d probes left out) %v, want below %v", probes, p99, fallback.DefaultTimeout)
 	}
 	recovery := closedAt.Sub(unpauseAt)
 	t.Logf("breaker closed %v after unpause (OpenFor %v)", recovery.Round(time.Millisecond), cfg.OpenFor)
