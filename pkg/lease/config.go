@@ -37,7 +37,7 @@ type Config struct {
 	// seen a few times a second is leased its own demand over one QuietTTL, so it costs
 	// about one call per QuietTTL instead of one per check. It changes how long a quiet
 	// lease's tokens may stay stranded, not how many: a quiet batch is capped at a quarter
-	// of LeaseTTL's worth of the limit per enforcer. Must be >= LeaseTTL. Default 10s.
+	// of LeaseTTL's worth of the limit per enforcer. Must be >= LeaseTTL. Default 30s.
 	QuietTTL time.Duration
 
 	// Window is the slice of the limit one batch covers (rate × Window / N), and the period
@@ -88,7 +88,7 @@ func DefaultConfig() Config {
 	return Config{
 		Clock:         clock.Real(),
 		LeaseTTL:      time.Second,
-		QuietTTL:      10 * time.Second,
+		QuietTTL:      30 * time.Second,
 		Window:        100 * time.Millisecond,
 		BusyHits:      3,
 		MaxKeys:       1 << 16,

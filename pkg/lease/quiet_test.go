@@ -8,11 +8,15 @@ import (
 	"github.com/allot-dev/allot/pkg/bucket"
 )
 
+// quiet10s sets QuietTTL to 10 s, the period these tests' figures are worked out for (the
+// default is 30 s).
+func quiet10s(c *Config) { c.QuietTTL = 10 * time.Second }
+
 // A key seen 10 times a second, far under its limit (1000/s), is exact for its first
 // LeaseTTL, then leases its own demand over one QuietTTL (10 s): once the period has
 // filled, about one call per QuietTTL, not one per check.
 func TestQuietKeyLeasesItsDemand(t *testing.T) {
-	f := newFixture(t, nil) // BusyHits 3, Window 100ms, LeaseTTL 1s, QuietTTL 10s, one enforcer
+	f := newFixture(t, quiet10s) // BusyHits 3, Window 100ms, LeaseTTL 1s, QuietTTL 10s, one enforcer
 	r := req("quiet", 1000, 1000, 1)
 	for i := range 10 { // the first LeaseTTL: exact calls
 		if res := f.take(f.s, r); res.Source != bucket.SourceMemory || f.next.lastWant() != 1 {
@@ -58,7 +62,7 @@ func TestQuietKeyLeasesItsDemand(t *testing.T) {
 // whatever its demand over the longer QuietTTL: the longer life changes how long tokens
 // may be stranded, not how many.
 func TestQuietLeaseIsCapped(t *testing.T) {
-	f := newFixture(t, nil)
+	f := newFixture(t, quiet10s)
 	r := req("capped", 100, 1000, 1) // R × LeaseTTL / 4 = 25 tokens
 	for range 200 {                  // 20/s for 10 s: demand 200 per QuietTTL ≤ R × Q / 4 = 250
 		f.take(f.s, r)
@@ -81,6 +85,7 @@ func TestQuietLeaseIsCapped(t *testing.T) {
 func TestQuietLeaseExpiresAtQuietTTL(t *testing.T) {
 	var expired atomic.Int64
 	f := newFixture(t, func(c *Config) {
+		quiet10s(c)
 		c.Observer = func(ev Event, n int64) {
 			if ev == EventExpired {
 				expired.Add(n)
