@@ -215,6 +215,7 @@ type breaker struct {
 	openFor   atomic.Int64  // µs: the current period's wait before its probe (see Config.FirstOpenFor)
 	closedAt  atomic.Int64  // Unix µs when a probe last closed the breaker; 0: never
 	replied   atomic.Int64  // Unix µs of the latest reply from the shard; 0: none yet
+	woke      atomic.Int64  // Unix µs when a call last found the shard with none in flight
 	inFlight  atomic.Int32  // calls in flight to the shard
 	shard     string
 }

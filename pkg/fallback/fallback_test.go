@@ -374,8 +374,9 @@ func TestCallerCancellationDoesNotTrip(t *testing.T) {
 	}
 }
 
-// TestMissingReplyTrips: a call that hangs is given up by its check at Timeout (answered
-// locally, the breaker untouched) and goes on until ReplyTimeout, when its missing reply
+// TestMissingReplyTrips: a call that hangs on an idle shard is given up by its check once
+// the shard has been silent for ReplyTimeout/2 since it was given the call (answered
+// locally, the breaker untouched), and goes on until ReplyTimeout, when its missing reply
 // opens the breaker.
 func TestMissingReplyTrips(t *testing.T) {
 	h := newHarness(t, nil)
@@ -391,13 +392,18 @@ func TestMissingReplyTrips(t *testing.T) {
 	default:
 	}
 	h.clk.Advance(time.Microsecond)
-	if o := <-done; o.err != nil || o.res.Source != bucket.SourceFallback {
+	outs, moved := h.advanceUntilAnswered(t, 1, done)
+	moved += DefaultTimeout
+	if o := outs[0]; o.err != nil || o.res.Source != bucket.SourceFallback {
 		t.Fatalf("check past its wait: %+v, %v; want answered locally", o.res, o.err)
+	}
+	if half := DefaultReplyTimeout / 2; moved <= half || moved > half+DefaultTimeout {
+		t.Fatalf("answered locally after %v, want once the shard was silent over %v since the call", moved, half)
 	}
 	if st := h.s.State("a"); st != Closed {
 		t.Fatalf("a check's wait opened the breaker: %v", st)
 	}
-	h.clk.Advance(DefaultReplyTimeout - DefaultTimeout - time.Microsecond)
+	h.clk.Advance(DefaultReplyTimeout - moved - time.Microsecond)
 	if st := h.s.State("a"); st != Closed || h.obs.failureCount() != 0 {
 		t.Fatalf("before ReplyTimeout: %v, %d failures", st, h.obs.failureCount())
 	}
@@ -419,15 +425,15 @@ func TestProbeHasProbeTimeout(t *testing.T) {
 	done := h.takeAsync(req("a:k", 100, 100))
 	h.waitEntered(t)
 	h.waitTimers(t, 2)
-	h.clk.Advance(DefaultTimeout)
-	if o := <-done; o.res.Source != bucket.SourceFallback {
+	outs, moved := h.advanceUntilAnswered(t, 1, done)
+	if o := outs[0]; o.res.Source != bucket.SourceFallback {
 		t.Fatalf("probing check past its wait answered from %v", o.res.Source)
 	}
-	h.clk.Advance(DefaultReplyTimeout)
+	h.clk.Advance(DefaultReplyTimeout - moved)
 	if st := h.s.State("a"); st != HalfOpen {
 		t.Fatalf("probe ended at ReplyTimeout, not ProbeTimeout: %v", st)
 	}
-	h.clk.Advance(300*time.Millisecond - DefaultReplyTimeout - DefaultTimeout)
+	h.clk.Advance(300*time.Millisecond - DefaultReplyTimeout)
 	h.eventually(t, "breaker open again after the probe's missing reply", func() bool { return h.s.State("a") == Open })
 }
 

@@ -25,13 +25,13 @@ func (h *harness) hangRound(t *testing.T, shards ...string) {
 		h.waitEntered(t)
 	}
 	h.waitTimers(t, 2*len(shards)) // each check's wait and its call's deadline
-	h.clk.Advance(DefaultTimeout)
-	for _, out := range outs {
-		if o := <-out; o.err != nil || o.res.Source != bucket.SourceFallback {
+	got, moved := h.advanceUntilAnswered(t, len(shards), outs...)
+	for _, o := range got {
+		if o.err != nil || o.res.Source != bucket.SourceFallback {
 			t.Fatalf("check past its wait: %+v, %v; want answered locally", o.res, o.err)
 		}
 	}
-	h.clk.Advance(DefaultReplyTimeout - DefaultTimeout)
+	h.clk.Advance(DefaultReplyTimeout - moved)
 	for _, sh := range shards {
 		h.eventually(t, sh+"'s call done", func() bool { return h.s.breakerFor(sh+":").inFlight.Load() == 0 })
 	}
