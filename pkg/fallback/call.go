@@ -173,7 +173,7 @@ func (s *Store) run(c *call) {
 // heard tells b's breaker the outcome of a call sent at sent (Unix µs) and answered at
 // now; exp says its deadline had passed.
 func (s *Store) heard(b *breaker, w uint64, probe bool, res bucket.Result, err error, exp bool, sent int64, now time.Time) {
-	o := s.judge(b, res, err, exp, sent, now.UnixMicro(), s.deadline(probe))
+	o := s.judge(b, res, err, exp, sent, now.UnixMicro(), probe)
 	if o == replied {
 		raise(&b.replied, now.UnixMicro())
 		raise(&s.anyReplied, now.UnixMicro())

@@ -269,8 +269,10 @@ const (
 	silent                   // no reply within the call's deadline while this process was running
 )
 
-// judge classifies a finished call sent at sent (Unix µs) with deadline d, ended at end.
-func (s *Store) judge(b *breaker, res bucket.Result, err error, expired bool, sent, end int64, d time.Duration) outcome {
+// judge classifies a finished call sent at sent (Unix µs), ended at end; probe says it
+// was a probe (its deadline is ProbeTimeout).
+func (s *Store) judge(b *breaker, res bucket.Result, err error, expired bool, sent, end int64, probe bool) outcome {
+	d := s.deadline(probe)
 	switch {
 	case err == nil && fromShard(res.Source):
 		return replied
@@ -282,10 +284,12 @@ func (s *Store) judge(b *breaker, res bucket.Result, err error, expired bool, se
 		return notJudged // this process was not running: the reply may be unread
 	case b.replied.Load() > sent:
 		return notJudged // the shard answered after this call was sent: it is alive
-	case s.anySent.Load() <= sent && end-s.anyReplied.Load() < s.cfg.AllSilentFor.Microseconds():
+	case !probe && s.anySent.Load() <= sent && end-s.anyReplied.Load() < s.cfg.AllSilentFor.Microseconds():
 		// No shard answered a call sent after this one, and some shard answered within
 		// AllSilentFor: every shard went quiet together, which is likelier this process
-		// or its machine than this shard. Not yet evidence (see Config.AllSilentFor).
+		// or its machine than this shard. Not yet evidence to open a breaker (see
+		// Config.AllSilentFor). A probe's missing reply is judged without it: the
+		// breaker is open already, and judging it wrong only keeps it open one wait more.
 		return notJudged
 	}
 	return silent
