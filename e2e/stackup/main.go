@@ -76,6 +76,9 @@ func describe(s *stack.Stack) string {
 		up := strings.ToUpper(strings.ReplaceAll(r.Name, "-", "_"))
 		fmt.Printf("\n%s\n  redis cluster:         %s\n  etcd as seen from here: %s\n", r.Name, strings.Join(r.Redis.Addrs(), ","), strings.Join(r.EtcdEndpoints, ","))
 		fmt.Fprintf(&vars, "ALLOT_STACK_%s_REDIS=%s\nALLOT_STACK_%s_ETCD=%s\n", up, strings.Join(r.Redis.Addrs(), ","), up, strings.Join(r.EtcdEndpoints, ","))
+		if len(r.BalancerAddrs) > 0 {
+			fmt.Printf("  balancer as seen from here (its enforcers' balancer.addrs): %s\n", strings.Join(r.BalancerAddrs, ","))
+		}
 		var grpcs, https []string
 		for _, e := range r.Enforcers {
 			fmt.Printf("  enforcer %-11s  gRPC %s  HTTP %s  (metrics http://%s/metrics)\n", e.ID, e.GRPC, e.HTTP, e.HTTP)
