@@ -1,6 +1,7 @@
 package app
 
 import (
+	"io"
 	"strings"
 	"testing"
 	"time"
@@ -76,5 +77,22 @@ func TestConfigBalancerAddrs(t *testing.T) {
 		if err := c.Validate(); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("Validate() = %v, want an error containing %q", err, tc.want)
 		}
+	}
+}
+
+// -balancer-addrs and ALLOT_BALANCER_ADDRS are comma-separated lists; a bad entry is
+// refused by Parse with its index.
+func TestParseBalancerAddrs(t *testing.T) {
+	base := []string{"-region", "r", "-rules-file", "r", "-balancer"}
+	cfg, err := Parse(append(base, "-balancer-addrs", "b1:7070, b2:7070"), env(nil), io.Discard)
+	if err != nil || len(cfg.Balancer.Addrs) != 2 || cfg.Balancer.Addrs[1] != "b2:7070" {
+		t.Fatalf("-balancer-addrs: %v %v", cfg.Balancer.Addrs, err)
+	}
+	cfg, err = Parse(base, env(map[string]string{"ALLOT_BALANCER_ADDRS": "b3:1,b4:2"}), io.Discard)
+	if err != nil || len(cfg.Balancer.Addrs) != 2 || cfg.Balancer.Addrs[0] != "b3:1" {
+		t.Fatalf("ALLOT_BALANCER_ADDRS: %v %v", cfg.Balancer.Addrs, err)
+	}
+	if _, err := Parse(append(base, "-balancer-addrs", "b1:7070,b2"), env(nil), io.Discard); err == nil || !strings.Contains(err.Error(), `balancer.addrs[1]: "b2" is not host:port`) {
+		t.Fatalf("a bad entry: %v", err)
 	}
 }
