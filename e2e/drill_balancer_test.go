@@ -36,7 +36,9 @@ func TestBalancerDrills(t *testing.T) {
 	t.Run("admin-auth", func(t *testing.T) { drillAdminAuth(t, s) })
 	t.Run("report-unknown-region", func(t *testing.T) { drillReportUnknownRegion(t, s) })
 	t.Run("traffic-shift", func(t *testing.T) { drillTrafficShift(t, s) })
+	t.Run("traffic-shift-live", func(t *testing.T) { drillTrafficShiftLive(t, s) })
 	t.Run("leader-killed", func(t *testing.T) { drillLeaderKilled(t, s) })
+	t.Run("region-cut", func(t *testing.T) { drillRegionCut(t, s, sums) })
 	t.Run("region-down", func(t *testing.T) { drillRegionDown(t, s, sums) })
 	n, worst := sums.stop()
 	// Last: it stops etcd, which every replica's election and every published set need.

@@ -61,17 +61,21 @@ func balancerConfig(t testing.TB, s *Stack, regions []string, opt Options) strin
 	return string(out)
 }
 
-func (s *Stack) startBalancer(t testing.TB, conf string, i int) *Balancer {
+// newBalancer names replica i and picks its ports (it is started by startBalancer).
+func newBalancer(t testing.TB, i int) *Balancer {
 	t.Helper()
 	p := testenv.Ports(t, 2)
-	b := &Balancer{ID: fmt.Sprintf("bal-%d", i+1), GRPC: "127.0.0.1:" + strconv.Itoa(p[0]), HTTP: "127.0.0.1:" + strconv.Itoa(p[1])}
+	return &Balancer{ID: fmt.Sprintf("bal-%d", i+1), GRPC: "127.0.0.1:" + strconv.Itoa(p[0]), HTTP: "127.0.0.1:" + strconv.Itoa(p[1])}
+}
+
+func (s *Stack) startBalancer(t testing.TB, conf string, b *Balancer) {
+	t.Helper()
 	b.Proc = testenv.Run(t, testenv.ProcOptions{
 		Kind: "balancer", Image: s.Image,
 		Argv:  []string{"balancer", "-config", conf, "-id", b.ID, "-grpc-addr", b.GRPC, "-http-addr", b.HTTP},
 		Binds: []string{s.Dir + ":" + s.Dir + ":ro"},
 	})
 	b.WaitReady(t, time.Minute)
-	return b
 }
 
 // WaitReady polls the replica's /readyz until 200.

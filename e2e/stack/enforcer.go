@@ -65,6 +65,11 @@ func enforcerConfig(t testing.TB, r *Region, regions []string, rulesFile string,
 		"drain_timeout": "5s",
 		"log_level":     "info",
 	}
+	if len(r.BalancerAddrs) > 0 {
+		// This region reaches the replicas through its own links, not at the address the
+		// leader advertises in etcd.
+		cfg["balancer"].(map[string]any)["addrs"] = r.BalancerAddrs
+	}
 	if opt.Enforcer != "" {
 		var over map[string]any
 		if err := yaml.Unmarshal([]byte(opt.Enforcer), &over); err != nil {

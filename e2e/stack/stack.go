@@ -9,9 +9,11 @@
 // reaches etcd through a pkg/testenv Link (Toxiproxy in this process)
 // that adds the cross-region latency each way (DefaultLatency: 35–75 ms, so round trips of
 // 70–150 ms as between real regions) and that the drills cut or blackhole. Inside a
-// region, enforcer → Redis is direct. Enforcers dial the balancer leader at the address it
-// advertises in its election key, one address for every region, so usage reports are not
-// delayed (a per-region proxy would need the leader to advertise per region).
+// region, enforcer → Redis is direct. The first region's enforcers dial the balancer
+// leader at the address it advertises in its election key; every other region reaches
+// each balancer replica through a Link of its own (Region.BalancerLinks, the same latency
+// as its etcd links), listed in its enforcers' balancer.addrs, so a drill can cut one
+// region's reports alone.
 //
 // What it guarantees: Start returns only when every enforcer answers /readyz and counts
 // every enforcer of its region as a peer; everything is removed at the cleanup of the test
@@ -136,6 +138,11 @@ type Region struct {
 	// which reaches etcd directly); EtcdEndpoints what its enforcers dial.
 	EtcdLinks     []*testenv.Link
 	EtcdEndpoints []string
+	// BalancerLinks are this region's paths to the balancer replicas, one per replica in
+	// Stack.Balancers' order (empty for the first region and without balancers);
+	// BalancerAddrs are their addresses, its enforcers' balancer.addrs.
+	BalancerLinks []*testenv.Link
+	BalancerAddrs []string
 
 	config string // the region's enforcer config file
 }
@@ -179,6 +186,23 @@ func Start(t testing.TB, opt Options) *Stack {
 		}
 	}
 
+	// The balancer replicas' addresses are fixed now, so that every other region's
+	// enforcers can be given their own links to them (balancer.addrs).
+	s.Balancers = make([]*Balancer, opt.Balancers)
+	for i := range s.Balancers {
+		s.Balancers[i] = newBalancer(t, i)
+	}
+	for i, r := range s.Regions {
+		if i == 0 {
+			continue
+		}
+		for j, b := range s.Balancers {
+			k := s.Links.Add(t, fmt.Sprintf("%s-balancer-%d", r.Name, j), b.GRPC, opt.Regions[i].Latency, opt.Jitter)
+			r.BalancerLinks = append(r.BalancerLinks, k)
+			r.BalancerAddrs = append(r.BalancerAddrs, k.Addr)
+		}
+	}
+
 	rules := opt.Rules
 	if rules == "" {
 		rules = DefaultRules(t)
@@ -198,11 +222,10 @@ func Start(t testing.TB, opt Options) *Stack {
 			writeFile(t, adminTokensFile(s), "drill:"+opt.AdminToken+"\n")
 		}
 		writeFile(t, balancerConfigFile(s), balancerConfig(t, s, names, opt))
-		s.Balancers = make([]*Balancer, opt.Balancers)
 	}
 	var starts []func(tb testing.TB)
-	for i := range s.Balancers {
-		starts = append(starts, func(tb testing.TB) { s.Balancers[i] = s.startBalancer(tb, balancerConfigFile(s), i) })
+	for _, b := range s.Balancers {
+		starts = append(starts, func(tb testing.TB) { s.startBalancer(tb, balancerConfigFile(s), b) })
 	}
 	for i, r := range s.Regions {
 		r.Enforcers = make([]*Enforcer, opt.Regions[i].Enforcers)

@@ -76,6 +76,9 @@ func describe(s *stack.Stack) string {
 		up := strings.ToUpper(strings.ReplaceAll(r.Name, "-", "_"))
 		fmt.Printf("\n%s\n  redis cluster:         %s\n  etcd as seen from here: %s\n", r.Name, strings.Join(r.Redis.Addrs(), ","), strings.Join(r.EtcdEndpoints, ","))
 		fmt.Fprintf(&vars, "ALLOT_STACK_%s_REDIS=%s\nALLOT_STACK_%s_ETCD=%s\n", up, strings.Join(r.Redis.Addrs(), ","), up, strings.Join(r.EtcdEndpoints, ","))
+		if len(r.BalancerAddrs) > 0 {
+			fmt.Printf("  balancer as seen from here (its enforcers' balancer.addrs): %s\n", strings.Join(r.BalancerAddrs, ","))
+		}
 		var grpcs, https []string
 		for _, e := range r.Enforcers {
 			fmt.Printf("  enforcer %-11s  gRPC %s  HTTP %s  (metrics http://%s/metrics)\n", e.ID, e.GRPC, e.HTTP, e.HTTP)
@@ -102,10 +105,25 @@ Try it:
 
 Point a gateway at a region: Envoy's rate limit filter → any enforcer's gRPC address above;
 nginx/Traefik forward auth → http://<enforcer HTTP>/v1/auth (cmd/enforcer/README.md).
-Point regionsim (live mode, when it is on main) at the same addresses: the enforcers' gRPC
-addresses per region, etcd %[3]s.
-`, s.Gateway.Addr, first.HTTP, s.Etcd.Endpoints()[0])
+Drive it with regionsim's live mode (key drill-shift is the stack's rule of that plan;
+the balancer here runs the shipped 10 s interval, the scenario was written for 2 s):
+  go run ./cmd/regionsim run -mode live -scenario configs/scenarios/stack-shift.yaml \
+    -targets %[4]s
+`, s.Gateway.Addr, first.HTTP, s.Etcd.Endpoints()[0], liveTargets(s))
 	return vars.String()
+}
+
+// liveTargets is regionsim's -targets for the stack: region=grpc|grpc,...
+func liveTargets(s *stack.Stack) string {
+	var parts []string
+	for _, r := range s.Regions {
+		var addrs []string
+		for _, e := range r.Enforcers {
+			addrs = append(addrs, e.GRPC)
+		}
+		parts = append(parts, r.Name+"="+strings.Join(addrs, "|"))
+	}
+	return strings.Join(parts, ",")
 }
 
 // upTB is the testing.TB the harness needs, outside a test: logs to stderr, cleanups run

@@ -57,4 +57,9 @@
 // (memory: the table and at most one report in flight). Dropping errs safe: the balancer
 // treats a region it has not heard from as still holding its last share. The check path
 // never waits for any of this: ObserveTake touches the table only.
+//
+// With ReporterConfig.Addrs (a region that reaches the balancer replicas through its own
+// proxy or load balancer) no LeaderSource is asked: each attempt goes round the listed
+// addresses once, from the one that last accepted, past errors and standbys; a standby's
+// redirect is followed only to an address of the list.
 package usage

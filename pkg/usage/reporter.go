@@ -29,8 +29,17 @@ type ReporterConfig struct {
 	EnforcerID string
 	// Leader names the balancer leader's report address; EtcdLeader in production.
 	// Asked when no leader is cached: at the first report and after a failed attempt.
-	// Required.
+	// Required unless Addrs is set (and then it must be nil).
 	Leader LeaderSource
+	// Addrs, if not empty, are the balancer replicas' report addresses as this enforcer
+	// reaches them ("host:port" each, e.g. through the region's own proxy or load
+	// balancer), used instead of Leader. Each attempt starts at the address that last
+	// accepted a report (the first one before any) and goes round the list once: on an
+	// error or a non-leader answer it tries the next address, or the one a standby
+	// redirects to if that address is in the list and not tried yet. A redirect to an
+	// address not in the list is not followed (it names the leader as the balancer
+	// advertises it, which this region may not reach); MaxRedirects does not apply.
+	Addrs []string
 	// Shares returns the share set this enforcer applies (the leader revision and version
 	// of pkg/shareset.Head), read once per report. nil reports 0, 0.
 	Shares func() (leaderRev int64, version uint64)
@@ -78,8 +87,10 @@ func (c ReporterConfig) Validate() error {
 		return fmt.Errorf("%w: Region is empty", ErrConfig)
 	case c.EnforcerID == "":
 		return fmt.Errorf("%w: EnforcerID is empty", ErrConfig)
-	case c.Leader == nil:
-		return fmt.Errorf("%w: Leader is nil", ErrConfig)
+	case c.Leader == nil && len(c.Addrs) == 0:
+		return fmt.Errorf("%w: Leader is nil and Addrs is empty: one says where the balancer is", ErrConfig)
+	case c.Leader != nil && len(c.Addrs) > 0:
+		return fmt.Errorf("%w: Leader and Addrs are both set: use one", ErrConfig)
 	case c.Registerer == nil:
 		return fmt.Errorf("%w: Registerer is nil", ErrConfig)
 	case c.SendTimeout <= 0:
@@ -88,6 +99,11 @@ func (c ReporterConfig) Validate() error {
 		return fmt.Errorf("%w: AckGap %v, must be > 0", ErrConfig, c.AckGap)
 	case c.MaxRedirects < 0 || c.MaxRedirects > 5:
 		return fmt.Errorf("%w: MaxRedirects %d, must be in [0, 5]", ErrConfig, c.MaxRedirects)
+	}
+	for i, a := range c.Addrs {
+		if err := CheckAddr(a); err != nil {
+			return fmt.Errorf("%w: Addrs[%d]: %v", ErrConfig, i, err)
+		}
 	}
 	return nil
 }
@@ -113,7 +129,8 @@ type Reporter struct {
 
 	// Owned by the goroutine (and by Close once it has exited).
 	seq      uint64
-	addr     string // the cached leader address; "" means ask Leader
+	addr     string    // the cached leader address; "" means ask Leader
+	ring     *addrRing // Addrs' rotation; nil without Addrs
 	conn     *grpc.ClientConn
 	connAddr string
 
@@ -145,6 +162,9 @@ func NewReporter(cfg ReporterConfig) (*Reporter, error) {
 	r.creds = grpc.WithTransportCredentials(insecure.NewCredentials())
 	if cfg.TLS != nil {
 		r.creds = grpc.WithTransportCredentials(credentials.NewTLS(cfg.TLS))
+	}
+	if len(cfg.Addrs) > 0 {
+		r.ring = &addrRing{addrs: append([]string(nil), cfg.Addrs...)}
 	}
 	r.ctx, r.cancel = context.WithCancel(context.Background())
 	go r.run()
@@ -254,11 +274,15 @@ func (r *Reporter) report(now time.Time, early bool) {
 var (
 	errStandby   = errors.New("usage: balancer standby knows no leader")
 	errRedirects = errors.New("usage: too many balancer redirects")
+	errNotLeader = errors.New("usage: balancer replica is not the leader")
 )
 
 // send makes one attempt: to the cached leader (or the one Leader names), following at
-// most MaxRedirects standby redirects.
+// most MaxRedirects standby redirects; with Addrs, once round the list (sendList).
 func (r *Reporter) send(req *allotv1.ReportRequest) error {
+	if r.ring != nil {
+		return r.sendList(req)
+	}
 	addr := r.addr
 	if addr == "" {
 		ctx, cancel := context.WithTimeout(r.ctx, r.cfg.SendTimeout)
@@ -291,6 +315,52 @@ func (r *Reporter) send(req *allotv1.ReportRequest) error {
 		r.m.redirects.Inc()
 		addr = resp.GetLeaderAddr()
 	}
+}
+
+// sendList makes one attempt over Addrs (see ReporterConfig.Addrs): every address at
+// most once, from the one that last accepted. The error joins every address's.
+func (r *Reporter) sendList(req *allotv1.ReportRequest) error {
+	var errs []error
+	p := r.ring.pass()
+	for addr, ok := p.addr(); ok; addr, ok = p.addr() {
+		redirect, err := r.sendOnce(addr, req)
+		if err == nil {
+			p.accepted()
+			return nil
+		}
+		errs = append(errs, err)
+		r.closeConn() // the next address, or a fresh connection for the retry
+		if p.failed(redirect) {
+			r.m.redirects.Inc()
+		} else if redirect != "" && redirect != addr {
+			r.log.Debug("balancer redirect not followed: not one of balancer addrs", "from", addr, "to", redirect)
+		}
+		if r.ctx.Err() != nil || status.Code(err) == codes.InvalidArgument {
+			break
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// sendOnce sends req to addr: nil when accepted, else the error and, for a non-leader
+// answer, the leader address it named ("" if none).
+func (r *Reporter) sendOnce(addr string, req *allotv1.ReportRequest) (redirect string, err error) {
+	cc, err := r.dial(addr)
+	if err != nil {
+		return "", err
+	}
+	ctx, cancel := context.WithTimeout(r.ctx, r.cfg.SendTimeout)
+	resp, err := allotv1.NewBalancerClient(cc).Report(ctx, req)
+	cancel()
+	switch {
+	case err != nil:
+		return "", fmt.Errorf("while reporting to %s: %w", addr, err)
+	case resp.GetAccepted():
+		return "", nil
+	case resp.GetLeaderAddr() == "":
+		return "", fmt.Errorf("%w (asked %s)", errStandby, addr)
+	}
+	return resp.GetLeaderAddr(), fmt.Errorf("%w: %s answered as a standby (leader %s)", errNotLeader, addr, resp.GetLeaderAddr())
 }
 
 // dial returns a connection to addr, replacing (and closing) the one to another address.

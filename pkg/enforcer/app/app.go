@@ -184,7 +184,11 @@ func newApp(cfg Config, log hclog.Logger, store bucket.Store) (_ *App, err error
 		}
 		rc := usage.DefaultReporterConfig()
 		rc.Table, rc.Region, rc.EnforcerID = a.usage, a.cfg.Region, a.cfg.ID
-		rc.Leader = usage.EtcdLeader(a.etcd, cfg.Balancer.ElectionPrefix)
+		if len(cfg.Balancer.Addrs) > 0 {
+			rc.Addrs = cfg.Balancer.Addrs // as this region reaches the replicas
+		} else {
+			rc.Leader = usage.EtcdLeader(a.etcd, cfg.Balancer.ElectionPrefix)
+		}
 		rc.Clock, rc.Logger, rc.Registerer, rc.TLS = a.clock, log.Named("usage"), a.reg, tlsCfg
 		overrideIfSet(&rc.SendTimeout, cfg.Balancer.SendTimeout)
 		rc.Shares, rc.SharesChanged, rc.Accepted = a.shares.Applied, a.shares.Changed(), a.shares.Heard

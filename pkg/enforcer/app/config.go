@@ -17,6 +17,7 @@ import (
 	"github.com/allot-dev/allot/pkg/enforcer/httpapi"
 	"github.com/allot-dev/allot/pkg/shares"
 	"github.com/allot-dev/allot/pkg/shareset"
+	"github.com/allot-dev/allot/pkg/usage"
 	"gopkg.in/yaml.v3"
 )
 
@@ -245,8 +246,16 @@ func (c *Config) Validate() error {
 	if c.Rules.File == "" && c.Rules.EtcdPrefix == "" {
 		bad("no rules: set rules.file and/or rules.etcd_prefix")
 	}
-	if c.Balancer.Enabled && len(c.Etcd.Endpoints) == 0 {
-		bad("balancer.enabled needs etcd.endpoints (the leader is found there)")
+	if c.Balancer.Enabled && len(c.Etcd.Endpoints) == 0 && len(c.Balancer.Addrs) == 0 {
+		bad("balancer.enabled needs etcd.endpoints (the leader is found there) or balancer.addrs")
+	}
+	if len(c.Balancer.Addrs) > 0 && !c.Balancer.Enabled {
+		bad("balancer.addrs is set but balancer.enabled is false: no reports would be sent")
+	}
+	for i, a := range c.Balancer.Addrs {
+		if err := usage.CheckAddr(a); err != nil {
+			bad("balancer.addrs[%d]: %v", i, err)
+		}
 	}
 	if c.Rules.EtcdPrefix != "" && len(c.Etcd.Endpoints) == 0 {
 		bad("rules.etcd_prefix %q needs etcd.endpoints", c.Rules.EtcdPrefix)
@@ -306,10 +315,17 @@ func (c *Config) authConfig() httpapi.Config {
 // BalancerConfig: usage reports to the quota balancer (pkg/usage). Zero fields take
 // pkg/usage's defaults.
 type BalancerConfig struct {
-	// Enabled turns usage reports on; needs etcd.endpoints (the leader is found there).
+	// Enabled turns usage reports on; needs etcd.endpoints (the leader is found there) or
+	// Addrs.
 	Enabled bool `yaml:"enabled"`
 	// ElectionPrefix is the balancer's election prefix. Default "/allot/balancer/election".
 	ElectionPrefix string `yaml:"election_prefix"`
+	// Addrs, if set, are the balancer replicas' report addresses as this region reaches
+	// them (host:port each; e.g. through the region's own load balancer or proxy), used
+	// instead of the address the leader advertises in etcd. A report goes to the address
+	// that last accepted one; on an error or a standby's answer the next address is tried.
+	// A standby's redirect to an address not in this list is not followed.
+	Addrs []string `yaml:"addrs"`
 	// Interval between reports. Default 10s.
 	Interval time.Duration `yaml:"interval"`
 	// Capacity is how many (rule, identity) pairs are tracked. Default 16384.

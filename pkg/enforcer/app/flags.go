@@ -129,6 +129,7 @@ var overrides = []override{
 	{name: "shares-disabled", usage: "do not watch the balancer's shares (default split only)", isBool: true, apply: boolean(func(c *Config) *bool { return &c.Shares.Disabled })},
 	{name: "balancer", usage: "send usage reports to the quota balancer's leader (found through etcd)", isBool: true, apply: boolean(func(c *Config) *bool { return &c.Balancer.Enabled })},
 	{name: "balancer-election-prefix", usage: "etcd prefix of the balancer's leader election", apply: str(func(c *Config) *string { return &c.Balancer.ElectionPrefix })},
+	{name: "balancer-addrs", usage: "comma-separated balancer report addresses as this region reaches them (instead of the leader's address in etcd)", apply: list(func(c *Config) *[]string { return &c.Balancer.Addrs })},
 	{name: "balancer-interval", usage: "interval between usage reports", apply: dur(func(c *Config) *time.Duration { return &c.Balancer.Interval })},
 	{name: "balancer-tls", usage: "use TLS to the balancer's report API", isBool: true, apply: boolean(func(c *Config) *bool { return &c.Balancer.TLS.Enabled })},
 	{name: "balancer-tls-ca", usage: "CA file for the balancer's report API", apply: str(func(c *Config) *string { return &c.Balancer.TLS.CAFile })},

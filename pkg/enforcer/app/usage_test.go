@@ -112,3 +112,61 @@ func TestUsageReportsReachTheLeader(t *testing.T) {
 		time.Sleep(50 * time.Millisecond) // bounded poll of a real network path
 	}
 }
+
+// TestUsageReportsToBalancerAddrs: with balancer.addrs the enforcer needs no etcd to find
+// the balancer: its reports go to the listed replica that accepts (past a dead one).
+func TestUsageReportsToBalancerAddrs(t *testing.T) {
+	stub := &leaderStub{}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer()
+	allotv1.RegisterBalancerServer(srv, stub)
+	go func() { _ = srv.Serve(lis) }()
+	t.Cleanup(srv.Stop)
+	deadLis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := deadLis.Addr().String()
+	_ = deadLis.Close()
+
+	cfg := DefaultConfig()
+	cfg.Region, cfg.ID = "eu-west", "eu-west-1"
+	cfg.Rules.File = filepath.Join(t.TempDir(), "rules.yaml")
+	if err := os.WriteFile(cfg.Rules.File, []byte("rules:\n  - id: default\n    limits: [{name: second, rate: 10, per: 1s}]\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfg.Listen.GRPC, cfg.Listen.HTTP = "127.0.0.1:0", "127.0.0.1:0"
+	cfg.Balancer.Enabled, cfg.Balancer.Interval = true, time.Second
+	cfg.Balancer.Addrs = []string{dead, lis.Addr().String()}
+	a, err := New(cfg, hclog.New(&hclog.LoggerOptions{Output: tWriter{t}, Level: hclog.Warn}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = a.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := a.Enforcer().Check(ctx, &enforcer.Request{Attrs: rules.Attrs{APIKey: "k_listed"}}); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		stub.mu.Lock()
+		found := false
+		for _, r := range stub.got {
+			for _, u := range r.Usage {
+				found = found || (u.Identity == "key:k_listed" && r.Region == "eu-west")
+			}
+		}
+		stub.mu.Unlock()
+		if found {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no report with key:k_listed reached the listed balancer within 10 s")
+		}
+		time.Sleep(50 * time.Millisecond) // bounded poll of a real network path
+	}
+}

@@ -1,6 +1,7 @@
 package app
 
 import (
+	"io"
 	"strings"
 	"testing"
 	"time"
@@ -44,5 +45,54 @@ func TestConfigErrorsAreErrors(t *testing.T) {
 		if err := c.Validate(); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("Validate() = %v, want an error containing %q", err, tc.want)
 		}
+	}
+}
+
+// balancer.addrs: each a host:port, named by index; only with balancer.enabled; it stands
+// in for etcd as the way to the balancer.
+func TestConfigBalancerAddrs(t *testing.T) {
+	base := func() Config {
+		c := DefaultConfig()
+		c.Region, c.Rules.File = "r", "rules.yaml"
+		c.Balancer.Enabled = true
+		c.Balancer.Addrs = []string{"balancer-1.eu-west.internal:7070", "127.0.0.1:7071"}
+		return c
+	}
+	if err := func() error { c := base(); return c.Validate() }(); err != nil {
+		t.Fatalf("balancer.addrs without etcd: %v", err)
+	}
+	for _, tc := range []struct {
+		edit func(*Config)
+		want string
+	}{
+		{func(c *Config) { c.Balancer.Addrs[1] = "" }, `balancer.addrs[1]: "" is not host:port`},
+		{func(c *Config) { c.Balancer.Addrs[0] = "balancer-1" }, `balancer.addrs[0]: "balancer-1" is not host:port`},
+		{func(c *Config) { c.Balancer.Addrs[0] = ":7070" }, `balancer.addrs[0]: ":7070" has an empty host`},
+		{func(c *Config) { c.Balancer.Addrs[1] = "b:0" }, `balancer.addrs[1]: "b:0": port "0"`},
+		{func(c *Config) { c.Balancer.Enabled = false }, "balancer.addrs is set but balancer.enabled is false"},
+		{func(c *Config) { c.Balancer.Addrs = nil }, "balancer.enabled needs etcd.endpoints (the leader is found there) or balancer.addrs"},
+	} {
+		c := base()
+		tc.edit(&c)
+		if err := c.Validate(); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("Validate() = %v, want an error containing %q", err, tc.want)
+		}
+	}
+}
+
+// -balancer-addrs and ALLOT_BALANCER_ADDRS are comma-separated lists; a bad entry is
+// refused by Parse with its index.
+func TestParseBalancerAddrs(t *testing.T) {
+	base := []string{"-region", "r", "-rules-file", "r", "-balancer"}
+	cfg, err := Parse(append(base, "-balancer-addrs", "b1:7070, b2:7070"), env(nil), io.Discard)
+	if err != nil || len(cfg.Balancer.Addrs) != 2 || cfg.Balancer.Addrs[1] != "b2:7070" {
+		t.Fatalf("-balancer-addrs: %v %v", cfg.Balancer.Addrs, err)
+	}
+	cfg, err = Parse(base, env(map[string]string{"ALLOT_BALANCER_ADDRS": "b3:1,b4:2"}), io.Discard)
+	if err != nil || len(cfg.Balancer.Addrs) != 2 || cfg.Balancer.Addrs[0] != "b3:1" {
+		t.Fatalf("ALLOT_BALANCER_ADDRS: %v %v", cfg.Balancer.Addrs, err)
+	}
+	if _, err := Parse(append(base, "-balancer-addrs", "b1:7070,b2"), env(nil), io.Discard); err == nil || !strings.Contains(err.Error(), `balancer.addrs[1]: "b2" is not host:port`) {
+		t.Fatalf("a bad entry: %v", err)
 	}
 }

@@ -1,0 +1,262 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/allot-dev/allot/e2e/stack"
+	"github.com/allot-dev/allot/pkg/testenv"
+)
+
+// drillRegionCut: a key's shares have settled in eu-west (its traffic is there); then
+// eu-west is cut off from etcd and from the balancer at once (every one of its etcd links
+// and balancer links, stack.Region.BalancerLinks: its enforcers report through
+// balancer.addrs) while us-east starts wanting the key too. Promises (DESIGN.md §9, issue
+// 11): eu-west keeps enforcing its last share until the staleness period has passed
+// (pkg/shares: no refresh and no accepted report for that long), then min(last, default);
+// the balancer holds the silent region at its last share until the same period has
+// passed and only then hands the rest to us-east, so what eu-west enforces on its own plus
+// what the others are given never sums above 1; once the links are back, eu-west's
+// reports are accepted again, it is no longer stale, and its share moves again.
+func drillRegionCut(t *testing.T, s *stack.Stack, sums *shareSums) {
+	us, eu := s.Region("us-east"), s.Region("eu-west")
+	if len(eu.BalancerLinks) == 0 {
+		t.Fatal("eu-west has no balancer links: its reports cannot be cut alone")
+	}
+	key := fmt.Sprintf("regioncut-%d", time.Now().UnixNano())
+	identity := "key:" + key
+	// eu-west offers 400/s throughout, us-east 300/s from the cut on (the global limit is
+	// 300/s).
+	const euRate, usRate = 400.0, 300.0
+	const cutAt, cutFor, d = 10 * time.Second, 20 * time.Second, 50 * time.Second
+	const stale, interval = 12 * time.Second, 2 * time.Second
+	cycle := int64((euRate + usRate) / 100) // of every 7 calls, 4 to eu-west, 3 to us-east
+	began := time.Now()
+	done := make(chan []stack.Answer)
+	go func() {
+		done <- stack.Drive(t, context.Background(), euRate+usRate, d, 48, func(i int64, at time.Duration) *stack.Call {
+			r := eu
+			if i%cycle >= int64(euRate/100) {
+				if at < cutAt {
+					return nil
+				}
+				r = us
+			}
+			return &stack.Call{To: r.Enforcers[i%int64(len(r.Enforcers))], Req: req("drill-shift", key, ""), Class: r.Name}
+		})
+	}()
+	time.Sleep(time.Until(began.Add(cutAt)))
+
+	// What eu-west was given before the cut: the last set published for the key.
+	last := lastShares(sums, identity)
+	if last["eu-west"] < 0.8 {
+		t.Fatalf("eu-west's share of %s before the cut is %.2f: the shares did not settle with its traffic (want ≥ 0.8); the drill would not test anything", identity, last["eu-west"])
+	}
+	held := math.Min(last["eu-west"], regionShare) // what it may enforce once stale
+	cut := time.Now()
+	links := append(append([]*testenv.Link(nil), eu.EtcdLinks...), eu.BalancerLinks...)
+	for _, k := range links {
+		k.Cut(t)
+	}
+	restored := false
+	restore := func() {
+		if !restored {
+			restored = true
+			for _, k := range links {
+				k.Restore(t)
+			}
+		}
+	}
+	defer restore()
+	t.Logf("region cut: eu-west's %d etcd links and %d balancer links cut %v into the run; its share of %s before: %.2f (us-east %.2f, ap-south %.2f)",
+		len(eu.EtcdLinks), len(eu.BalancerLinks), cut.Sub(began).Round(time.Millisecond), identity, last["eu-west"], last["us-east"], last["ap-south"])
+
+	// While cut: when does each eu-west enforcer go stale?
+	staleAt := map[string]time.Duration{}
+	for time.Since(cut) < cutFor {
+		for _, e := range eu.Enforcers {
+			if _, ok := staleAt[e.ID]; ok {
+				continue
+			}
+			if m, err := metricsNow(e); err == nil && m.Sum("allot_shares_stale") == 1 {
+				staleAt[e.ID] = time.Since(cut)
+			}
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	restore()
+	back := time.Now()
+
+	// After the restore: reports accepted again, no longer stale, and the share moves.
+	accepted, fresh := map[string]time.Duration{}, map[string]time.Duration{}
+	for time.Since(back) < 30*time.Second && (len(accepted) < len(eu.Enforcers) || len(fresh) < len(eu.Enforcers)) {
+		for _, e := range eu.Enforcers {
+			m, err := metricsNow(e)
+			if err != nil {
+				continue
+			}
+			if _, ok := accepted[e.ID]; !ok && m.Sum("allot_usage_last_report_timestamp_seconds") > float64(back.UnixNano())/1e9 {
+				accepted[e.ID] = time.Since(back)
+			}
+			if _, ok := fresh[e.ID]; !ok && m.Sum("allot_shares_stale") == 0 {
+				fresh[e.ID] = time.Since(back)
+			}
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	answers := <-done
+
+	var shared []stack.Answer
+	for _, a := range answers {
+		if stack.Shared(&a) {
+			shared = append(shared, a)
+		}
+	}
+	ps := perSecond(shared, regionOf(s), d)
+	all := stack.Count(answers, nil)
+	k0, k1 := int(cutAt/time.Second), int((cutAt+cutFor)/time.Second)
+	t.Logf("region cut: admitted per second from shared counts (cut at second %d, restored at %d): eu-west %v, us-east %v; %d checks, %d errors, %d answers not from shared counts",
+		k0, k1, ps["eu-west"], ps["us-east"], all.Calls, all.Errors, all.Calls-int64(len(shared)))
+	if all.Errors > 0 {
+		t.Errorf("%d checks failed (first %v): a cut region's checks must keep being answered", all.Errors, all.FirstErr)
+	}
+	if int64(len(shared))*2 < all.Calls {
+		t.Errorf("only %d of %d answers from shared counts: the drill did not test the shares", len(shared), all.Calls)
+	}
+
+	// 1. eu-west stale after the staleness period, not before: its last accepted report
+	// and its last refresh were at most one interval before the cut.
+	var latest time.Duration
+	for _, e := range eu.Enforcers {
+		at, ok := staleAt[e.ID]
+		if !ok {
+			t.Errorf("%s never went stale in the %v it was cut off (staleness period %v)", e.ID, cutFor, stale)
+			at = cutFor
+		} else if at < stale-interval-time.Second || at > stale+2*time.Second {
+			t.Errorf("%s went stale %v after the cut, want within [%v, %v] (staleness period %v, reports and refreshes every %v)",
+				e.ID, at.Round(time.Millisecond), stale-interval-time.Second, stale+2*time.Second, stale, interval)
+		}
+		latest = max(latest, at)
+	}
+	t.Logf("region cut: eu-west's enforcers stale (min(last, default) = %.2f) after %v", held, roundAll(staleAt))
+
+	// 2. What eu-west enforced on its own: its last share until stale, then min(last,
+	// default). Judged on whole seconds clear of the transitions.
+	earliest := latest
+	for _, at := range staleAt {
+		earliest = min(earliest, at)
+	}
+	keep := avg(ps["eu-west"], k0+1, k0+int(earliest/time.Second))
+	after := avg(ps["eu-west"], k0+int(latest/time.Second)+2, k1)
+	t.Logf("region cut: eu-west admitted %.0f/s while cut and not stale (its last share %.2f × %.0f = %.0f/s), %.0f/s once stale (min(last, default) × limit = %.0f/s)",
+		keep, last["eu-west"], shiftRate, last["eu-west"]*shiftRate, after, held*shiftRate)
+	if keep < 0.8*last["eu-west"]*shiftRate {
+		t.Errorf("cut off but not yet stale, eu-west admitted %.0f/s, want ≥ 80%% of its last share (%.0f/s): it must keep enforcing its last shares", keep, last["eu-west"]*shiftRate)
+	}
+	if after > 1.1*held*shiftRate || after < 0.7*held*shiftRate {
+		t.Errorf("stale, eu-west admitted %.0f/s, want about min(last, default) × limit = %.0f/s (within −30%%/+10%%)", after, held*shiftRate)
+	}
+
+	// 3. The balancer: eu-west held at its last share until the staleness period, then
+	// min(last, default); the rest to us-east; had eu-west only been cut off (it is),
+	// what it enforces plus the others' never above 1.
+	var gone, moved time.Duration
+	worst := 0.0
+	var line strings.Builder
+	for _, set := range sums.Sets() {
+		if set.at.Before(cut) {
+			continue
+		}
+		sh, listed := set.shares[identity]
+		if !listed {
+			sh = map[string]float64{"us-east": regionShare, "eu-west": regionShare, "ap-south": regionShare}
+		}
+		since := set.at.Sub(cut)
+		fmt.Fprintf(&line, " +%.1fs v%d %s;", since.Seconds(), set.version, fmtShares([]string{"us-east", "eu-west", "ap-south"}, sh))
+		if set.at.Before(back) {
+			euHeld := last["eu-west"] // what eu-west enforces, by the stale times measured
+			if since >= latest {
+				euHeld = held
+			}
+			worst = math.Max(worst, sh["us-east"]+euHeld+sh["ap-south"])
+			if gone == 0 && sh["eu-west"] <= held+1e-6 {
+				gone = since
+			}
+		} else if moved == 0 && sh["eu-west"] > held+0.05 {
+			moved = set.at.Sub(back)
+		}
+	}
+	t.Logf("region cut: sets published for the key after the cut (time after it):%s", line.String())
+	t.Logf("region cut: the balancer treated eu-west as gone (its share ≤ min(last, default) = %.2f) %v after the cut; largest sum had eu-west only been cut off %.4f",
+		held, gone.Round(time.Millisecond), worst)
+	if gone == 0 {
+		t.Errorf("the balancer never lowered silent eu-west to min(last, default) = %.2f in the %v it was cut off", held, cutFor)
+	} else if gone < stale-interval-time.Second {
+		t.Errorf("the balancer lowered eu-west %v after the cut, before the staleness period (%v): eu-west was still enforcing its last share", gone, stale)
+	}
+	if worst > 1+1e-9 {
+		t.Errorf("what eu-west enforced on its own plus the others' shares summed to %.4f > 1", worst)
+	}
+	usAfter := avg(ps["us-east"], k0+int(gone/time.Second)+3, k1)
+	t.Logf("region cut: us-east admitted %.0f/s once eu-west was treated as gone (the rest, 1 − %.2f − ap-south's, of the limit)", usAfter, held)
+
+	// 4. Rejoin: reports accepted, fresh again, the share moves again.
+	t.Logf("region cut: after the restore, reports accepted again after %v, not stale after %v, eu-west's share raised again %v after",
+		roundAll(accepted), roundAll(fresh), moved.Round(time.Millisecond))
+	for _, e := range eu.Enforcers {
+		if _, ok := accepted[e.ID]; !ok {
+			t.Errorf("%s: no report accepted within 30 s of the restore", e.ID)
+		}
+		if _, ok := fresh[e.ID]; !ok {
+			t.Errorf("%s: still stale 30 s after the restore", e.ID)
+		}
+	}
+	if moved == 0 {
+		t.Errorf("eu-west's share never rose above min(last, default) = %.2f after the restore (it offers %.0f/s): it did not rejoin", held, euRate)
+	}
+	t.Logf("region cut: eu-west admitted per second from shared counts after the restore: %v", ps["eu-west"][k1:])
+}
+
+// lastShares is the newest published shares of identity by region (the default split
+// when the newest set does not list it).
+func lastShares(sums *shareSums, identity string) map[string]float64 {
+	out := map[string]float64{"us-east": regionShare, "eu-west": regionShare, "ap-south": regionShare}
+	sets := sums.Sets()
+	if len(sets) > 0 {
+		if sh, ok := sets[len(sets)-1].shares[identity]; ok {
+			out = sh
+		}
+	}
+	return out
+}
+
+func metricsNow(e *stack.Enforcer) (stack.Metrics, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	return e.Metrics(ctx)
+}
+
+// avg is the mean of xs[from:to] (clipped), 0 for none.
+func avg(xs []int, from, to int) float64 {
+	from, to = max(from, 0), min(to, len(xs))
+	if to <= from {
+		return 0
+	}
+	sum := 0
+	for _, x := range xs[from:to] {
+		sum += x
+	}
+	return float64(sum) / float64(to-from)
+}
+
+func roundAll(m map[string]time.Duration) map[string]time.Duration {
+	out := map[string]time.Duration{}
+	for k, v := range m {
+		out[k] = v.Round(10 * time.Millisecond)
+	}
+	return out
+}
