@@ -40,7 +40,8 @@ type call struct {
 
 // ask makes a call for a validated request and waits for its answer: Timeout, and one
 // Timeout more each time either the shard answered some call within the last
-// ReplyTimeout/2 (it is alive; this process or its queue is slow) or has never answered
+// ReplyTimeout/2, or was last given work with none in flight that recently (it is alive,
+// or has not been silent for long; this process or its queue is slow) or has never answered
 // yet (its first calls pay for dialling), or the wait ended a whole Timeout late (this
 // process was not running, and the answer may be waiting to be read); at most until the
 // call's own deadline. A check that stops waiting is answered
@@ -89,7 +90,13 @@ func (s *Store) ask(ctx context.Context, b *breaker, w uint64, req *bucket.Reque
 		}
 		now := s.clock.Now().UnixMicro()
 		late := now-due >= s.cfg.Timeout.Microseconds()
+		// The shard's silence runs from its latest reply, or from when it was last given
+		// work with none in flight, whichever is later: a shard with little traffic has
+		// not been silent since its last reply, it had nothing to answer.
 		r := b.replied.Load() // 0: never heard from; its first calls may be dialling
+		if r != 0 {
+			r = max(r, b.woke.Load())
+		}
 		// A fail-closed check waits for the reply itself: answering it locally would
 		// refuse it, and a slow moment of this process is no reason to refuse good
 		// traffic (P2). It is refused on evidence only: an error, a missing reply, an
@@ -116,7 +123,8 @@ func (s *Store) deadline(probe bool) time.Duration {
 // start starts a call on its own goroutine, or returns nil when the shard already has
 // MaxInFlight calls in flight (a probe is never refused) or the Store is closed.
 func (s *Store) start(b *breaker, w uint64, req *bucket.Request, probe bool) *call {
-	if n := b.inFlight.Add(1); n > int32(s.cfg.MaxInFlight) && !probe {
+	n := b.inFlight.Add(1)
+	if n > int32(s.cfg.MaxInFlight) && !probe {
 		b.inFlight.Add(-1)
 		return nil
 	}
@@ -129,11 +137,14 @@ func (s *Store) start(b *breaker, w uint64, req *bucket.Request, probe bool) *ca
 	s.wg.Add(1)
 	s.mu.RUnlock()
 	c := s.calls.Get().(*call)
-	n := copy(c.limits[:], req.Limits)
+	k := copy(c.limits[:], req.Limits)
 	c.req = *req
-	c.req.Limits = c.limits[:n]
+	c.req.Limits = c.limits[:k]
 	c.b, c.w, c.probe = b, w, probe
 	c.sent = s.clock.Now().UnixMicro()
+	if n == 1 { // the shard had nothing to answer until now: its silence starts here
+		raise(&b.woke, c.sent)
+	}
 	c.state.Store(waiting)
 	go s.run(c)
 	return c
@@ -162,15 +173,22 @@ func (s *Store) run(c *call) {
 // heard tells b's breaker the outcome of a call sent at sent (Unix µs) and answered at
 // now; exp says its deadline had passed.
 func (s *Store) heard(b *breaker, w uint64, probe bool, res bucket.Result, err error, exp bool, sent int64, now time.Time) {
-	o := s.judge(b, res, err, exp, sent, now.UnixMicro(), s.deadline(probe))
+	o := s.judge(b, res, err, exp, sent, now.UnixMicro(), probe)
 	if o == replied {
-		for r := b.replied.Load(); r < now.UnixMicro() && !b.replied.CompareAndSwap(r, now.UnixMicro()); r = b.replied.Load() {
-		}
+		raise(&b.replied, now.UnixMicro())
+		raise(&s.anyReplied, now.UnixMicro())
+		raise(&s.anySent, sent)
 	}
 	if probe {
 		s.settleProbe(b, w, o, err, now)
 	} else {
 		s.settle(b, w, o, err, now)
+	}
+}
+
+// raise sets v to t if t is later.
+func raise(v *atomic.Int64, t int64) {
+	for r := v.Load(); r < t && !v.CompareAndSwap(r, t); r = v.Load() {
 	}
 }
 

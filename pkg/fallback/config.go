@@ -42,6 +42,18 @@ type Config struct {
 	// master takes to trip. Must be >= Timeout. Default 100 ms.
 	ReplyTimeout time.Duration
 
+	// AllSilentFor is how long no shard at all may have answered before a missing reply
+	// opens a breaker when no other shard can vouch for this process. A reply missing for
+	// ReplyTimeout is evidence against its shard only if another shard answered a call
+	// sent after it (this process and its network were working, that shard was not);
+	// when every shard went quiet together the likelier cause is this process or its
+	// machine (a stall the meter missed, a loaded host starving the reads), and local
+	// limits then would loosen every key for OpenFor. So the breaker opens only once no
+	// shard has answered for AllSilentFor: a whole cluster that died (or a network cut to
+	// all of it), or a shard whose peers have no traffic, trips in about AllSilentFor
+	// instead of ReplyTimeout. Must be >= ReplyTimeout. Default 500 ms.
+	AllSilentFor time.Duration
+
 	// ProbeTimeout is the deadline of the one call that probes a shard whose breaker has
 	// been open for OpenFor. The first call to a shard that came back may pay for dialling
 	// it again, and a probe that misses keeps the shard's keys on local limits for another
@@ -53,8 +65,17 @@ type Config struct {
 	// Store closing) open its breaker. Default 5.
 	TripAfter int
 
-	// OpenFor is how long an open breaker stays open before it lets one probe through to
-	// the next store. Default 2 s.
+	// FirstOpenFor is how long a breaker that opens from closed stays open before it lets
+	// one probe through; each failed probe doubles the wait, up to OpenFor, and a breaker
+	// that opens again within OpenFor of closing starts from double its last wait. A shard
+	// that missed replies for a moment (a Redis process descheduled on a loaded host, a
+	// failover's first second) is back on shared counts after FirstOpenFor rather than
+	// OpenFor, while a dead shard is still probed once per OpenFor soon after. Must be in
+	// (0, OpenFor]. Default 250 ms.
+	FirstOpenFor time.Duration
+
+	// OpenFor is the longest an open breaker stays open before it lets one probe through
+	// to the next store (see FirstOpenFor). Default 2 s.
 	OpenFor time.Duration
 
 	// MaxInFlight bounds the calls in flight to one shard, answered or not: a check that
@@ -98,15 +119,18 @@ const (
 	DefaultTimeout      = 5 * time.Millisecond
 	DefaultReplyTimeout = 100 * time.Millisecond
 	DefaultProbeTimeout = 100 * time.Millisecond
+	DefaultAllSilentFor = 500 * time.Millisecond
 	DefaultTripAfter    = 5
 	DefaultOpenFor      = 2 * time.Second
+	DefaultFirstOpenFor = 250 * time.Millisecond
 	DefaultMaxInFlight  = 256
 	DefaultSlack        = 2.0
 	DefaultMaxLocalKeys = 100_000
 )
 
 // DefaultConfig returns the defaults: real clock, one shard, checks wait 5 ms, calls live
-// 100 ms (a probe too), open after 5 consecutive errors or one missing reply for 2 s, 256
+// 100 ms (a probe too), open after 5 consecutive errors or one missing reply (500 ms of
+// silence from every shard when no other shard answered meanwhile) for 2 s, 256
 // calls in flight per shard, N = 1, Slack 2, 100,000 local keys, no logs, no metrics.
 func DefaultConfig() Config {
 	return Config{
@@ -114,8 +138,10 @@ func DefaultConfig() Config {
 		Timeout:      DefaultTimeout,
 		ReplyTimeout: DefaultReplyTimeout,
 		ProbeTimeout: DefaultProbeTimeout,
+		AllSilentFor: DefaultAllSilentFor,
 		TripAfter:    DefaultTripAfter,
 		OpenFor:      DefaultOpenFor,
+		FirstOpenFor: DefaultFirstOpenFor,
 		MaxInFlight:  DefaultMaxInFlight,
 		Slack:        DefaultSlack,
 		MaxLocalKeys: DefaultMaxLocalKeys,
@@ -132,12 +158,16 @@ func (c Config) Validate() error {
 		return fmt.Errorf("fallback: config: Timeout %v, must be > 0", c.Timeout)
 	case c.ReplyTimeout < c.Timeout:
 		return fmt.Errorf("fallback: config: ReplyTimeout %v, must be >= Timeout (%v)", c.ReplyTimeout, c.Timeout)
+	case c.AllSilentFor < c.ReplyTimeout:
+		return fmt.Errorf("fallback: config: AllSilentFor %v, must be >= ReplyTimeout (%v)", c.AllSilentFor, c.ReplyTimeout)
 	case c.ProbeTimeout <= 0:
 		return fmt.Errorf("fallback: config: ProbeTimeout %v, must be > 0", c.ProbeTimeout)
 	case c.TripAfter < 1 || c.TripAfter > maxCount:
 		return fmt.Errorf("fallback: config: TripAfter %d, must be in [1, %d]", c.TripAfter, maxCount)
 	case c.OpenFor <= 0:
 		return fmt.Errorf("fallback: config: OpenFor %v, must be > 0", c.OpenFor)
+	case c.FirstOpenFor <= 0 || c.FirstOpenFor > c.OpenFor:
+		return fmt.Errorf("fallback: config: FirstOpenFor %v, must be in (0, OpenFor (%v)]", c.FirstOpenFor, c.OpenFor)
 	case c.MaxInFlight < 1 || c.MaxInFlight > maxCount:
 		return fmt.Errorf("fallback: config: MaxInFlight %d, must be in [1, %d]", c.MaxInFlight, maxCount)
 	case math.IsNaN(c.Slack) || math.IsInf(c.Slack, 0) || c.Slack <= 0:
@@ -156,7 +186,7 @@ const (
 	// Closed: checks go to the next store.
 	Closed State = iota
 	// Open: checks are answered locally (or refused, if fail-closed) without calling the
-	// next store, until OpenFor has passed since the breaker opened.
+	// next store, until its wait (FirstOpenFor, doubling up to OpenFor) has passed.
 	Open
 	// HalfOpen: one probe is in flight to the next store; every other check is answered
 	// as if Open.

@@ -48,5 +48,5 @@ func Example() {
 	fmt.Println("login:", err, "| retry after", res.RetryAfter)
 	// Output:
 	// breaker: open | search from fallback | admitted 10 of 15 first: true
-	// login: bucket: store unavailable | retry after 2s
+	// login: bucket: store unavailable | retry after 250ms
 }

@@ -19,14 +19,23 @@
 //   - TripAfter consecutive errors from the shard (refused or reset connections, cluster
 //     errors) open it;
 //   - a call with no reply within ReplyTimeout opens it at once, unless the shard
-//     answered another call sent after it (it is alive), or this process was not running
+//     answered after it was sent (it is alive), or this process was not running
 //     meanwhile: the timeout was seen more than ReplyTimeout/2 late, or the Store's stall
 //     meter (a 5 ms ticker, see meter) saw a gap over ReplyTimeout/4 since the call was
 //     sent; the reply may then be sitting unread in the socket;
-//   - while open (OpenFor, 2 s) no check calls the shard; then exactly one probe does.
+//   - and only if another shard answered a call sent after it: a shard silent while its
+//     peers answer is the shard's fault. When every shard went quiet together it is more
+//     likely this process or its machine (a loaded host starving the reads of every
+//     connection at once), so the breaker waits until no shard has answered for
+//     Config.AllSilentFor (500 ms) before it opens;
+//   - while open no check calls the shard; then exactly one probe does. The first wait is
+//     FirstOpenFor (250 ms), doubled after each failed probe up to OpenFor (2 s): a shard
+//     that only missed replies for a moment is back on shared counts quickly, a dead one
+//     costs one probe every 2 s.
 //
 // So a paused or dead master trips ReplyTimeout after the first call it does not answer
-// (≈ 100 ms), and a stall of this process (GC, a loaded 2-core VM: 20–30 ms, sometimes
+// (≈ 100 ms) while the other masters answer, a whole cluster down (or a shard whose peers
+// have no traffic) in about AllSilentFor (≈ 500 ms), and a stall of this process (GC, a loaded 2-core VM: 20–30 ms, sometimes
 // 200 ms) opens nothing: the replies of the calls it delayed arrive late and count as
 // replies, and a reply missing across a stall proves nothing.
 //
@@ -131,10 +140,14 @@ type Store struct {
 	calls   sync.Pool // *call
 	timers  sync.Pool // *time.Timer, real clock only
 	closed  atomic.Bool
-	meter   meter           // stalls of this process (real clock only)
-	ctx     context.Context // parent of every call; cancelled by Close
-	cancel  context.CancelFunc
-	wg      sync.WaitGroup // calls in flight
+	meter   meter // stalls of this process (real clock only)
+	// Across shards, for judge: the latest reply from any shard (Unix µs when it came) and
+	// the latest send time of a call that got one. Only evidence a shard is alive moves them.
+	anyReplied atomic.Int64
+	anySent    atomic.Int64
+	ctx        context.Context // parent of every call; cancelled by Close
+	cancel     context.CancelFunc
+	wg         sync.WaitGroup // calls in flight
 }
 
 // scratch is the space answerLocally builds the scaled request in.
@@ -199,7 +212,10 @@ type breaker struct {
 	word      atomic.Uint64 // generation<<2 | State
 	fails     atomic.Int32  // consecutive errors in the current closed period
 	openUntil atomic.Int64  // Unix µs when an open breaker may probe; stored before the word that publishes Open
+	openFor   atomic.Int64  // µs: the current period's wait before its probe (see Config.FirstOpenFor)
+	closedAt  atomic.Int64  // Unix µs when a probe last closed the breaker; 0: never
 	replied   atomic.Int64  // Unix µs of the latest reply from the shard; 0: none yet
+	woke      atomic.Int64  // Unix µs when a call last found the shard with none in flight
 	inFlight  atomic.Int32  // calls in flight to the shard
 	shard     string
 }
@@ -253,8 +269,10 @@ const (
 	silent                   // no reply within the call's deadline while this process was running
 )
 
-// judge classifies a finished call sent at sent (Unix µs) with deadline d, ended at end.
-func (s *Store) judge(b *breaker, res bucket.Result, err error, expired bool, sent, end int64, d time.Duration) outcome {
+// judge classifies a finished call sent at sent (Unix µs), ended at end; probe says it
+// was a probe (its deadline is ProbeTimeout).
+func (s *Store) judge(b *breaker, res bucket.Result, err error, expired bool, sent, end int64, probe bool) outcome {
+	d := s.deadline(probe)
 	switch {
 	case err == nil && fromShard(res.Source):
 		return replied
@@ -265,7 +283,14 @@ func (s *Store) judge(b *breaker, res bucket.Result, err error, expired bool, se
 	case end-(sent+d.Microseconds()) > d.Microseconds()/2, s.meter.stalledSince(sent, end):
 		return notJudged // this process was not running: the reply may be unread
 	case b.replied.Load() > sent:
-		return notJudged // the shard answered a call sent after this one: it is alive
+		return notJudged // the shard answered after this call was sent: it is alive
+	case !probe && s.anySent.Load() <= sent && end-s.anyReplied.Load() < s.cfg.AllSilentFor.Microseconds():
+		// No shard answered a call sent after this one, and some shard answered within
+		// AllSilentFor: every shard went quiet together, which is likelier this process
+		// or its machine than this shard. Not yet evidence to open a breaker (see
+		// Config.AllSilentFor). A probe's missing reply is judged without it: the
+		// breaker is open already, and judging it wrong only keeps it open one wait more.
+		return notJudged
 	}
 	return silent
 }
@@ -291,7 +316,12 @@ func (s *Store) settle(b *breaker, w uint64, o outcome, err error, now time.Time
 	b.mu.Lock()
 	tripped := b.word.Load() == w
 	if tripped {
-		b.openUntil.Store(now.Add(s.cfg.OpenFor).UnixMicro())
+		d := s.cfg.FirstOpenFor.Microseconds()
+		if c := b.closedAt.Load(); c != 0 && now.UnixMicro()-c < s.cfg.OpenFor.Microseconds() {
+			d = s.longer(b.openFor.Load()) // it opens again soon after closing: back off
+		}
+		b.openFor.Store(d)
+		b.openUntil.Store(now.UnixMicro() + d)
 		b.fails.Store(0)
 		b.word.Store(bump(w, Open))
 	}
@@ -302,7 +332,7 @@ func (s *Store) settle(b *breaker, w uint64, o outcome, err error, now time.Time
 			why = "no reply within " + s.cfg.ReplyTimeout.String()
 		}
 		s.log.Warn("redis shard unavailable: breaker open, enforcing local limits",
-			"shard", b.shard, "why", why, "open-for", s.cfg.OpenFor, "error", err)
+			"shard", b.shard, "why", why, "open-for", time.Duration(b.openFor.Load())*time.Microsecond, "error", err)
 		s.obs.Transition(b.shard, Closed, Open)
 	}
 }
@@ -315,6 +345,7 @@ func (s *Store) settleProbe(b *breaker, hw uint64, o outcome, err error, now tim
 	switch o {
 	case replied:
 		b.fails.Store(0)
+		b.closedAt.Store(now.UnixMicro())
 		b.word.Store(bump(hw, Closed))
 		s.log.Info("redis shard answered: breaker closed", "shard", b.shard)
 		s.obs.Transition(b.shard, HalfOpen, Closed)
@@ -324,11 +355,18 @@ func (s *Store) settleProbe(b *breaker, hw uint64, o outcome, err error, now tim
 		s.obs.Transition(b.shard, HalfOpen, Open)
 	default:
 		s.obs.Failure(b.shard, err)
-		b.openUntil.Store(now.Add(s.cfg.OpenFor).UnixMicro())
+		d := s.longer(b.openFor.Load())
+		b.openFor.Store(d)
+		b.openUntil.Store(now.UnixMicro() + d)
 		b.word.Store(bump(hw, Open))
-		s.log.Warn("probe failed: breaker open again", "shard", b.shard, "open-for", s.cfg.OpenFor, "error", err)
+		s.log.Warn("probe failed: breaker open again", "shard", b.shard, "open-for", time.Duration(d)*time.Microsecond, "error", err)
 		s.obs.Transition(b.shard, HalfOpen, Open)
 	}
+}
+
+// longer is the wait after one of d µs: doubled, within [FirstOpenFor, OpenFor].
+func (s *Store) longer(d int64) int64 {
+	return min(max(2*d, s.cfg.FirstOpenFor.Microseconds()), s.cfg.OpenFor.Microseconds())
 }
 
 // testHookProbeRace, set by tests only, runs between a check seeing that a probe is due

@@ -142,34 +142,81 @@ func TestProbeAnsweredFromCacheIsInconclusive(t *testing.T) {
 	}
 }
 
+// TestOpenForThenProbe: a breaker opened from closed probes after FirstOpenFor; each
+// failed probe doubles the wait up to OpenFor; no check calls the shard in between.
 func TestOpenForThenProbe(t *testing.T) {
 	h := newHarness(t, nil)
 	h.trip(t, "a")
 	calls := h.next.callsTo("a")
+	for i, wait := range []time.Duration{DefaultFirstOpenFor, 2 * DefaultFirstOpenFor, 4 * DefaultFirstOpenFor, DefaultOpenFor, DefaultOpenFor} {
+		h.clk.Advance(wait - time.Microsecond)
+		if res := h.take(t, req("a:k", 100, 100)); res.Source != bucket.SourceFallback {
+			t.Fatalf("wait %d: 1µs before %v: source %v", i, wait, res.Source)
+		}
+		if n := h.next.callsTo("a"); n != calls {
+			t.Fatalf("wait %d: next called %d times before %v passed", i, n-calls, wait)
+		}
+		// The probe fails: open again, for twice as long (at most OpenFor).
+		h.clk.Advance(time.Microsecond)
+		if res := h.take(t, req("a:k", 100, 100)); res.Source != bucket.SourceFallback {
+			t.Fatalf("failed probe answered from %v", res.Source)
+		}
+		calls++
+		if n := h.next.callsTo("a"); n != calls {
+			t.Fatalf("wait %d: next called %d times at %v, want exactly 1 probe", i, n-calls+1, wait)
+		}
+		if st := h.s.State("a"); st != Open {
+			t.Fatalf("after a failed probe: %v, want open", st)
+		}
+	}
+}
 
-	h.clk.Advance(DefaultOpenFor - time.Microsecond)
-	if res := h.take(t, req("a:k", 100, 100)); res.Source != bucket.SourceFallback {
-		t.Fatalf("1µs before OpenFor: source %v", res.Source)
+// TestReopenSoonBacksOff: a shard that fails again soon after a probe closed its breaker
+// starts from double its last wait; one that stayed closed for OpenFor starts afresh.
+func TestReopenSoonBacksOff(t *testing.T) {
+	h := newHarness(t, nil)
+	h.trip(t, "a")
+	h.next.set("a", healthy)
+	h.clk.Advance(DefaultFirstOpenFor)
+	h.take(t, req("a:k", 100, 100)) // the probe closes it
+	if st := h.s.State("a"); st != Closed {
+		t.Fatalf("after a good probe: %v", st)
 	}
-	if n := h.next.callsTo("a"); n != calls {
-		t.Fatalf("next called %d times before OpenFor passed", n-calls)
-	}
-
-	// The probe fails: open again for a full OpenFor from the failure.
-	h.clk.Advance(time.Microsecond)
-	if res := h.take(t, req("a:k", 100, 100)); res.Source != bucket.SourceFallback {
-		t.Fatalf("failed probe answered from %v", res.Source)
-	}
-	if n := h.next.callsTo("a"); n != calls+1 {
-		t.Fatalf("next called %d times at OpenFor, want exactly 1 probe", n-calls)
-	}
-	if st := h.s.State("a"); st != Open {
-		t.Fatalf("after a failed probe: %v, want open", st)
-	}
-	h.clk.Advance(DefaultOpenFor - time.Microsecond)
+	h.trip(t, "a") // again at once
+	h.clk.Advance(2*DefaultFirstOpenFor - time.Microsecond)
+	calls := h.next.callsTo("a")
 	h.take(t, req("a:k", 100, 100))
-	if n := h.next.callsTo("a"); n != calls+1 {
-		t.Fatal("a re-opened breaker was probed before OpenFor passed again")
+	if h.next.callsTo("a") != calls {
+		t.Fatal("reopened soon after closing: probed before twice the first wait")
+	}
+	h.next.set("a", healthy)
+	h.clk.Advance(time.Microsecond)
+	h.take(t, req("a:k", 100, 100))
+	if st := h.s.State("a"); st != Closed {
+		t.Fatalf("probe at twice the first wait: %v, want closed", st)
+	}
+	h.clk.Advance(DefaultOpenFor) // closed a whole OpenFor
+	h.trip(t, "a")
+	h.next.set("a", healthy)
+	h.clk.Advance(DefaultFirstOpenFor)
+	h.take(t, req("a:k", 100, 100))
+	if st := h.s.State("a"); st != Closed {
+		t.Fatalf("opened long after closing: no probe at FirstOpenFor: %v", st)
+	}
+}
+
+// TestProbeClosesAfterFailures: once the shard is back, the next probe closes the
+// breaker and checks are answered by the shard again.
+func TestProbeClosesAfterFailures(t *testing.T) {
+	h := newHarness(t, nil)
+	h.trip(t, "a")
+	h.clk.Advance(DefaultFirstOpenFor)
+	h.take(t, req("a:k", 100, 100)) // a failed probe: open for 2 × FirstOpenFor
+	calls := h.next.callsTo("a")
+	h.clk.Advance(2*DefaultFirstOpenFor - time.Microsecond)
+	h.take(t, req("a:k", 100, 100))
+	if n := h.next.callsTo("a"); n != calls {
+		t.Fatal("a re-opened breaker was probed before its doubled wait passed")
 	}
 
 	// The shard is back: the next probe closes the breaker and answers from next.
@@ -327,8 +374,9 @@ func TestCallerCancellationDoesNotTrip(t *testing.T) {
 	}
 }
 
-// TestMissingReplyTrips: a call that hangs is given up by its check at Timeout (answered
-// locally, the breaker untouched) and goes on until ReplyTimeout, when its missing reply
+// TestMissingReplyTrips: a call that hangs on an idle shard is given up by its check once
+// the shard has been silent for ReplyTimeout/2 since it was given the call (answered
+// locally, the breaker untouched), and goes on until ReplyTimeout, when its missing reply
 // opens the breaker.
 func TestMissingReplyTrips(t *testing.T) {
 	h := newHarness(t, nil)
@@ -344,13 +392,18 @@ func TestMissingReplyTrips(t *testing.T) {
 	default:
 	}
 	h.clk.Advance(time.Microsecond)
-	if o := <-done; o.err != nil || o.res.Source != bucket.SourceFallback {
+	outs, moved := h.advanceUntilAnswered(t, 1, done)
+	moved += DefaultTimeout
+	if o := outs[0]; o.err != nil || o.res.Source != bucket.SourceFallback {
 		t.Fatalf("check past its wait: %+v, %v; want answered locally", o.res, o.err)
+	}
+	if half := DefaultReplyTimeout / 2; moved <= half || moved > half+DefaultTimeout {
+		t.Fatalf("answered locally after %v, want once the shard was silent over %v since the call", moved, half)
 	}
 	if st := h.s.State("a"); st != Closed {
 		t.Fatalf("a check's wait opened the breaker: %v", st)
 	}
-	h.clk.Advance(DefaultReplyTimeout - DefaultTimeout - time.Microsecond)
+	h.clk.Advance(DefaultReplyTimeout - moved - time.Microsecond)
 	if st := h.s.State("a"); st != Closed || h.obs.failureCount() != 0 {
 		t.Fatalf("before ReplyTimeout: %v, %d failures", st, h.obs.failureCount())
 	}
@@ -372,15 +425,15 @@ func TestProbeHasProbeTimeout(t *testing.T) {
 	done := h.takeAsync(req("a:k", 100, 100))
 	h.waitEntered(t)
 	h.waitTimers(t, 2)
-	h.clk.Advance(DefaultTimeout)
-	if o := <-done; o.res.Source != bucket.SourceFallback {
+	outs, moved := h.advanceUntilAnswered(t, 1, done)
+	if o := outs[0]; o.res.Source != bucket.SourceFallback {
 		t.Fatalf("probing check past its wait answered from %v", o.res.Source)
 	}
-	h.clk.Advance(DefaultReplyTimeout)
+	h.clk.Advance(DefaultReplyTimeout - moved)
 	if st := h.s.State("a"); st != HalfOpen {
 		t.Fatalf("probe ended at ReplyTimeout, not ProbeTimeout: %v", st)
 	}
-	h.clk.Advance(300*time.Millisecond - DefaultReplyTimeout - DefaultTimeout)
+	h.clk.Advance(300*time.Millisecond - DefaultReplyTimeout)
 	h.eventually(t, "breaker open again after the probe's missing reply", func() bool { return h.s.State("a") == Open })
 }
 
@@ -418,7 +471,7 @@ func TestTransitionsReportedOnce(t *testing.T) {
 	if len(lines) != len(want) {
 		t.Fatalf("%d log lines, want one per transition (%d):\n%s", len(lines), len(want), strings.Join(lines, "\n"))
 	}
-	if !strings.Contains(lines[0], "shard=a") || !strings.Contains(lines[0], "open-for=2s") {
+	if !strings.Contains(lines[0], "shard=a") || !strings.Contains(lines[0], "open-for=250ms") {
 		t.Fatalf("opening line lacks kebab-case keys: %s", lines[0])
 	}
 }

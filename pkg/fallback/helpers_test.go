@@ -195,6 +195,11 @@ func newHarness(t *testing.T, edit func(*Config)) *harness {
 	cfg.Shard = shardOf
 	cfg.Observer = h.obs
 	cfg.Logger = hclog.New(&hclog.LoggerOptions{Output: h.logs, Level: hclog.Info})
+	// Most tests here judge one shard alone, with no other shard answering: they get the
+	// per-shard rule (a missing reply on time trips) by letting any silence of every shard
+	// count once it is ReplyTimeout old. The cross-shard rule is tested at its default in
+	// silence_test.go.
+	cfg.AllSilentFor = cfg.ReplyTimeout
 	if edit != nil {
 		edit(&cfg)
 	}
@@ -257,6 +262,42 @@ func (h *harness) takeAsync(r *bucket.Request) <-chan outcomeOf {
 		done <- outcomeOf{res, err}
 	}()
 	return done
+}
+
+// advanceUntilAnswered advances the fake clock one Timeout at a time until every check of
+// outs has answered (each waits again, one Timeout at a time, while its shard is not yet
+// silent for ReplyTimeout/2), at most ReplyTimeout; calls is the number of call deadlines
+// pending meanwhile. It returns the outcomes and how far the clock moved.
+func (h *harness) advanceUntilAnswered(t *testing.T, calls int, outs ...<-chan outcomeOf) ([]outcomeOf, time.Duration) {
+	t.Helper()
+	got := make([]outcomeOf, len(outs))
+	seen := make([]bool, len(outs))
+	var moved time.Duration
+	for {
+		pending := 0
+		h.eventually(t, "every waiting check re-armed its wait or answered", func() bool {
+			pending = 0
+			for i, out := range outs {
+				if !seen[i] && len(out) == 0 {
+					pending++
+				}
+			}
+			return pending == 0 || h.clk.Timers() >= calls+pending
+		})
+		for i, out := range outs {
+			if !seen[i] && len(out) > 0 {
+				got[i], seen[i] = <-out, true
+			}
+		}
+		if pending == 0 {
+			return got, moved
+		}
+		if moved >= h.s.cfg.ReplyTimeout {
+			t.Fatalf("%d checks still waiting after %v", pending, moved)
+		}
+		h.clk.Advance(h.s.cfg.Timeout)
+		moved += h.s.cfg.Timeout
+	}
 }
 
 // waitTimers waits (bounded, yielding) until the fake clock holds at least n timers: the

@@ -97,12 +97,12 @@ func TestFailClosed(t *testing.T) {
 	for i := 1; i <= DefaultTripAfter; i++ {
 		want := DefaultTimeout // closed breaker: the next check tries the shard again
 		if i == DefaultTripAfter {
-			want = DefaultOpenFor // this failure opened it: until the probe
+			want = DefaultFirstOpenFor // this failure opened it: until the probe
 		}
 		unavailable(fmt.Sprintf("failure %d", i), want)
 	}
-	h.clk.Advance(500 * time.Millisecond)
-	unavailable("open", DefaultOpenFor-500*time.Millisecond)
+	h.clk.Advance(100 * time.Millisecond)
+	unavailable("open", DefaultFirstOpenFor-100*time.Millisecond)
 	// A fail-open key on the same shard is still admitted locally.
 	if res := h.take(t, req("a:search", 100, 100)); res.Source != bucket.SourceFallback || res.Granted != 1 {
 		t.Fatalf("open, fail-open key: %+v", res)

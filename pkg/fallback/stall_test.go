@@ -121,8 +121,7 @@ func TestInFlightIsBounded(t *testing.T) {
 		out := h.takeAsync(req("a:k", 100, 100))
 		h.waitEntered(t)
 		h.waitTimers(t, i+2) // the deadlines of earlier calls, and this one's wait and deadline
-		h.clk.Advance(DefaultTimeout)
-		<-out
+		h.advanceUntilAnswered(t, i+1, out)
 	}
 	calls := h.next.callsTo("a")
 	for i := 0; i < 50; i++ {
@@ -196,5 +195,27 @@ func TestFailClosedWaitsForTheReply(t *testing.T) {
 	}
 	if st := h.s.State("a"); st != Closed {
 		t.Fatalf("breaker %v, want closed", st)
+	}
+}
+
+// TestIdleShardLateReplyIsUsed: a shard with little traffic, last heard from a second ago
+// (it had nothing to answer), replies 20 ms late. Its silence counts from when it was given
+// the call, not from its last reply, so the check waits for the reply instead of being
+// answered locally at its 5 ms wait.
+func TestIdleShardLateReplyIsUsed(t *testing.T) {
+	h := newHarness(t, nil)
+	h.take(t, req("a:warm", 1000, 1000))
+	h.clk.Advance(time.Second)
+	h.next.set("a", late)
+	h.next.delay = 20 * time.Millisecond
+	out := h.takeAsync(req("a:k", 1000, 1000))
+	h.waitEntered(t)
+	h.waitTimers(t, 3) // the wait, the call's deadline, the late reply
+	h.clk.Advance(DefaultTimeout)
+	// The wait fired on time: the check answers now (locally) or waits again.
+	h.eventually(t, "the check answered or waits again", func() bool { return len(out) > 0 || h.clk.Timers() >= 3 })
+	h.clk.Advance(h.next.delay - DefaultTimeout)
+	if o := <-out; o.err != nil || o.res.Source != bucket.SourceRedis {
+		t.Fatalf("check on an idle shard with a 20 ms reply: %+v, %v; want the redis answer", o.res, o.err)
 	}
 }

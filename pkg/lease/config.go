@@ -32,6 +32,14 @@ type Config struct {
 	// limit takes to bite. Expired tokens are dropped, never revived. Default 1s.
 	LeaseTTL time.Duration
 
+	// QuietTTL is how long a quiet lease's tokens may be spent (see "Quiet keys" in the
+	// package comment), and the period over which a key's slow demand is measured: a key
+	// seen a few times a second is leased its own demand over one QuietTTL, so it costs
+	// about one call per QuietTTL instead of one per check. It changes how long a quiet
+	// lease's tokens may stay stranded, not how many: a quiet batch is capped at a quarter
+	// of LeaseTTL's worth of the limit per enforcer. Must be >= LeaseTTL. Default 30s.
+	QuietTTL time.Duration
+
 	// Window is the slice of the limit one batch covers (rate × Window / N), and the period
 	// over which busyness and demand are counted. Must be <= LeaseTTL. Default 100ms.
 	Window time.Duration
@@ -80,6 +88,7 @@ func DefaultConfig() Config {
 	return Config{
 		Clock:         clock.Real(),
 		LeaseTTL:      time.Second,
+		QuietTTL:      30 * time.Second,
 		Window:        100 * time.Millisecond,
 		BusyHits:      3,
 		MaxKeys:       1 << 16,
@@ -104,6 +113,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: Clock is nil", ErrConfig)
 	case c.LeaseTTL <= 0 || c.LeaseTTL > maxLeaseTT:
 		return fmt.Errorf("%w: LeaseTTL %v, must be in (0, %v]", ErrConfig, c.LeaseTTL, maxLeaseTT)
+	case c.QuietTTL < c.LeaseTTL || c.QuietTTL > maxLeaseTT:
+		return fmt.Errorf("%w: QuietTTL %v, must be in [LeaseTTL (%v), %v]", ErrConfig, c.QuietTTL, c.LeaseTTL, maxLeaseTT)
 	case c.Window <= 0 || c.Window > maxWindow:
 		return fmt.Errorf("%w: Window %v, must be in (0, %v]", ErrConfig, c.Window, maxWindow)
 	case c.Window > c.LeaseTTL:

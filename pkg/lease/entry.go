@@ -20,8 +20,8 @@ type entry struct {
 	gen    uint32
 	gone   bool // evicted: a call landing here keeps nothing
 
-	// The lease: two lots of tokens, each expiring LeaseTTL after the call that took it
-	// was sent. cur is spent first; nxt moves up when cur is empty. Lots never merge into
+	// The lease: two lots of tokens, each expiring LeaseTTL (QuietTTL for a quiet batch)
+	// after the call that took it was sent. cur is spent first; nxt moves up when cur is empty. Lots never merge into
 	// a later expiry: see add.
 	cur, nxt       int64
 	curExp, nxtExp int64
@@ -34,7 +34,7 @@ type entry struct {
 	winStart       int64
 	hits, prevHits int64
 	asked, prevAsk int64
-	// Slow demand: tokens asked in the current LeaseTTL-long period and the last (see
+	// Slow demand: tokens asked in the current QuietTTL-long period and the last (see
 	// quietBatch).
 	slowStart         int64
 	slowAsk, slowPrev int64
@@ -72,7 +72,7 @@ func (e *entry) count(now, window, cost int64) {
 	e.asked += cost
 }
 
-// countSlow records cost tokens at now in the LeaseTTL-long demand period.
+// countSlow records cost tokens at now in the QuietTTL-long demand period (ttl).
 func (e *entry) countSlow(now, ttl, cost int64) {
 	if d := now - e.slowStart; d >= ttl {
 		if d < 2*ttl {
@@ -83,6 +83,35 @@ func (e *entry) countSlow(now, ttl, cost int64) {
 		e.slowStart, e.slowAsk = now, 0
 	}
 	e.slowAsk += cost
+}
+
+// slowDemand is what this enforcer knows at now of the key's demand over one period
+// (QuietTTL), for quietBatch; ok is false while it knows too little to lease for:
+//
+//   - crit, for the criterion, errs high: the last whole period's demand, or the current
+//     part's pace (tokens over the time it has run, at least one ttl, LeaseTTL) times the
+//     period, whichever is more;
+//   - size, for the batch, errs low: the last whole period's demand, or the current part
+//     scaled to a period as if it had run one ttl longer, whichever is more;
+//   - ok once the last whole period asked at least 2 × cost, or the current part has run
+//     at least one ttl and asked that much. A key seen for the first time is leased
+//     after a second or so rather than a whole period, and never on a single check.
+func (e *entry) slowDemand(now, period, ttl, cost int64) (crit, size int64, ok bool) {
+	prev, ask, start := e.slowPrev, e.slowAsk, e.slowStart
+	if d := now - start; d >= period { // as countSlow would roll it
+		if d < 2*period {
+			prev = ask
+		} else {
+			prev = 0
+		}
+		ask, start = 0, now
+	}
+	elapsed := max(now-start, 0)
+	p := float64(period)
+	crit = max(prev, int64(float64(ask)*p/float64(max(elapsed, ttl))))
+	size = max(prev, int64(float64(ask)*p/float64(elapsed+ttl)))
+	ok = prev >= 2*cost || (elapsed >= ttl && ask >= 2*cost)
+	return crit, size, ok
 }
 
 // busy: at least minHits checks in the current window or in the one before it.

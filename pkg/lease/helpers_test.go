@@ -35,6 +35,12 @@ func (c *counting) Take(ctx context.Context, req *bucket.Request) (bucket.Result
 	return res, err
 }
 
+func (c *counting) wantsCopy() []int64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]int64(nil), c.wants...)
+}
+
 func (c *counting) lastWant() int64 {
 	c.mu.Lock()
 	defer c.mu.Unlock()

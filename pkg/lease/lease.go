@@ -5,12 +5,15 @@
 // # Guarantees
 //
 // Never over: every token this layer grants was taken from the next store first, under the
-// same limits, less than LeaseTTL earlier. Over any window the fleet of enforcers therefore
-// admits no more than the bucket allows. It errs under, in these bounded ways:
+// same limits, less than LeaseTTL earlier (QuietTTL for a quiet lease). From any start the
+// fleet of enforcers therefore admits no more than the bucket gave; within one window it
+// may admit, on top of what the bucket gives in that window, the tokens the fleet held
+// when it began (bounded below: "Quiet keys"). It errs under, in these bounded ways:
 //
 //   - Tokens leased but not spent (at most about 1.5 batches per key per enforcer) are
 //     stranded until they expire or are dropped (limits changed, key evicted).
-//   - A lowered limit takes up to LeaseTTL to bite on tokens already leased.
+//   - A lowered limit bites at the key's next check: a lease taken under other limits is
+//     dropped then (tokens it held count as limits-changed).
 //   - A refused key is refused from memory until the retry time the next store gave,
 //     counted from when the call was sent, so the cache expires at or before the store's
 //     own retry time (as the store rounded it: up, to the µs). The cache is also primed
@@ -50,30 +53,44 @@
 // # Quiet keys
 //
 // A key seen less than BusyHits times a window would cost one call per check, and most
-// keys of a real population are such keys (a Zipf tail seen 1–30 times a second). A key
-// far below its limits may instead lease a batch sized to its own demand over one lease
-// TTL (T, Config.LeaseTTL):
+// keys of a real population are such keys (a Zipf tail seen a few times a second or
+// less). A key far below its limits instead leases a batch sized to its own demand over
+// one QuietTTL (Q, Config.QuietTTL, 30 s), whose tokens may be spent for Q:
 //
-//	prev  = tokens this enforcer was asked for the key over the last whole T
-//	cur   = max(prev, tokens asked so far in the current T)
-//	quiet batch = min(cur, ⌊ min burst ⌋)   when prev ≥ 2c and 4 × N × cur ≤ R × T
+//	prev  = tokens this enforcer was asked for the key over the last whole Q
+//	a, t  = tokens asked so far in the current Q, and for how long it has run
+//	crit  = max(prev, a × Q / max(t, T))          the demand over Q, erring high
+//	size  = max(prev, a × Q / (t + T))            the demand over Q, erring low
+//	quiet batch = min(size, ⌊ R × T / (4 × N) ⌋, ⌊ min burst ⌋)
+//	              when 4 × N × crit ≤ R × Q, and prev ≥ 2c or (t ≥ T and a ≥ 2c)
 //
-// with R the slowest rate of the request's limits and N the enforcers in the region. A
-// key needs a whole T of history first, so a key seen once is never leased for.
+// with R the slowest rate of the request's limits, T = LeaseTTL and N the enforcers in
+// the region. A key needs at least a LeaseTTL of history with two checks first, so a key
+// seen once is never leased for, and one seen for the first time is leased a second or
+// two later, its batch growing toward its demand over Q as the period fills. It is refilled at half, like a busy lease, so in steady state it costs one call per
+// batch: one per Q for a key under the cap, instead of one per check.
 //
-// Which way it errs, and by how much: under, never over (tokens are still taken before
-// they are spent). Each enforcer holds at most about 1.5 quiet batches of the key, so the
-// fleet strands at most 1.5 × N × cur ≤ 0.375 × R × T tokens per T. With traffic spread
-// evenly the fleet spends about N × cur per T, so the bucket is drawn at most
-// 2.5 × N × cur ≤ 0.625 × R × T per T, less than it refills: the stranded tokens cannot
-// cause a refusal while the key's demand stays where it was measured. Only a key whose
-// demand jumps within one T from under R/(4N) to near R can be refused early, by at most
-// those stranded tokens (≤ 0.375 × R × T, expiring within T); as its measured demand
-// grows past R/(4N) the quiet batch is withdrawn and the busy batch (a 1/N share of one
-// Window of R, and at most two windows of local demand) applies, which is small near the
-// limit. Traffic concentrated on fewer enforcers strands less (the others hold nothing).
-// A quiet key costs about one call per quiet batch, i.e. about one call per T, instead
-// of one per check.
+// Which way it errs, and by how much. Under, never over in total: tokens are still taken
+// before they are spent. The criterion keeps the fleet's demand for the key at or under
+// R/4 (measured over Q). Each enforcer holds at most about 1.5 quiet batches, so the fleet
+// holds at most 1.5 × N × R × T/(4N) = 0.375 × R × T tokens of the key (375 tokens for a
+// 1,000/s limit): the cap is what a quiet lease of one LeaseTTL could hold, so the longer
+// life changes how long those tokens can stay stranded (up to Q), not how many.
+//   - Under: a key whose traffic moves to other enforcers, or jumps from under R/4 to
+//     its limit, finds its bucket short by at most the tokens the fleet holds
+//     (≤ 0.375 × R × T), until they are spent or expire (≤ Q). At steady demand they
+//     cannot cause a refusal: the bucket is drawn at most 2.5 × R/4 < R.
+//   - Over, in a window only: tokens taken before a window and spent in it are admitted
+//     in the window on top of what the bucket gives then, so a key jumping from quiet
+//     to far over its limit may see, in its first window, up to the tokens held
+//     (≤ 0.375 × R × T) above burst + rate × window; never over across the key's life.
+//     A busy lease has the same property with its smaller batch (the fleet holds at most
+//     1.5 × R × Window of a busy key: 150 tokens for 1,000/s).
+//
+// As a key's measured demand grows past R/(4N) per enforcer the quiet batch is withdrawn
+// and the busy batch (a 1/N share of one Window of R, and at most two windows of local
+// demand, under LeaseTTL) applies, which is small near the limit. A limit changed by a rule
+// or a share drops the lease at the key's next check, whatever its TTL.
 //
 // The lease is refilled in the background when it falls to half a batch or less (and the
 // key is not paced or refused), so a busy key does not wait on the next store. Calls ask
@@ -117,6 +134,7 @@ type Store struct {
 	cfg      Config
 	base     time.Time // times in entries are nanoseconds since base (monotonic if the clock has it)
 	ttl      int64
+	quietTTL int64
 	window   int64
 	busyHits int64
 	seed     maphash.Seed
@@ -160,6 +178,7 @@ func newStore(next bucket.Store, cfg Config, h hooks) (*Store, error) {
 		cfg:      cfg,
 		base:     cfg.Clock.Now(),
 		ttl:      int64(cfg.LeaseTTL),
+		quietTTL: int64(cfg.QuietTTL),
 		window:   int64(cfg.Window),
 		busyHits: int64(cfg.BusyHits),
 		seed:     maphash.MakeSeed(),
@@ -233,7 +252,7 @@ func (s *Store) TakeValid(ctx context.Context, req *bucket.Request) (bucket.Resu
 		s.refresh(e, req, now)
 		if !counted {
 			e.count(now, s.window, req.Want)
-			e.countSlow(now, s.ttl, req.Want)
+			e.countSlow(now, s.quietTTL, req.Want)
 			counted = true
 		}
 		if res, ok, refill := s.fromMemory(e, req, now); ok {
@@ -246,7 +265,7 @@ func (s *Store) TakeValid(ctx context.Context, req *bucket.Request) (bucket.Resu
 		f := e.flight
 		var c callFor
 		if f == nil {
-			c = s.begin(e, req)
+			c = s.begin(e, req, now)
 		} else {
 			// Someone is calling for this key: it is busy; wait for that call and look again.
 			e.hits = max(e.hits, s.busyHits)
@@ -292,7 +311,7 @@ func (s *Store) TakeCached(req *bucket.Request) (bucket.Result, bool) {
 		return bucket.Result{}, false
 	}
 	e.count(now, s.window, req.Want)
-	e.countSlow(now, s.ttl, req.Want)
+	e.countSlow(now, s.quietTTL, req.Want)
 	res, ok, refill := s.fromMemory(e, req, now)
 	sh.mu.Unlock()
 	if refill { // Config.SyncRefill
@@ -369,15 +388,17 @@ type callFor struct {
 	req   bucket.Request
 	gen   uint32
 	peers int
+	ttl   int64 // how long what it is granted may be spent
 	lease bool
 }
 
 // begin claims the one foreground call for e's key. Called with e's shard lock held. If
 // the key is busy the call asks for a batch, else it passes the check through as it is.
-func (s *Store) begin(e *entry, req *bucket.Request) callFor {
+func (s *Store) begin(e *entry, req *bucket.Request, now int64) callFor {
 	c := callFor{f: &flight{done: make(chan struct{})}, req: *req, gen: e.gen, peers: s.peers()}
 	e.flight = c.f
-	batch, lease := s.leaseBatch(e, req.Limits, req.Want, c.peers)
+	batch, ttl, lease := s.leaseBatch(e, req.Limits, req.Want, c.peers, now)
+	c.ttl = ttl
 	if lease {
 		e.batch = batch
 		c.req.Want, c.req.Min = batch, req.MinGrant()
@@ -425,7 +446,7 @@ func (s *Store) call(ctx context.Context, sh *shard, e *entry, req *bucket.Reque
 		res.Granted = g
 		return res, nil
 	}
-	e.add(res.Granted, start+s.ttl)
+	e.add(res.Granted, start+c.ttl)
 	g := min(e.held(), req.Want)
 	e.spend(g)
 	e.lastCost = req.MinGrant()
@@ -435,39 +456,49 @@ func (s *Store) call(ctx context.Context, sh *shard, e *entry, req *bucket.Reque
 }
 
 // leaseBatch decides whether a call for e's key (with these limits, for a check of the
-// given cost) takes a lease, and its size: the busy batch (batchSize) for a busy key, or
-// the quiet batch (quietBatch) for a key far under its limits, whichever is larger. It
-// records in e.quiet whether the quiet criterion held. Called with e's shard lock held.
-func (s *Store) leaseBatch(e *entry, limits []bucket.Limit, cost int64, peers int) (int64, bool) {
+// given cost) takes a lease, its size and how long its tokens may be spent: the busy batch
+// (batchSize) for a busy key, under LeaseTTL, or the quiet batch (quietBatch) for a key far
+// under its limits, under QuietTTL, whichever is larger. It records in e.quiet whether the
+// quiet criterion held. Called with e's shard lock held.
+func (s *Store) leaseBatch(e *entry, limits []bucket.Limit, cost int64, peers int, now int64) (batch, ttl int64, lease bool) {
 	b := int64(0)
 	if e.busy(s.busyHits) {
 		b = batchSize(limits, cost, e.demand(), peers, s.cfg.Window)
 	}
-	q := quietBatch(limits, cost, e.slowPrev, max(e.slowPrev, e.slowAsk), peers, s.cfg.LeaseTTL)
+	q := int64(0)
+	if crit, size, ok := e.slowDemand(now, s.quietTTL, s.ttl, cost); ok {
+		q = quietBatch(limits, cost, crit, size, peers, s.cfg.QuietTTL, s.cfg.LeaseTTL)
+	}
 	e.quiet = q > cost
-	b = max(b, q)
-	return b, b > cost
+	if e.quiet && q >= b {
+		return q, s.quietTTL, true
+	}
+	return b, s.ttl, b > cost
 }
 
 // quietBatch is the batch for a key this enforcer sees far under its limits, sized to the
-// key's own demand over one LeaseTTL (T): prev is the tokens asked over the last whole T,
-// cur = max(prev, the current part). It is 0 (no quiet lease) unless
+// key's own demand over one QuietTTL (Q), as entry.slowDemand estimates it: crit (erring
+// high) for the criterion, size (erring low) for the batch. With R the slowest rate of
+// the limits, it is 0 (no quiet lease) unless
 //
-//	prev ≥ 2 × cost  and  4 × N × cur ≤ ⌊ min over the limits of rate × T ⌋
+//	4 × N × crit ≤ R × Q        (the key runs at ≤ R/4 per fleet)
 //
-// and then cur, capped by the smallest burst. See "Quiet keys" in the package comment.
-func quietBatch(limits []bucket.Limit, cost, prev, cur int64, peers int, ttl time.Duration) int64 {
-	if prev < 2*cost || cur <= cost {
+// and then size, capped at ⌊ R × T / (4 × N) ⌋ (T = LeaseTTL: what a quiet lease of one
+// LeaseTTL could hold) and at the smallest burst. See "Quiet keys" in the package comment.
+func quietBatch(limits []bucket.Limit, cost, crit, size int64, peers int, quiet, ttl time.Duration) int64 {
+	if size <= cost {
 		return 0
 	}
 	byRate, burst := limits[0].Rate, limits[0].Burst
 	for _, l := range limits[1:] {
 		byRate, burst = min(byRate, l.Rate), min(burst, l.Burst)
 	}
-	if float64(4*int64(max(peers, 1)))*float64(cur) > byRate*ttl.Seconds() {
+	n := float64(4 * int64(max(peers, 1)))
+	if n*float64(crit) > byRate*quiet.Seconds() {
 		return 0
 	}
-	return min(cur, int64(burst))
+	hold := int64(byRate * ttl.Seconds() / n) // ≤ 1e9 × 1 h: fits
+	return max(min(size, hold, int64(burst)), 0)
 }
 
 func batchSize(limits []bucket.Limit, cost, demand int64, peers int, window time.Duration) int64 {

@@ -54,8 +54,10 @@ func (s *Store) refill(e *entry) {
 	f := e.flight
 	var req *bucket.Request
 	peers := s.peers()
+	ttl := s.ttl
 	if !e.gone {
-		if b, ok := s.leaseBatch(e, e.limits, e.lastCost, peers); ok {
+		if b, t, ok := s.leaseBatch(e, e.limits, e.lastCost, peers, s.now()); ok {
+			ttl = t
 			e.batch = b
 			req = &bucket.Request{Identity: e.key, Limits: e.limits, Want: b, Min: e.lastCost}
 		}
@@ -92,7 +94,7 @@ func (s *Store) refill(e *entry) {
 		}
 		if res.Granted > 0 {
 			s.emit(EventGranted, res.Granted)
-			e.add(res.Granted, start+s.ttl)
+			e.add(res.Granted, start+ttl)
 		}
 	}
 	s.land(e, f)

@@ -137,6 +137,7 @@ type ListenConfig struct {
 type LeaseConfig struct {
 	Disabled bool          `yaml:"disabled"`
 	TTL      time.Duration `yaml:"ttl"`
+	QuietTTL time.Duration `yaml:"quiet_ttl"`
 	Window   time.Duration `yaml:"window"`
 	BusyHits int           `yaml:"busy_hits"`
 	MaxKeys  int           `yaml:"max_keys"`
@@ -147,8 +148,10 @@ type LeaseConfig struct {
 type FallbackConfig struct {
 	Timeout      time.Duration `yaml:"timeout"`
 	ReplyTimeout time.Duration `yaml:"reply_timeout"`
+	AllSilentFor time.Duration `yaml:"all_silent_for"`
 	ProbeTimeout time.Duration `yaml:"probe_timeout"`
 	TripAfter    int           `yaml:"trip_after"`
+	FirstOpenFor time.Duration `yaml:"first_open_for"`
 	OpenFor      time.Duration `yaml:"open_for"`
 	MaxInFlight  int           `yaml:"max_in_flight"`
 	Slack        float64       `yaml:"slack"`

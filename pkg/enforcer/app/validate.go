@@ -48,14 +48,17 @@ func (c *Config) validateSections() []error {
 	}
 	l := c.Lease
 	dur("lease.ttl", l.TTL)
+	dur("lease.quiet_ttl", l.QuietTTL)
 	dur("lease.window", l.Window)
 	num("lease.busy_hits", int64(l.BusyHits))
 	num("lease.max_keys", int64(l.MaxKeys))
 	f := c.Fallback
 	dur("fallback.timeout", f.Timeout)
 	dur("fallback.reply_timeout", f.ReplyTimeout)
+	dur("fallback.all_silent_for", f.AllSilentFor)
 	dur("fallback.probe_timeout", f.ProbeTimeout)
 	num("fallback.trip_after", int64(f.TripAfter))
+	dur("fallback.first_open_for", f.FirstOpenFor)
 	dur("fallback.open_for", f.OpenFor)
 	num("fallback.max_in_flight", int64(f.MaxInFlight))
 	neg("fallback.slack", f.Slack, f.Slack)
@@ -94,10 +97,18 @@ func (c *Config) fallbackConfig() fallback.Config {
 	f := c.Fallback
 	overrideIfSet(&fc.Timeout, f.Timeout)
 	overrideIfSet(&fc.ReplyTimeout, f.ReplyTimeout)
+	overrideIfSet(&fc.AllSilentFor, f.AllSilentFor)
+	if f.AllSilentFor == 0 && fc.AllSilentFor < fc.ReplyTimeout {
+		fc.AllSilentFor = fc.ReplyTimeout // a long reply_timeout alone does not make the default an error
+	}
 	overrideIfSet(&fc.ProbeTimeout, f.ProbeTimeout)
 	overrideIfSet(&fc.MaxInFlight, f.MaxInFlight)
 	overrideIfSet(&fc.TripAfter, f.TripAfter)
 	overrideIfSet(&fc.OpenFor, f.OpenFor)
+	overrideIfSet(&fc.FirstOpenFor, f.FirstOpenFor)
+	if f.FirstOpenFor == 0 && fc.FirstOpenFor > fc.OpenFor {
+		fc.FirstOpenFor = fc.OpenFor // a short open_for alone does not make the default an error
+	}
 	overrideIfSet(&fc.Slack, f.Slack)
 	overrideIfSet(&fc.MaxLocalKeys, f.MaxLocalKeys)
 	return fc
@@ -108,6 +119,10 @@ func (c *Config) leaseConfig() lease.Config {
 	lc := lease.DefaultConfig()
 	l := c.Lease
 	overrideIfSet(&lc.LeaseTTL, l.TTL)
+	overrideIfSet(&lc.QuietTTL, l.QuietTTL)
+	if l.QuietTTL == 0 && lc.QuietTTL < lc.LeaseTTL {
+		lc.QuietTTL = lc.LeaseTTL // a long ttl alone does not make the default quiet_ttl an error
+	}
 	overrideIfSet(&lc.Window, l.Window)
 	overrideIfSet(&lc.BusyHits, l.BusyHits)
 	overrideIfSet(&lc.MaxKeys, l.MaxKeys)
