@@ -4,8 +4,6 @@ import (
 	"errors"
 	"flag"
 	"io"
-	"os"
-	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
@@ -121,18 +119,9 @@ func TestEnvName(t *testing.T) {
 	}
 }
 
-func writeFile(t *testing.T, text string) string {
-	t.Helper()
-	path := filepath.Join(t.TempDir(), "c.yaml")
-	if err := os.WriteFile(path, []byte(text), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	return path
-}
-
 // TestPrecedence: defaults < file < environment < flags, setting by setting.
 func TestPrecedence(t *testing.T) {
-	file := writeFile(t, "name: file\ncount: 2\nwait: 1s\n")
+	const file = "testdata/good.yaml" // name: file, count: 2, wait: 1s
 	for _, tc := range []struct {
 		what string
 		args []string
@@ -159,7 +148,7 @@ func TestPrecedence(t *testing.T) {
 }
 
 func TestParseErrors(t *testing.T) {
-	bad := writeFile(t, "name: x\nbogus: 1\n")
+	const bad = "testdata/bad.yaml" // an unknown field on line 2
 	for _, tc := range []struct {
 		args []string
 		env  map[string]string
