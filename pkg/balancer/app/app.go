@@ -6,13 +6,12 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"os"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/allot-dev/allot/pkg/balancer"
 	"github.com/allot-dev/allot/pkg/balancer/dashboard"
+	"github.com/allot-dev/allot/pkg/cliconf"
 	"github.com/allot-dev/allot/pkg/rules"
 	allotv1 "github.com/allot-dev/allot/proto/allot/v1"
 	"github.com/hashicorp/go-hclog"
@@ -80,8 +79,7 @@ func New(cfg Config, log hclog.Logger) (_ *App, err error) {
 		}
 	}()
 	if a.cfg.ID == "" {
-		host, _ := os.Hostname()
-		a.cfg.ID = fmt.Sprintf("%s-%d", strings.ReplaceAll(host, "/", "_"), os.Getpid())
+		a.cfg.ID = cliconf.HostPID()
 	}
 	a.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	tlsCfg, err := cfg.Etcd.TLS.Build()

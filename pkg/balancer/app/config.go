@@ -5,18 +5,15 @@
 package app
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
-	"github.com/allot-dev/allot/pkg/tlsfiles"
-	"os"
 	"strings"
 	"time"
 
 	"github.com/allot-dev/allot/pkg/balancer"
 	"github.com/allot-dev/allot/pkg/shareset"
+	"github.com/allot-dev/allot/pkg/tlsfiles"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"gopkg.in/yaml.v3"
 )
 
 // Config is one balancer replica's configuration (configs/balancer.yaml). Every field has
@@ -131,21 +128,6 @@ func DefaultConfig() Config {
 		DrainTimeout: 10 * time.Second,
 		LogLevel:     "info",
 	}
-}
-
-// LoadFile reads a YAML config over the defaults. Unknown fields are errors.
-func LoadFile(path string) (Config, error) {
-	cfg := DefaultConfig()
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return cfg, fmt.Errorf("app: while reading config: %w", err)
-	}
-	dec := yaml.NewDecoder(bytes.NewReader(data))
-	dec.KnownFields(true)
-	if err := dec.Decode(&cfg); err != nil {
-		return cfg, fmt.Errorf("app: config %s: %w", path, err)
-	}
-	return cfg, nil
 }
 
 // weights returns the weights in Regions order (nil: equal).

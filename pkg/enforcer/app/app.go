@@ -7,13 +7,12 @@ import (
 	"net"
 	"net/http"
 	"net/http/pprof"
-	"os"
 	"runtime"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/allot-dev/allot/pkg/bucket"
+	"github.com/allot-dev/allot/pkg/cliconf"
 	"github.com/allot-dev/allot/pkg/clock"
 	"github.com/allot-dev/allot/pkg/enforcer"
 	"github.com/allot-dev/allot/pkg/enforcer/grpcapi"
@@ -115,8 +114,7 @@ func newApp(cfg Config, log hclog.Logger, store bucket.Store) (_ *App, err error
 		}
 	}()
 	if a.cfg.ID == "" {
-		host, _ := os.Hostname()
-		a.cfg.ID = fmt.Sprintf("%s-%d", strings.ReplaceAll(host, "/", "_"), os.Getpid())
+		a.cfg.ID = cliconf.HostPID()
 	}
 	a.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 

@@ -5,11 +5,8 @@
 package app
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
-	"github.com/allot-dev/allot/pkg/tlsfiles"
-	"os"
 	"strings"
 	"time"
 
@@ -17,8 +14,8 @@ import (
 	"github.com/allot-dev/allot/pkg/enforcer/httpapi"
 	"github.com/allot-dev/allot/pkg/shares"
 	"github.com/allot-dev/allot/pkg/shareset"
+	"github.com/allot-dev/allot/pkg/tlsfiles"
 	"github.com/allot-dev/allot/pkg/usage"
-	"gopkg.in/yaml.v3"
 )
 
 // Config is one enforcer's configuration, as written in configs/regions/<region>.yaml.
@@ -207,21 +204,6 @@ func DefaultConfig() Config {
 		DrainTimeout: 10 * time.Second,
 		LogLevel:     "info",
 	}
-}
-
-// LoadFile reads a YAML config over the defaults. Unknown fields are errors.
-func LoadFile(path string) (Config, error) {
-	cfg := DefaultConfig()
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return cfg, fmt.Errorf("app: while reading config: %w", err)
-	}
-	dec := yaml.NewDecoder(bytes.NewReader(data))
-	dec.KnownFields(true)
-	if err := dec.Decode(&cfg); err != nil {
-		return cfg, fmt.Errorf("app: config %s: %w", path, err)
-	}
-	return cfg, nil
 }
 
 // Validate names the first bad field.

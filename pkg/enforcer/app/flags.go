@@ -3,229 +3,99 @@ package app
 import (
 	"errors"
 	"flag"
-	"fmt"
 	"io"
+	"slices"
 	"strconv"
-	"strings"
 	"time"
+
+	"github.com/allot-dev/allot/pkg/cliconf"
+	"github.com/allot-dev/allot/pkg/tlsfiles"
 )
 
-// override is one setting that a flag and an environment variable can change.
-type override struct {
-	name, usage string
-	isBool      bool
-	apply       func(c *Config, v string) error
-}
-
-// EnvName is the environment variable for flag name: ALLOT_ + upper case, '-' → '_'.
-func EnvName(flagName string) string {
-	return "ALLOT_" + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
-}
-
-func str(dst func(*Config) *string) func(*Config, string) error {
-	return func(c *Config, v string) error { *dst(c) = v; return nil }
-}
-
-func list(dst func(*Config) *[]string) func(*Config, string) error {
-	return func(c *Config, v string) error {
-		var out []string
-		for _, s := range strings.Split(v, ",") {
-			if s = strings.TrimSpace(s); s != "" {
-				out = append(out, s)
-			}
-		}
-		*dst(c) = out
-		return nil
-	}
-}
-
-func dur(dst func(*Config) *time.Duration) func(*Config, string) error {
-	return func(c *Config, v string) error {
-		d, err := time.ParseDuration(v)
-		if err != nil {
-			return err
-		}
-		*dst(c) = d
-		return nil
-	}
-}
-
-func integer(dst func(*Config) *int) func(*Config, string) error {
-	return func(c *Config, v string) error {
-		n, err := strconv.Atoi(v)
-		if err != nil {
-			return err
-		}
-		*dst(c) = n
-		return nil
-	}
-}
-
-func boolean(dst func(*Config) *bool) func(*Config, string) error {
-	return func(c *Config, v string) error {
-		b, err := strconv.ParseBool(v)
-		if err != nil {
-			return err
-		}
-		*dst(c) = b
-		return nil
-	}
-}
-
-func float(dst func(*Config) *float64) func(*Config, string) error {
-	return func(c *Config, v string) error {
-		f, err := strconv.ParseFloat(v, 64)
-		if err != nil {
-			return err
-		}
-		*dst(c) = f
-		return nil
-	}
-}
-
-var overrides = []override{
-	{name: "region", usage: "region name", apply: str(func(c *Config) *string { return &c.Region })},
-	{name: "id", usage: "this enforcer's id within its region (default host-pid)", apply: str(func(c *Config) *string { return &c.ID })},
-	{name: "store", usage: "store kind: memory | redis | redis-cluster", apply: str(func(c *Config) *string { return &c.Store.Kind })},
-	{name: "redis-addrs", usage: "comma-separated Redis address(es)", apply: list(func(c *Config) *[]string { return &c.Store.Addrs })},
-	{name: "redis-username", usage: "Redis ACL user", apply: str(func(c *Config) *string { return &c.Store.Username })},
-	{name: "redis-password", usage: "Redis password (prefer the environment variable)", apply: str(func(c *Config) *string { return &c.Store.Password })},
-	{name: "redis-tls", usage: "use TLS to Redis", isBool: true, apply: boolean(func(c *Config) *bool { return &c.Store.TLS.Enabled })},
-	{name: "redis-tls-ca", usage: "CA file for Redis TLS", apply: str(func(c *Config) *string { return &c.Store.TLS.CAFile })},
-	{name: "redis-tls-cert", usage: "client certificate for Redis TLS", apply: str(func(c *Config) *string { return &c.Store.TLS.CertFile })},
-	{name: "redis-tls-key", usage: "client key for Redis TLS", apply: str(func(c *Config) *string { return &c.Store.TLS.KeyFile })},
-	{name: "redis-tls-server-name", usage: "server name to verify for Redis TLS", apply: str(func(c *Config) *string { return &c.Store.TLS.ServerName })},
-	{name: "redis-tls-insecure", usage: "skip Redis certificate verification (tests only)", isBool: true, apply: boolean(func(c *Config) *bool { return &c.Store.TLS.InsecureSkipVerify })},
-	{name: "redis-key-prefix", usage: "prefix of every Redis key", apply: str(func(c *Config) *string { return &c.Store.KeyPrefix })},
-	{name: "redis-dial-timeout", usage: "Redis dial timeout", apply: dur(func(c *Config) *time.Duration { return &c.Store.DialTimeout })},
-	{name: "redis-read-timeout", usage: "Redis read timeout", apply: dur(func(c *Config) *time.Duration { return &c.Store.ReadTimeout })},
-	{name: "redis-write-timeout", usage: "Redis write timeout", apply: dur(func(c *Config) *time.Duration { return &c.Store.WriteTimeout })},
-	{name: "redis-pipeline", usage: "coalesce concurrent Redis takes on one shard into one pipeline", isBool: true, apply: boolean(func(c *Config) *bool { return &c.Store.Pipeline })},
-	{name: "redis-pool-size", usage: "Redis connections per node", apply: integer(func(c *Config) *int { return &c.Store.PoolSize })},
-	{name: "etcd-endpoints", usage: "comma-separated etcd client URLs", apply: list(func(c *Config) *[]string { return &c.Etcd.Endpoints })},
-	{name: "etcd-username", usage: "etcd user", apply: str(func(c *Config) *string { return &c.Etcd.Username })},
-	{name: "etcd-password", usage: "etcd password (prefer the environment variable)", apply: str(func(c *Config) *string { return &c.Etcd.Password })},
-	{name: "etcd-tls", usage: "use TLS to etcd", isBool: true, apply: boolean(func(c *Config) *bool { return &c.Etcd.TLS.Enabled })},
-	{name: "etcd-tls-ca", usage: "CA file for etcd TLS", apply: str(func(c *Config) *string { return &c.Etcd.TLS.CAFile })},
-	{name: "etcd-tls-cert", usage: "client certificate for etcd TLS", apply: str(func(c *Config) *string { return &c.Etcd.TLS.CertFile })},
-	{name: "etcd-tls-key", usage: "client key for etcd TLS", apply: str(func(c *Config) *string { return &c.Etcd.TLS.KeyFile })},
-	{name: "etcd-tls-server-name", usage: "server name to verify for etcd TLS", apply: str(func(c *Config) *string { return &c.Etcd.TLS.ServerName })},
-	{name: "etcd-registration-ttl", usage: "etcd registration lease TTL (whole seconds)", apply: dur(func(c *Config) *time.Duration { return &c.Etcd.RegistrationTTL })},
-	{name: "rules-file", usage: "YAML rules file", apply: str(func(c *Config) *string { return &c.Rules.File })},
-	{name: "rules-etcd-prefix", usage: "etcd prefix holding one rule per key", apply: str(func(c *Config) *string { return &c.Rules.EtcdPrefix })},
-	{name: "rules-poll-interval", usage: "how often the rules file is checked for changes", apply: dur(func(c *Config) *time.Duration { return &c.Rules.PollInterval })},
-	{name: "default-share", usage: "removed (an error if set): the default split now comes from -regions", apply: func(c *Config, v string) error {
+// overrides are the settings flags and ALLOT_* variables change, in the order the
+// environment is read.
+var overrides = slices.Concat([]cliconf.Override[Config]{
+	{Name: "region", Usage: "region name", Apply: cliconf.Str(func(c *Config) *string { return &c.Region })},
+	{Name: "id", Usage: "this enforcer's id within its region (default host-pid)", Apply: cliconf.Str(func(c *Config) *string { return &c.ID })},
+	{Name: "store", Usage: "store kind: memory | redis | redis-cluster", Apply: cliconf.Str(func(c *Config) *string { return &c.Store.Kind })},
+	{Name: "redis-addrs", Usage: "comma-separated Redis address(es)", Apply: cliconf.List(func(c *Config) *[]string { return &c.Store.Addrs })},
+	{Name: "redis-username", Usage: "Redis ACL user", Apply: cliconf.Str(func(c *Config) *string { return &c.Store.Username })},
+	{Name: "redis-password", Usage: "Redis password (prefer the environment variable)", Apply: cliconf.Str(func(c *Config) *string { return &c.Store.Password })},
+}, cliconf.ClientTLS("redis", "Redis", func(c *Config) *tlsfiles.Client { return &c.Store.TLS }), []cliconf.Override[Config]{
+	{Name: "redis-tls-insecure", Usage: "skip Redis certificate verification (tests only)", IsBool: true, Apply: cliconf.Bool(func(c *Config) *bool { return &c.Store.TLS.InsecureSkipVerify })},
+	{Name: "redis-key-prefix", Usage: "prefix of every Redis key", Apply: cliconf.Str(func(c *Config) *string { return &c.Store.KeyPrefix })},
+	{Name: "redis-dial-timeout", Usage: "Redis dial timeout", Apply: cliconf.Dur(func(c *Config) *time.Duration { return &c.Store.DialTimeout })},
+	{Name: "redis-read-timeout", Usage: "Redis read timeout", Apply: cliconf.Dur(func(c *Config) *time.Duration { return &c.Store.ReadTimeout })},
+	{Name: "redis-write-timeout", Usage: "Redis write timeout", Apply: cliconf.Dur(func(c *Config) *time.Duration { return &c.Store.WriteTimeout })},
+	{Name: "redis-pipeline", Usage: "coalesce concurrent Redis takes on one shard into one pipeline", IsBool: true, Apply: cliconf.Bool(func(c *Config) *bool { return &c.Store.Pipeline })},
+	{Name: "redis-pool-size", Usage: "Redis connections per node", Apply: cliconf.Int(func(c *Config) *int { return &c.Store.PoolSize })},
+	{Name: "etcd-endpoints", Usage: "comma-separated etcd client URLs", Apply: cliconf.List(func(c *Config) *[]string { return &c.Etcd.Endpoints })},
+	{Name: "etcd-username", Usage: "etcd user", Apply: cliconf.Str(func(c *Config) *string { return &c.Etcd.Username })},
+	{Name: "etcd-password", Usage: "etcd password (prefer the environment variable)", Apply: cliconf.Str(func(c *Config) *string { return &c.Etcd.Password })},
+}, cliconf.ClientTLS("etcd", "etcd", func(c *Config) *tlsfiles.Client { return &c.Etcd.TLS }), []cliconf.Override[Config]{
+	{Name: "etcd-registration-ttl", Usage: "etcd registration lease TTL (whole seconds)", Apply: cliconf.Dur(func(c *Config) *time.Duration { return &c.Etcd.RegistrationTTL })},
+	{Name: "rules-file", Usage: "YAML rules file", Apply: cliconf.Str(func(c *Config) *string { return &c.Rules.File })},
+	{Name: "rules-etcd-prefix", Usage: "etcd prefix holding one rule per key", Apply: cliconf.Str(func(c *Config) *string { return &c.Rules.EtcdPrefix })},
+	{Name: "rules-poll-interval", Usage: "how often the rules file is checked for changes", Apply: cliconf.Dur(func(c *Config) *time.Duration { return &c.Rules.PollInterval })},
+	{Name: "default-share", Usage: "removed (an error if set): the default split now comes from -regions", Apply: func(c *Config, v string) error {
 		f, err := strconv.ParseFloat(v, 64)
 		c.Rules.DefaultShare = &f
 		return err
 	}},
-	{name: "regions", usage: "every region enforcing the global limits, for the default split: us-east,eu-west or us-east=2,eu-west=1 (weights)", apply: func(c *Config, v string) error {
+	{Name: "regions", Usage: "every region enforcing the global limits, for the default split: us-east,eu-west or us-east=2,eu-west=1 (weights)", Apply: func(c *Config, v string) error {
 		r, err := parseRegions(v)
 		c.Regions = r
 		return err
 	}},
-	{name: "shares-etcd-prefix", usage: "etcd prefix the balancer publishes shares under", apply: str(func(c *Config) *string { return &c.Shares.EtcdPrefix })},
-	{name: "shares-stale-after", usage: "shares not refreshed this long fall back to min(last, default)", apply: dur(func(c *Config) *time.Duration { return &c.Shares.StaleAfter })},
-	{name: "shares-disabled", usage: "do not watch the balancer's shares (default split only)", isBool: true, apply: boolean(func(c *Config) *bool { return &c.Shares.Disabled })},
-	{name: "balancer", usage: "send usage reports to the quota balancer's leader (found through etcd)", isBool: true, apply: boolean(func(c *Config) *bool { return &c.Balancer.Enabled })},
-	{name: "balancer-election-prefix", usage: "etcd prefix of the balancer's leader election", apply: str(func(c *Config) *string { return &c.Balancer.ElectionPrefix })},
-	{name: "balancer-addrs", usage: "comma-separated balancer report addresses as this region reaches them (instead of the leader's address in etcd)", apply: list(func(c *Config) *[]string { return &c.Balancer.Addrs })},
-	{name: "balancer-interval", usage: "interval between usage reports", apply: dur(func(c *Config) *time.Duration { return &c.Balancer.Interval })},
-	{name: "balancer-tls", usage: "use TLS to the balancer's report API", isBool: true, apply: boolean(func(c *Config) *bool { return &c.Balancer.TLS.Enabled })},
-	{name: "balancer-tls-ca", usage: "CA file for the balancer's report API", apply: str(func(c *Config) *string { return &c.Balancer.TLS.CAFile })},
-	{name: "grpc-addr", usage: "gRPC listen address (Envoy RLS and allot.v1)", apply: str(func(c *Config) *string { return &c.Listen.GRPC })},
-	{name: "http-addr", usage: "HTTP listen address (/v1/check, /v1/auth, /metrics, /healthz, /readyz)", apply: str(func(c *Config) *string { return &c.Listen.HTTP })},
-	{name: "advertise-addr", usage: "address registered in etcd (default the gRPC address)", apply: str(func(c *Config) *string { return &c.Listen.Advertise })},
-	{name: "peers", usage: "live enforcers in the region when etcd is not configured", apply: integer(func(c *Config) *int { return &c.Peers })},
-	{name: "drain-timeout", usage: "graceful shutdown bound", apply: dur(func(c *Config) *time.Duration { return &c.DrainTimeout })},
-	{name: "lease-disabled", usage: "take every check from Redis (no leases for busy keys)", isBool: true, apply: boolean(func(c *Config) *bool { return &c.Lease.Disabled })},
-	{name: "lease-ttl", usage: "lease time to live", apply: dur(func(c *Config) *time.Duration { return &c.Lease.TTL })},
-	{name: "lease-quiet-ttl", usage: "how long a quiet key's lease lives (its demand over this period)", apply: dur(func(c *Config) *time.Duration { return &c.Lease.QuietTTL })},
-	{name: "lease-window", usage: "slice of the limit one lease batch covers", apply: dur(func(c *Config) *time.Duration { return &c.Lease.Window })},
-	{name: "fallback-timeout", usage: "how long a check waits for Redis before it is answered locally (the call goes on)", apply: dur(func(c *Config) *time.Duration { return &c.Fallback.Timeout })},
-	{name: "fallback-reply-timeout", usage: "deadline of each Redis call; a reply missing this long opens the shard's breaker", apply: dur(func(c *Config) *time.Duration { return &c.Fallback.ReplyTimeout })},
-	{name: "fallback-trip-after", usage: "consecutive errors from a shard that open its breaker", apply: integer(func(c *Config) *int { return &c.Fallback.TripAfter })},
-	{name: "fallback-first-open-for", usage: "how long a breaker opened from closed waits before its first probe (doubling up to fallback-open-for)", apply: dur(func(c *Config) *time.Duration { return &c.Fallback.FirstOpenFor })},
-	{name: "fallback-open-for", usage: "the longest an open breaker waits before a probe", apply: dur(func(c *Config) *time.Duration { return &c.Fallback.OpenFor })},
-	{name: "fallback-all-silent-for", usage: "how long every shard must be silent before a missing reply opens a breaker with no other shard answering", apply: dur(func(c *Config) *time.Duration { return &c.Fallback.AllSilentFor })},
-	{name: "fallback-slack", usage: "local limit slack while Redis is unavailable", apply: float(func(c *Config) *float64 { return &c.Fallback.Slack })},
-	{name: "rls-domain", usage: "the only Envoy RLS domain accepted (default any)", apply: str(func(c *Config) *string { return &c.RLS.Domain })},
-	{name: "log-level", usage: "trace | debug | info | warn | error", apply: str(func(c *Config) *string { return &c.LogLevel })},
-	{name: "pprof", usage: "serve /debug/pprof/ on the HTTP address", isBool: true, apply: boolean(func(c *Config) *bool { return &c.Pprof })},
-	{name: "log-json", usage: "log JSON lines", isBool: true, apply: boolean(func(c *Config) *bool { return &c.LogJSON })},
+	{Name: "shares-etcd-prefix", Usage: "etcd prefix the balancer publishes shares under", Apply: cliconf.Str(func(c *Config) *string { return &c.Shares.EtcdPrefix })},
+	{Name: "shares-stale-after", Usage: "shares not refreshed this long fall back to min(last, default)", Apply: cliconf.Dur(func(c *Config) *time.Duration { return &c.Shares.StaleAfter })},
+	{Name: "shares-disabled", Usage: "do not watch the balancer's shares (default split only)", IsBool: true, Apply: cliconf.Bool(func(c *Config) *bool { return &c.Shares.Disabled })},
+	{Name: "balancer", Usage: "send usage reports to the quota balancer's leader (found through etcd)", IsBool: true, Apply: cliconf.Bool(func(c *Config) *bool { return &c.Balancer.Enabled })},
+	{Name: "balancer-election-prefix", Usage: "etcd prefix of the balancer's leader election", Apply: cliconf.Str(func(c *Config) *string { return &c.Balancer.ElectionPrefix })},
+	{Name: "balancer-addrs", Usage: "comma-separated balancer report addresses as this region reaches them (instead of the leader's address in etcd)", Apply: cliconf.List(func(c *Config) *[]string { return &c.Balancer.Addrs })},
+	{Name: "balancer-interval", Usage: "interval between usage reports", Apply: cliconf.Dur(func(c *Config) *time.Duration { return &c.Balancer.Interval })},
+	{Name: "balancer-tls", Usage: "use TLS to the balancer's report API", IsBool: true, Apply: cliconf.Bool(func(c *Config) *bool { return &c.Balancer.TLS.Enabled })},
+	{Name: "balancer-tls-ca", Usage: "CA file for the balancer's report API", Apply: cliconf.Str(func(c *Config) *string { return &c.Balancer.TLS.CAFile })},
+	{Name: "grpc-addr", Usage: "gRPC listen address (Envoy RLS and allot.v1)", Apply: cliconf.Str(func(c *Config) *string { return &c.Listen.GRPC })},
+	{Name: "http-addr", Usage: "HTTP listen address (/v1/check, /v1/auth, /metrics, /healthz, /readyz)", Apply: cliconf.Str(func(c *Config) *string { return &c.Listen.HTTP })},
+	{Name: "advertise-addr", Usage: "address registered in etcd (default the gRPC address)", Apply: cliconf.Str(func(c *Config) *string { return &c.Listen.Advertise })},
+	{Name: "peers", Usage: "live enforcers in the region when etcd is not configured", Apply: cliconf.Int(func(c *Config) *int { return &c.Peers })},
+	{Name: "drain-timeout", Usage: "graceful shutdown bound", Apply: cliconf.Dur(func(c *Config) *time.Duration { return &c.DrainTimeout })},
+	{Name: "lease-disabled", Usage: "take every check from Redis (no leases for busy keys)", IsBool: true, Apply: cliconf.Bool(func(c *Config) *bool { return &c.Lease.Disabled })},
+	{Name: "lease-ttl", Usage: "lease time to live", Apply: cliconf.Dur(func(c *Config) *time.Duration { return &c.Lease.TTL })},
+	{Name: "lease-quiet-ttl", Usage: "how long a quiet key's lease lives (its demand over this period)", Apply: cliconf.Dur(func(c *Config) *time.Duration { return &c.Lease.QuietTTL })},
+	{Name: "lease-window", Usage: "slice of the limit one lease batch covers", Apply: cliconf.Dur(func(c *Config) *time.Duration { return &c.Lease.Window })},
+	{Name: "fallback-timeout", Usage: "how long a check waits for Redis before it is answered locally (the call goes on)", Apply: cliconf.Dur(func(c *Config) *time.Duration { return &c.Fallback.Timeout })},
+	{Name: "fallback-reply-timeout", Usage: "deadline of each Redis call; a reply missing this long opens the shard's breaker", Apply: cliconf.Dur(func(c *Config) *time.Duration { return &c.Fallback.ReplyTimeout })},
+	{Name: "fallback-trip-after", Usage: "consecutive errors from a shard that open its breaker", Apply: cliconf.Int(func(c *Config) *int { return &c.Fallback.TripAfter })},
+	{Name: "fallback-first-open-for", Usage: "how long a breaker opened from closed waits before its first probe (doubling up to fallback-open-for)", Apply: cliconf.Dur(func(c *Config) *time.Duration { return &c.Fallback.FirstOpenFor })},
+	{Name: "fallback-open-for", Usage: "the longest an open breaker waits before a probe", Apply: cliconf.Dur(func(c *Config) *time.Duration { return &c.Fallback.OpenFor })},
+	{Name: "fallback-all-silent-for", Usage: "how long every shard must be silent before a missing reply opens a breaker with no other shard answering", Apply: cliconf.Dur(func(c *Config) *time.Duration { return &c.Fallback.AllSilentFor })},
+	{Name: "fallback-slack", Usage: "local limit slack while Redis is unavailable", Apply: cliconf.Float(func(c *Config) *float64 { return &c.Fallback.Slack })},
+	{Name: "rls-domain", Usage: "the only Envoy RLS domain accepted (default any)", Apply: cliconf.Str(func(c *Config) *string { return &c.RLS.Domain })},
+	{Name: "log-level", Usage: "trace | debug | info | warn | error", Apply: cliconf.Str(func(c *Config) *string { return &c.LogLevel })},
+	{Name: "pprof", Usage: "serve /debug/pprof/ on the HTTP address", IsBool: true, Apply: cliconf.Bool(func(c *Config) *bool { return &c.Pprof })},
+	{Name: "log-json", Usage: "log JSON lines", IsBool: true, Apply: cliconf.Bool(func(c *Config) *bool { return &c.LogJSON })},
+})
+
+// command is the enforcer's command line: the overrides above over the config file.
+var command = cliconf.Command[Config]{
+	Name:          "enforcer",
+	Synopsis:      []string{"enforcer rules check FILE"},
+	ConfigExample: "configs/regions/us-east.yaml",
+	Prefix:        "app: ", Overrides: overrides, Default: DefaultConfig, Validate: (*Config).Validate,
 }
 
 // ErrHelp is returned by Parse when -h or -help was given (usage has been printed).
 var ErrHelp = flag.ErrHelp
 
-// Parse builds the configuration from, in increasing precedence: defaults, the config
-// file (-config or ALLOT_CONFIG), ALLOT_* environment variables, and flags. getenv is
-// os.Getenv in main. Usage and errors go to out. It validates the result.
-func Parse(args []string, getenv func(string) string, out io.Writer) (Config, error) {
-	fs := flag.NewFlagSet("enforcer", flag.ContinueOnError)
-	fs.SetOutput(out)
-	configPath := fs.String("config", "", "YAML config file, e.g. configs/regions/us-east.yaml (env ALLOT_CONFIG)")
-	type given struct {
-		o *override
-		v string
-	}
-	var flags []given
-	for i := range overrides {
-		o := &overrides[i]
-		usage := o.usage + " (env " + EnvName(o.name) + ")"
-		rec := func(v string) error { flags = append(flags, given{o, v}); return o.apply(&Config{}, v) }
-		if o.isBool {
-			fs.BoolFunc(o.name, usage, func(v string) error { return rec(v) })
-		} else {
-			fs.Func(o.name, usage, rec)
-		}
-	}
-	fs.Usage = func() {
-		fmt.Fprintf(out, "usage: enforcer [flags]\n       enforcer rules check FILE\n\nflags override the config file; ALLOT_* variables override it too, flags win:\n\n")
-		fs.PrintDefaults()
-	}
-	if err := fs.Parse(args); err != nil {
-		return Config{}, err
-	}
-	if fs.NArg() > 0 {
-		return Config{}, fmt.Errorf("app: unexpected arguments %q", fs.Args())
-	}
-	path := *configPath
-	if path == "" {
-		path = getenv("ALLOT_CONFIG")
-	}
-	cfg := DefaultConfig()
-	if path != "" {
-		var err error
-		if cfg, err = LoadFile(path); err != nil {
-			return Config{}, err
-		}
-	}
-	set := map[string]bool{}
-	for _, g := range flags {
-		set[g.o.name] = true
-	}
-	for i := range overrides {
-		o := &overrides[i]
-		if set[o.name] {
-			continue
-		}
-		if v := getenv(EnvName(o.name)); v != "" {
-			if err := o.apply(&cfg, v); err != nil {
-				return Config{}, fmt.Errorf("app: %s=%q: %w", EnvName(o.name), v, err)
-			}
-		}
-	}
-	for _, g := range flags {
-		if err := g.o.apply(&cfg, g.v); err != nil { // checked at parse; cannot fail here
-			return Config{}, fmt.Errorf("app: -%s %q: %w", g.o.name, g.v, err)
-		}
-	}
-	if err := cfg.Validate(); err != nil {
-		return Config{}, err
-	}
-	return cfg, nil
-}
-
 // IsHelp reports whether err is the -h/-help request.
 func IsHelp(err error) bool { return errors.Is(err, flag.ErrHelp) }
+
+// Parse builds one enforcer's configuration from, in increasing precedence: defaults,
+// the region's config file (-config or ALLOT_CONFIG), ALLOT_* environment variables,
+// and flags; then validates it. getenv is os.Getenv in main; usage and flag errors go
+// to out.
+func Parse(args []string, getenv func(string) string, out io.Writer) (Config, error) {
+	return command.Parse(args, getenv, out)
+}
