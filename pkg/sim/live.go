@@ -235,7 +235,7 @@ loop:
 	if runErr != nil {
 		return nil, fmt.Errorf("sim: live run stopped: %w", runErr)
 	}
-	return judgeRun(sc, opt.Policy, secs, keys, make([]int64, len(sc.Keys)), faultSpans(sc)), nil
+	return judgeRun(sc, opt.Policy, secs, keys, nil, faultSpans(sc)), nil
 }
 
 func liveSourceCol(s allotv1.Source) int {

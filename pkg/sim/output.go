@@ -46,12 +46,16 @@ func (res *Result) WriteTable(w io.Writer) error {
 		for _, x := range v.RecoveryS {
 			rec = max(rec, x)
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%g\t%.4f\t%s\t%.4f\t%s\t%g\t%s\t%.4f\t\n",
+		calls := "—" // live: the enforcers' store calls are not seen (their metrics are)
+		if res.StoreCallsSeen {
+			calls = fmt.Sprintf("%.4f", v.StoreCallsPerRequest)
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%g\t%.4f\t%s\t%.4f\t%s\t%g\t%s\t%s\t\n",
 			v.Key, v.Offered, v.Admitted, res.Summary.Keys[i].Rate,
 			v.MaxWindowRatio, mark(!v.WindowFailed),
 			v.SteadyRatio, mark(!v.SteadyFailed),
 			rec, mark(!v.RecoveryFailed),
-			v.StoreCallsPerRequest)
+			calls)
 	}
 	tw.Flush()
 	if len(res.Summary.Failures) > 0 {

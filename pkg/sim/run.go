@@ -55,6 +55,9 @@ type Result struct {
 	// Verdicts are the judged figures of each key, in scenario order.
 	Verdicts []Verdict
 	Summary  Summary
+	// StoreCallsSeen says the run counted the calls that reached a store (virtual mode);
+	// a live run does not see them, and its store_calls_per_request is 0.
+	StoreCallsSeen bool
 }
 
 // Cell returns key k's cell for second s in region r.
@@ -111,10 +114,14 @@ func (w *world) judge() *Result {
 	return judgeRun(w.sc, w.plane.name(), w.secs, w.keys, calls, w.spans)
 }
 
-// judgeRun judges the recorded cells of every key (both modes).
+// judgeRun judges the recorded cells of every key (both modes); storeCalls is nil when the
+// run could not count them (live mode).
 func judgeRun(sc *scenario.Scenario, policy string, secs int, keys []keyState, storeCalls []int64, spans []Span) *Result {
 	R := len(sc.Regions)
-	res := &Result{Scenario: sc, Policy: policy, Seconds: secs}
+	res := &Result{Scenario: sc, Policy: policy, Seconds: secs, StoreCallsSeen: storeCalls != nil}
+	if storeCalls == nil {
+		storeCalls = make([]int64, len(sc.Keys))
+	}
 	res.Summary = Summary{Scenario: sc.Name, Policy: policy, Pass: true, Failures: []string{}, Keys: []KeyResult{}}
 	exp := Expect(sc.Expect)
 	for k, key := range sc.Keys {
