@@ -55,9 +55,9 @@ type Config struct {
 	AllSilentFor time.Duration
 
 	// ProbeTimeout is the deadline of the one call that probes a shard whose breaker has
-	// been open for OpenFor. The first call to a shard that came back may pay for dialling
-	// it again, and a probe that misses keeps the shard's keys on local limits for another
-	// OpenFor. Default 100 ms.
+	// waited its time open (FirstOpenFor, doubling up to OpenFor). The first call to a
+	// shard that came back may pay for dialling it again, and a probe that misses keeps
+	// the shard's keys on local limits for a wait twice as long. Default 100 ms.
 	ProbeTimeout time.Duration
 
 	// TripAfter is how many consecutive errors from one shard (a refused or reset

@@ -35,8 +35,8 @@
 //
 // So a paused or dead master trips ReplyTimeout after the first call it does not answer
 // (≈ 100 ms) while the other masters answer, a whole cluster down (or a shard whose peers
-// have no traffic) in about AllSilentFor (≈ 500 ms), and a stall of this process (GC, a loaded 2-core VM: 20–30 ms, sometimes
-// 200 ms) opens nothing: the replies of the calls it delayed arrive late and count as
+// have no traffic) in about AllSilentFor (≈ 500 ms), and a stall of this process (GC, a
+// loaded 2-core VM: 20–30 ms, sometimes 200 ms) opens nothing: the replies of the calls it delayed arrive late and count as
 // replies, and a reply missing across a stall proves nothing.
 //
 // While a shard's breaker is not closed, or a check's wait passed, the check is answered
@@ -107,11 +107,14 @@ type Cache interface {
 // comment).
 //
 // Guarantees: a shard's breaker opens only on evidence about the shard (errors from it, a
-// reply missing for ReplyTimeout while this process was running), never because a check
-// stopped waiting. Once open, no check on that shard calls the next store until OpenFor
-// has passed, and then exactly one does (the probe). With Config.Shard set, one shard's
-// state never affects another's keys. Every check gets an answer within about Timeout
-// (longer only while its shard is seen answering, up to ReplyTimeout) unless the request
+// reply missing for ReplyTimeout while this process was running and another shard
+// answered, or every shard silent for AllSilentFor), never because a check stopped
+// waiting. Once open, no check on that shard calls the next store until its wait
+// (FirstOpenFor, doubling up to OpenFor) has passed, and then exactly one does (the
+// probe). With Config.Shard set, one shard's state never affects another's keys. Every
+// check gets an answer within about Timeout (longer only while its shard is seen answering
+// or has been silent under ReplyTimeout/2 since it was given work, up to ReplyTimeout, or
+// ProbeTimeout for a probe) unless the request
 // is invalid (bucket.ErrInvalid), the caller's context ends first (its error is returned;
 // the call goes on), or the Store is closed.
 //
@@ -338,7 +341,7 @@ func (s *Store) settle(b *breaker, w uint64, o outcome, err error, now time.Time
 }
 
 // settleProbe ends the half-open period hw with its probe's outcome: closed when the shard
-// answered, open for another OpenFor on an error or a missing reply. When the probe proved
+// answered, open for twice the last wait (at most OpenFor) on an error or a missing reply. When the probe proved
 // nothing (answered from memory, a late timeout, the Store closing) the breaker goes back
 // to open with the probe due at once, so the next check probes.
 func (s *Store) settleProbe(b *breaker, hw uint64, o outcome, err error, now time.Time) {
@@ -373,8 +376,8 @@ func (s *Store) longer(d int64) int64 {
 // and its attempt to claim the probe, so a test can line many checks up there.
 var testHookProbeRace func()
 
-// degraded answers a check whose breaker was not closed: it probes if the breaker has been
-// open for OpenFor and this check wins the probe, else answers locally.
+// degraded answers a check whose breaker was not closed: it probes if the breaker has waited
+// its time open and this check wins the probe, else answers locally.
 func (s *Store) degraded(ctx context.Context, b *breaker, w uint64, req *bucket.Request) (bucket.Result, error) {
 	now := s.clock.Now()
 	if stateOf(w) == Open && now.UnixMicro() >= b.openUntil.Load() {

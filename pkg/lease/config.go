@@ -27,9 +27,9 @@ type Config struct {
 	// nil, or a result below 1, means 1.
 	Peers func() int
 
-	// LeaseTTL is how long leased tokens may be spent, counted from when the call that took
-	// them was sent. It bounds how long unused tokens stay stranded and how long a lowered
-	// limit takes to bite. Expired tokens are dropped, never revived. Default 1s.
+	// LeaseTTL is how long a busy lease's tokens may be spent, counted from when the call
+	// that took them was sent (a quiet lease's: QuietTTL). It bounds how long unused tokens
+	// stay stranded. Expired tokens are dropped, never revived. Default 1s.
 	LeaseTTL time.Duration
 
 	// QuietTTL is how long a quiet lease's tokens may be spent (see "Quiet keys" in the
@@ -147,7 +147,7 @@ const (
 	EventRefillError                // a background refill failed; nobody else is told (0)
 	EventRefillSkipped              // a refill was due but the queue was full (0)
 	EventGranted                    // the next store granted tokens to a lease (tokens)
-	EventExpired                    // leased tokens dropped unspent at LeaseTTL (tokens)
+	EventExpired                    // leased tokens dropped unspent at LeaseTTL or QuietTTL (tokens)
 	EventLimitsChanged              // a lease dropped because the request's limits changed (tokens)
 	EventEvicted                    // a key evicted from the full table (tokens it held)
 	// EventEvicted stays the last event (pkg/enforcer sizes its counters by it).
