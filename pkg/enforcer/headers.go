@@ -34,19 +34,30 @@ func (d *Decision) AppendHeaders(dst []Header) []Header {
 	if d.Rule == "" {
 		return dst
 	}
-	var buf [160]byte
-	policy := string(d.AppendPolicy(buf[:0]))
-	current := string(d.AppendRateLimit(buf[:0]))
-	dst = append(dst, Header{HeaderRateLimitPolicy, policy}, Header{HeaderRateLimit, current})
+	// Every value that is not a constant is written into one buffer and made one string,
+	// which the values are cut from: one allocation for all of them.
+	var buf [256]byte
+	b := d.AppendPolicy(buf[:0])
+	policy := len(b)
+	b = d.AppendRateLimit(b)
+	current, retry := len(b), len(b)
+	if !d.Allowed {
+		if s := d.RetryAfterSeconds(); s > 0 {
+			b = strconv.AppendInt(b, s, 10)
+		}
+		retry = len(b)
+		b = appendToken(b, d.Rule)
+	}
+	v := string(b)
+	dst = append(dst, Header{HeaderRateLimitPolicy, v[:policy]}, Header{HeaderRateLimit, v[policy:current]})
 	if d.CountedBy != "" {
 		dst = append(dst, Header{HeaderCountedBy, d.CountedBy})
 	}
 	if !d.Allowed {
-		if s := d.RetryAfterSeconds(); s > 0 {
-			dst = append(dst, Header{HeaderRetryAfter, strconv.FormatInt(s, 10)})
+		if retry > current {
+			dst = append(dst, Header{HeaderRetryAfter, v[current:retry]})
 		}
-		rule := string(appendToken(buf[:0], d.Rule))
-		dst = append(dst, Header{HeaderRule, rule})
+		dst = append(dst, Header{HeaderRule, v[retry:]})
 	}
 	return dst
 }

@@ -7,7 +7,6 @@ import (
 	"math"
 	"net/netip"
 	"runtime/debug"
-	"time"
 
 	"github.com/allot-dev/allot/pkg/bucket"
 	"github.com/allot-dev/allot/pkg/enforcer"
@@ -86,22 +85,19 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 		}
 		skips[i] = skip
 	}
-	resp := &rlsv3.RateLimitResponse{
-		OverallCode: rlsv3.RateLimitResponse_OK,
-		Statuses:    make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(descs)),
-	}
+	r := newReply(len(descs))
+	resp := &r.resp
 	var decider enforcer.Decision
 	have := false
 	for i := range checks {
 		if skips[i] {
-			resp.Statuses[i] = &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
-			continue
+			continue // OK, with no limit
 		}
 		d, err := s.e.Check(ctx, &checks[i])
 		if err != nil {
 			return nil, statusOf(err)
 		}
-		resp.Statuses[i] = descriptorStatus(&d)
+		r.describe(i, &d)
 		if d.Rule == "" {
 			continue
 		}
@@ -114,10 +110,16 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 		}
 	}
 	if have {
-		var hb [5]enforcer.Header
+		var hb [maxHeaders]enforcer.Header
 		hs := decider.AppendHeaders(hb[:0])
-		resp.ResponseHeadersToAdd = make([]*corev3.HeaderValue, len(hs))
-		values := make([]corev3.HeaderValue, len(hs)) // one allocation for all of them
+		ptrs, values := r.headerPtrs[:], r.headerValues[:]
+		if len(hs) > len(values) {
+			values = make([]corev3.HeaderValue, len(hs))
+		}
+		if len(hs) > len(ptrs) { // not today; cheaper than a panic if a field is added
+			ptrs = make([]*corev3.HeaderValue, len(hs))
+		}
+		resp.ResponseHeadersToAdd = ptrs[:len(hs)]
 		for i, h := range hs {
 			values[i].Key, values[i].Value = h.Name, h.Value
 			resp.ResponseHeadersToAdd[i] = &values[i]
@@ -154,20 +156,61 @@ func (s *Server) checkRLS(req *rlsv3.RateLimitRequest, lim *enforcer.InputLimits
 	return nil
 }
 
-// descriptorStatus states d as Envoy expects. The limit is given in the largest unit in
-// which its rate is at least one whole request, rounded down.
-func descriptorStatus(d *enforcer.Decision) *rlsv3.RateLimitResponse_DescriptorStatus {
-	st := &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
+// reply is one Envoy RLS response with room for what it points at: one descriptor's
+// status, its limit and reset, and an allowed answer's header fields. An allowed answer to
+// one descriptor is made in one allocation (a refusal's header fields add one, more
+// descriptors four); gRPC marshals it after the handler returns and keeps nothing of it.
+type reply struct {
+	resp         rlsv3.RateLimitResponse
+	statusPtrs   [1]*rlsv3.RateLimitResponse_DescriptorStatus
+	statuses     [1]rlsv3.RateLimitResponse_DescriptorStatus
+	limitsBuf    [1]rlsv3.RateLimitResponse_RateLimit
+	resetsBuf    [1]durationpb.Duration
+	limits       []rlsv3.RateLimitResponse_RateLimit // limits[i] is status i's limit
+	resets       []durationpb.Duration               // resets[i] its reset
+	headerPtrs   [maxHeaders]*corev3.HeaderValue
+	headerValues [3]corev3.HeaderValue // an allowed answer's; a refusal's five are made apart
+}
+
+// maxHeaders is the most header fields Decision.AppendHeaders adds.
+const maxHeaders = 5
+
+// newReply returns an OK response of n statuses, each OK with no limit: what a
+// negative-hits descriptor is answered.
+func newReply(n int) *reply {
+	r := &reply{}
+	r.resp.OverallCode = rlsv3.RateLimitResponse_OK
+	statuses := r.statuses[:]
+	r.resp.Statuses, r.limits, r.resets = r.statusPtrs[:], r.limitsBuf[:], r.resetsBuf[:]
+	if n > len(r.statuses) {
+		statuses = make([]rlsv3.RateLimitResponse_DescriptorStatus, n)
+		r.resp.Statuses = make([]*rlsv3.RateLimitResponse_DescriptorStatus, n)
+		r.limits = make([]rlsv3.RateLimitResponse_RateLimit, n)
+		r.resets = make([]durationpb.Duration, n)
+	}
+	r.resp.Statuses = r.resp.Statuses[:n]
+	for i := range n {
+		statuses[i].Code = rlsv3.RateLimitResponse_OK
+		r.resp.Statuses[i] = &statuses[i]
+	}
+	return r
+}
+
+// describe states d in status i as Envoy expects. The limit is given in the largest unit
+// in which its rate is at least one whole request, rounded down.
+func (r *reply) describe(i int, d *enforcer.Decision) {
+	st := r.resp.Statuses[i]
 	if !d.Allowed {
 		st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
 	}
 	if d.Rule == "" {
-		return st
+		return
 	}
-	st.CurrentLimit = currentLimit(d)
+	st.CurrentLimit = &r.limits[i]
+	setCurrentLimit(st.CurrentLimit, d)
 	st.LimitRemaining = uint32(min(max(d.Remaining, 0), math.MaxUint32))
-	st.DurationUntilReset = durationpb.New(time.Duration(d.ResetSeconds()) * time.Second)
-	return st
+	st.DurationUntilReset = &r.resets[i]
+	st.DurationUntilReset.Seconds = d.ResetSeconds()
 }
 
 var units = [...]struct {
@@ -180,7 +223,9 @@ var units = [...]struct {
 	{rlsv3.RateLimitResponse_RateLimit_DAY, 86400},
 }
 
-func currentLimit(d *enforcer.Decision) *rlsv3.RateLimitResponse_RateLimit {
+// setCurrentLimit states d's limit in l: requests per unit, in the largest unit in which
+// its rate is at least one whole request, rounded down.
+func setCurrentLimit(l *rlsv3.RateLimitResponse_RateLimit, d *enforcer.Decision) {
 	// The policy says quota tokens per window seconds; Envoy wants requests per unit.
 	rate := float64(d.Quota) / float64(max(d.Window, 1))
 	u := units[0]
@@ -191,11 +236,7 @@ func currentLimit(d *enforcer.Decision) *rlsv3.RateLimitResponse_RateLimit {
 		}
 	}
 	rpu := math.Floor(rate * float64(u.secs))
-	return &rlsv3.RateLimitResponse_RateLimit{
-		Name:            d.Limit,
-		RequestsPerUnit: uint32(min(max(rpu, 1), math.MaxUint32)),
-		Unit:            u.unit,
-	}
+	l.Name, l.RequestsPerUnit, l.Unit = d.Limit, uint32(min(max(rpu, 1), math.MaxUint32)), u.unit
 }
 
 // Check implements allot.v1.Allot.

@@ -269,7 +269,8 @@ func TestCurrentLimitUnits(t *testing.T) {
 		{1, 864000, 1, rlsv3.RateLimitResponse_RateLimit_DAY},
 	} {
 		d := enforcer.Decision{Rule: "r", Limit: "r/l", Quota: tc.q, Window: tc.w}
-		cl := currentLimit(&d)
+		cl := &rlsv3.RateLimitResponse_RateLimit{}
+		setCurrentLimit(cl, &d)
 		if cl.RequestsPerUnit != tc.rpu || cl.Unit != tc.unit {
 			t.Errorf("q=%d w=%d: %d per %v, want %d per %v", tc.q, tc.w, cl.RequestsPerUnit, cl.Unit, tc.rpu, tc.unit)
 		}
