@@ -381,8 +381,38 @@ func TestContendedKeyIsPaced(t *testing.T) {
 	if f.rec.n[EventPaced].Load() != 1 {
 		t.Fatalf("paced events %d, want 1", f.rec.n[EventPaced].Load())
 	}
+	// The pace is over and a check was refused meanwhile: the key is still over-offered, so
+	// its next call goes in the background and the check that found the lease empty is
+	// refused from memory rather than waiting on the store.
 	f.clk.Advance(3 * time.Millisecond)
-	if res := f.take(s, r); res.Granted != 1 || calls.Load() != 2 {
-		t.Fatalf("after the pace: %+v calls %d, want a call", res, calls.Load())
+	if res := f.take(s, r); res.Source != bucket.SourceRefusalCache || res.RetryAfter != refillWait {
+		t.Fatalf("after the pace: %+v, want refused from memory while the refill is in flight", res)
+	}
+	s.settle()
+	if calls.Load() != 2 || f.rec.n[EventRefill].Load() != 1 {
+		t.Fatalf("calls %d, refills %d, want one background call", calls.Load(), f.rec.n[EventRefill].Load())
+	}
+	// It was granted half again: contended, paced anew; what it got is spent first.
+	if res := f.take(s, r); res.Source != bucket.SourceLease || res.Granted != 1 {
+		t.Fatalf("after the refill: %+v, want served from the lease", res)
+	}
+}
+
+// A client that waits out the pace (no check refused by pacing since the last call) is
+// not refused for a background refill: its check calls in the foreground, as a client
+// retrying after its Retry-After expects.
+func TestContendedKeyAfterAQuietPace(t *testing.T) {
+	f := newFixture(t, nil)
+	f.peers.Store(3)
+	partial := func(r *bucket.Request) (bucket.Result, error) {
+		return bucket.Result{Granted: r.Want / 2, Source: bucket.SourceRedis}, nil
+	}
+	next, calls := script(partial)
+	s := f.store(next, func(c *Config) { c.BusyHits = 1; c.Window = time.Second; c.LeaseTTL = 2 * time.Second }, hooks{})
+	r := req("k", 1000, 1000, 1)
+	f.take(s, r) // batch 2, granted 1, spent: paced for 3ms
+	f.clk.Advance(3 * time.Millisecond)
+	if res := f.take(s, r); res.Granted != 1 || res.Source == bucket.SourceRefusalCache || calls.Load() != 2 {
+		t.Fatalf("after a quiet pace: %+v calls %d, want a foreground call granting 1", res, calls.Load())
 	}
 }

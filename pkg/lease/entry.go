@@ -40,6 +40,8 @@ type entry struct {
 	slowAsk, slowPrev int64
 	refillAfter       int64 // no background refill before this (back-off after a failure)
 	pacedUntil        int64 // contended: no call for this key before this (see pace)
+	contended         bool  // the last lease call was granted less than it asked (see pace)
+	pacedRefused      bool  // a check was refused by pacing since the last lease call
 	refusedUntil      int64 // refusal cache: the next store cannot give refusedMin tokens
 	refusedMin        int64 // before refusedUntil
 	limiting          int   // the bucket view from the last answer of the next store
@@ -189,7 +191,7 @@ func (e *entry) dropLease() int64 {
 	e.cur, e.nxt = 0, 0
 	e.refusedUntil, e.refusedMin = 0, 0
 	e.remaining, e.resetAt, e.limiting = 0, 0, 0
-	e.refillAfter, e.pacedUntil = 0, 0
+	e.refillAfter, e.pacedUntil, e.contended, e.pacedRefused = 0, 0, false, false
 	return d
 }
 
@@ -265,6 +267,18 @@ func (e *entry) observe(req *bucket.Request, res bucket.Result, start int64) {
 // next call rather than overflow: pacing errs under only by what is still in the bucket or
 // held. Checks that find the lease empty while paced are refused from memory
 // (Source = refusal-cache, RetryAfter = the time left). Capped at Window.
+//
+// When the pace is over and the lease is empty, and pacing refused a check meanwhile (the
+// key is still offered more than it gets), the next call goes in the background
+// (Store.refillsContended): the check that finds it so, and those arriving while the call
+// is in flight, are refused from memory too (RetryAfter = refillWait), so no check for a
+// key offered over its limit waits on the store. This errs under by those few checks,
+// which the bucket might have granted: the tokens are not lost, the call collects them for
+// the checks after it. A client that waited out its Retry-After, with no check refused by
+// pacing since, is not refused so: its check calls in the foreground as any other. Once a
+// call is granted all it asked for, the key is no longer contended; a refill that cannot
+// be queued ends the contention too, so the next check calls in the foreground (and sees
+// a failing store's error).
 func pace(limits []bucket.Limit, batch int64, peers int, window time.Duration) int64 {
 	r := limits[0].Rate
 	for _, l := range limits[1:] {
@@ -272,6 +286,15 @@ func pace(limits []bucket.Limit, batch int64, peers int, window time.Duration) i
 	}
 	p := float64(max(peers, 1)) * float64(batch) / (2 * r) * 1e9
 	return int64(min(p, float64(window)))
+}
+
+// setContended records whether a lease call sent at start asking want tokens under limits
+// got less (contended) and, if so, paces the key.
+func (e *entry) setContended(contended bool, start int64, limits []bucket.Limit, want int64, peers int, window time.Duration) {
+	e.contended, e.pacedRefused = contended, false
+	if contended {
+		e.pacedUntil = start + pace(limits, want, peers, window)
+	}
 }
 
 // refused reports whether the refusal cache answers a check needing min tokens at now.

@@ -26,7 +26,9 @@
 //     Those tokens wait in the bucket for the next call; they are lost only if the bucket
 //     fills meanwhile (a burst under ~100 ms of the rate). This is what keeps a key offered
 //     at or above its limit at a few calls per hundred admitted checks instead of one call
-//     per token or two.
+//     per token or two. While checks keep being refused so, the call after the pace goes
+//     in the background and the checks in its round trip are refused from memory too, so
+//     no check for such a key waits on the next store (see pace).
 //
 // # Batch size
 //
@@ -336,7 +338,22 @@ func (s *Store) refresh(e *entry, req *bucket.Request, now int64) {
 // inMemory reports whether fromMemory would answer req. Called with e's shard lock held.
 func (s *Store) inMemory(e *entry, req *bucket.Request, now int64) bool {
 	min := req.MinGrant()
-	return e.held() >= min || e.refused(now, min) || now < e.pacedUntil
+	return e.held() >= min || e.refused(now, min) || now < e.pacedUntil || s.refillsContended(e, now)
+}
+
+// refillsContended reports whether a check for a contended key, refused by pacing since
+// its last call, that finds its lease empty and its pace over is answered from memory while
+// a background refill is in flight, rather than waiting on a call (see pace): true if such
+// a refill is in flight, or none is and one may be queued (no back-off after a failure).
+// Called with e's shard lock held.
+func (s *Store) refillsContended(e *entry, now int64) bool {
+	if !e.contended || !e.pacedRefused {
+		return false
+	}
+	if e.flight != nil {
+		return e.flight.bg
+	}
+	return now >= e.refillAfter
 }
 
 // fromMemory answers a counted check from the lease, the refusal cache or pacing, if one
@@ -352,11 +369,28 @@ func (s *Store) fromMemory(e *entry, req *bucket.Request, now int64) (res bucket
 		s.emit(EventRefusalHit, 0)
 		return e.refusalFromMemory(e.refusedUntil, now), true, false
 	case now < e.pacedUntil:
+		e.pacedRefused = true
 		s.emit(EventPaced, 0)
 		return e.refusalFromMemory(e.pacedUntil, now), true, false
+	case s.refillsContended(e, now):
+		// The pace is over and the lease empty: the refill goes in the background and the
+		// check is refused from memory, as it would have been a moment earlier, instead of
+		// waiting on the store (pace says which way this errs).
+		if e.flight == nil {
+			refill = s.enqueue(e)
+			if e.flight == nil { // not queued (the queue is full, or the Store closing)
+				e.contended = false // the next check calls in the foreground
+			}
+		}
+		s.emit(EventPaced, 0)
+		return e.refusalFromMemory(now+int64(refillWait), now), true, refill
 	}
 	return bucket.Result{}, false, false
 }
+
+// refillWait is the RetryAfter of a check refused while a contended key's refill is in
+// flight: the refill lands within a round trip to the store, whose length is not known.
+const refillWait = time.Millisecond
 
 // spend answers a check from the lease and queues a refill if it fell to half a batch
 // (with Config.SyncRefill it returns true instead: the caller runs s.refill(e) once it has
@@ -428,8 +462,8 @@ func (s *Store) call(ctx context.Context, sh *shard, e *entry, req *bucket.Reque
 	current := c.gen == e.gen && !e.gone
 	if current {
 		e.observe(&c.req, res, start)
-		if c.lease && res.Granted < c.req.Want {
-			e.pacedUntil = start + pace(c.req.Limits, c.req.Want, c.peers, s.cfg.Window)
+		if c.lease {
+			e.setContended(res.Granted < c.req.Want, start, c.req.Limits, c.req.Want, c.peers, s.cfg.Window)
 		}
 	}
 	if !c.lease || res.Granted == 0 {

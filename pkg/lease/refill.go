@@ -63,6 +63,7 @@ func (s *Store) refill(e *entry) {
 		}
 	}
 	if req == nil { // evicted, gone quiet, or no longer worth a lease
+		e.contended = false // so the next check calls in the foreground, not for this again
 		s.land(e, f)
 		sh.mu.Unlock()
 		s.landed()
@@ -89,9 +90,7 @@ func (s *Store) refill(e *entry) {
 		}
 	default:
 		e.observe(req, res, start)
-		if res.Granted < req.Want {
-			e.pacedUntil = start + pace(req.Limits, req.Want, peers, s.cfg.Window)
-		}
+		e.setContended(res.Granted < req.Want, start, req.Limits, req.Want, peers, s.cfg.Window)
 		if res.Granted > 0 {
 			s.emit(EventGranted, res.Granted)
 			e.add(res.Granted, start+ttl)
