@@ -88,7 +88,8 @@ rules:
 //	redis calls/check  Σ over the masters of INFO commandstats evalsha+eval calls / checks,
 //	                   closed loop (with store.pipeline on, several calls share a round trip)
 //	p50/p99/p99.9 ms   open loop
-//	answers by source  allot_enforcer_decisions_total by source, closed loop, % of checks
+//	answers by source  allot_enforcer_decisions_total by source, closed loop, % of checks;
+//	                   and the open loop's answers from redis (checks that waited on a call)
 //	lease expired      leased tokens dropped unspent / tokens granted to leases
 //	                   (allot_lease_tokens_total), closed loop
 //	refused            share of RLS answers OVER_LIMIT, closed loop
@@ -303,6 +304,13 @@ func (t *loadTarget) open(b *testing.B, c *testenv.Cluster, row *loadRow, rate f
 	row.OpenServerUsPerCheck = float64((s1.server - s0.server).Microseconds()) / float64(or.Calls)
 	if t.proc.http != "" {
 		row.Degraded += int64(s1.degraded() - s0.degraded())
+		row.OpenRedisPct = 100 * (s1.sources["redis"] - s0.sources["redis"]) / float64(or.Calls)
+		row.OpenLeaseEvents = map[string]float64{}
+		for ev, v := range s1.events {
+			if d := v - s0.events[ev]; d > 0 {
+				row.OpenLeaseEvents[ev] = 100 * d / float64(or.Calls)
+			}
+		}
 	}
 }
 
@@ -412,6 +420,7 @@ type sample struct {
 	redis                    int64
 	sources                  map[string]float64 // allot_enforcer_decisions_total by source
 	granted, expired         float64            // allot_lease_tokens_total
+	events                   map[string]float64 // allot_lease_events_total by event
 }
 
 // degraded is the answers not from the store: the fallback layer's and the fail modes'.
@@ -421,11 +430,12 @@ func (s sample) degraded() float64 {
 
 var (
 	decisionsRE = regexp.MustCompile(`(?m)^allot_enforcer_decisions_total\{[^}]*source="([^"]+)"[^}]*\} (\S+)`)
+	leaseEvRE   = regexp.MustCompile(`(?m)^allot_lease_events_total\{event="([^"]+)"\} (\S+)`)
 	leaseTokRE  = regexp.MustCompile(`(?m)^allot_lease_tokens_total\{event="(granted|expired)"\} (\S+)`)
 )
 
 func (p *serverProc) sample(b *testing.B, c *testenv.Cluster) sample {
-	s := sample{server: procCPU(b, p.cmd.Process.Pid), client: procCPU(b, os.Getpid()), sources: map[string]float64{}}
+	s := sample{server: procCPU(b, p.cmd.Process.Pid), client: procCPU(b, os.Getpid()), sources: map[string]float64{}, events: map[string]float64{}}
 	for _, m := range c.Masters() {
 		s.redis += scriptCalls(b, m)
 		s.redisCPU += redisCPU(b, m)
@@ -437,6 +447,10 @@ func (p *serverProc) sample(b *testing.B, c *testenv.Cluster) sample {
 	for _, m := range decisionsRE.FindAllSubmatch(raw, -1) {
 		v, _ := strconv.ParseFloat(string(m[2]), 64)
 		s.sources[string(m[1])] += v
+	}
+	for _, m := range leaseEvRE.FindAllSubmatch(raw, -1) {
+		v, _ := strconv.ParseFloat(string(m[2]), 64)
+		s.events[string(m[1])] = v
 	}
 	for _, m := range leaseTokRE.FindAllSubmatch(raw, -1) {
 		v, _ := strconv.ParseFloat(string(m[2]), 64)

@@ -31,12 +31,17 @@ type loadRow struct {
 	P99ms                float64            `json:"p99_ms"`
 	P999ms               float64            `json:"p999_ms"`
 	OpenServerUsPerCheck float64            `json:"open_server_us_per_check"`
+	// OpenRedisPct is the open loop's answers that waited on a call to Redis (source
+	// redis), % of its checks: the checks p99 can land on when they are near 1%.
+	OpenRedisPct float64 `json:"open_redis_pct"`
+	// OpenLeaseEvents is allot_lease_events_total by event in the open loop, % of its checks.
+	OpenLeaseEvents map[string]float64 `json:"open_lease_events_pct"`
 }
 
 func (r *loadRow) String() string {
-	return fmt.Sprintf("%.0f checks/s; server %.1f µs, redis %.1f µs, client %.1f µs per check; %.3f redis calls/check; open loop at %.0f/s p50 %.2f p99 %.2f p99.9 %.2f ms; sources %v; lease expired %.1f%%; refused %.1f%%; degraded %d",
+	return fmt.Sprintf("%.0f checks/s; server %.1f µs, redis %.1f µs, client %.1f µs per check; %.3f redis calls/check; open loop at %.0f/s p50 %.2f p99 %.2f p99.9 %.2f ms; sources %v; lease expired %.1f%%; refused %.1f%%; degraded %d; open loop: from redis %.2f%%, lease events %% %v",
 		r.ChecksPerSec, r.ServerUsPerCheck, r.RedisUsPerCheck, r.ClientUsPerCheck, r.RedisCallsPerCheck,
-		r.OpenRate, r.P50ms, r.P99ms, r.P999ms, r.Sources, r.LeaseExpiredPct, r.RefusedPct, r.Degraded)
+		r.OpenRate, r.P50ms, r.P99ms, r.P999ms, r.Sources, r.LeaseExpiredPct, r.RefusedPct, r.Degraded, r.OpenRedisPct, r.OpenLeaseEvents)
 }
 
 // loadReport is what `make bench-load` writes to bin/bench-load.json.
@@ -186,6 +191,11 @@ func (r *loadReport) table() string {
 		}
 		fmt.Fprintf(&sb, "| answers from %s %%, per round | %s | — | — |\n", s, strings.Join(per, ", "))
 	}
+	var open []string
+	for _, row := range a {
+		open = append(open, fmt.Sprintf("%.2f", row.OpenRedisPct))
+	}
+	fmt.Fprintf(&sb, "| open loop: answers from redis %%, per round | %s | — | — |\n", strings.Join(open, ", "))
 	var deg []string
 	for _, row := range a {
 		deg = append(deg, fmt.Sprint(row.Degraded))
