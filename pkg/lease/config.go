@@ -34,10 +34,11 @@ type Config struct {
 
 	// QuietTTL is how long a quiet lease's tokens may be spent (see "Quiet keys" in the
 	// package comment), and the period over which a key's slow demand is measured: a key
-	// seen a few times a second is leased its own demand over one QuietTTL, so it costs
-	// about one call per QuietTTL instead of one per check. It changes how long a quiet
-	// lease's tokens may stay stranded, not how many: a quiet batch is capped at a quarter
-	// of LeaseTTL's worth of the limit per enforcer. Must be >= LeaseTTL. Default 30s.
+	// seen at least twice per QuietTTL is leased its own demand over one QuietTTL, so it
+	// costs about one call per QuietTTL, in the background, instead of one per check in
+	// the foreground. It changes how long a quiet lease's tokens may stay stranded, not
+	// how many: a quiet batch is capped at a quarter of LeaseTTL's worth of the limit per
+	// enforcer. Must be >= LeaseTTL. Default 2m.
 	QuietTTL time.Duration
 
 	// Window is the slice of the limit one batch covers (rate × Window / N), and the period
@@ -88,7 +89,7 @@ func DefaultConfig() Config {
 	return Config{
 		Clock:         clock.Real(),
 		LeaseTTL:      time.Second,
-		QuietTTL:      30 * time.Second,
+		QuietTTL:      2 * time.Minute,
 		Window:        100 * time.Millisecond,
 		BusyHits:      3,
 		MaxKeys:       1 << 16,

@@ -57,7 +57,7 @@
 // A key seen less than BusyHits times a window would cost one call per check, and most
 // keys of a real population are such keys (a Zipf tail seen a few times a second or
 // less). A key far below its limits instead leases a batch sized to its own demand over
-// one QuietTTL (Q, Config.QuietTTL, 30 s), whose tokens may be spent for Q:
+// one QuietTTL (Q, Config.QuietTTL, 2 min), whose tokens may be spent for Q:
 //
 //	prev  = tokens this enforcer was asked for the key over the last whole Q
 //	a, t  = tokens asked so far in the current Q, and for how long it has run
