@@ -357,17 +357,23 @@ func TestPace(t *testing.T) {
 	}
 }
 
-// A lease call the bucket could not fill marks the key contended: this enforcer makes no
-// further call for it until the pace has passed, and checks that find the lease empty
-// meanwhile are refused from memory.
-func TestContendedKeyIsPaced(t *testing.T) {
+// contendedFixture is a Store, 3 peers, whose next store grants every call half what it
+// asks, with calls counted.
+func contendedFixture(t *testing.T) (*fixture, *Store, *atomic.Int64) {
 	f := newFixture(t, nil)
 	f.peers.Store(3)
 	partial := func(r *bucket.Request) (bucket.Result, error) {
 		return bucket.Result{Granted: r.Want / 2, Source: bucket.SourceRedis}, nil
 	}
 	next, calls := script(partial)
-	s := f.store(next, func(c *Config) { c.BusyHits = 1; c.Window = time.Second; c.LeaseTTL = 2 * time.Second }, hooks{})
+	return f, f.store(next, func(c *Config) { c.BusyHits = 1; c.Window = time.Second; c.LeaseTTL = 2 * time.Second }, hooks{}), calls
+}
+
+// A lease call the bucket could not fill marks the key contended: this enforcer makes no
+// further call for it until the pace has passed, and checks that find the lease empty
+// meanwhile are refused from memory.
+func TestContendedKeyIsPaced(t *testing.T) {
+	f, s, calls := contendedFixture(t)
 	r := req("k", 1000, 1000, 1)
 	// Demand 1 → batch 2 → granted 1: spent by this check.
 	if res := f.take(s, r); res.Granted != 1 || calls.Load() != 1 {
@@ -402,13 +408,7 @@ func TestContendedKeyIsPaced(t *testing.T) {
 // not refused for a background refill: its check calls in the foreground, as a client
 // retrying after its Retry-After expects.
 func TestContendedKeyAfterAQuietPace(t *testing.T) {
-	f := newFixture(t, nil)
-	f.peers.Store(3)
-	partial := func(r *bucket.Request) (bucket.Result, error) {
-		return bucket.Result{Granted: r.Want / 2, Source: bucket.SourceRedis}, nil
-	}
-	next, calls := script(partial)
-	s := f.store(next, func(c *Config) { c.BusyHits = 1; c.Window = time.Second; c.LeaseTTL = 2 * time.Second }, hooks{})
+	f, s, calls := contendedFixture(t)
 	r := req("k", 1000, 1000, 1)
 	f.take(s, r) // batch 2, granted 1, spent: paced for 3ms
 	f.clk.Advance(3 * time.Millisecond)
