@@ -31,16 +31,17 @@ import (
 
 // The workload of BenchmarkEnforcerRLS.
 const (
-	loadKeys     = 10_000 // distinct API keys
-	loadZipfS    = 1.1    // Zipf exponent: key k (0-based) is drawn ∝ (k+1)^-1.1
-	loadRate     = 500    // every key's limit: 500 a second, bursts of 500
-	loadCallers  = 64     // concurrent callers in the closed loop
-	loadConns    = 4      // gRPC connections the callers share (as a few Envoys would)
-	loadClosed   = 10 * time.Second
-	loadWarm     = 5 * time.Second // the same closed loop, before it, not measured
-	loadOpen     = 10 * time.Second
-	loadOpenWarm = 3 * time.Second // the same open loop, before it, not measured
-	loadMax      = 2_000_000       // bound on calls per phase
+	loadKeys      = 10_000 // distinct API keys
+	loadZipfS     = 1.1    // Zipf exponent: key k (0-based) is drawn ∝ (k+1)^-1.1
+	loadRate      = 500    // every key's limit: 500 a second, bursts of 500
+	loadCallers   = 64     // concurrent callers in the closed loop
+	loadConns     = 4      // gRPC connections the callers share (as a few Envoys would)
+	loadClosed    = 10 * time.Second
+	loadWarm      = 5 * time.Second // the same closed loop, before it, not measured
+	loadOpen      = 10 * time.Second
+	loadOpenWarm  = 3 * time.Second  // the same open loop, before it, not measured
+	loadStartWarm = 15 * time.Second // each target once, before the rounds
+	loadMax       = 2_000_000        // bound on calls per phase
 )
 
 const loadRules = `
@@ -69,6 +70,10 @@ rules:
 // few times a second or less is what a real API key population looks like, and it is the
 // hard part for a lease design: there is nothing to batch.
 //
+// Before the rounds each target runs the closed loop for 15 s, not measured: connections,
+// the script cache, both Go runtimes, and allot's key table (a new enforcer calls Redis for
+// each key it sees for the first time; round 1 used to measure that, not a running one).
+//
 // Rounds (ALLOT_BENCH_ROUNDS, default 3). Each round runs, for the null server and allot in
 // turn (the order alternates between rounds, so neither always runs on a warmer or a
 // quieter machine): a closed loop of 64 callers on 4 connections for 10 s (maximum
@@ -96,6 +101,12 @@ rules:
 //	                   (allot_lease_tokens_total), closed loop
 //	refused            share of RLS answers OVER_LIMIT, closed loop
 //
+// Ratios: the table's last column is the ratio of the two medians; for checks/s, server
+// CPU and p99 it also gives each round's ratio and their median, the paired estimate (the
+// two targets ran a minute apart, while the machine's speed moves by more than that between
+// rounds), which the verdicts read. It also gives the share of the machine's CPU the
+// hypervisor stole in each closed loop (/proc/stat).
+//
 // The benchmark FAILS if any answer of either phase came from the fallback layer or from a
 // fail mode (sources fallback, fail-open, fail-closed): the cluster is healthy throughout,
 // and a local answer then loosens or tightens a limit for no reason (issue 8, part 1).
@@ -103,7 +114,9 @@ rules:
 // ALLOT_BENCH_LOG=1 prints the enforcer's log (warn and above: breaker transitions) at
 // the end. ALLOT_BENCH_BIN runs a prebuilt enforcer instead of building ./cmd/enforcer;
 // ALLOT_BENCH_ARGS adds flags to it (e.g. "-fallback-timeout 50ms"); ALLOT_BENCH_PROFILE
-// writes a 5 s CPU profile of the enforcer taken during the first round's closed loop.
+// writes a 5 s CPU profile of the enforcer taken during the first round's closed loop;
+// ALLOT_BENCH_TRACE a 3 s execution trace of it during the first open loop (`go tool trace
+// -pprof=sched` tells where its goroutines waited to run).
 //
 // Pinning: ALLOT_BENCH_SERVER_CPUS and ALLOT_BENCH_CLIENT_CPUS (taskset lists such as "1"
 // and "0") pin the servers and this process; unset, nothing is pinned and the servers, the
@@ -155,8 +168,11 @@ func BenchmarkEnforcerRLS(b *testing.B) {
 	keys := func(w int) *loadgen.Keys { return loadgen.NewKeys(loadKeys, loadZipfS, uint64(w+1)) }
 	for _, t := range targets {
 		t.connect(b, reqs)
-		// Warm up: connections, the script cache, the Go runtime of both processes.
-		loadgen.ClosedLoop(ctx, loadCallers, time.Second, loadMax, keys, t.check)
+		// Warm up: connections, the script cache, the Go runtime of both processes, and
+		// allot's key table: a new enforcer's first seconds call Redis for each of the
+		// 10,000 keys as it first sees them (a quiet key is leased on its second check), and
+		// round 1 measured that, not a running enforcer.
+		loadgen.ClosedLoop(ctx, loadCallers, loadStartWarm, loadMax, keys, t.check)
 	}
 
 	enforcer := "built from the tree at commit"
@@ -197,9 +213,8 @@ func BenchmarkEnforcerRLS(b *testing.B) {
 		}
 	}
 	a := report.medians("allot")
-	n := report.medians("null")
 	b.ReportMetric(a.ChecksPerSec, "checks/s")
-	b.ReportMetric(a.ChecksPerSec/n.ChecksPerSec, "×null-checks/s")
+	b.ReportMetric(report.pairedRatio(func(r *loadRow) float64 { return r.ChecksPerSec }), "×null-checks/s")
 	b.ReportMetric(a.ServerUsPerCheck, "server-µs/check")
 	b.ReportMetric(a.RedisCallsPerCheck, "redis-calls/check")
 	b.ReportMetric(a.P99ms, "p99-ms")
@@ -218,6 +233,7 @@ type loadTarget struct {
 	clients []rlsv3.RateLimitServiceClient
 	reqs    []*rlsv3.RateLimitRequest
 	refused atomicCount
+	traced  bool // ALLOT_BENCH_TRACE: the first open loop's trace was taken
 }
 
 func (t *loadTarget) connect(b *testing.B, reqs []*rlsv3.RateLimitRequest) {
@@ -271,6 +287,7 @@ func (t *loadTarget) closed(b *testing.B, c *testenv.Cluster, keys func(int) *lo
 		ClientUsPerCheck:   float64((s1.client - s0.client).Microseconds()) / n,
 		RedisCallsPerCheck: float64(s1.redis-s0.redis) / n,
 		RefusedPct:         100 * float64(t.refused.load()) / n,
+		StealPct:           100 * float64(s1.steal-s0.steal) / float64(max(s1.total-s0.total, 1)),
 		Sources:            map[string]float64{},
 	}
 	if t.proc.http != "" { // the null server has no redis, metrics or sources
@@ -305,6 +322,14 @@ func (t *loadTarget) open(b *testing.B, c *testenv.Cluster, row *loadRow, rate f
 	if t.proc.http != "" {
 		row.Degraded += int64(s0.degraded() - w0.degraded())
 	}
+	traced := make(chan struct{})
+	if path := os.Getenv("ALLOT_BENCH_TRACE"); path != "" && t.proc.http != "" && !t.traced {
+		t.traced = true
+		go func() { defer close(traced); t.proc.fetch(b, "trace?seconds=3", path) }()
+	} else {
+		close(traced)
+	}
+	defer func() { <-traced }()
 	or, err := loadgen.OpenLoop(context.Background(), rate, loadOpen, loadCallers, loadgen.NewKeys(loadKeys, loadZipfS, 99), t.check)
 	if err != nil {
 		b.Fatal(err)
@@ -436,6 +461,7 @@ type sample struct {
 	sources                  map[string]float64 // allot_enforcer_decisions_total by source
 	granted, expired         float64            // allot_lease_tokens_total
 	events                   map[string]float64 // allot_lease_events_total by event
+	steal, total             int64              // /proc/stat: the machine's stolen and all CPU ticks
 }
 
 // degraded is the answers not from the store: the fallback layer's and the fail modes'.
@@ -451,6 +477,7 @@ var (
 
 func (p *serverProc) sample(b *testing.B, c *testenv.Cluster) sample {
 	s := sample{server: procCPU(b, p.cmd.Process.Pid), client: procCPU(b, os.Getpid()), sources: map[string]float64{}, events: map[string]float64{}}
+	s.steal, s.total = stealTicks()
 	for _, m := range c.Masters() {
 		s.redis += scriptCalls(b, m)
 		s.redisCPU += redisCPU(b, m)
@@ -476,6 +503,30 @@ func (p *serverProc) sample(b *testing.B, c *testenv.Cluster) sample {
 		}
 	}
 	return s
+}
+
+// stealTicks is the machine's CPU time stolen by its hypervisor and its CPU time in all,
+// in ticks (the first line of /proc/stat: user nice system idle iowait irq softirq steal
+// ...); 0, 0 where it cannot be read. A phase with much stolen time ran on a slower
+// machine than its neighbour.
+func stealTicks() (steal, total int64) {
+	raw, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0, 0
+	}
+	line, _, _ := strings.Cut(string(raw), "\n")
+	f := strings.Fields(line)
+	if len(f) < 9 || f[0] != "cpu" {
+		return 0, 0
+	}
+	for i, v := range f[1:9] {
+		n, _ := strconv.ParseInt(v, 10, 64)
+		total += n
+		if i == 7 {
+			steal = n
+		}
+	}
+	return steal, total
 }
 
 // procCPU is utime+stime of pid, from /proc/PID/stat (fields 14 and 15, in clock ticks of
@@ -542,8 +593,11 @@ func redisCPU(b *testing.B, n *testenv.Node) time.Duration {
 // profile takes a 5 s CPU profile of the enforcer (run while the closed loop runs) and
 // writes it to path (ALLOT_BENCH_PROFILE), for `go tool pprof`. Errors are logged: a
 // missing profile must not fail the measurement.
-func (p *serverProc) profile(b *testing.B, path string) {
-	resp, err := http.Get("http://" + p.http + "/debug/pprof/profile?seconds=5")
+func (p *serverProc) profile(b *testing.B, path string) { p.fetch(b, "profile?seconds=5", path) }
+
+// fetch writes /debug/pprof/<what> of the enforcer to path; errors are logged.
+func (p *serverProc) fetch(b *testing.B, what, path string) {
+	resp, err := http.Get("http://" + p.http + "/debug/pprof/" + what)
 	if err != nil {
 		b.Logf("pprof: %v", err)
 		return

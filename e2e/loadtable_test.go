@@ -23,6 +23,7 @@ type loadRow struct {
 	ClientUsPerCheck     float64            `json:"client_us_per_check"`
 	RedisCallsPerCheck   float64            `json:"redis_calls_per_check"`
 	RefusedPct           float64            `json:"refused_pct"`
+	StealPct             float64            `json:"steal_pct"`         // the machine's CPU stolen by its hypervisor, closed loop
 	Sources              map[string]float64 `json:"sources_pct"`       // % of checks by source
 	LeaseExpiredPct      float64            `json:"lease_expired_pct"` // % of granted tokens
 	Degraded             int64              `json:"degraded_answers"`  // fallback + fail modes, both phases
@@ -107,13 +108,32 @@ func (r *loadReport) rows(target string) []*loadRow {
 }
 
 // stat is the median and range of a figure over the rounds.
-func stat(rows []*loadRow, get func(*loadRow) float64) (med, lo, hi float64) {
-	if len(rows) == 0 {
-		return 0, 0, 0
+// pairedRatio is the median over the rounds of allot's figure over the null server's in
+// the same round (0 if there is none).
+func (r *loadReport) pairedRatio(get func(*loadRow) float64) float64 {
+	a, n := r.rows("allot"), r.rows("null")
+	var ratios []float64
+	for i := range min(len(a), len(n)) {
+		if d := get(n[i]); d != 0 {
+			ratios = append(ratios, get(a[i])/d)
+		}
 	}
+	med, _, _ := medianOf(ratios)
+	return med
+}
+
+func stat(rows []*loadRow, get func(*loadRow) float64) (med, lo, hi float64) {
 	v := make([]float64, len(rows))
 	for i, r := range rows {
 		v[i] = get(r)
+	}
+	return medianOf(v)
+}
+
+// medianOf is the median, least and greatest of v (sorted in place); zeros if v is empty.
+func medianOf(v []float64) (med, lo, hi float64) {
+	if len(v) == 0 {
+		return 0, 0, 0
 	}
 	slices.Sort(v)
 	med = v[len(v)/2]
@@ -166,6 +186,7 @@ func (r *loadReport) table() string {
 	}
 	// Ratios within each round: both targets ran minutes apart on the same machine, so these
 	// are steadier than the ratio of the medians when the machine's load moves.
+	// The last column is their median: the paired estimate, which this table's verdicts read.
 	for _, f := range []figure{loadFigures[0], loadFigures[1], loadFigures[7]} {
 		var per []string
 		for i := range min(len(a), len(n)) {
@@ -173,7 +194,7 @@ func (r *loadReport) table() string {
 				per = append(per, fmt.Sprintf("%.2f×", f.get(a[i])/d))
 			}
 		}
-		fmt.Fprintf(&sb, "| %s, allot / null per round | %s | — | — |\n", f.name, strings.Join(per, ", "))
+		fmt.Fprintf(&sb, "| %s, allot / null per round | %s | — | median %.2f× |\n", f.name, strings.Join(per, ", "), r.pairedRatio(f.get))
 	}
 	var srcs []string
 	for _, row := range a {
@@ -191,6 +212,11 @@ func (r *loadReport) table() string {
 		}
 		fmt.Fprintf(&sb, "| answers from %s %%, per round | %s | — | — |\n", s, strings.Join(per, ", "))
 	}
+	var steal []string
+	for i := range min(len(a), len(n)) {
+		steal = append(steal, fmt.Sprintf("%.1f / %.1f", a[i].StealPct, n[i].StealPct))
+	}
+	fmt.Fprintf(&sb, "| CPU stolen by the hypervisor %%, closed loop, allot / null per round | %s | — | — |\n", strings.Join(steal, ", "))
 	var open []string
 	for _, row := range a {
 		open = append(open, fmt.Sprintf("%.2f", row.OpenRedisPct))
