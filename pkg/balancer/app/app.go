@@ -252,14 +252,6 @@ func (a *App) Ready() error {
 	return nil
 }
 
-func (a *App) goFn(f func()) {
-	a.wg.Add(1)
-	go func() {
-		defer a.wg.Done()
-		f()
-	}()
-}
-
 // Run serves the report API and HTTP, keeps the rules sources running and campaigns; it
 // returns when ctx ends or a server fails, after a graceful Close.
 func (a *App) Run(ctx context.Context) error {
@@ -277,24 +269,24 @@ func (a *App) Run(ctx context.Context) error {
 	a.serving = true
 	a.mu.Unlock()
 	errc := make(chan error, 2)
-	a.goFn(func() {
+	a.wg.Go(func() {
 		if err := a.grpc.Serve(a.grpcL); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
 			errc <- fmt.Errorf("app: grpc serve: %w", err)
 		}
 	})
 	if a.httpL != nil {
-		a.goFn(func() {
+		a.wg.Go(func() {
 			if err := a.http.Serve(a.httpL); err != nil && !errors.Is(err, http.ErrServerClosed) {
 				errc <- fmt.Errorf("app: http serve: %w", err)
 			}
 		})
 	}
-	a.goFn(func() { a.dash.Run(a.ctx) })
+	a.wg.Go(func() { a.dash.Run(a.ctx) })
 	for _, f := range a.files {
-		a.goFn(func() { f.Run(a.ctx) })
+		a.wg.Go(func() { f.Run(a.ctx) })
 	}
 	for _, s := range a.srcs {
-		a.goFn(func() { s.Run(a.ctx) })
+		a.wg.Go(func() { s.Run(a.ctx) })
 	}
 	if err := a.svc.Start(); err != nil {
 		return errors.Join(err, a.Close())

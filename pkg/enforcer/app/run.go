@@ -17,14 +17,6 @@ import (
 // ErrClosed is returned by Run and Reload after Close.
 var ErrClosed = errors.New("app: closed")
 
-func (a *App) goFn(f func()) {
-	a.wg.Add(1)
-	go func() {
-		defer a.wg.Done()
-		f()
-	}()
-}
-
 // Run serves gRPC and HTTP, keeps the rules sources running, and returns when ctx ends
 // or a server fails, after a graceful Close (whose error it joins).
 func (a *App) Run(ctx context.Context) error {
@@ -43,24 +35,24 @@ func (a *App) Run(ctx context.Context) error {
 
 	errc := make(chan error, 2)
 	if a.grpcL != nil {
-		a.goFn(func() {
+		a.wg.Go(func() {
 			if err := a.grpc.Serve(a.grpcL); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
 				errc <- fmt.Errorf("app: grpc serve: %w", err)
 			}
 		})
 	}
 	if a.httpL != nil {
-		a.goFn(func() {
+		a.wg.Go(func() {
 			if err := a.http.Serve(a.httpL); err != nil && !errors.Is(err, http.ErrServerClosed) {
 				errc <- fmt.Errorf("app: http serve: %w", err)
 			}
 		})
 	}
 	if a.file != nil {
-		a.goFn(func() { a.file.Run(a.ctx) })
+		a.wg.Go(func() { a.file.Run(a.ctx) })
 	}
 	if src != nil {
-		a.goFn(func() { src.Run(a.ctx) })
+		a.wg.Go(func() { src.Run(a.ctx) })
 	}
 	if a.sharesW != nil {
 		if err := a.sharesW.Start(); err != nil { // only after Close, which Run checked
