@@ -25,6 +25,8 @@ import (
 //   - steady: the closed loop's rate without a pause, measured over three 10 s windows
 //     after 20 s.
 //
+// Run it with:
+//
 //	go test -run '^$' -bench ZipfMix -benchtime 1x ./pkg/lease/
 func BenchmarkZipfMix(b *testing.B) {
 	for _, sched := range []string{"bench", "steady"} {
