@@ -9,6 +9,7 @@ import (
 	"runtime"
 	"syscall"
 
+	"github.com/allot-dev/allot/pkg/enforcer/app"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
 )
@@ -31,7 +32,8 @@ func init() {
 }
 
 // nullRLS is the floor the enforcer is measured against: an Envoy RLS server over the same
-// gRPC stack (grpc-go, the same generated code, the transport options of cmd/enforcer)
+// gRPC stack (grpc-go, the same generated code, the transport options and GC target of
+// cmd/enforcer)
 // that answers every request OK and does nothing else — no validation, no matching, no
 // store, no metrics. It builds one response per call, as any server must.
 type nullRLS struct {
@@ -47,8 +49,11 @@ func serveNullRLS(addr string) error {
 	if err != nil {
 		return err
 	}
-	// The transport options of cmd/enforcer (pkg/enforcer/app listen), so the floor is the
-	// same gRPC server, not a differently tuned one.
+	// The runtime settings and transport options of cmd/enforcer (app.ApplyRuntime, and
+	// pkg/enforcer/app listen), so the floor is the same gRPC server in the same Go
+	// runtime, not a differently tuned one.
+	cfg := app.DefaultConfig()
+	app.ApplyRuntime(&cfg, os.Getenv)
 	s := grpc.NewServer(
 		grpc.MaxRecvMsgSize(64<<10),
 		grpc.MaxConcurrentStreams(1024),

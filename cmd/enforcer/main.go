@@ -39,6 +39,7 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 	log := hclog.New(&hclog.LoggerOptions{
 		Name: "enforcer", Level: hclog.LevelFromString(cfg.LogLevel), JSONFormat: cfg.LogJSON, Output: stderr,
 	})
+	log.Info("go runtime", "gc", app.ApplyRuntime(&cfg, getenv))
 	a, err := app.New(cfg, log)
 	if err != nil {
 		log.Error("could not start", "error", err)
