@@ -21,15 +21,59 @@ import (
 // leaderStub is a balancer leader that keeps the reports it is sent.
 type leaderStub struct {
 	allotv1.UnimplementedBalancerServer
-	mu  sync.Mutex // mu guards got
-	got []*allotv1.ReportRequest
+	more chan struct{} // a report arrived since the last await looked (capacity 1)
+	mu   sync.Mutex    // mu guards got
+	got  []*allotv1.ReportRequest
+}
+
+// serveStub serves a leaderStub on a loopback port until the test ends.
+func serveStub(t *testing.T) (*leaderStub, string) {
+	t.Helper()
+	stub := &leaderStub{more: make(chan struct{}, 1)}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer()
+	allotv1.RegisterBalancerServer(srv, stub)
+	go func() { _ = srv.Serve(lis) }()
+	t.Cleanup(srv.Stop)
+	return stub, lis.Addr().String()
 }
 
 func (l *leaderStub) Report(_ context.Context, r *allotv1.ReportRequest) (*allotv1.ReportResponse, error) {
 	l.mu.Lock()
-	defer l.mu.Unlock()
 	l.got = append(l.got, r)
+	l.mu.Unlock()
+	select {
+	case l.more <- struct{}{}:
+	default: // a signal is pending already
+	}
 	return &allotv1.ReportResponse{Accepted: true}, nil
+}
+
+// await returns the first report usage that match accepts, waiting for reports to arrive
+// (no polling: each report signals); it fails the test after within.
+func (l *leaderStub) await(t *testing.T, within time.Duration, what string, match func(*allotv1.ReportRequest, *allotv1.IdentityUsage) bool) (*allotv1.ReportRequest, *allotv1.IdentityUsage) {
+	t.Helper()
+	deadline := time.After(within)
+	for {
+		l.mu.Lock()
+		for _, r := range l.got {
+			for _, u := range r.Usage {
+				if match(r, u) {
+					l.mu.Unlock()
+					return r, u
+				}
+			}
+		}
+		l.mu.Unlock()
+		select {
+		case <-l.more:
+		case <-deadline:
+			t.Fatalf("no report with %s within %v", what, within)
+		}
+	}
 }
 
 // TestUsageReportsReachTheLeader: with balancer.enabled an enforcer finds the leader
@@ -40,15 +84,7 @@ func TestUsageReportsReachTheLeader(t *testing.T) {
 	etcd := testenv.Etcd(t, 1)
 	cli := etcd.Client(t)
 
-	stub := &leaderStub{}
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := grpc.NewServer()
-	allotv1.RegisterBalancerServer(srv, stub)
-	go func() { _ = srv.Serve(lis) }()
-	t.Cleanup(srv.Stop)
+	stub, addr := serveStub(t)
 
 	const prefix = "/usage-test/election"
 	sess, err := concurrency.NewSession(cli, concurrency.WithTTL(5))
@@ -58,7 +94,7 @@ func TestUsageReportsReachTheLeader(t *testing.T) {
 	t.Cleanup(func() { _ = sess.Close() })
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if err := concurrency.NewElection(sess, prefix).Campaign(ctx, lis.Addr().String()); err != nil {
+	if err := concurrency.NewElection(sess, prefix).Campaign(ctx, addr); err != nil {
 		t.Fatal(err)
 	}
 
@@ -84,47 +120,21 @@ func TestUsageReportsReachTheLeader(t *testing.T) {
 		}
 	}
 
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		stub.mu.Lock()
-		var found *allotv1.IdentityUsage
-		var rep *allotv1.ReportRequest
-		for _, r := range stub.got {
-			for _, u := range r.Usage {
-				if u.Identity == "key:k_busy" {
-					found, rep = u, r
-				}
-			}
-		}
-		stub.mu.Unlock()
-		if found != nil {
-			if rep.Region != "us-east" || rep.EnforcerId != "us-east-1" {
-				t.Fatalf("report from %q/%q, want us-east/us-east-1", rep.Region, rep.EnforcerId)
-			}
-			if found.Admitted != 10 || found.Refused != 20 || found.Rule != "default" {
-				t.Fatalf("usage %+v, want rule default, 10 admitted, 20 refused", found)
-			}
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("no report with key:k_busy reached the leader within 10 s")
-		}
-		time.Sleep(50 * time.Millisecond) // bounded poll of a real network path
+	rep, found := stub.await(t, 10*time.Second, "key:k_busy reaching the leader", func(_ *allotv1.ReportRequest, u *allotv1.IdentityUsage) bool {
+		return u.Identity == "key:k_busy"
+	})
+	if rep.Region != "us-east" || rep.EnforcerId != "us-east-1" {
+		t.Fatalf("report from %q/%q, want us-east/us-east-1", rep.Region, rep.EnforcerId)
+	}
+	if found.Admitted != 10 || found.Refused != 20 || found.Rule != "default" {
+		t.Fatalf("usage %+v, want rule default, 10 admitted, 20 refused", found)
 	}
 }
 
 // TestUsageReportsToBalancerAddrs: with balancer.addrs the enforcer needs no etcd to find
 // the balancer: its reports go to the listed replica that accepts (past a dead one).
 func TestUsageReportsToBalancerAddrs(t *testing.T) {
-	stub := &leaderStub{}
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := grpc.NewServer()
-	allotv1.RegisterBalancerServer(srv, stub)
-	go func() { _ = srv.Serve(lis) }()
-	t.Cleanup(srv.Stop)
+	stub, addr := serveStub(t)
 	deadLis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -140,7 +150,7 @@ func TestUsageReportsToBalancerAddrs(t *testing.T) {
 	}
 	cfg.Listen.GRPC, cfg.Listen.HTTP = "127.0.0.1:0", "127.0.0.1:0"
 	cfg.Balancer.Enabled, cfg.Balancer.Interval = true, time.Second
-	cfg.Balancer.Addrs = []string{dead, lis.Addr().String()}
+	cfg.Balancer.Addrs = []string{dead, addr}
 	a, err := New(cfg, hclog.New(&hclog.LoggerOptions{Output: tWriter{t}, Level: hclog.Warn}))
 	if err != nil {
 		t.Fatal(err)
@@ -151,22 +161,7 @@ func TestUsageReportsToBalancerAddrs(t *testing.T) {
 	if _, err := a.Enforcer().Check(ctx, &enforcer.Request{Attrs: rules.Attrs{APIKey: "k_listed"}}); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		stub.mu.Lock()
-		found := false
-		for _, r := range stub.got {
-			for _, u := range r.Usage {
-				found = found || (u.Identity == "key:k_listed" && r.Region == "eu-west")
-			}
-		}
-		stub.mu.Unlock()
-		if found {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("no report with key:k_listed reached the listed balancer within 10 s")
-		}
-		time.Sleep(50 * time.Millisecond) // bounded poll of a real network path
-	}
+	stub.await(t, 10*time.Second, "key:k_listed reaching the listed balancer", func(r *allotv1.ReportRequest, u *allotv1.IdentityUsage) bool {
+		return u.Identity == "key:k_listed" && r.Region == "eu-west"
+	})
 }
