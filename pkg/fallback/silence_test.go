@@ -15,6 +15,23 @@ func newSilenceHarness(t *testing.T) *harness {
 	return newHarness(t, func(c *Config) { c.AllSilentFor = DefaultAllSilentFor })
 }
 
+// hangWhileAnswered makes a check for key hung that gets no reply, then, 1 ms later, one
+// for key ok that Redis answers, and lets the first run to ReplyTimeout; it returns once
+// the first is done.
+func (h *harness) hangWhileAnswered(t *testing.T, hung, ok string) {
+	t.Helper()
+	h.next.set(hung, hang)
+	out := h.takeAsync(req(hung, 100, 100))
+	h.waitEntered(t)
+	h.waitTimers(t, 2)
+	h.clk.Advance(time.Millisecond)
+	if res := h.take(t, req(ok, 100, 100)); res.Source != bucket.SourceRedis {
+		t.Fatalf("healthy key %s: %v", ok, res.Source)
+	}
+	h.clk.Advance(DefaultReplyTimeout)
+	<-out
+}
+
 // hangRound makes one check on each of shards, all hanging, and lets their calls run to
 // ReplyTimeout; it returns once every call is done.
 func (h *harness) hangRound(t *testing.T, shards ...string) {
@@ -43,16 +60,7 @@ func TestSilentShardWhilePeersAnswerTrips(t *testing.T) {
 	h := newSilenceHarness(t)
 	h.prime(t, "a")
 	h.prime(t, "b")
-	h.next.set("a", hang)
-	out := h.takeAsync(req("a:k", 100, 100))
-	h.waitEntered(t)
-	h.waitTimers(t, 2)
-	h.clk.Advance(time.Millisecond)
-	if res := h.take(t, req("b:k", 100, 100)); res.Source != bucket.SourceRedis {
-		t.Fatalf("healthy shard b: %v", res.Source)
-	}
-	h.clk.Advance(DefaultReplyTimeout)
-	<-out
+	h.hangWhileAnswered(t, "a:k", "b:k")
 	h.eventually(t, "a open at ReplyTimeout", func() bool { return h.s.State("a") == Open })
 	if st := h.s.State("b"); st != Closed {
 		t.Fatalf("b: %v, want closed", st)

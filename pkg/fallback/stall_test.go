@@ -79,16 +79,7 @@ func TestStallAcrossDeadlineDoesNotTrip(t *testing.T) {
 // breaker when the shard answered a call sent after it.
 func TestAliveShardAnsweredAfterMissingReply(t *testing.T) {
 	h := newHarness(t, nil)
-	h.next.set("a:stuck", hang)
-	out := h.takeAsync(req("a:stuck", 100, 100))
-	h.waitEntered(t)
-	h.waitTimers(t, 2)
-	h.clk.Advance(time.Millisecond)
-	if res := h.take(t, req("a:ok", 100, 100)); res.Source != bucket.SourceRedis {
-		t.Fatalf("healthy key: %v", res.Source)
-	}
-	h.clk.Advance(DefaultReplyTimeout)
-	<-out
+	h.hangWhileAnswered(t, "a:stuck", "a:ok")
 	h.eventually(t, "call done", func() bool { return h.s.breakerFor("a:").inFlight.Load() == 0 })
 	if st := h.s.State("a"); st != Closed {
 		t.Fatalf("one lost reply on a shard answering others opened it: %v", st)

@@ -196,8 +196,7 @@ func newReply(n int) *reply {
 	return r
 }
 
-// describe states d in status i as Envoy expects. The limit is given in the largest unit
-// in which its rate is at least one whole request, rounded down.
+// describe states d in status i as Envoy expects (the limit as setCurrentLimit says it).
 func (r *reply) describe(i int, d *enforcer.Decision) {
 	st := r.resp.Statuses[i]
 	if !d.Allowed {
