@@ -117,7 +117,9 @@ rules:
 // ALLOT_BENCH_ARGS adds flags to it (e.g. "-fallback-timeout 50ms"); ALLOT_BENCH_PROFILE
 // writes a 5 s CPU profile of the enforcer taken during the first round's closed loop;
 // ALLOT_BENCH_TRACE a 3 s execution trace of it during the first open loop (`go tool trace
-// -pprof=sched` tells where its goroutines waited to run).
+// -pprof=sched` tells where its goroutines waited to run); ALLOT_BENCH_GODEBUG is given to
+// both servers as GODEBUG (e.g. "gctrace=1": with ALLOT_BENCH_LOG=1 the enforcer's GC
+// cycles are printed, live heap and mark time).
 //
 // Pinning: ALLOT_BENCH_SERVER_CPUS and ALLOT_BENCH_CLIENT_CPUS (taskset lists such as "1"
 // and "0") pin the servers and this process; unset, nothing is pinned and the servers, the
@@ -342,6 +344,7 @@ func (t *loadTarget) open(b *testing.B, c *testenv.Cluster, row *loadRow, rate f
 	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 	row.OpenRate = rate
 	row.P50ms, row.P99ms, row.P999ms = ms(or.Quantile(0.5)), ms(or.Quantile(0.99)), ms(or.Quantile(0.999))
+	row.P90ms, row.P95ms, row.P98ms = ms(or.Quantile(0.90)), ms(or.Quantile(0.95)), ms(or.Quantile(0.98))
 	row.OpenServerUsPerCheck = float64((s1.server - s0.server).Microseconds()) / float64(or.Calls)
 	if t.proc.http != "" {
 		row.Degraded += int64(s1.degraded() - s0.degraded())
@@ -436,6 +439,9 @@ func (p *serverProc) start(b *testing.B, bin string, args, env []string) {
 	p.cmd.Stderr = p.stderr
 	// Environment variables must not reconfigure the child behind the benchmark's back.
 	p.cmd.Env = append([]string{"PATH=" + os.Getenv("PATH"), "GOMAXPROCS=" + os.Getenv("GOMAXPROCS")}, env...)
+	if v := os.Getenv("ALLOT_BENCH_GODEBUG"); v != "" {
+		p.cmd.Env = append(p.cmd.Env, "GODEBUG="+v)
+	}
 	if err := p.cmd.Start(); err != nil {
 		b.Fatalf("while starting %s: %v", bin, err)
 	}
