@@ -87,7 +87,7 @@ func describe(s *stack.Stack) string {
 		fmt.Fprintf(&vars, "ALLOT_STACK_%s_GRPC=%s\nALLOT_STACK_%s_HTTP=%s\n", up, strings.Join(grpcs, ","), up, strings.Join(https, ","))
 	}
 	for _, b := range s.Balancers {
-		fmt.Printf("\nbalancer %s (us-east): reports gRPC %s, metrics http://%s/metrics", b.ID, b.GRPC, b.HTTP)
+		fmt.Printf("\nbalancer %s (us-east): reports gRPC %s, dashboard http://%s/dashboard/, metrics http://%s/metrics", b.ID, b.GRPC, b.HTTP, b.HTTP)
 		fmt.Fprintf(&vars, "ALLOT_STACK_BALANCER_%s=%s\n", strings.ToUpper(strings.ReplaceAll(b.ID, "-", "_")), b.HTTP)
 	}
 	if len(s.Balancers) > 0 {
