@@ -236,6 +236,10 @@ func TestEtcdElectionFencingAndRedirect(t *testing.T) {
 		armed = true
 		mu.Unlock()
 		<-blocked // a is about to write; freeze it and its etcd member
+		// However the test ends, a's hook must return: Close (a cleanup) waits for a's loop.
+		var releaseOnce sync.Once
+		letGo := func() { releaseOnce.Do(func() { close(release) }) }
+		defer letGo()
 		e.Members[0].Pause(t)
 		paused := true
 		defer func() {
@@ -245,11 +249,13 @@ func TestEtcdElectionFencingAndRedirect(t *testing.T) {
 		}()
 		took := waitFor(t, testSessionTTL+10*time.Second, "b to lead once a's lease expired", b.leading)
 		_, revB := b.s.Leading()
-		waitFor(t, 5*time.Second, "b's head", func() bool { h, ok := readHead(t, b.cli, prefix); return ok && h.LeaderRev == revB })
+		// b's first write may time out (WriteTimeout 3 s) while the two members left settle
+		// without member 0, and is retried a TickEvery later.
+		waitFor(t, 15*time.Second, "b's head", func() bool { h, ok := readHead(t, b.cli, prefix); return ok && h.LeaderRev == revB })
 		t.Logf("b leads %v after a froze", took.Round(time.Millisecond))
 		e.Members[0].Unpause(t)
 		paused = false
-		close(release) // a's late write goes to etcd now
+		letGo() // a's late write goes to etcd now
 		fenced := func() float64 {
 			return testutil.ToFloat64(a.s.m.writes.WithLabelValues("head", "fenced")) + testutil.ToFloat64(a.s.m.writes.WithLabelValues("chunk", "fenced"))
 		}
