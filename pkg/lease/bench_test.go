@@ -88,18 +88,24 @@ func BenchmarkFastPath(b *testing.B) {
 	})
 }
 
-// leasedStore returns a Store on the real clock whose table holds others quiet keys and one
-// hot key with a lease far larger than a benchmark spends (rate 1e9/s: a batch of 1e8), so
-// the loop measures the leased path; the rare refill or TTL miss is part of the measure.
-func leasedStore(b *testing.B, hot string, others int) (*Store, *bucket.Request) {
+// benchStore returns a Store over a memory store on the real clock that leases a key on its
+// first busy check (BusyHits 1), closed when the benchmark ends.
+func benchStore(b *testing.B) *Store {
 	cfg := DefaultConfig()
 	cfg.BusyHits = 1
-	next := bucket.NewMemory(clock.Real(), 0)
-	s, err := New(next, cfg)
+	s, err := New(bucket.NewMemory(clock.Real(), 0), cfg)
 	if err != nil {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { s.Close() })
+	return s
+}
+
+// leasedStore returns a Store on the real clock whose table holds others quiet keys and one
+// hot key with a lease far larger than a benchmark spends (rate 1e9/s: a batch of 1e8), so
+// the loop measures the leased path; the rare refill or TTL miss is part of the measure.
+func leasedStore(b *testing.B, hot string, others int) (*Store, *bucket.Request) {
+	s := benchStore(b)
 	ctx := context.Background()
 	q := req("", 10, 10, 1)
 	for i := range others {
@@ -120,14 +126,7 @@ func leasedStore(b *testing.B, hot string, others int) (*Store, *bucket.Request)
 // leasedKeys returns a Store on the real clock holding n keys, each leased with a batch far
 // larger than a benchmark spends (as leasedStore's hot key), and a request for each.
 func leasedKeys(b *testing.B, n int) (*Store, []*bucket.Request) {
-	cfg := DefaultConfig()
-	cfg.BusyHits = 1
-	next := bucket.NewMemory(clock.Real(), 0)
-	s, err := New(next, cfg)
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { s.Close() })
+	s := benchStore(b)
 	ctx := context.Background()
 	reqs := make([]*bucket.Request, n)
 	for i := range reqs {
