@@ -13,30 +13,28 @@ import (
 // loadRow is one target's figures in one round of BenchmarkEnforcerRLS (the fields are
 // described in its doc). Closed-loop figures unless named Open.
 type loadRow struct {
-	Target             string             `json:"target"` // "allot" or "null"
-	Round              int                `json:"round"`
-	LoadAvg            string             `json:"load_avg"` // /proc/loadavg at the end of the round
-	Checks             int64              `json:"checks"`
-	ChecksPerSec       float64            `json:"checks_per_sec"`
-	ServerUsPerCheck   float64            `json:"server_us_per_check"`
-	RedisUsPerCheck    float64            `json:"redis_us_per_check"`
-	ClientUsPerCheck   float64            `json:"client_us_per_check"`
-	RedisCallsPerCheck float64            `json:"redis_calls_per_check"`
-	RefusedPct         float64            `json:"refused_pct"`
-	StealPct           float64            `json:"steal_pct"`         // the machine's CPU stolen by its hypervisor, closed loop
-	Sources            map[string]float64 `json:"sources_pct"`       // % of checks by source
-	LeaseExpiredPct    float64            `json:"lease_expired_pct"` // % of granted tokens
-	Degraded           int64              `json:"degraded_answers"`  // fallback + fail modes, both phases
-	OpenRate           float64            `json:"open_rate"`
-	P50ms              float64            `json:"p50_ms"`
-	P99ms              float64            `json:"p99_ms"`
-	// P90ms, P95ms and P98ms give the shape of the tail: quantiles stretched alike by one
-	// factor point at CPU per check; a p99 alone apart, at rare slow events.
-	P90ms                float64 `json:"p90_ms"`
-	P95ms                float64 `json:"p95_ms"`
-	P98ms                float64 `json:"p98_ms"`
-	P999ms               float64 `json:"p999_ms"`
-	OpenServerUsPerCheck float64 `json:"open_server_us_per_check"`
+	Target               string             `json:"target"` // "allot" or "null"
+	Round                int                `json:"round"`
+	LoadAvg              string             `json:"load_avg"` // /proc/loadavg at the end of the round
+	Checks               int64              `json:"checks"`
+	ChecksPerSec         float64            `json:"checks_per_sec"`
+	ServerUsPerCheck     float64            `json:"server_us_per_check"`
+	RedisUsPerCheck      float64            `json:"redis_us_per_check"`
+	ClientUsPerCheck     float64            `json:"client_us_per_check"`
+	RedisCallsPerCheck   float64            `json:"redis_calls_per_check"`
+	RefusedPct           float64            `json:"refused_pct"`
+	StealPct             float64            `json:"steal_pct"`         // the machine's CPU stolen by its hypervisor, closed loop
+	Sources              map[string]float64 `json:"sources_pct"`       // % of checks by source
+	LeaseExpiredPct      float64            `json:"lease_expired_pct"` // % of granted tokens
+	Degraded             int64              `json:"degraded_answers"`  // fallback + fail modes, both phases
+	OpenRate             float64            `json:"open_rate"`
+	P50ms                float64            `json:"p50_ms"`
+	P90ms                float64            `json:"p90_ms"` // p90, p95, p98: the tail's shape (all stretched alike: CPU per check; p99 alone: rare slow checks)
+	P95ms                float64            `json:"p95_ms"`
+	P98ms                float64            `json:"p98_ms"`
+	P99ms                float64            `json:"p99_ms"`
+	P999ms               float64            `json:"p999_ms"`
+	OpenServerUsPerCheck float64            `json:"open_server_us_per_check"`
 	// OpenRedisPct is the open loop's answers that waited on a call to Redis (source
 	// redis), % of its checks: the checks p99 can land on when they are near 1%.
 	OpenRedisPct float64 `json:"open_redis_pct"`

@@ -60,8 +60,7 @@ type Config struct {
 	// Default 400, not Go's 100: an enforcer's live heap is small and bounded (the lease
 	// table has a hard size), and under load allocating and collecting were about a
 	// quarter of its CPU at 100 (BENCHMARKS.md); at 400 a heap of 40 MB live may reach
-	// 200 MB. A GOGC environment variable, if set,
-	// wins (ApplyRuntime). Must be > 0.
+	// 200 MB. A GOGC environment variable, if set, wins (ApplyRuntime). Must be > 0.
 	GCPercent int `yaml:"gc_percent"`
 }
 
