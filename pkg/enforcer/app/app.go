@@ -366,6 +366,9 @@ func (a *App) listen() (err error) {
 		// Reused workers keep their grown stacks: a goroutine per call spent ~13% of the
 		// server's CPU growing (copying) stacks. Past the pool, gRPC starts a goroutine.
 		grpc.NumStreamWorkers(uint32(32*runtime.GOMAXPROCS(0))),
+		// Envoy's request and allot's answer by hand, everything else by gRPC's protobuf
+		// codec (grpcapi.Codec: the same bytes, a third of the CPU).
+		grpc.ForceServerCodecV2(grpcapi.Codec()),
 	)
 	grpcapi.New(a.enf, grpcapi.Config{Domain: a.cfg.RLS.Domain}).Register(a.grpc)
 	a.health = health.NewServer()

@@ -43,7 +43,7 @@ func serve(t *testing.T, s *Server) *grpc.ClientConn {
 	if err != nil {
 		t.Fatal(err)
 	}
-	g := grpc.NewServer(grpc.ChainUnaryInterceptor(RecoverUnary(hclog.NewNullLogger())))
+	g := grpc.NewServer(grpc.ChainUnaryInterceptor(RecoverUnary(hclog.NewNullLogger())), grpc.ForceServerCodecV2(Codec()))
 	s.Register(g)
 	done := make(chan struct{})
 	go func() { defer close(done); g.Serve(lis) }()

@@ -1,0 +1,481 @@
+package grpcapi
+
+import (
+	"errors"
+	"unicode/utf8"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc/encoding"
+	"google.golang.org/grpc/mem"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+)
+
+// Codec returns the enforcer's gRPC codec (give it to grpc.ForceServerCodecV2). It is
+// gRPC's protobuf codec with the two messages of every Envoy check written by hand with
+// protowire: a RateLimitRequest is parsed into the message in two allocations (all its
+// strings share one), and a RateLimitResponse as the handler builds it is written without
+// reflection. Every other message, and a response with a field the handler never sets, goes
+// to gRPC's protobuf codec.
+//
+// It is a faster codec, not a different one: the request parsed is the message
+// proto.Unmarshal gives (errors where it errs, the same fields where it does not), and the
+// bytes written are proto.Marshal's, byte for byte (FuzzCodecRequest and FuzzCodecResponse
+// hold it to both). Measured with BenchmarkCodec: the check's request and response in
+// ≈ 0.3 µs and 3 allocations instead of ≈ 1 µs and 13.
+func Codec() encoding.CodecV2 { return codec{encoding.GetCodecV2("proto")} }
+
+type codec struct{ proto encoding.CodecV2 }
+
+func (codec) Name() string { return "proto" }
+
+func (c codec) Marshal(v any) (mem.BufferSlice, error) {
+	m, ok := v.(*rlsv3.RateLimitResponse)
+	if !ok || !plainResponse(m) {
+		return c.proto.Marshal(v)
+	}
+	n := sizeResponse(m)
+	if mem.IsBelowBufferPoolingThreshold(n) { // gRPC does not pool buffers this small
+		return mem.BufferSlice{mem.SliceBuffer(appendResponse(make([]byte, 0, n), m))}, nil
+	}
+	pool := mem.DefaultBufferPool()
+	buf := pool.Get(n)
+	*buf = appendResponse((*buf)[:0], m)
+	return mem.BufferSlice{mem.NewBuffer(buf, pool)}, nil
+}
+
+func (c codec) Unmarshal(data mem.BufferSlice, v any) error {
+	m, ok := v.(*rlsv3.RateLimitRequest)
+	if !ok {
+		return c.proto.Unmarshal(data, v)
+	}
+	if len(data) == 1 { // the usual case: one buffer, read in place
+		return unmarshalRequest(data[0].ReadOnlyData(), m)
+	}
+	buf := data.MaterializeToBuffer(mem.DefaultBufferPool())
+	defer buf.Free()
+	return unmarshalRequest(buf.ReadOnlyData(), m)
+}
+
+// errWire is the request parser's one error: the message is not a well-formed
+// RateLimitRequest (the parser stops at the first fault and does not say more, as
+// proto.Unmarshal's errors do not help a client either).
+var errWire = errors.New("grpcapi: malformed envoy.service.ratelimit.v3.RateLimitRequest")
+
+// sharedStrings is the largest message whose strings are cut from one copy of it: a key kept
+// by a table pins the whole copy, so a large message's strings are copied one by one.
+const sharedStrings = 256
+
+// The fields of the request that allot reads (the numbers of rls.proto and ratelimit.proto).
+const (
+	reqDomain, reqDescriptors, reqHits        = 1, 2, 3
+	descEntries, descLimit, descHits, descNeg = 1, 2, 3, 4
+	entryKey, entryValue                      = 1, 2
+)
+
+// parsedDesc is one descriptor as parsed: its entries are parsed.entries[first:first+n].
+type parsedDesc struct {
+	first, n int
+	hits     uint64
+	hasHits  bool
+	negative bool
+}
+
+type parsedEntry struct{ key, value string }
+
+// parser reads one request; strings are cut from str when it is set (a copy of the whole
+// message), else copied. The usual request's descriptors and entries fit in its arrays, so
+// a parser on the stack parses without allocating; more go to the slices.
+type parser struct {
+	msg           []byte
+	str           string
+	nDesc, nEntry int
+	descArr       [2]parsedDesc
+	entryArr      [6]parsedEntry
+	descs         []parsedDesc  // when nDesc > len(descArr): every descriptor
+	entries       []parsedEntry // when nEntry > len(entryArr): every entry
+}
+
+func (p *parser) addDesc(d parsedDesc) {
+	switch {
+	case p.nDesc < len(p.descArr):
+		p.descArr[p.nDesc] = d
+	case p.nDesc == len(p.descArr):
+		p.descs = append(append(make([]parsedDesc, 0, 2*p.nDesc), p.descArr[:]...), d)
+	default:
+		p.descs = append(p.descs, d)
+	}
+	p.nDesc++
+}
+
+func (p *parser) addEntry(e parsedEntry) {
+	switch {
+	case p.nEntry < len(p.entryArr):
+		p.entryArr[p.nEntry] = e
+	case p.nEntry == len(p.entryArr):
+		p.entries = append(append(make([]parsedEntry, 0, 2*p.nEntry), p.entryArr[:]...), e)
+	default:
+		p.entries = append(p.entries, e)
+	}
+	p.nEntry++
+}
+
+func (p *parser) parsedDescs() []parsedDesc {
+	if p.nDesc <= len(p.descArr) {
+		return p.descArr[:p.nDesc]
+	}
+	return p.descs
+}
+
+func (p *parser) parsedEntries() []parsedEntry {
+	if p.nEntry <= len(p.entryArr) {
+		return p.entryArr[:p.nEntry]
+	}
+	return p.entries
+}
+
+func (p *parser) cut(from, to int) string {
+	if p.str != "" {
+		return p.str[from:to]
+	}
+	return string(p.msg[from:to])
+}
+
+// bytesAt reads the length-delimited field value at msg[at:end]; it returns the value's
+// bounds and the offset after it.
+func (p *parser) bytesAt(at, end int) (from, to, next int, err error) {
+	v, n := protowire.ConsumeBytes(p.msg[at:end])
+	if n < 0 {
+		return 0, 0, 0, errWire
+	}
+	next = at + n
+	return next - len(v), next, next, nil
+}
+
+// stringAt is bytesAt for a string field: proto3 strings must be valid UTF-8.
+func (p *parser) stringAt(at, end int) (s string, next int, err error) {
+	from, to, next, err := p.bytesAt(at, end)
+	if err != nil {
+		return "", 0, err
+	}
+	if !utf8.Valid(p.msg[from:to]) {
+		return "", 0, errWire
+	}
+	return p.cut(from, to), next, nil
+}
+
+// fields calls f for each field of msg[at:end]; f returns the offset after the field's
+// value, or -1 to have it skipped as an unknown field (also what a known field number with
+// another wire type is, as in proto.Unmarshal).
+func (p *parser) fields(at, end int, f func(num protowire.Number, typ protowire.Type, at int) (int, error)) error {
+	for at < end {
+		num, typ, n := protowire.ConsumeTag(p.msg[at:end])
+		if n < 0 || num > protowire.MaxValidNumber {
+			return errWire
+		}
+		at += n
+		next, err := f(num, typ, at)
+		if err != nil {
+			return err
+		}
+		if next < 0 {
+			if n = protowire.ConsumeFieldValue(num, typ, p.msg[at:end]); n < 0 {
+				return errWire
+			}
+			next = at + n
+		}
+		at = next
+	}
+	return nil
+}
+
+func (p *parser) varintAt(at, end int) (uint64, int, error) {
+	v, n := protowire.ConsumeVarint(p.msg[at:end])
+	if n < 0 {
+		return 0, 0, errWire
+	}
+	return v, at + n, nil
+}
+
+// unmarshalRequest parses msg into m as proto.Unmarshal would (m is new, as gRPC gives it):
+// the last of a scalar field wins, repeated fields append, an embedded message given
+// twice is merged, unknown fields are skipped. The descriptor's limit override, which allot
+// ignores, is parsed only to be as strict as proto.Unmarshal.
+func unmarshalRequest(msg []byte, m *rlsv3.RateLimitRequest) error {
+	p := parser{msg: msg}
+	if len(msg) <= sharedStrings {
+		p.str = string(msg)
+	}
+	var domain string
+	var hits uint32
+	end := len(msg)
+	err := p.fields(0, end, func(num protowire.Number, typ protowire.Type, at int) (int, error) {
+		switch {
+		case num == reqDomain && typ == protowire.BytesType:
+			s, next, err := p.stringAt(at, end)
+			domain = s
+			return next, err
+		case num == reqDescriptors && typ == protowire.BytesType:
+			from, to, next, err := p.bytesAt(at, end)
+			if err == nil {
+				err = p.descriptor(from, to)
+			}
+			return next, err
+		case num == reqHits && typ == protowire.VarintType:
+			v, next, err := p.varintAt(at, end)
+			hits = uint32(v)
+			return next, err
+		}
+		return -1, nil
+	})
+	if err != nil {
+		return err
+	}
+	m.Domain, m.HitsAddend = domain, hits
+	if p.nDesc > 0 {
+		m.Descriptors = p.build()
+	}
+	return nil
+}
+
+// descriptor parses one RateLimitDescriptor at msg[at:end].
+func (p *parser) descriptor(at, end int) error {
+	d := parsedDesc{first: p.nEntry}
+	err := p.fields(at, end, func(num protowire.Number, typ protowire.Type, at int) (int, error) {
+		if typ == protowire.VarintType && num == descNeg {
+			v, next, err := p.varintAt(at, end)
+			d.negative = v != 0
+			return next, err
+		}
+		if typ != protowire.BytesType || (num != descEntries && num != descLimit && num != descHits) {
+			return -1, nil
+		}
+		from, to, next, err := p.bytesAt(at, end)
+		if err != nil {
+			return 0, err
+		}
+		switch num {
+		case descEntries:
+			err = p.entry(from, to)
+		case descLimit: // RateLimitOverride: requests_per_unit and unit, both varints
+			err = p.fields(from, to, func(num protowire.Number, typ protowire.Type, at int) (int, error) {
+				if (num == 1 || num == 2) && typ == protowire.VarintType {
+					_, next, err := p.varintAt(at, to)
+					return next, err
+				}
+				return -1, nil
+			})
+		case descHits: // google.protobuf.UInt64Value
+			d.hasHits = true
+			err = p.fields(from, to, func(num protowire.Number, typ protowire.Type, at int) (int, error) {
+				if num == 1 && typ == protowire.VarintType {
+					v, next, err := p.varintAt(at, to)
+					d.hits = v
+					return next, err
+				}
+				return -1, nil
+			})
+		}
+		return next, err
+	})
+	d.n = p.nEntry - d.first
+	p.addDesc(d)
+	return err
+}
+
+// entry parses one descriptor entry at msg[at:end].
+func (p *parser) entry(at, end int) error {
+	var e parsedEntry
+	err := p.fields(at, end, func(num protowire.Number, typ protowire.Type, at int) (int, error) {
+		if typ != protowire.BytesType || (num != entryKey && num != entryValue) {
+			return -1, nil
+		}
+		s, next, err := p.stringAt(at, end)
+		if num == entryKey {
+			e.key = s
+		} else {
+			e.value = s
+		}
+		return next, err
+	})
+	p.addEntry(e)
+	return err
+}
+
+// oneDesc is the graph of the usual request, one descriptor of at most two entries (an
+// api key and an address, say), in one allocation.
+type oneDesc struct {
+	ptr       [1]*ratelimitv3.RateLimitDescriptor
+	desc      [1]ratelimitv3.RateLimitDescriptor
+	entryPtrs [2]*ratelimitv3.RateLimitDescriptor_Entry
+	entries   [2]ratelimitv3.RateLimitDescriptor_Entry
+}
+
+// build makes the parsed descriptors into the message's.
+func (p *parser) build() []*ratelimitv3.RateLimitDescriptor {
+	var (
+		ptrs      []*ratelimitv3.RateLimitDescriptor
+		descs     []ratelimitv3.RateLimitDescriptor
+		entryPtrs []*ratelimitv3.RateLimitDescriptor_Entry
+		entries   []ratelimitv3.RateLimitDescriptor_Entry
+	)
+	pds, pes := p.parsedDescs(), p.parsedEntries()
+	if len(pds) == 1 && len(pes) <= 2 {
+		g := new(oneDesc)
+		ptrs, descs, entryPtrs, entries = g.ptr[:], g.desc[:], g.entryPtrs[:], g.entries[:]
+	} else {
+		ptrs = make([]*ratelimitv3.RateLimitDescriptor, len(pds))
+		descs = make([]ratelimitv3.RateLimitDescriptor, len(pds))
+		entryPtrs = make([]*ratelimitv3.RateLimitDescriptor_Entry, len(pes))
+		entries = make([]ratelimitv3.RateLimitDescriptor_Entry, len(pes))
+	}
+	for i, e := range pes {
+		entries[i].Key, entries[i].Value = e.key, e.value
+		entryPtrs[i] = &entries[i]
+	}
+	for i, pd := range pds {
+		d := &descs[i]
+		if pd.n > 0 {
+			d.Entries = entryPtrs[pd.first : pd.first+pd.n : pd.first+pd.n]
+		}
+		if pd.hasHits {
+			d.HitsAddend = &wrapperspb.UInt64Value{Value: pd.hits}
+		}
+		d.IsNegativeHits = pd.negative
+		ptrs[i] = d
+	}
+	return ptrs[:len(pds):len(pds)]
+}
+
+// plainResponse reports whether m has only the fields ShouldRateLimit sets, so
+// appendResponse writes all of it.
+func plainResponse(m *rlsv3.RateLimitResponse) bool {
+	if len(m.RequestHeadersToAdd) != 0 || len(m.RawBody) != 0 || m.DynamicMetadata != nil || m.Quota != nil {
+		return false
+	}
+	for _, st := range m.Statuses {
+		if st == nil || st.Quota != nil || st.CurrentLimit != nil && st.CurrentLimit.UnitMultiplier != nil {
+			return false
+		}
+	}
+	for _, h := range m.ResponseHeadersToAdd {
+		if h == nil {
+			return false
+		}
+	}
+	return true
+}
+
+// The response's field numbers (rls.proto; core/v3/base.proto for HeaderValue; duration.proto).
+const (
+	respCode, respStatuses, respHeaders   = 1, 2, 3
+	stCode, stLimit, stRemaining, stReset = 1, 2, 3, 4
+	limRPU, limUnit, limName              = 1, 2, 3
+	hdrKey, hdrValue, hdrRawValue         = 1, 2, 3
+	durSeconds, durNanos                  = 1, 2
+	tagLen                                = 1 // every field number here is < 16
+)
+
+func sizeVarintField(v uint64) int {
+	if v == 0 {
+		return 0
+	}
+	return tagLen + protowire.SizeVarint(v)
+}
+
+func sizeStringField(s string) int {
+	if s == "" {
+		return 0
+	}
+	return tagLen + protowire.SizeBytes(len(s))
+}
+
+func sizeMessageField(n int) int { return tagLen + protowire.SizeBytes(n) }
+
+func appendVarintField(b []byte, num protowire.Number, v uint64) []byte {
+	if v == 0 {
+		return b
+	}
+	return protowire.AppendVarint(protowire.AppendTag(b, num, protowire.VarintType), v)
+}
+
+func appendStringField(b []byte, num protowire.Number, s string) []byte {
+	if s == "" {
+		return b
+	}
+	return protowire.AppendString(protowire.AppendTag(b, num, protowire.BytesType), s)
+}
+
+func appendMessageHead(b []byte, num protowire.Number, n int) []byte {
+	return protowire.AppendVarint(protowire.AppendTag(b, num, protowire.BytesType), uint64(n))
+}
+
+// enum and int32 values are varints of their sign-extended 64 bits, as in proto.Marshal.
+func i32(v int32) uint64 { return uint64(int64(v)) }
+
+func sizeLimit(l *rlsv3.RateLimitResponse_RateLimit) int {
+	return sizeVarintField(uint64(l.RequestsPerUnit)) + sizeVarintField(i32(int32(l.Unit))) + sizeStringField(l.Name)
+}
+
+func sizeStatus(st *rlsv3.RateLimitResponse_DescriptorStatus) int {
+	n := sizeVarintField(i32(int32(st.Code))) + sizeVarintField(uint64(st.LimitRemaining))
+	if st.CurrentLimit != nil {
+		n += sizeMessageField(sizeLimit(st.CurrentLimit))
+	}
+	if r := st.DurationUntilReset; r != nil {
+		n += sizeMessageField(sizeVarintField(uint64(r.Seconds)) + sizeVarintField(i32(r.Nanos)))
+	}
+	return n
+}
+
+func sizeHeader(h *corev3.HeaderValue) int {
+	n := sizeStringField(h.Key) + sizeStringField(h.Value)
+	if len(h.RawValue) > 0 {
+		n += tagLen + protowire.SizeBytes(len(h.RawValue))
+	}
+	return n
+}
+
+func sizeResponse(m *rlsv3.RateLimitResponse) int {
+	n := sizeVarintField(i32(int32(m.OverallCode)))
+	for _, st := range m.Statuses {
+		n += sizeMessageField(sizeStatus(st))
+	}
+	for _, h := range m.ResponseHeadersToAdd {
+		n += sizeMessageField(sizeHeader(h))
+	}
+	return n
+}
+
+// appendResponse appends m's wire form, fields in number order as proto.Marshal writes
+// them; m must be plainResponse.
+func appendResponse(b []byte, m *rlsv3.RateLimitResponse) []byte {
+	b = appendVarintField(b, respCode, i32(int32(m.OverallCode)))
+	for _, st := range m.Statuses {
+		b = appendMessageHead(b, respStatuses, sizeStatus(st))
+		b = appendVarintField(b, stCode, i32(int32(st.Code)))
+		if l := st.CurrentLimit; l != nil {
+			b = appendMessageHead(b, stLimit, sizeLimit(l))
+			b = appendVarintField(b, limRPU, uint64(l.RequestsPerUnit))
+			b = appendVarintField(b, limUnit, i32(int32(l.Unit)))
+			b = appendStringField(b, limName, l.Name)
+		}
+		b = appendVarintField(b, stRemaining, uint64(st.LimitRemaining))
+		if r := st.DurationUntilReset; r != nil {
+			b = appendMessageHead(b, stReset, sizeVarintField(uint64(r.Seconds))+sizeVarintField(i32(r.Nanos)))
+			b = appendVarintField(b, durSeconds, uint64(r.Seconds))
+			b = appendVarintField(b, durNanos, i32(r.Nanos))
+		}
+	}
+	for _, h := range m.ResponseHeadersToAdd {
+		b = appendMessageHead(b, respHeaders, sizeHeader(h))
+		b = appendStringField(b, hdrKey, h.Key)
+		b = appendStringField(b, hdrValue, h.Value)
+		if len(h.RawValue) > 0 {
+			b = protowire.AppendBytes(protowire.AppendTag(b, hdrRawValue, protowire.BytesType), h.RawValue)
+		}
+	}
+	return b
+}
