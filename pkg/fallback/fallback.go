@@ -143,7 +143,11 @@ type Store struct {
 	calls   sync.Pool // *call
 	timers  sync.Pool // *time.Timer, real clock only
 	closed  atomic.Bool
-	meter   meter // stalls of this process (real clock only)
+	// unclosed counts the breakers not closed: +1 when one opens from closed, -1 when a
+	// probe closes it (the only ways into and out of Closed).
+	unclosed  atomic.Int32
+	decisions bool  // obs wants Decision (it is not DecisionsIgnored)
+	meter     meter // stalls of this process (real clock only)
 	// Across shards, for judge: the latest reply from any shard (Unix µs when it came) and
 	// the latest send time of a call that got one. Only evidence a shard is alive moves them.
 	anyReplied atomic.Int64
@@ -173,18 +177,20 @@ func New(next bucket.Store, cfg Config) (*Store, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = hclog.NewNullLogger()
 	}
+	_, ignored := cfg.Observer.(DecisionsIgnored)
 	if cfg.Observer == nil {
-		cfg.Observer = NopObserver{}
+		cfg.Observer, ignored = NopObserver{}, true
 	}
 	s := &Store{
-		next:  next,
-		take:  bucket.Validated(next),
-		cfg:   cfg,
-		clock: cfg.Clock,
-		real:  isReal(cfg.Clock),
-		log:   cfg.Logger,
-		obs:   cfg.Observer,
-		local: bucket.NewMemory(cfg.Clock, cfg.MaxLocalKeys),
+		next:      next,
+		take:      bucket.Validated(next),
+		cfg:       cfg,
+		clock:     cfg.Clock,
+		real:      isReal(cfg.Clock),
+		log:       cfg.Logger,
+		obs:       cfg.Observer,
+		local:     bucket.NewMemory(cfg.Clock, cfg.MaxLocalKeys),
+		decisions: !ignored,
 	}
 	s.cache, _ = next.(Cache)
 	s.ctx, s.cancel = context.WithCancel(context.Background())
@@ -240,16 +246,32 @@ func (s *Store) Take(ctx context.Context, req *bucket.Request) (bucket.Result, e
 	if err := req.Validate(); err != nil {
 		return bucket.Result{}, err
 	}
-	b := s.breakerFor(req.Identity)
-	w := b.word.Load()
-	if stateOf(w) != Closed {
-		return s.degraded(ctx, b, w, req)
+	// While every breaker is closed (unclosed is 0), a check that memory answers needs no
+	// breaker: its shard's state is known to be Closed without looking the shard up.
+	var b *breaker
+	if s.unclosed.Load() != 0 {
+		b = s.breakerFor(req.Identity)
+		if w := b.word.Load(); stateOf(w) != Closed {
+			return s.degraded(ctx, b, w, req)
+		}
 	}
 	if s.cache != nil {
 		if res, ok := s.cache.TakeCached(req); ok {
-			s.obs.Decision(b.shard, res.Source, res.Granted > 0)
+			if s.decisions {
+				if b == nil {
+					b = s.breakerFor(req.Identity)
+				}
+				s.obs.Decision(b.shard, res.Source, res.Granted > 0)
+			}
 			return res, nil
 		}
+	}
+	if b == nil {
+		b = s.breakerFor(req.Identity)
+	}
+	w := b.word.Load()
+	if stateOf(w) != Closed { // it opened since unclosed was read
+		return s.degraded(ctx, b, w, req)
 	}
 	return s.ask(ctx, b, w, req, false)
 }
@@ -327,6 +349,7 @@ func (s *Store) settle(b *breaker, w uint64, o outcome, err error, now time.Time
 		b.openUntil.Store(now.UnixMicro() + d)
 		b.fails.Store(0)
 		b.word.Store(bump(w, Open))
+		s.unclosed.Add(1)
 	}
 	b.mu.Unlock()
 	if tripped {
@@ -350,6 +373,7 @@ func (s *Store) settleProbe(b *breaker, hw uint64, o outcome, err error, now tim
 		b.fails.Store(0)
 		b.closedAt.Store(now.UnixMicro())
 		b.word.Store(bump(hw, Closed))
+		s.unclosed.Add(-1)
 		s.log.Info("redis shard answered: breaker closed", "shard", b.shard)
 		s.obs.Transition(b.shard, HalfOpen, Closed)
 	case notJudged:

@@ -6,10 +6,12 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/allot-dev/allot/pkg/bucket"
+	"github.com/allot-dev/allot/pkg/clock"
 	"go.uber.org/goleak"
 )
 
@@ -535,3 +537,94 @@ func TestCachedPathAllocations(t *testing.T) {
 
 // TestOpenPathAllocations: while a shard is down every one of its checks is answered
 // locally, so that path must not allocate either.
+
+// cachingNext is a fakeNext that also answers from memory (a Cache) the identities set
+// to leased, as pkg/lease does.
+type cachingNext struct{ *fakeNext }
+
+func (c cachingNext) TakeCached(req *bucket.Request) (bucket.Result, bool) {
+	c.mu.Lock()
+	m := c.modes[req.Identity]
+	c.mu.Unlock()
+	if m != leased {
+		return bucket.Result{}, false
+	}
+	return bucket.Result{Granted: req.Want, Source: bucket.SourceLease}, true
+}
+
+// quietObserver counts transitions only and says so (DecisionsIgnored).
+type quietObserver struct{ NopObserver }
+
+func (quietObserver) DecisionsIgnored() {}
+
+// TestCachedAnswersSkipTheShardLookup: while every breaker is closed, an answer from
+// memory looks up no shard (unless the Observer wants decisions); once a shard's breaker
+// opens, its keys are answered locally, leased or not, as before, and another shard's
+// leased keys still from memory; when the probe closes it, lookups stop again.
+func TestCachedAnswersSkipTheShardLookup(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		obs     Observer
+		lookups bool // a cached answer looks up its shard while all are closed
+	}{{"decisions ignored", quietObserver{}, false}, {"decisions observed", &recorder{}, true}, {"no observer", nil, false}} {
+		t.Run(tc.name, func(t *testing.T) {
+			next := cachingNext{newFakeNext()}
+			clk := clock.NewFake(t0)
+			next.clk = clk
+			var lookups atomic.Int32
+			cfg := DefaultConfig()
+			cfg.Clock, cfg.Observer, cfg.AllSilentFor = clk, tc.obs, cfg.ReplyTimeout
+			cfg.Shard = func(id string) string { lookups.Add(1); return shardOf(id) }
+			s, err := New(next, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			take := func(id string) bucket.Result {
+				t.Helper()
+				res, err := s.Take(context.Background(), req(id, 100, 100))
+				if err != nil {
+					t.Fatalf("Take(%q): %v", id, err)
+				}
+				return res
+			}
+			next.set("a:leased", leased)
+			next.set("b:leased", leased)
+			lookups.Store(0)
+			if res := take("a:leased"); res.Source != bucket.SourceLease {
+				t.Fatalf("closed: leased key from %v", res.Source)
+			}
+			if got := lookups.Load() > 0; got != tc.lookups {
+				t.Fatalf("closed: %d shard lookups for an answer from memory", lookups.Load())
+			}
+			if res := take("a:k"); res.Source != bucket.SourceRedis || lookups.Load() == 0 {
+				t.Fatalf("closed: a call to the shard from %v after %d lookups", res.Source, lookups.Load())
+			}
+
+			next.set("a", down)
+			for range cfg.TripAfter {
+				take("a:tripper")
+			}
+			if st := s.State("a"); st != Open {
+				t.Fatalf("after %d failures: %v, want open", cfg.TripAfter, st)
+			}
+			if res := take("a:leased"); res.Source != bucket.SourceFallback {
+				t.Fatalf("open: a leased key of the open shard from %v, want fallback", res.Source)
+			}
+			if res := take("b:leased"); res.Source != bucket.SourceLease {
+				t.Fatalf("open: a leased key of a closed shard from %v", res.Source)
+			}
+
+			next.set("a", healthy)
+			clk.Advance(cfg.OpenFor)
+			if res := take("a:k"); res.Source != bucket.SourceRedis || s.State("a") != Closed {
+				t.Fatalf("probe: %v, breaker %v; want redis, closed", res.Source, s.State("a"))
+			}
+			lookups.Store(0)
+			take("a:leased")
+			if got := lookups.Load() > 0; got != tc.lookups {
+				t.Fatalf("closed again: %d shard lookups for an answer from memory", lookups.Load())
+			}
+		})
+	}
+}

@@ -66,7 +66,11 @@ func (m *fallbackMetrics) Transition(shard string, _, to fallback.State) {
 
 func (m *fallbackMetrics) Failure(shard string, _ error) { m.failures.WithLabelValues(shard).Inc() }
 
-var _ fallback.Observer = (*fallbackMetrics)(nil)
+// DecisionsIgnored implements fallback.DecisionsIgnored: decisions are counted by the
+// enforcer, so the Store spares a shard lookup per check.
+func (*fallbackMetrics) DecisionsIgnored() {}
+
+var _ fallback.DecisionsIgnored = (*fallbackMetrics)(nil)
 
 // breakerCollector exports each shard's breaker state at scrape time.
 type breakerCollector struct{ s *fallback.Store }
