@@ -501,10 +501,10 @@ func TestUsageObserverSeesEveryEnforcingTake(t *testing.T) {
 func TestDecisionMetrics(t *testing.T) {
 	r := newRig(t, layered, nil)
 	r.admitted(t, 12, rules.Attrs{APIKey: "k"})
-	if got := testutil.ToFloat64(r.e.metrics.decisions[1][SourceMemory]); got != 10 {
+	if got := r.e.metrics.checks.decided(1, SourceMemory); got != 10 {
 		t.Errorf("allowed/memory = %v, want 10", got)
 	}
-	if got := testutil.ToFloat64(r.e.metrics.decisions[0][SourceMemory]); got != 2 {
+	if got := r.e.metrics.checks.decided(0, SourceMemory); got != 2 {
 		t.Errorf("refused/memory = %v, want 2", got)
 	}
 	if n, err := testutil.GatherAndCount(r.reg, "allot_enforcer_check_seconds", "allot_enforcer_rules_info", "allot_enforcer_rules_age_seconds", "allot_enforcer_rules"); err != nil || n != 4 {

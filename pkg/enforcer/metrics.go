@@ -33,11 +33,10 @@ func (a API) String() string {
 // to atomics. Label sets are bounded: results × sources, apis, fail modes, and plans (at
 // most MaxPlanLabels + 2, see planmetrics.go).
 type metrics struct {
-	decisions   [2][numSources]prometheus.Counter // [allowed][source]
+	checks      checkStats // decisions by result and source, and check latency (checkstats.go)
 	shadow      [3]prometheus.Counter             // would-allow, would-refuse, error
 	storeErrors [2]prometheus.Counter             // [fail mode]
 	invalid     [numAPIs]prometheus.Counter
-	latency     prometheus.Observer
 	plans       *planMetrics // decisions by bounded plan (planmetrics.go)
 }
 
@@ -49,19 +48,6 @@ const (
 
 func newMetrics(reg prometheus.Registerer, holder *rules.Holder, clk clock.Clock) (*metrics, error) {
 	m := &metrics{plans: newPlanMetrics()}
-	decisions := prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "allot_enforcer_decisions_total",
-		Help: "Check decisions by result (allowed, refused) and by where the deciding answer came from.",
-	}, []string{"result", "source"})
-	for s := Source(0); s < numSources; s++ {
-		if s == SourceShadow {
-			continue
-		}
-		m.decisions[0][s] = decisions.WithLabelValues("refused", s.String())
-		m.decisions[1][s] = decisions.WithLabelValues("allowed", s.String())
-	}
-	m.decisions[0][SourceShadow] = m.decisions[0][SourceNone]
-	m.decisions[1][SourceShadow] = m.decisions[1][SourceNone]
 	shadow := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "allot_enforcer_shadow_decisions_total",
 		Help: "Shadow rule evaluations: would-allow, would-refuse, or error (store failed). Never enforced.",
@@ -82,12 +68,6 @@ func newMetrics(reg prometheus.Registerer, holder *rules.Holder, clk clock.Clock
 	for a := API(0); a < numAPIs; a++ {
 		m.invalid[a] = invalid.WithLabelValues(a.String())
 	}
-	latency := prometheus.NewHistogram(prometheus.HistogramOpts{
-		Name:    "allot_enforcer_check_seconds",
-		Help:    "Time to decide one check (rules match and store takes), excluding transport.",
-		Buckets: []float64{25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2e-3, 5e-3, 10e-3, 25e-3, 50e-3, 100e-3, 250e-3, 1},
-	})
-	m.latency = latency
 	rulesAge := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "allot_enforcer_rules_age_seconds",
 		Help: "Seconds since the rules snapshot in use was compiled.",
@@ -107,7 +87,7 @@ func newMetrics(reg prometheus.Registerer, holder *rules.Holder, clk clock.Clock
 		}
 		return 0
 	})
-	for _, c := range []prometheus.Collector{decisions, shadow, storeErrors, invalid, latency, rulesAge, rulesCount, &rulesInfo{holder: holder}, m.plans.vec} {
+	for _, c := range []prometheus.Collector{&m.checks, shadow, storeErrors, invalid, rulesAge, rulesCount, &rulesInfo{holder: holder}, m.plans.vec} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -138,7 +118,6 @@ func (m *metrics) observe(d *Decision, snap *rules.Snapshot, plan string, took t
 	if d.Allowed {
 		a = 1
 	}
-	m.decisions[a][d.Source].Inc()
+	m.checks.observe(a, d.Source, took)
 	m.plans.counter(snap, plan, a).Inc()
-	m.latency.Observe(took.Seconds())
 }
