@@ -33,9 +33,9 @@ func (a API) String() string {
 // to atomics. Label sets are bounded: results × sources, apis, fail modes, and plans (at
 // most MaxPlanLabels + 2, see planmetrics.go).
 type metrics struct {
-	checks      checkStats // decisions by result and source, and check latency (checkstats.go)
-	shadow      [3]prometheus.Counter             // would-allow, would-refuse, error
-	storeErrors [2]prometheus.Counter             // [fail mode]
+	checks      checkStats            // decisions by result and source, and check latency (checkstats.go)
+	shadow      [3]prometheus.Counter // would-allow, would-refuse, error
+	storeErrors [2]prometheus.Counter // [fail mode]
 	invalid     [numAPIs]prometheus.Counter
 	plans       *planMetrics // decisions by bounded plan (planmetrics.go)
 }
