@@ -115,7 +115,9 @@ rules:
 // ALLOT_BENCH_LOG=1 prints the enforcer's log (warn and above: breaker transitions) at
 // the end. ALLOT_BENCH_BIN runs a prebuilt enforcer instead of building ./cmd/enforcer;
 // ALLOT_BENCH_ARGS adds flags to it (e.g. "-fallback-timeout 50ms"); ALLOT_BENCH_PROFILE
-// writes a 5 s CPU profile of the enforcer taken during the first round's closed loop;
+// writes a 5 s CPU profile of the enforcer taken during the first round's closed loop
+// (and, to PATH.allocs, its allocations since it started, by site: `go tool pprof
+// -sample_index=alloc_space`);
 // ALLOT_BENCH_TRACE a 3 s execution trace of it during the first open loop (`go tool trace
 // -pprof=sched` tells where its goroutines waited to run); ALLOT_BENCH_GODEBUG is given to
 // both servers as GODEBUG (e.g. "gctrace=1": with ALLOT_BENCH_LOG=1 the enforcer's GC
@@ -273,7 +275,11 @@ func (t *loadTarget) closed(b *testing.B, c *testenv.Cluster, keys func(int) *lo
 	t.refused.reset()
 	profiled := make(chan struct{})
 	if path := os.Getenv("ALLOT_BENCH_PROFILE"); path != "" && profile && t.proc.http != "" {
-		go func() { defer close(profiled); t.proc.profile(b, path) }()
+		go func() {
+			defer close(profiled)
+			t.proc.profile(b, path)
+			t.proc.fetch(b, "allocs", path+".allocs") // allocations since the start, by site
+		}()
 	} else {
 		close(profiled)
 	}
