@@ -118,7 +118,9 @@ rules:
 // writes a 5 s CPU profile of the enforcer taken during the first round's closed loop
 // (and, to PATH.allocs, its allocations since it started, by site: `go tool pprof
 // -sample_index=alloc_space`);
-// ALLOT_BENCH_TRACE a 3 s execution trace of it during the first open loop (`go tool trace
+// ALLOT_BENCH_PROFILE_OPEN a 5 s CPU profile of it during the first open loop (after the
+// trace, if both are asked for); ALLOT_BENCH_TRACE a 3 s execution trace of it during the
+// first open loop (`go tool trace
 // -pprof=sched` tells where its goroutines waited to run); ALLOT_BENCH_GODEBUG is given to
 // both servers as GODEBUG (e.g. "gctrace=1": with ALLOT_BENCH_LOG=1 the enforcer's GC
 // cycles are printed, live heap and mark time).
@@ -238,7 +240,7 @@ type loadTarget struct {
 	clients []rlsv3.RateLimitServiceClient
 	reqs    []*rlsv3.RateLimitRequest
 	refused atomicCount
-	traced  bool // ALLOT_BENCH_TRACE: the first open loop's trace was taken
+	traced  bool // ALLOT_BENCH_TRACE, ALLOT_BENCH_PROFILE_OPEN: the first open loop's were taken
 }
 
 func (t *loadTarget) connect(b *testing.B, reqs []*rlsv3.RateLimitRequest) {
@@ -332,9 +334,18 @@ func (t *loadTarget) open(b *testing.B, c *testenv.Cluster, row *loadRow, rate f
 		row.Degraded += int64(s0.degraded() - w0.degraded())
 	}
 	traced := make(chan struct{})
-	if path := os.Getenv("ALLOT_BENCH_TRACE"); path != "" && t.proc.http != "" && !t.traced {
+	trace, prof := os.Getenv("ALLOT_BENCH_TRACE"), os.Getenv("ALLOT_BENCH_PROFILE_OPEN")
+	if (trace != "" || prof != "") && t.proc.http != "" && !t.traced {
 		t.traced = true
-		go func() { defer close(traced); t.proc.fetch(b, "trace?seconds=3", path) }()
+		go func() {
+			defer close(traced)
+			if trace != "" {
+				t.proc.fetch(b, "trace?seconds=3", trace)
+			}
+			if prof != "" {
+				t.proc.fetch(b, "profile?seconds=5", prof)
+			}
+		}()
 	} else {
 		close(traced)
 	}

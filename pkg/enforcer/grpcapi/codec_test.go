@@ -69,7 +69,7 @@ func checkRequest(t *testing.T, b []byte) {
 	var want rlsv3.RateLimitRequest
 	werr := proto.UnmarshalOptions{DiscardUnknown: true}.Unmarshal(b, &want)
 	var got rlsv3.RateLimitRequest
-	gerr := unmarshalRequest(b, &got)
+	gerr := unmarshalRequest(b, &got, nil)
 	if (werr == nil) != (gerr == nil) {
 		t.Fatalf("% x: codec error %v, proto.Unmarshal error %v", b, gerr, werr)
 	}

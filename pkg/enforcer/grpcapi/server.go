@@ -51,7 +51,7 @@ func New(e *enforcer.Enforcer, cfg Config) *Server {
 
 // Register registers both services on s.
 func (s *Server) Register(g grpc.ServiceRegistrar) {
-	rlsv3.RegisterRateLimitServiceServer(g, s)
+	g.RegisterService(s.rlsServiceDesc(), s) // the generated service, with pooled messages (wire.go)
 	allotv1.RegisterAllotServer(g, s)
 }
 
@@ -60,6 +60,14 @@ func (s *Server) Register(g grpc.ServiceRegistrar) {
 // RateLimit header fields of the deciding descriptor (the first refused one, else the one
 // with the fewest tokens left) in response_headers_to_add.
 func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+	r, err := s.shouldRateLimit(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	return &r.resp, nil
+}
+
+func (s *Server) shouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*reply, error) {
 	lim := s.e.Limits()
 	if err := s.checkRLS(req, &lim); err != nil {
 		s.e.CountInvalid(enforcer.APIEnvoyRLS)
@@ -125,7 +133,7 @@ func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 			resp.ResponseHeadersToAdd[i] = &values[i]
 		}
 	}
-	return resp, nil
+	return r, nil
 }
 
 func (s *Server) checkRLS(req *rlsv3.RateLimitRequest, lim *enforcer.InputLimits) error {
@@ -157,9 +165,10 @@ func (s *Server) checkRLS(req *rlsv3.RateLimitRequest, lim *enforcer.InputLimits
 }
 
 // reply is one Envoy RLS response with room for what it points at: one descriptor's
-// status, its limit and reset, and an allowed answer's header fields. An allowed answer to
-// one descriptor is made in one allocation (a refusal's header fields add one, more
-// descriptors four); gRPC marshals it after the handler returns and keeps nothing of it.
+// status, its limit and reset, and an allowed answer's header fields. It comes from
+// replyPool: on the wire path Codec writes it and returns it (wire.go), so an allowed
+// answer to one descriptor allocates nothing (a refusal's header fields add one
+// allocation, more descriptors four); a reply handed out as a message is not returned.
 type reply struct {
 	resp         rlsv3.RateLimitResponse
 	statusPtrs   [1]*rlsv3.RateLimitResponse_DescriptorStatus
@@ -178,7 +187,7 @@ const maxHeaders = 5
 // newReply returns an OK response of n statuses, each OK with no limit: what a
 // negative-hits descriptor is answered.
 func newReply(n int) *reply {
-	r := &reply{}
+	r := replyPool.Get().(*reply)
 	r.resp.OverallCode = rlsv3.RateLimitResponse_OK
 	statuses := r.statuses[:]
 	r.resp.Statuses, r.limits, r.resets = r.statusPtrs[:], r.limitsBuf[:], r.resetsBuf[:]

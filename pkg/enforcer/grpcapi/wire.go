@@ -1,0 +1,91 @@
+package grpcapi
+
+import (
+	"context"
+	"sync"
+
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/protobuf/reflect/protoreflect"
+)
+
+// The Envoy RLS method as Register serves it: the generated service's name and method, with
+// a handler whose request and response are lent by pools for the one call, so a check's
+// messages cost no garbage. With Codec, the request is parsed into a pooled graph and the
+// response goes back to its pool once Codec has written it; with gRPC's protobuf codec
+// (a server built without Codec) the same types work as the plain messages they hold
+// (ProtoReflect), and nothing is pooled past the call.
+//
+// What it relies on: gRPC keeps nothing of a response once the codec has marshalled it,
+// unless the server has a stats handler, binary logging (GRPC_BINARY_LOG_FILTER) or
+// grpc.EnableTracing, which read the message after it is sent. cmd/enforcer uses none of
+// them; a server that does must not use Codec (without it nothing is returned to a pool).
+
+// rlsServiceName and the method are those of rls.proto (the generated descriptor's).
+const rlsServiceName = "envoy.service.ratelimit.v3.RateLimitService"
+
+func (s *Server) rlsServiceDesc() *grpc.ServiceDesc {
+	return &grpc.ServiceDesc{
+		ServiceName: rlsServiceName,
+		HandlerType: (*rlsv3.RateLimitServiceServer)(nil),
+		Methods:     []grpc.MethodDesc{{MethodName: "ShouldRateLimit", Handler: s.handleShouldRateLimit}},
+		Metadata:    "envoy/service/ratelimit/v3/rls.proto",
+	}
+}
+
+// wireRequest is a RateLimitRequest and room for the usual request's descriptors, lent by
+// wirePool for one call. ours says Codec parsed it (so Codec writes the response too).
+type wireRequest struct {
+	req   rlsv3.RateLimitRequest
+	graph oneDesc
+	ours  bool
+}
+
+// ProtoReflect makes a wireRequest the request it holds to gRPC's protobuf codec.
+func (w *wireRequest) ProtoReflect() protoreflect.Message { return w.req.ProtoReflect() }
+
+var wirePool = sync.Pool{New: func() any { return new(wireRequest) }}
+
+func (s *Server) handleShouldRateLimit(_ any, ctx context.Context, dec func(any) error, interceptor grpc.UnaryServerInterceptor) (any, error) {
+	w := wirePool.Get().(*wireRequest)
+	defer func() { // the handler and the interceptors have returned; the response holds nothing of w
+		*w = wireRequest{}
+		wirePool.Put(w)
+	}()
+	if err := dec(w); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return s.answer(ctx, &w.req, w.ours)
+	}
+	ours := w.ours
+	info := &grpc.UnaryServerInfo{Server: s, FullMethod: rlsv3.RateLimitService_ShouldRateLimit_FullMethodName}
+	return interceptor(ctx, &w.req, info, func(ctx context.Context, req any) (any, error) {
+		return s.answer(ctx, req.(*rlsv3.RateLimitRequest), ours)
+	})
+}
+
+// answer is ShouldRateLimit for the wire: the pooled reply itself when Codec will write it
+// (and return it to its pool), else its message.
+func (s *Server) answer(ctx context.Context, req *rlsv3.RateLimitRequest, ours bool) (any, error) {
+	r, err := s.shouldRateLimit(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	if ours {
+		return r, nil
+	}
+	return &r.resp, nil
+}
+
+// replyPool lends replies to the wire path; a reply Codec has written goes back (release).
+var replyPool = sync.Pool{New: func() any { return new(reply) }}
+
+// ProtoReflect makes a reply its response to gRPC's protobuf codec.
+func (r *reply) ProtoReflect() protoreflect.Message { return r.resp.ProtoReflect() }
+
+// release returns r to replyPool, emptied so that it keeps nothing alive.
+func (r *reply) release() {
+	*r = reply{}
+	replyPool.Put(r)
+}
