@@ -416,3 +416,41 @@ func TestContendedKeyAfterAQuietPace(t *testing.T) {
 		t.Fatalf("after a quiet pace: %+v calls %d, want a foreground call granting 1", res, calls.Load())
 	}
 }
+
+// TestTableRecencyBound holds the table to its stated order (table.go): in a shard of
+// capacity C, an entry used is kept while fewer than 3/4 C other keys are inserted after
+// it, and is evicted after C of them, as in exact LRU.
+func TestTableRecencyBound(t *testing.T) {
+	const c = 16 // MaxKeys 16: one shard of 16
+	for j := 0; j <= c; j++ {
+		f := newFixture(t, nil)
+		next, _ := script(grantAll)
+		s := f.store(next, func(cfg *Config) { cfg.MaxKeys = c }, hooks{})
+		if len(s.shards) != 1 || s.perShard != c {
+			t.Fatalf("%d shards of %d, want 1 of %d", len(s.shards), s.perShard, c)
+		}
+		r := req("", 10, 10, 1)
+		for i := range c { // a full shard, "k" among the oldest
+			r.Identity = "fill:" + strconv.Itoa(i)
+			f.take(s, r)
+		}
+		k := req("k", 10, 10, 1)
+		f.take(s, k) // evicts fill:0
+		for i := range 2 * c {
+			r.Identity = "fill:" + strconv.Itoa(i%4+1) // recent hits, which may or may not move
+			f.take(s, r)
+			f.take(s, k) // k is used again and again ...
+		}
+		for i := range j { // ... then j keys it has never seen
+			r.Identity = "new:" + strconv.Itoa(i)
+			f.take(s, r)
+		}
+		_, kept := s.shards[0].m["k"]
+		switch {
+		case j < c*3/4 && !kept:
+			t.Fatalf("k evicted after %d new keys, fewer than 3/4 of %d", j, c)
+		case j >= c && kept:
+			t.Fatalf("k kept after %d new keys in a shard of %d", j, c)
+		}
+	}
+}

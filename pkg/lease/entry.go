@@ -12,6 +12,7 @@ import (
 type entry struct {
 	key        string
 	prev, next *entry // the shard's LRU ring; most recently used right after the sentinel
+	tick       uint64 // the shard's tick when e last went to the front of the ring
 
 	// limits are the limits the lease, the refusal cache and the bucket view were taken
 	// under. Replaced (never written in place) when a request brings other limits, so a

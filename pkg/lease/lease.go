@@ -131,18 +131,19 @@ type Store struct {
 	mu       sync.RWMutex
 	shutting bool
 
-	next     bucket.Store
-	take     func(context.Context, *bucket.Request) (bucket.Result, error) // next's TakeValid (or Take)
-	cfg      Config
-	base     time.Time // times in entries are nanoseconds since base (monotonic if the clock has it)
-	ttl      int64
-	quietTTL int64
-	window   int64
-	busyHits int64
-	seed     maphash.Seed
-	mask     uint64
-	perShard int
-	shards   []shard
+	next      bucket.Store
+	take      func(context.Context, *bucket.Request) (bucket.Result, error) // next's TakeValid (or Take)
+	cfg       Config
+	base      time.Time // times in entries are nanoseconds since base (monotonic if the clock has it)
+	ttl       int64
+	quietTTL  int64
+	window    int64
+	busyHits  int64
+	seed      maphash.Seed
+	mask      uint64
+	perShard  int
+	moveAfter uint64 // a hit moves its entry to the front after this many others went (table.go)
+	shards    []shard
 
 	work   chan *entry // background refills waiting for a refiller
 	stop   chan struct{}
@@ -175,21 +176,22 @@ func newStore(next bucket.Store, cfg Config, h hooks) (*Store, error) {
 	}
 	n := shardsFor(cfg.MaxKeys)
 	s := &Store{
-		next:     next,
-		take:     bucket.Validated(next),
-		cfg:      cfg,
-		base:     cfg.Clock.Now(),
-		ttl:      int64(cfg.LeaseTTL),
-		quietTTL: int64(cfg.QuietTTL),
-		window:   int64(cfg.Window),
-		busyHits: int64(cfg.BusyHits),
-		seed:     maphash.MakeSeed(),
-		mask:     uint64(n - 1),
-		perShard: cfg.MaxKeys / n,
-		shards:   make([]shard, n),
-		work:     make(chan *entry, cfg.RefillQueue),
-		stop:     make(chan struct{}),
-		hooks:    h,
+		next:      next,
+		take:      bucket.Validated(next),
+		cfg:       cfg,
+		base:      cfg.Clock.Now(),
+		ttl:       int64(cfg.LeaseTTL),
+		quietTTL:  int64(cfg.QuietTTL),
+		window:    int64(cfg.Window),
+		busyHits:  int64(cfg.BusyHits),
+		seed:      maphash.MakeSeed(),
+		mask:      uint64(n - 1),
+		perShard:  cfg.MaxKeys / n,
+		moveAfter: uint64(max(1, cfg.MaxKeys/n/4)),
+		shards:    make([]shard, n),
+		work:      make(chan *entry, cfg.RefillQueue),
+		stop:      make(chan struct{}),
+		hooks:     h,
 	}
 	for i := range s.shards {
 		s.shards[i].init()

@@ -8,6 +8,12 @@ import (
 // The table: a fixed number of shards, each a map plus an intrusive LRU ring under one
 // mutex. A lookup touches one shard; an insert into a full shard evicts that shard's least
 // recently used entry, so the size bound holds with O(1) work per insert and no scans.
+//
+// A hit moves its entry to the front only if a quarter of the shard's capacity has gone
+// to the front since it last did (the shard's tick counts those moves and inserts): a busy
+// key's hits then leave the ring, and the neighbours' cache lines, alone. The order errs by
+// at most that quarter: an entry is evicted only once three quarters of a shard's capacity
+// of other keys were used or inserted after its last use, rather than all of it.
 
 // shardsFor picks a power-of-two shard count: up to 64, and at least 16 keys a shard, so
 // that maxKeys/shards (rounded down) keeps the total under maxKeys without wasting much.
@@ -20,9 +26,10 @@ func shardsFor(maxKeys int) int {
 }
 
 type shard struct {
-	mu   sync.Mutex // mu guards m, the ring and every field of the entries in m
+	mu   sync.Mutex // mu guards m, the ring, tick and every field of the entries in m
 	m    map[string]*entry
-	ring entry // sentinel: ring.next is the most recently used, ring.prev the least
+	ring entry  // sentinel: ring.next is the most recently used, ring.prev the least
+	tick uint64 // entries sent to the front so far
 	_    [64]byte
 }
 
@@ -39,7 +46,7 @@ func (s *Store) shardOf(key string) *shard {
 // the shard is full) if absent, and marks it most recently used. Called with sh.mu held.
 func (s *Store) lookup(sh *shard, key string, now int64) *entry {
 	if e := sh.m[key]; e != nil {
-		if sh.ring.next != e {
+		if sh.tick-e.tick >= s.moveAfter {
 			e.prev.next, e.next.prev = e.next, e.prev
 			sh.pushFront(e)
 		}
@@ -60,6 +67,8 @@ func (s *Store) lookup(sh *shard, key string, now int64) *entry {
 }
 
 func (sh *shard) pushFront(e *entry) {
+	sh.tick++
+	e.tick = sh.tick
 	e.prev, e.next = &sh.ring, sh.ring.next
 	sh.ring.next.prev = e
 	sh.ring.next = e
