@@ -122,7 +122,7 @@ rules:
 // trace, if both are asked for); ALLOT_BENCH_TRACE a 3 s execution trace of it during the
 // first open loop (`go tool trace
 // -pprof=sched` tells where its goroutines waited to run); ALLOT_BENCH_GODEBUG is given to
-// both servers as GODEBUG (e.g. "gctrace=1": with ALLOT_BENCH_LOG=1 the enforcer's GC
+// both servers as GODEBUG, ALLOT_BENCH_GOGC as GOGC (e.g. "gctrace=1": with ALLOT_BENCH_LOG=1 the enforcer's GC
 // cycles are printed, live heap and mark time).
 //
 // Pinning: ALLOT_BENCH_SERVER_CPUS and ALLOT_BENCH_CLIENT_CPUS (taskset lists such as "1"
@@ -458,6 +458,9 @@ func (p *serverProc) start(b *testing.B, bin string, args, env []string) {
 	p.cmd.Env = append([]string{"PATH=" + os.Getenv("PATH"), "GOMAXPROCS=" + os.Getenv("GOMAXPROCS")}, env...)
 	if v := os.Getenv("ALLOT_BENCH_GODEBUG"); v != "" {
 		p.cmd.Env = append(p.cmd.Env, "GODEBUG="+v)
+	}
+	if v := os.Getenv("ALLOT_BENCH_GOGC"); v != "" { // overrides gc_percent in both servers
+		p.cmd.Env = append(p.cmd.Env, "GOGC="+v)
 	}
 	if err := p.cmd.Start(); err != nil {
 		b.Fatalf("while starting %s: %v", bin, err)

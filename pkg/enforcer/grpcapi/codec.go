@@ -2,6 +2,7 @@ package grpcapi
 
 import (
 	"errors"
+	"sync"
 	"unicode/utf8"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -45,13 +46,36 @@ func (c codec) Marshal(v any) (mem.BufferSlice, error) {
 		return c.proto.Marshal(v)
 	}
 	n := sizeResponse(m)
-	if mem.IsBelowBufferPoolingThreshold(n) { // gRPC does not pool buffers this small
+	if n > respBufSize {
 		return mem.BufferSlice{mem.SliceBuffer(appendResponse(make([]byte, 0, n), m))}, nil
 	}
-	pool := mem.DefaultBufferPool()
-	buf := pool.Get(n)
+	buf := respBufs.Get(n)
 	*buf = appendResponse((*buf)[:0], m)
-	return mem.BufferSlice{mem.NewBuffer(buf, pool)}, nil
+	return mem.BufferSlice{mem.NewBuffer(buf, respBufs)}, nil
+}
+
+// respBufs lends the buffers responses are written into; gRPC puts each back once it is
+// written. Their capacity is above gRPC's pooling threshold (mem.NewBuffer pools nothing
+// of 1 KiB or less), a response is written whole over what a buffer held (so no zeroing, which
+// gRPC's default pool does on every Get), and a larger response gets a buffer of its own.
+var respBufs = &bufPool{pool: sync.Pool{New: func() any { b := make([]byte, 0, respBufSize); return &b }}}
+
+const respBufSize = 2048
+
+type bufPool struct{ pool sync.Pool }
+
+// Get implements mem.BufferPool for lengths up to respBufSize.
+func (p *bufPool) Get(length int) *[]byte {
+	b := p.pool.Get().(*[]byte)
+	*b = (*b)[:length]
+	return b
+}
+
+// Put implements mem.BufferPool.
+func (p *bufPool) Put(b *[]byte) {
+	if cap(*b) == respBufSize {
+		p.pool.Put(b)
+	}
 }
 
 func (c codec) Unmarshal(data mem.BufferSlice, v any) error {

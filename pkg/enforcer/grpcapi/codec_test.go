@@ -3,6 +3,7 @@ package grpcapi
 import (
 	"bytes"
 	"context"
+	"strings"
 	"testing"
 	"unicode/utf8"
 
@@ -149,6 +150,25 @@ func TestCodecResponse(t *testing.T) {
 	checkResponse(t, &rlsv3.RateLimitResponse{OverallCode: -1, Statuses: []*rlsv3.RateLimitResponse_DescriptorStatus{{
 		Code: 2, CurrentLimit: &rlsv3.RateLimitResponse_RateLimit{}, DurationUntilReset: &durationpb.Duration{Seconds: -3, Nanos: -5},
 	}}, ResponseHeadersToAdd: []*corev3.HeaderValue{{}, {RawValue: []byte{0}}}})
+
+	// Through the codec's interface: a response in a pooled buffer, and one too large for
+	// them in its own, each proto.Marshal's bytes.
+	for _, m := range []*rlsv3.RateLimitResponse{
+		{OverallCode: rlsv3.RateLimitResponse_OK, ResponseHeadersToAdd: []*corev3.HeaderValue{{Key: "k", Value: "v"}}},
+		{OverallCode: rlsv3.RateLimitResponse_OK, ResponseHeadersToAdd: []*corev3.HeaderValue{{Key: "k", Value: strings.Repeat("v", 3*respBufSize)}}},
+	} {
+		for range 3 { // a buffer back from the pool is written over whole
+			data, err := Codec().Marshal(m)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want, _ := proto.Marshal(m)
+			if got := data.Materialize(); !bytes.Equal(got, want) {
+				t.Fatalf("%d bytes through the codec differ from proto.Marshal's %d", len(got), len(want))
+			}
+			data.Free()
+		}
+	}
 
 	// What the codec does not write goes to gRPC's protobuf codec.
 	for _, m := range []*rlsv3.RateLimitResponse{
