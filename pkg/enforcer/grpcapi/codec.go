@@ -204,29 +204,25 @@ func (p *parser) stringAt(at, end int) (s string, next int, err error) {
 	return p.cut(from, to), next, nil
 }
 
-// fields calls f for each field of msg[at:end]; f returns the offset after the field's
-// value, or -1 to have it skipped as an unknown field (also what a known field number with
-// another wire type is, as in proto.Unmarshal).
-func (p *parser) fields(at, end int, f func(num protowire.Number, typ protowire.Type, at int) (int, error)) error {
-	for at < end {
-		num, typ, n := protowire.ConsumeTag(p.msg[at:end])
-		if n < 0 || num > protowire.MaxValidNumber {
-			return errWire
-		}
-		at += n
-		next, err := f(num, typ, at)
-		if err != nil {
-			return err
-		}
-		if next < 0 {
-			if n = protowire.ConsumeFieldValue(num, typ, p.msg[at:end]); n < 0 {
-				return errWire
-			}
-			next = at + n
-		}
-		at = next
+// tag reads the field tag at msg[at:end]: the field's number and wire type, and where its
+// value starts.
+func (p *parser) tag(at, end int) (protowire.Number, protowire.Type, int, error) {
+	num, typ, n := protowire.ConsumeTag(p.msg[at:end])
+	if n < 0 || num > protowire.MaxValidNumber {
+		return 0, 0, 0, errWire
 	}
-	return nil
+	return num, typ, at + n, nil
+}
+
+// skip passes over the value at msg[at:end] of a field allot does not read: an unknown
+// field, or a known one with another wire type, which proto.Unmarshal also keeps as
+// unknown. It returns the offset after the value.
+func (p *parser) skip(num protowire.Number, typ protowire.Type, at, end int) (int, error) {
+	n := protowire.ConsumeFieldValue(num, typ, p.msg[at:end])
+	if n < 0 {
+		return 0, errWire
+	}
+	return at + n, nil
 }
 
 func (p *parser) varintAt(at, end int) (uint64, int, error) {
@@ -240,7 +236,8 @@ func (p *parser) varintAt(at, end int) (uint64, int, error) {
 // unmarshalRequest parses msg into m as proto.Unmarshal would (m is new, as gRPC gives it):
 // the last of a scalar field wins, repeated fields append, an embedded message given
 // twice is merged, unknown fields are skipped. The descriptor's limit override, which allot
-// ignores, is parsed only to be as strict as proto.Unmarshal.
+// ignores, is parsed only to be as strict as proto.Unmarshal. Each message is one loop over
+// its fields (no callbacks: this is the check path).
 func unmarshalRequest(msg []byte, m *rlsv3.RateLimitRequest, g *oneDesc) error {
 	p := parser{msg: msg}
 	if len(msg) <= sharedStrings {
@@ -248,28 +245,29 @@ func unmarshalRequest(msg []byte, m *rlsv3.RateLimitRequest, g *oneDesc) error {
 	}
 	var domain string
 	var hits uint32
-	end := len(msg)
-	err := p.fields(0, end, func(num protowire.Number, typ protowire.Type, at int) (int, error) {
+	for at, end := 0, len(msg); at < end; {
+		num, typ, val, err := p.tag(at, end)
+		if err != nil {
+			return err
+		}
 		switch {
 		case num == reqDomain && typ == protowire.BytesType:
-			s, next, err := p.stringAt(at, end)
-			domain = s
-			return next, err
+			domain, at, err = p.stringAt(val, end)
 		case num == reqDescriptors && typ == protowire.BytesType:
-			from, to, next, err := p.bytesAt(at, end)
-			if err == nil {
+			var from, to int
+			if from, to, at, err = p.bytesAt(val, end); err == nil {
 				err = p.descriptor(from, to)
 			}
-			return next, err
 		case num == reqHits && typ == protowire.VarintType:
-			v, next, err := p.varintAt(at, end)
+			var v uint64
+			v, at, err = p.varintAt(val, end)
 			hits = uint32(v)
-			return next, err
+		default:
+			at, err = p.skip(num, typ, val, end)
 		}
-		return -1, nil
-	})
-	if err != nil {
-		return err
+		if err != nil {
+			return err
+		}
 	}
 	m.Domain, m.HitsAddend = domain, hits
 	if p.nDesc > 0 {
@@ -281,65 +279,110 @@ func unmarshalRequest(msg []byte, m *rlsv3.RateLimitRequest, g *oneDesc) error {
 // descriptor parses one RateLimitDescriptor at msg[at:end].
 func (p *parser) descriptor(at, end int) error {
 	d := parsedDesc{first: p.nEntry}
-	err := p.fields(at, end, func(num protowire.Number, typ protowire.Type, at int) (int, error) {
-		if typ == protowire.VarintType && num == descNeg {
-			v, next, err := p.varintAt(at, end)
-			d.negative = v != 0
-			return next, err
-		}
-		if typ != protowire.BytesType || (num != descEntries && num != descLimit && num != descHits) {
-			return -1, nil
-		}
-		from, to, next, err := p.bytesAt(at, end)
+	for at < end {
+		num, typ, val, err := p.tag(at, end)
 		if err != nil {
-			return 0, err
+			return err
 		}
-		switch num {
-		case descEntries:
-			err = p.entry(from, to)
-		case descLimit: // RateLimitOverride: requests_per_unit and unit, both varints
-			err = p.fields(from, to, func(num protowire.Number, typ protowire.Type, at int) (int, error) {
-				if (num == 1 || num == 2) && typ == protowire.VarintType {
-					_, next, err := p.varintAt(at, to)
-					return next, err
+		var v uint64
+		switch {
+		case num == descNeg && typ == protowire.VarintType:
+			v, at, err = p.varintAt(val, end)
+			d.negative = v != 0
+		case num == descEntries && typ == protowire.BytesType:
+			var from, to int
+			if from, to, at, err = p.bytesAt(val, end); err == nil {
+				err = p.entry(from, to)
+			}
+		case num == descLimit && typ == protowire.BytesType: // RateLimitOverride: two varints
+			var from, to int
+			if from, to, at, err = p.bytesAt(val, end); err == nil {
+				err = p.varints(from, to, 1, 2)
+			}
+		case num == descHits && typ == protowire.BytesType: // google.protobuf.UInt64Value
+			var from, to int
+			if from, to, at, err = p.bytesAt(val, end); err == nil {
+				d.hasHits = true
+				var last uint64
+				var seen bool
+				if last, seen, err = p.lastVarint(from, to, 1); seen {
+					d.hits = last
 				}
-				return -1, nil
-			})
-		case descHits: // google.protobuf.UInt64Value
-			d.hasHits = true
-			err = p.fields(from, to, func(num protowire.Number, typ protowire.Type, at int) (int, error) {
-				if num == 1 && typ == protowire.VarintType {
-					v, next, err := p.varintAt(at, to)
-					d.hits = v
-					return next, err
-				}
-				return -1, nil
-			})
+			}
+		default:
+			at, err = p.skip(num, typ, val, end)
 		}
-		return next, err
-	})
+		if err != nil {
+			return err
+		}
+	}
 	d.n = p.nEntry - d.first
 	p.addDesc(d)
-	return err
+	return nil
+}
+
+// varints checks a message at msg[at:end] whose known fields, a and b, are varints.
+func (p *parser) varints(at, end int, a, b protowire.Number) error {
+	for at < end {
+		num, typ, val, err := p.tag(at, end)
+		if err != nil {
+			return err
+		}
+		if (num == a || num == b) && typ == protowire.VarintType {
+			_, at, err = p.varintAt(val, end)
+		} else {
+			at, err = p.skip(num, typ, val, end)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// lastVarint returns the last value of varint field f in the message at msg[at:end], and
+// whether it was there.
+func (p *parser) lastVarint(at, end int, f protowire.Number) (last uint64, seen bool, err error) {
+	for at < end {
+		num, typ, val, err := p.tag(at, end)
+		if err != nil {
+			return 0, false, err
+		}
+		if num == f && typ == protowire.VarintType {
+			last, at, err = p.varintAt(val, end)
+			seen = true
+		} else {
+			at, err = p.skip(num, typ, val, end)
+		}
+		if err != nil {
+			return 0, false, err
+		}
+	}
+	return last, seen, nil
 }
 
 // entry parses one descriptor entry at msg[at:end].
 func (p *parser) entry(at, end int) error {
 	var e parsedEntry
-	err := p.fields(at, end, func(num protowire.Number, typ protowire.Type, at int) (int, error) {
-		if typ != protowire.BytesType || (num != entryKey && num != entryValue) {
-			return -1, nil
+	for at < end {
+		num, typ, val, err := p.tag(at, end)
+		if err != nil {
+			return err
 		}
-		s, next, err := p.stringAt(at, end)
-		if num == entryKey {
-			e.key = s
-		} else {
-			e.value = s
+		switch {
+		case num == entryKey && typ == protowire.BytesType:
+			e.key, at, err = p.stringAt(val, end)
+		case num == entryValue && typ == protowire.BytesType:
+			e.value, at, err = p.stringAt(val, end)
+		default:
+			at, err = p.skip(num, typ, val, end)
 		}
-		return next, err
-	})
+		if err != nil {
+			return err
+		}
+	}
 	p.addEntry(e)
-	return err
+	return nil
 }
 
 // oneDesc is the graph of the usual request, one descriptor of at most two entries (an

@@ -255,6 +255,20 @@ func BenchmarkCodec(b *testing.B) {
 				}
 			}
 		})
+		if c.name == "allot" { // as the wire path parses: into a pooled request (wire.go)
+			b.Run(c.name+"/request-pooled", func(b *testing.B) {
+				b.ReportAllocs()
+				data := mem.BufferSlice{mem.SliceBuffer(wire)}
+				for b.Loop() {
+					w := s.wire.Get().(*wireRequest)
+					if err := c.codec.Unmarshal(data, w); err != nil {
+						b.Fatal(err)
+					}
+					w.reset()
+					s.wire.Put(w)
+				}
+			})
+		}
 		b.Run(c.name+"/response", func(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {

@@ -7,6 +7,7 @@ import (
 	"math"
 	"net/netip"
 	"runtime/debug"
+	"sync"
 
 	"github.com/allot-dev/allot/pkg/bucket"
 	"github.com/allot-dev/allot/pkg/enforcer"
@@ -38,6 +39,8 @@ type Server struct {
 	e    *enforcer.Enforcer
 	keys KeyMap
 	cfg  Config
+	wire sync.Pool            // *wireRequest, for the Envoy method (wire.go)
+	info grpc.UnaryServerInfo // the Envoy method, for interceptors
 }
 
 // New returns a Server answering with e.
@@ -46,7 +49,10 @@ func New(e *enforcer.Enforcer, cfg Config) *Server {
 	if km == nil {
 		km = DefaultKeyMap()
 	}
-	return &Server{e: e, keys: km, cfg: cfg}
+	s := &Server{e: e, keys: km, cfg: cfg}
+	s.wire.New = s.newWireRequest
+	s.info = grpc.UnaryServerInfo{Server: s, FullMethod: rlsv3.RateLimitService_ShouldRateLimit_FullMethodName}
+	return s
 }
 
 // Register registers both services on s.
@@ -167,8 +173,8 @@ func (s *Server) checkRLS(req *rlsv3.RateLimitRequest, lim *enforcer.InputLimits
 // reply is one Envoy RLS response with room for what it points at: one descriptor's
 // status, its limit and reset, and an allowed answer's header fields. It comes from
 // replyPool: on the wire path Codec writes it and returns it (wire.go), so an allowed
-// answer to one descriptor allocates nothing (a refusal's header fields add one
-// allocation, more descriptors four); a reply handed out as a message is not returned.
+// answer to one descriptor allocates nothing (more descriptors: four allocations); a reply
+// handed out as a message is not returned.
 type reply struct {
 	resp         rlsv3.RateLimitResponse
 	statusPtrs   [1]*rlsv3.RateLimitResponse_DescriptorStatus
@@ -178,7 +184,7 @@ type reply struct {
 	limits       []rlsv3.RateLimitResponse_RateLimit // limits[i] is status i's limit
 	resets       []durationpb.Duration               // resets[i] its reset
 	headerPtrs   [maxHeaders]*corev3.HeaderValue
-	headerValues [3]corev3.HeaderValue // an allowed answer's; a refusal's five are made apart
+	headerValues [maxHeaders]corev3.HeaderValue
 }
 
 // maxHeaders is the most header fields Decision.AppendHeaders adds.

@@ -34,23 +34,36 @@ func (s *Server) rlsServiceDesc() *grpc.ServiceDesc {
 }
 
 // wireRequest is a RateLimitRequest and room for the usual request's descriptors, lent by
-// wirePool for one call. ours says Codec parsed it (so Codec writes the response too).
+// a Server's pool for one call. ours says Codec parsed it (so Codec writes the response
+// too); handle is the call's handler for the interceptors, made once per wireRequest.
 type wireRequest struct {
-	req   rlsv3.RateLimitRequest
-	graph oneDesc
-	ours  bool
+	req    rlsv3.RateLimitRequest
+	graph  oneDesc
+	ours   bool
+	handle grpc.UnaryHandler
 }
 
 // ProtoReflect makes a wireRequest the request it holds to gRPC's protobuf codec.
 func (w *wireRequest) ProtoReflect() protoreflect.Message { return w.req.ProtoReflect() }
 
-var wirePool = sync.Pool{New: func() any { return new(wireRequest) }}
+// reset empties w for its next call, keeping its handler.
+func (w *wireRequest) reset() {
+	w.req, w.graph, w.ours = rlsv3.RateLimitRequest{}, oneDesc{}, false
+}
+
+func (s *Server) newWireRequest() any {
+	w := new(wireRequest)
+	w.handle = func(ctx context.Context, req any) (any, error) {
+		return s.answer(ctx, req.(*rlsv3.RateLimitRequest), w.ours)
+	}
+	return w
+}
 
 func (s *Server) handleShouldRateLimit(_ any, ctx context.Context, dec func(any) error, interceptor grpc.UnaryServerInterceptor) (any, error) {
-	w := wirePool.Get().(*wireRequest)
+	w := s.wire.Get().(*wireRequest)
 	defer func() { // the handler and the interceptors have returned; the response holds nothing of w
-		*w = wireRequest{}
-		wirePool.Put(w)
+		w.reset()
+		s.wire.Put(w)
 	}()
 	if err := dec(w); err != nil {
 		return nil, err
@@ -58,11 +71,7 @@ func (s *Server) handleShouldRateLimit(_ any, ctx context.Context, dec func(any)
 	if interceptor == nil {
 		return s.answer(ctx, &w.req, w.ours)
 	}
-	ours := w.ours
-	info := &grpc.UnaryServerInfo{Server: s, FullMethod: rlsv3.RateLimitService_ShouldRateLimit_FullMethodName}
-	return interceptor(ctx, &w.req, info, func(ctx context.Context, req any) (any, error) {
-		return s.answer(ctx, req.(*rlsv3.RateLimitRequest), ours)
-	})
+	return interceptor(ctx, &w.req, &s.info, w.handle)
 }
 
 // answer is ShouldRateLimit for the wire: the pooled reply itself when Codec will write it
