@@ -125,6 +125,10 @@ rules:
 // both servers as GODEBUG, ALLOT_BENCH_GOGC as GOGC (e.g. "gctrace=1": with ALLOT_BENCH_LOG=1 the enforcer's GC
 // cycles are printed, live heap and mark time).
 //
+// ALLOT_BENCH_NULL_SHAPED=1 makes the null server answer with a prebuilt response of the
+// shape of allot's allowed answer (nullrls_test.go): an experiment that separates allot's
+// work from the size of its answer.
+//
 // Pinning: ALLOT_BENCH_SERVER_CPUS and ALLOT_BENCH_CLIENT_CPUS (taskset lists such as "1"
 // and "0") pin the servers and this process; unset, nothing is pinned and the servers, the
 // client and the three redis-servers share every core. Skipped under -short.
@@ -421,7 +425,11 @@ func startEnforcer(b *testing.B, bin, rulesFile string, redisAddrs []string, pre
 // until it answers.
 func startNullRLS(b *testing.B) *serverProc {
 	p := &serverProc{grpc: freePorts(b, 1)[0], stderr: new(bytes.Buffer)}
-	p.start(b, os.Args[0], []string{"-test.run=^$"}, []string{nullRLSEnv + "=" + p.grpc})
+	env := []string{nullRLSEnv + "=" + p.grpc}
+	if v := os.Getenv(nullShapedEnv); v != "" {
+		env = append(env, nullShapedEnv+"="+v)
+	}
+	p.start(b, os.Args[0], []string{"-test.run=^$"}, env)
 	cc, err := grpc.NewClient(p.grpc, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		b.Fatal(err)

@@ -10,8 +10,10 @@ import (
 	"syscall"
 
 	"github.com/allot-dev/allot/pkg/enforcer/app"
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/protobuf/types/known/durationpb"
 )
 
 // nullRLSEnv, when set to a listen address, turns this test binary into the null RLS server
@@ -38,10 +40,41 @@ func init() {
 // store, no metrics. It builds one response per call, as any server must.
 type nullRLS struct {
 	rlsv3.UnimplementedRateLimitServiceServer
+	canned *rlsv3.RateLimitResponse // ALLOT_BENCH_NULL_SHAPED: every answer is this one
 }
 
-func (nullRLS) ShouldRateLimit(context.Context, *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+func (n nullRLS) ShouldRateLimit(context.Context, *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+	if n.canned != nil {
+		return n.canned, nil // read-only: concurrent marshalling of one message is safe
+	}
 	return &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK}, nil
+}
+
+// nullShapedEnv, when set (in the benchmark's environment; it is passed on to the null
+// server), makes the null server answer every check with one prebuilt response of the shape
+// of allot's allowed answer (a status with its limit, remaining and reset; the three
+// RateLimit header fields): a floor that sends what allot sends, so that the ratio left is
+// allot's work alone and not the size of its answer (which the load generator pays to
+// decode). An experiment, not the benchmark's floor.
+const nullShapedEnv = "ALLOT_BENCH_NULL_SHAPED"
+
+func cannedResponse() *rlsv3.RateLimitResponse {
+	return &rlsv3.RateLimitResponse{
+		OverallCode: rlsv3.RateLimitResponse_OK,
+		Statuses: []*rlsv3.RateLimitResponse_DescriptorStatus{{
+			Code: rlsv3.RateLimitResponse_OK,
+			CurrentLimit: &rlsv3.RateLimitResponse_RateLimit{
+				Name: "default/second", RequestsPerUnit: 500, Unit: rlsv3.RateLimitResponse_RateLimit_SECOND,
+			},
+			LimitRemaining:     412,
+			DurationUntilReset: &durationpb.Duration{Seconds: 1},
+		}},
+		ResponseHeadersToAdd: []*corev3.HeaderValue{
+			{Key: "RateLimit-Policy", Value: `"default/second";q=500;w=1`},
+			{Key: "RateLimit", Value: `"default/second";r=412;t=1`},
+			{Key: "X-RateLimit-Counted-By", Value: "api_key"},
+		},
+	}
 }
 
 func serveNullRLS(addr string) error {
@@ -59,7 +92,11 @@ func serveNullRLS(addr string) error {
 		grpc.MaxConcurrentStreams(1024),
 		grpc.NumStreamWorkers(uint32(32*runtime.GOMAXPROCS(0))),
 	)
-	rlsv3.RegisterRateLimitServiceServer(s, nullRLS{})
+	var n nullRLS
+	if os.Getenv(nullShapedEnv) != "" {
+		n.canned = cannedResponse()
+	}
+	rlsv3.RegisterRateLimitServiceServer(s, n)
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
 	done := make(chan error, 1)
