@@ -53,8 +53,8 @@ type Config struct {
 
 	// MaxKeys is the hard bound on the number of keys the table holds (leases, refusal
 	// cache entries and busyness counters alike). When full, inserting a key evicts the
-	// least recently used one in its shard, in O(1). Default 65536 (≈ 20 MiB at the
-	// ≈ 300 B an entry costs).
+	// least recently used one in its shard, in O(1), recency counted to within a quarter
+	// of the shard (table.go). Default 65536 (≈ 20 MiB at the ≈ 300 B an entry costs).
 	MaxKeys int
 
 	// Refillers is the number of goroutines making background refills; it bounds how many
