@@ -137,41 +137,38 @@ type parser struct {
 }
 
 func (p *parser) addDesc(d parsedDesc) {
-	switch {
-	case p.nDesc < len(p.descArr):
-		p.descArr[p.nDesc] = d
-	case p.nDesc == len(p.descArr):
-		p.descs = append(append(make([]parsedDesc, 0, 2*p.nDesc), p.descArr[:]...), d)
-	default:
-		p.descs = append(p.descs, d)
-	}
+	p.descs = push(p.descArr[:], p.descs, p.nDesc, d)
 	p.nDesc++
 }
 
 func (p *parser) addEntry(e parsedEntry) {
-	switch {
-	case p.nEntry < len(p.entryArr):
-		p.entryArr[p.nEntry] = e
-	case p.nEntry == len(p.entryArr):
-		p.entries = append(append(make([]parsedEntry, 0, 2*p.nEntry), p.entryArr[:]...), e)
-	default:
-		p.entries = append(p.entries, e)
-	}
+	p.entries = push(p.entryArr[:], p.entries, p.nEntry, e)
 	p.nEntry++
 }
 
-func (p *parser) parsedDescs() []parsedDesc {
-	if p.nDesc <= len(p.descArr) {
-		return p.descArr[:p.nDesc]
+func (p *parser) parsedDescs() []parsedDesc { return items(p.descArr[:], p.descs, p.nDesc) }
+
+func (p *parser) parsedEntries() []parsedEntry { return items(p.entryArr[:], p.entries, p.nEntry) }
+
+// push adds v as item n of a list kept in fixed while it fits and in more from then on
+// (every item, copied over when fixed is full); it returns more.
+func push[T any](fixed, more []T, n int, v T) []T {
+	switch {
+	case n < len(fixed):
+		fixed[n] = v
+		return more
+	case n == len(fixed):
+		return append(append(make([]T, 0, 2*n), fixed...), v)
 	}
-	return p.descs
+	return append(more, v)
 }
 
-func (p *parser) parsedEntries() []parsedEntry {
-	if p.nEntry <= len(p.entryArr) {
-		return p.entryArr[:p.nEntry]
+// items returns the n items of a list kept by push.
+func items[T any](fixed, more []T, n int) []T {
+	if n <= len(fixed) {
+		return fixed[:n]
 	}
-	return p.entries
+	return more
 }
 
 func (p *parser) cut(from, to int) string {

@@ -36,14 +36,21 @@ rules:
     limits: [{name: second, rate: 1, per: 1s}]
 `
 
-// serve starts s on 127.0.0.1:0 and returns a client connection; both end at cleanup.
+// serve starts s on 127.0.0.1:0 as cmd/enforcer does (RecoverUnary, Codec) and returns a
+// client connection; both end at cleanup.
 func serve(t *testing.T, s *Server) *grpc.ClientConn {
+	t.Helper()
+	return serveConn(t, s, grpc.ChainUnaryInterceptor(RecoverUnary(hclog.NewNullLogger())), grpc.ForceServerCodecV2(Codec()))
+}
+
+// serveConn is serve with the server's options given.
+func serveConn(t *testing.T, s *Server, opts ...grpc.ServerOption) *grpc.ClientConn {
 	t.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	g := grpc.NewServer(grpc.ChainUnaryInterceptor(RecoverUnary(hclog.NewNullLogger())), grpc.ForceServerCodecV2(Codec()))
+	g := grpc.NewServer(opts...)
 	s.Register(g)
 	done := make(chan struct{})
 	go func() { defer close(done); g.Serve(lis) }()

@@ -3,7 +3,6 @@ package grpcapi
 import (
 	"context"
 	"fmt"
-	"net"
 	"sync"
 	"testing"
 	"time"
@@ -13,31 +12,13 @@ import (
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/hashicorp/go-hclog"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/proto"
 )
 
-// serveWith is serve with the server's options given: with or without Codec.
+// serveWith is serveConn's client of the Envoy service.
 func serveWith(t *testing.T, s *Server, opts ...grpc.ServerOption) rlsv3.RateLimitServiceClient {
 	t.Helper()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	g := grpc.NewServer(opts...)
-	s.Register(g)
-	done := make(chan struct{})
-	go func() { defer close(done); g.Serve(lis) }()
-	cc, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		cc.Close()
-		g.GracefulStop()
-		<-done
-	})
-	return rlsv3.NewRateLimitServiceClient(cc)
+	return rlsv3.NewRateLimitServiceClient(serveConn(t, s, opts...))
 }
 
 // TestWireWithAndWithoutCodec: the pooled wire path answers the same with Codec and with
