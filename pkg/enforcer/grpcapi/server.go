@@ -127,11 +127,8 @@ func (s *Server) shouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 		var hb [maxHeaders]enforcer.Header
 		hs := decider.AppendHeaders(hb[:0])
 		ptrs, values := r.headerPtrs[:], r.headerValues[:]
-		if len(hs) > len(values) {
-			values = make([]corev3.HeaderValue, len(hs))
-		}
-		if len(hs) > len(ptrs) { // not today; cheaper than a panic if a field is added
-			ptrs = make([]*corev3.HeaderValue, len(hs))
+		if len(hs) > maxHeaders { // not today; cheaper than a panic if a field is added
+			ptrs, values = make([]*corev3.HeaderValue, len(hs)), make([]corev3.HeaderValue, len(hs))
 		}
 		resp.ResponseHeadersToAdd = ptrs[:len(hs)]
 		for i, h := range hs {
