@@ -35,11 +35,15 @@ func (k *Keys) Next() int { return int(k.z.Uint64()) }
 
 // Result summarises a run.
 type Result struct {
-	Calls    int64
-	Errors   int64
-	Elapsed  time.Duration
-	Latency  []time.Duration // sorted; open loop: from intended send time
-	Dropped  int64           // open loop: sends that could not start because every worker was busy past the bound
+	Calls   int64
+	Errors  int64
+	Elapsed time.Duration
+	Latency []time.Duration // sorted; open loop: from intended send time
+	Dropped int64           // open loop: sends that could not start because every worker was busy past the bound
+	// SendLate is, sorted, how late the open loop handed each call to a worker, from the
+	// moment it was due: the generator's own lateness, part of Latency (a worker busy, or
+	// the generator not running when the call was due).
+	SendLate []time.Duration
 	FirstErr error
 }
 
@@ -47,12 +51,16 @@ type Result struct {
 func (r *Result) PerSecond() float64 { return float64(r.Calls) / r.Elapsed.Seconds() }
 
 // Quantile returns the q-quantile (0..1) of the recorded latencies.
-func (r *Result) Quantile(q float64) time.Duration {
-	if len(r.Latency) == 0 {
+func (r *Result) Quantile(q float64) time.Duration { return quantile(r.Latency, q) }
+
+// SendLateQuantile returns the q-quantile (0..1) of SendLate.
+func (r *Result) SendLateQuantile(q float64) time.Duration { return quantile(r.SendLate, q) }
+
+func quantile(sorted []time.Duration, q float64) time.Duration {
+	if len(sorted) == 0 {
 		return 0
 	}
-	i := int(q * float64(len(r.Latency)-1))
-	return r.Latency[i]
+	return sorted[int(q*float64(len(sorted)-1))]
 }
 
 // ClosedLoop runs callers goroutines, each calling check back to back, until maxCalls
@@ -126,27 +134,43 @@ func OpenLoop(ctx context.Context, rate float64, d time.Duration, workers int, k
 			}
 		}(w)
 	}
+	// Tick n (from 1) is the moment call n-1 is due. start is read before the ticker is
+	// armed, so a due time is never later than the kernel's tick: if anything, the
+	// generator's lateness is over-counted by the few µs it takes to arm it.
 	start := time.Now()
-	var dropped int64
-	for i := int64(0); i < total && ctx.Err() == nil; i++ {
-		due := start.Add(time.Duration(i) * interval)
-		if wait := time.Until(due); wait > 0 {
-			t := time.NewTimer(wait)
+	tick, err := newTicker(ctx, interval)
+	if err != nil {
+		cancel()
+		close(jobs)
+		wg.Wait()
+		return nil, err
+	}
+	defer tick.close()
+	var dropped, sent int64
+	var late []time.Duration
+	for sent < total && ctx.Err() == nil {
+		n, err := tick.wait()
+		if err != nil {
+			break
+		}
+		for range min(n, total-sent) {
+			due := start.Add(time.Duration(sent+1) * interval)
 			select {
-			case <-t.C:
+			case jobs <- job{due: due, key: keys.Next()}:
+				late = append(late, time.Since(due))
+				sent++
 			case <-ctx.Done():
-				t.Stop()
+			}
+			if ctx.Err() != nil {
+				break
 			}
 		}
-		select {
-		case jobs <- job{due: due, key: keys.Next()}:
-		case <-ctx.Done():
-			dropped = total - i
-		}
 	}
+	dropped = total - sent
 	close(jobs)
 	wg.Wait()
-	res := &Result{Errors: errs.Load(), Elapsed: time.Since(start), Dropped: dropped}
+	slices.Sort(late)
+	res := &Result{Errors: errs.Load(), Elapsed: time.Since(start), Dropped: dropped, SendLate: late}
 	for _, l := range lat {
 		res.Latency = append(res.Latency, l...)
 	}
@@ -156,4 +180,11 @@ func OpenLoop(ctx context.Context, rate float64, d time.Duration, workers int, k
 		res.FirstErr = e
 	}
 	return res, nil
+}
+
+// ticker is the open loop's schedule (pace_linux.go, pace_other.go): wait blocks until the
+// next tick of a fixed interval and returns how many ticks passed since the previous wait.
+type ticker interface {
+	wait() (int64, error)
+	close()
 }
