@@ -39,7 +39,9 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 	log := hclog.New(&hclog.LoggerOptions{
 		Name: "enforcer", Level: hclog.LevelFromString(cfg.LogLevel), JSONFormat: cfg.LogJSON, Output: stderr,
 	})
-	log.Info("go runtime", "gc", app.ApplyRuntime(&cfg, getenv))
+	gc, stopGC := app.ApplyRuntime(&cfg, getenv)
+	defer stopGC()
+	log.Info("go runtime", "gc", gc)
 	a, err := app.New(cfg, log)
 	if err != nil {
 		log.Error("could not start", "error", err)

@@ -75,6 +75,7 @@ var overrides = slices.Concat([]cliconf.Override[Config]{
 	{Name: "rls-domain", Usage: "the only Envoy RLS domain accepted (default any)", Apply: cliconf.Str(func(c *Config) *string { return &c.RLS.Domain })},
 	{Name: "log-level", Usage: "trace | debug | info | warn | error", Apply: cliconf.Str(func(c *Config) *string { return &c.LogLevel })},
 	{Name: "pprof", Usage: "serve /debug/pprof/ on the HTTP address", IsBool: true, Apply: cliconf.Bool(func(c *Config) *bool { return &c.Pprof })},
+	{Name: "gc-heap-floor-mib", Usage: "the heap (MiB) the Go GC lets the process reach before collecting, however small the live heap; 0: none; a GOGC variable turns it off", Apply: cliconf.Int(func(c *Config) *int { return &c.GCHeapFloorMiB })},
 	{Name: "gc-percent", Usage: "the Go GC's target percentage (GOGC) the process runs at; a GOGC variable wins", Apply: cliconf.Int(func(c *Config) *int { return &c.GCPercent })},
 	{Name: "log-json", Usage: "log JSON lines", IsBool: true, Apply: cliconf.Bool(func(c *Config) *bool { return &c.LogJSON })},
 })
