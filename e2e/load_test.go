@@ -15,12 +15,14 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/allot-dev/allot/pkg/enforcer/app"
 	"github.com/allot-dev/allot/pkg/loadgen"
 	"github.com/allot-dev/allot/pkg/testenv"
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
@@ -95,7 +97,12 @@ rules:
 //	                   shares the machine: on 2 cores its CPU is taken from the server)
 //	redis calls/check  Σ over the masters of INFO commandstats evalsha+eval calls / checks,
 //	                   closed loop (with store.pipeline on, several calls share a round trip)
+//	syscalls/check     /proc/PID/io syscr+syscw / checks, for the server and this process,
+//	                   closed loop
 //	p50/p99/p99.9 ms   open loop
+//	send lateness      the open loop's p99 of how late this process handed a call to a
+//	                   caller (loadgen.Result.SendLate): the generator's own part
+//	peak RSS           the server's /proc/PID/status VmHWM at the end of the round
 //	answers by source  allot_enforcer_decisions_total by source, closed loop, % of checks;
 //	                   and the open loop's answers from redis (checks that waited on a call)
 //	lease expired      leased tokens dropped unspent / tokens granted to leases
@@ -146,6 +153,17 @@ func BenchmarkEnforcerRLS(b *testing.B) {
 		rounds = n
 	}
 	load0 := loadAvg()
+	// The load generator (this process) runs its collector at gc_percent 400 with a 256 MiB
+	// heap floor (app.ApplyRuntime; GOGC wins if set). At Go's default it collected several
+	// times a second, decoding answers, and its own collections were most of the tail both
+	// servers were measured by (null server p99 2.1–2.3 ms with them, 1.3–1.6 ms without):
+	// it stands in for Envoy, which has no collector. The servers run the enforcer's
+	// defaults (no floor).
+	prevGC := debug.SetGCPercent(100)
+	gcCfg := app.DefaultConfig()
+	gcCfg.GCHeapFloorMiB = 256
+	_, stopGC := app.ApplyRuntime(&gcCfg, os.Getenv)
+	defer func() { stopGC(); debug.SetGCPercent(prevGC) }()
 	cluster := testenv.RedisCluster(b, testenv.ClusterOptions{Masters: 3})
 	dir := b.TempDir()
 	bin := os.Getenv("ALLOT_BENCH_BIN") // a prebuilt enforcer, e.g. of another commit
@@ -301,6 +319,8 @@ func (t *loadTarget) closed(b *testing.B, c *testenv.Cluster, keys func(int) *lo
 		RedisUsPerCheck:    float64((s1.redisCPU - s0.redisCPU).Microseconds()) / n,
 		ClientUsPerCheck:   float64((s1.client - s0.client).Microseconds()) / n,
 		RedisCallsPerCheck: float64(s1.redis-s0.redis) / n,
+		ServerSysPerCheck:  float64(s1.serverSys-s0.serverSys) / n,
+		ClientSysPerCheck:  float64(s1.clientSys-s0.clientSys) / n,
 		RefusedPct:         100 * float64(t.refused.load()) / n,
 		StealPct:           100 * float64(s1.steal-s0.steal) / float64(max(s1.total-s0.total, 1)),
 		Sources:            map[string]float64{},
@@ -366,6 +386,8 @@ func (t *loadTarget) open(b *testing.B, c *testenv.Cluster, row *loadRow, rate f
 	row.OpenRate = rate
 	row.P50ms, row.P99ms, row.P999ms = ms(or.Quantile(0.5)), ms(or.Quantile(0.99)), ms(or.Quantile(0.999))
 	row.P90ms, row.P95ms, row.P98ms = ms(or.Quantile(0.90)), ms(or.Quantile(0.95)), ms(or.Quantile(0.98))
+	row.SendLateP99ms = ms(or.SendLateQuantile(0.99))
+	row.ServerPeakRSSMiB = procPeakRSSMiB(t.proc.cmd.Process.Pid)
 	row.OpenServerUsPerCheck = float64((s1.server - s0.server).Microseconds()) / float64(or.Calls)
 	if t.proc.http != "" {
 		row.Degraded += int64(s1.degraded() - s0.degraded())
@@ -493,6 +515,7 @@ func (p *serverProc) start(b *testing.B, bin string, args, env []string) {
 type sample struct {
 	server, client, redisCPU time.Duration
 	redis                    int64
+	serverSys, clientSys     int64              // /proc/PID/io syscr+syscw: read and write system calls
 	sources                  map[string]float64 // allot_enforcer_decisions_total by source
 	granted, expired         float64            // allot_lease_tokens_total
 	events                   map[string]float64 // allot_lease_events_total by event
@@ -512,6 +535,7 @@ var (
 
 func (p *serverProc) sample(b *testing.B, c *testenv.Cluster) sample {
 	s := sample{server: procCPU(b, p.cmd.Process.Pid), client: procCPU(b, os.Getpid()), sources: map[string]float64{}, events: map[string]float64{}}
+	s.serverSys, s.clientSys = procSyscalls(p.cmd.Process.Pid), procSyscalls(os.Getpid())
 	s.steal, s.total = stealTicks()
 	for _, m := range c.Masters() {
 		s.redis += scriptCalls(b, m)
@@ -578,6 +602,39 @@ func procCPU(b *testing.B, pid int) time.Duration {
 		b.Fatalf("/proc/%d/stat: utime %q stime %q", pid, f[11], f[12])
 	}
 	return time.Duration(u+s) * 10 * time.Millisecond
+}
+
+// procPeakRSSMiB is pid's peak resident memory so far (/proc/PID/status VmHWM), in MiB;
+// 0 where it cannot be read.
+func procPeakRSSMiB(pid int) float64 {
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(raw), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+			kb, _ := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 64)
+			return kb / 1024
+		}
+	}
+	return 0
+}
+
+// procSyscalls is pid's read and write system calls so far (/proc/PID/io syscr + syscw:
+// reads and writes of any kind, sockets included), or 0 where it cannot be read.
+func procSyscalls(pid int) int64 {
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/io", pid))
+	if err != nil {
+		return 0
+	}
+	var n int64
+	for _, line := range strings.Split(string(raw), "\n") {
+		if k, v, ok := strings.Cut(line, ": "); ok && (k == "syscr" || k == "syscw") {
+			c, _ := strconv.ParseInt(v, 10, 64)
+			n += c
+		}
+	}
+	return n
 }
 
 var cmdstatRE = regexp.MustCompile(`(?m)^cmdstat_(evalsha|eval):calls=(\d+)`)

@@ -22,6 +22,8 @@ type loadRow struct {
 	RedisUsPerCheck      float64            `json:"redis_us_per_check"`
 	ClientUsPerCheck     float64            `json:"client_us_per_check"`
 	RedisCallsPerCheck   float64            `json:"redis_calls_per_check"`
+	ServerSysPerCheck    float64            `json:"server_syscalls_per_check"` // reads and writes, /proc/PID/io
+	ClientSysPerCheck    float64            `json:"client_syscalls_per_check"`
 	RefusedPct           float64            `json:"refused_pct"`
 	StealPct             float64            `json:"steal_pct"`         // the machine's CPU stolen by its hypervisor, closed loop
 	Sources              map[string]float64 `json:"sources_pct"`       // % of checks by source
@@ -34,7 +36,9 @@ type loadRow struct {
 	P98ms                float64            `json:"p98_ms"`
 	P99ms                float64            `json:"p99_ms"`
 	P999ms               float64            `json:"p999_ms"`
+	SendLateP99ms        float64            `json:"send_late_p99_ms"` // the generator's own lateness handing calls out (loadgen.Result.SendLate)
 	OpenServerUsPerCheck float64            `json:"open_server_us_per_check"`
+	ServerPeakRSSMiB     float64            `json:"server_peak_rss_mib"` // VmHWM at the end of the round's open loop
 	// OpenRedisPct is the open loop's answers that waited on a call to Redis (source
 	// redis), % of its checks: the checks p99 can land on when they are near 1%.
 	OpenRedisPct float64 `json:"open_redis_pct"`
@@ -91,13 +95,28 @@ var loadFigures = []figure{
 	{"redis CPU µs/check", "%.1f", func(r *loadRow) float64 { return r.RedisUsPerCheck }},
 	{"generator CPU µs/check", "%.1f", func(r *loadRow) float64 { return r.ClientUsPerCheck }},
 	{"redis calls/check", "%.3f", func(r *loadRow) float64 { return r.RedisCallsPerCheck }},
+	{"server reads+writes (syscalls)/check", "%.2f", func(r *loadRow) float64 { return r.ServerSysPerCheck }},
+	{"generator reads+writes (syscalls)/check", "%.2f", func(r *loadRow) float64 { return r.ClientSysPerCheck }},
 	{"open loop rate (null/6) /s", "%.0f", func(r *loadRow) float64 { return r.OpenRate }},
 	{"p50 ms, open loop", "%.2f", func(r *loadRow) float64 { return r.P50ms }},
 	{"p99 ms, open loop", "%.2f", func(r *loadRow) float64 { return r.P99ms }},
 	{"p99.9 ms, open loop", "%.2f", func(r *loadRow) float64 { return r.P999ms }},
+	{"generator's send lateness p99 ms, open loop", "%.2f", func(r *loadRow) float64 { return r.SendLateP99ms }},
 	{"server CPU µs/check, open loop", "%.1f", func(r *loadRow) float64 { return r.OpenServerUsPerCheck }},
+	{"server peak RSS MiB (since start)", "%.0f", func(r *loadRow) float64 { return r.ServerPeakRSSMiB }},
 	{"leased tokens expired unspent %", "%.1f", func(r *loadRow) float64 { return r.LeaseExpiredPct }},
 	{"refused %", "%.1f", func(r *loadRow) float64 { return r.RefusedPct }},
+}
+
+// figureNamed is the figure of loadFigures with that name (the paired ratios pick theirs
+// by name, not by position, so a figure added to the table cannot shift them).
+func figureNamed(name string) figure {
+	for _, f := range loadFigures {
+		if f.name == name {
+			return f
+		}
+	}
+	panic("loadtable: no figure named " + name)
 }
 
 func (r *loadReport) rows(target string) []*loadRow {
@@ -190,7 +209,7 @@ func (r *loadReport) table() string {
 	// Ratios within each round: both targets ran minutes apart on the same machine, so these
 	// are steadier than the ratio of the medians when the machine's load moves.
 	// The last column is their median: the paired estimate, which this table's verdicts read.
-	for _, f := range []figure{loadFigures[0], loadFigures[1], loadFigures[7]} {
+	for _, f := range []figure{figureNamed("checks/s, closed loop C=64"), figureNamed("server CPU µs/check"), figureNamed("p99 ms, open loop")} {
 		var per []string
 		for i := range min(len(a), len(n)) {
 			if d := f.get(n[i]); d != 0 {

@@ -86,7 +86,8 @@ func serveNullRLS(addr string) error {
 	// pkg/enforcer/app listen), so the floor is the same gRPC server in the same Go
 	// runtime, not a differently tuned one.
 	cfg := app.DefaultConfig()
-	app.ApplyRuntime(&cfg, os.Getenv)
+	_, stopGC := app.ApplyRuntime(&cfg, os.Getenv)
+	defer stopGC()
 	s := grpc.NewServer(
 		grpc.MaxRecvMsgSize(64<<10),
 		grpc.MaxConcurrentStreams(1024),
