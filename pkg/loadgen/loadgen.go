@@ -146,31 +146,29 @@ func OpenLoop(ctx context.Context, rate float64, d time.Duration, workers int, k
 		return nil, err
 	}
 	defer tick.close()
-	var dropped, sent int64
+	var sent int64
 	var late []time.Duration
-	for sent < total && ctx.Err() == nil {
+sending:
+	for sent < total {
 		n, err := tick.wait()
-		if err != nil {
+		if err != nil { // the context ended
 			break
 		}
 		for range min(n, total-sent) {
 			due := start.Add(time.Duration(sent+1) * interval)
 			select {
 			case jobs <- job{due: due, key: keys.Next()}:
-				late = append(late, time.Since(due))
-				sent++
 			case <-ctx.Done():
+				break sending
 			}
-			if ctx.Err() != nil {
-				break
-			}
+			late = append(late, time.Since(due))
+			sent++
 		}
 	}
-	dropped = total - sent
 	close(jobs)
 	wg.Wait()
 	slices.Sort(late)
-	res := &Result{Errors: errs.Load(), Elapsed: time.Since(start), Dropped: dropped, SendLate: late}
+	res := &Result{Errors: errs.Load(), Elapsed: time.Since(start), Dropped: total - sent, SendLate: late}
 	for _, l := range lat {
 		res.Latency = append(res.Latency, l...)
 	}

@@ -5,7 +5,6 @@ import (
 	"runtime"
 	"runtime/debug"
 	"runtime/metrics"
-	"sync"
 	"sync/atomic"
 )
 
@@ -49,8 +48,7 @@ type heapFloor struct {
 	floor   uint64
 	base    int
 	stopped atomic.Bool
-	mu      sync.Mutex // serialises collected (a test may call it beside the cleanup)
-	samples []metrics.Sample
+	samples []metrics.Sample // only collected reads them: one sentinel is armed at a time
 	// onCollected, if set (tests), is called with the GOGC each collection set.
 	onCollected func(int)
 }
@@ -74,11 +72,9 @@ func (f *heapFloor) collected() {
 	if f.stopped.Load() {
 		return
 	}
-	f.mu.Lock()
 	metrics.Read(f.samples)
 	p := gcPercentFor(f.floor, f.base, f.samples[0].Value.Uint64(), f.samples[1].Value.Uint64()+f.samples[2].Value.Uint64())
 	debug.SetGCPercent(p)
-	f.mu.Unlock()
 	if f.onCollected != nil {
 		f.onCollected(p)
 	}
