@@ -103,6 +103,8 @@ rules:
 //	send lateness      the open loop's p99 of how late this process handed a call to a
 //	                   caller (loadgen.Result.SendLate): the generator's own part
 //	peak RSS           the server's /proc/PID/status VmHWM at the end of the round
+//	Redis busy         Redis's own latency monitor (threshold 10 ms) over allot's two
+//	                   phases: the longest event of each kind (command, expire-cycle, ...)
 //	answers by source  allot_enforcer_decisions_total by source, closed loop, % of checks;
 //	                   and the open loop's answers from redis (checks that waited on a call)
 //	lease expired      leased tokens dropped unspent / tokens granted to leases
@@ -291,6 +293,7 @@ func (t *loadTarget) check(ctx context.Context, k int) error {
 
 // closed runs the closed loop against t and returns its figures.
 func (t *loadTarget) closed(b *testing.B, c *testenv.Cluster, keys func(int) *loadgen.Keys, profile bool) *loadRow {
+	redisLatencyReset(b, c)
 	w0 := t.proc.sample(b, c)
 	if res := loadgen.ClosedLoop(context.Background(), loadCallers, loadWarm, loadMax, keys, t.check); res.Errors > 0 {
 		b.Fatalf("%s, warm-up: %d errors, first: %v", t.name, res.Errors, res.FirstErr)
@@ -335,6 +338,7 @@ func (t *loadTarget) closed(b *testing.B, c *testenv.Cluster, keys func(int) *lo
 			row.LeaseExpiredPct = 100 * (s1.expired - s0.expired) / g
 		}
 		row.Degraded = int64(s1.degraded() - w0.degraded()) // the warm-up's answers count too
+		row.RedisStallMs = redisLatency(b, c, nil)
 	} else {
 		row.RedisUsPerCheck, row.RedisCallsPerCheck = 0, 0
 	}
@@ -347,6 +351,7 @@ func (t *loadTarget) closed(b *testing.B, c *testenv.Cluster, keys func(int) *lo
 // whose busy leases have all expired, is what is measured. The warm-up's fallback answers
 // still count (Degraded).
 func (t *loadTarget) open(b *testing.B, c *testenv.Cluster, row *loadRow, rate float64) {
+	redisLatencyReset(b, c)
 	w0 := t.proc.sample(b, c)
 	if wr, err := loadgen.OpenLoop(context.Background(), rate, loadOpenWarm, loadCallers, loadgen.NewKeys(loadKeys, loadZipfS, 98), t.check); err != nil {
 		b.Fatal(err)
@@ -398,7 +403,51 @@ func (t *loadTarget) open(b *testing.B, c *testenv.Cluster, row *loadRow, rate f
 				row.OpenLeaseEvents[ev] = 100 * d / float64(or.Calls)
 			}
 		}
+		row.RedisStallMs = redisLatency(b, c, row.RedisStallMs)
 	}
+}
+
+// redisStallMs is the threshold of Redis's latency monitor the benchmark sets on every
+// master: an event (a command, an expire cycle, a fork...) that kept a redis-server busy
+// this long is recorded by the server itself (LATENCY LATEST).
+const redisStallMs = 10
+
+// redisLatencyReset clears every master's latency monitor, arming it at redisStallMs.
+func redisLatencyReset(b *testing.B, c *testenv.Cluster) {
+	for _, m := range c.Masters() {
+		ctx := context.Background()
+		if err := m.Client().ConfigSet(ctx, "latency-monitor-threshold", strconv.Itoa(redisStallMs)).Err(); err != nil {
+			b.Fatalf("CONFIG SET latency-monitor-threshold: %v", err)
+		}
+		if err := m.Client().Do(ctx, "LATENCY", "RESET").Err(); err != nil {
+			b.Fatalf("LATENCY RESET: %v", err)
+		}
+	}
+}
+
+// redisLatency adds to into (made if nil) the longest event of each kind the masters
+// recorded since redisLatencyReset, in ms: how long Redis itself was busy, apart from
+// this process or the enforcer.
+func redisLatency(b *testing.B, c *testenv.Cluster, into map[string]float64) map[string]float64 {
+	if into == nil {
+		into = map[string]float64{}
+	}
+	for _, m := range c.Masters() {
+		events, err := m.Client().Do(context.Background(), "LATENCY", "LATEST").Slice()
+		if err != nil {
+			b.Fatalf("LATENCY LATEST: %v", err)
+		}
+		for _, e := range events { // [event, unix time, latest ms, max ms]
+			f, ok := e.([]any)
+			if !ok || len(f) < 4 {
+				continue
+			}
+			name, _ := f[0].(string)
+			ms, _ := f[3].(int64)
+			into[name] = max(into[name], float64(ms))
+		}
+	}
+	return into
 }
 
 // atomicCount counts refusals across callers.

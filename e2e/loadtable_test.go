@@ -3,6 +3,7 @@ package e2e
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -44,6 +45,9 @@ type loadRow struct {
 	OpenRedisPct float64 `json:"open_redis_pct"`
 	// OpenLeaseEvents is allot_lease_events_total by event in the open loop, % of its checks.
 	OpenLeaseEvents map[string]float64 `json:"open_lease_events_pct"`
+	// RedisStallMs is, per kind of event, the longest a master was busy with one (Redis's
+	// latency monitor, events of 10 ms or more) during allot's two phases of the round.
+	RedisStallMs map[string]float64 `json:"redis_stall_ms"`
 }
 
 func (r *loadRow) String() string {
@@ -249,6 +253,18 @@ func (r *loadReport) table() string {
 		deg = append(deg, fmt.Sprint(row.Degraded))
 	}
 	fmt.Fprintf(&sb, "| answers from fallback or a fail mode (count, both phases), per round | %s | — | — |\n", strings.Join(deg, ", "))
+	var stalls []string
+	for _, row := range a {
+		var ev []string
+		for _, name := range slices.Sorted(maps.Keys(row.RedisStallMs)) {
+			ev = append(ev, fmt.Sprintf("%s %.0f", name, row.RedisStallMs[name]))
+		}
+		if len(ev) == 0 {
+			ev = []string{"none"}
+		}
+		stalls = append(stalls, strings.Join(ev, " "))
+	}
+	fmt.Fprintf(&sb, "| Redis busy ≥ %d ms in allot's phases (event max ms), per round | %s | — | — |\n", redisStallMs, strings.Join(stalls, "; "))
 	var loads []string
 	for _, row := range a {
 		loads = append(loads, row.LoadAvg)
