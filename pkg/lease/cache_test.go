@@ -454,3 +454,43 @@ func TestTableRecencyBound(t *testing.T) {
 		}
 	}
 }
+
+// Entries given the same limits share one slice (the collector marks one object, not one
+// per key); a caller's buffer is copied, never kept, and a set already handed out is never
+// written when the limits change.
+func TestLimitsShared(t *testing.T) {
+	f := newFixture(t, nil)
+	limitsOf := func(key string) []bucket.Limit {
+		sh := f.s.shardOf(key)
+		sh.mu.Lock()
+		defer sh.mu.Unlock()
+		return sh.m[key].limits
+	}
+	// Two keys of one shard, asked with limits from one reused buffer, as the enforcer's
+	// rescaling does.
+	buf := []bucket.Limit{{Name: "s", Rate: 100, Burst: 100}}
+	a := "k0"
+	b := ""
+	for i := 1; b == ""; i++ {
+		if k := "k" + strconv.Itoa(i); f.s.shardOf(k) == f.s.shardOf(a) {
+			b = k
+		}
+	}
+	f.take(f.s, &bucket.Request{Identity: a, Limits: buf, Want: 1})
+	f.take(f.s, &bucket.Request{Identity: b, Limits: buf, Want: 1})
+	la, lb := limitsOf(a), limitsOf(b)
+	if &la[0] != &lb[0] {
+		t.Fatalf("two keys with the same limits hold two slices")
+	}
+	if &la[0] == &buf[0] {
+		t.Fatalf("the entry kept the caller's buffer")
+	}
+	buf[0].Rate = 50 // the caller reuses its buffer for other limits
+	if la[0].Rate != 100 {
+		t.Fatalf("the caller's write reached the entry: rate %v", la[0].Rate)
+	}
+	f.take(f.s, &bucket.Request{Identity: a, Limits: buf, Want: 1})
+	if got := limitsOf(a); got[0].Rate != 50 || la[0].Rate != 100 || limitsOf(b)[0].Rate != 100 {
+		t.Fatalf("after a change: a has %v, the old set %v, b %v", got, la, limitsOf(b))
+	}
+}

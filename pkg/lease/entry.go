@@ -196,11 +196,12 @@ func (e *entry) dropLease() int64 {
 	return d
 }
 
-// setLimits replaces the entry's limits with a copy of ls, dropping the lease and the
-// refusal cache taken under the old ones. It returns the tokens dropped.
+// setLimits replaces the entry's limits with ls (a slice no one writes: see
+// shard.internLimits), dropping the lease and the refusal cache taken under the old ones.
+// It returns the tokens dropped.
 func (e *entry) setLimits(ls []bucket.Limit) int64 {
 	d := e.dropLease()
-	e.limits = append([]bucket.Limit(nil), ls...)
+	e.limits = ls
 	e.gen++
 	return d
 }

@@ -253,7 +253,7 @@ func (s *Store) TakeValid(ctx context.Context, req *bucket.Request) (bucket.Resu
 		}
 		sh.mu.Lock()
 		e := s.lookup(sh, req.Identity, now)
-		s.refresh(e, req, now)
+		s.refresh(sh, e, req, now)
 		if !counted {
 			e.count(now, s.window, req.Want)
 			e.countSlow(now, s.quietTTL, req.Want)
@@ -309,7 +309,7 @@ func (s *Store) TakeCached(req *bucket.Request) (bucket.Result, bool) {
 	now := s.now()
 	sh.mu.Lock()
 	e := s.lookup(sh, req.Identity, now)
-	s.refresh(e, req, now)
+	s.refresh(sh, e, req, now)
 	if !s.inMemory(e, req, now) {
 		sh.mu.Unlock()
 		return bucket.Result{}, false
@@ -325,10 +325,10 @@ func (s *Store) TakeCached(req *bucket.Request) (bucket.Result, bool) {
 }
 
 // refresh brings e up to date for req at now: new limits drop the lease, expired tokens go.
-// Called with e's shard lock held.
-func (s *Store) refresh(e *entry, req *bucket.Request, now int64) {
+// Called with sh.mu held, sh being e's shard.
+func (s *Store) refresh(sh *shard, e *entry, req *bucket.Request, now int64) {
 	if !sameLimits(e.limits, req.Limits) {
-		if d := e.setLimits(req.Limits); d > 0 {
+		if d := e.setLimits(sh.internLimits(req.Limits)); d > 0 {
 			s.emit(EventLimitsChanged, d)
 		}
 	}

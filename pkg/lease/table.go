@@ -3,6 +3,8 @@ package lease
 import (
 	"hash/maphash"
 	"sync"
+
+	"github.com/allot-dev/allot/pkg/bucket"
 )
 
 // The table: a fixed number of shards, each a map plus an intrusive LRU ring under one
@@ -30,7 +32,26 @@ type shard struct {
 	m    map[string]*entry
 	ring entry  // sentinel: ring.next is the most recently used, ring.prev the least
 	tick uint64 // entries sent to the front so far
-	_    [64]byte
+	// limits holds the last few limit sets the shard's entries were given, for setLimits
+	// to share: the entries of one rule then point at one slice (never written in place)
+	// instead of ten thousand copies, which the collector would mark one by one.
+	limits [4][]bucket.Limit
+	next   int // the slot in limits the next new set goes to
+	_      [64]byte
+}
+
+// internLimits returns a slice equal to ls that no one writes: one the shard already
+// holds, or a copy that it now holds. Called with sh.mu held.
+func (sh *shard) internLimits(ls []bucket.Limit) []bucket.Limit {
+	for _, l := range sh.limits {
+		if l != nil && sameLimits(l, ls) {
+			return l
+		}
+	}
+	c := append([]bucket.Limit(nil), ls...)
+	sh.limits[sh.next] = c
+	sh.next = (sh.next + 1) % len(sh.limits)
+	return c
 }
 
 func (sh *shard) init() {
