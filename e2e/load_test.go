@@ -33,14 +33,14 @@ import (
 
 // The workload of BenchmarkEnforcerRLS.
 const (
-	loadKeys      = 10_000 // distinct API keys
-	loadZipfS     = 1.1    // Zipf exponent: key k (0-based) is drawn ∝ (k+1)^-1.1
-	loadRate      = 500    // every key's limit: 500 a second, bursts of 500
-	loadCallers   = 64     // concurrent callers in the closed loop
-	loadConns     = 4      // gRPC connections the callers share (as a few Envoys would)
-	loadClosed    = 10 * time.Second
-	loadWarm      = 5 * time.Second // the same closed loop, before it, not measured
-	loadOpen      = 10 * time.Second
+	loadKeys      = 10_000           // distinct API keys
+	loadZipfS     = 1.1              // Zipf exponent: key k (0-based) is drawn ∝ (k+1)^-1.1
+	loadRate      = 500              // every key's limit: 500 a second, bursts of 500
+	loadCallers   = 64               // concurrent callers in the closed loop
+	loadConns     = 4                // gRPC connections the callers share (as a few Envoys would)
+	loadClosed    = 10 * time.Second // measured per target and round, in two segments
+	loadWarm      = 5 * time.Second  // the same closed loop, before it, not measured
+	loadOpen      = 10 * time.Second // the same
 	loadOpenWarm  = 3 * time.Second  // the same open loop, before it, not measured
 	loadStartWarm = 15 * time.Second // each target once, before the rounds
 	loadMax       = 2_000_000        // bound on calls per phase
@@ -77,15 +77,18 @@ rules:
 // each key it sees for the first time; round 1 used to measure that, not a running one).
 //
 // Rounds (ALLOT_BENCH_ROUNDS, default 5: the machine's speed moves between rounds, and the
-// medians want more than three). Each round runs, for the null server and allot in turn
-// (the order alternates between rounds, so neither always runs on a warmer or a quieter
-// machine): a closed loop of 64 callers on 4 connections for 10 s (maximum
-// throughput), after 5 s of the same loop not measured (the other target ran meanwhile:
-// without it allot's figures would be those of 10,000 keys returning after 20 s of
-// silence, whose quiet leases have all expired, not of a running enforcer); then, for both, an open loop at 1/6 of the null server's closed-loop rate of
-// that round for 10 s (latency from each request's intended send time, so queueing is not
-// hidden), after 3 s of the same open loop not measured (for the same reason: each target
-// has been idle 10–25 s by then). The figures, per target and round (loadtable_test.go prints them as one table
+// medians want more than three). Each round runs a closed loop of 64 callers on 4
+// connections (maximum throughput), then an open loop at 1/6 of the null server's
+// closed-loop rate of that round (latency from each request's intended send time, so
+// queueing is not hidden). Each loop runs in four segments, A B B A (segments; A is the
+// null server in odd rounds, allot in even ones), each measured for half the loop's length
+// (5 s), so every target is measured 10 s per loop and a machine whose speed drifts across
+// the round weighs on both alike: the two targets of a round used to run one after the
+// other, 15 s apart, and their ratio moved by ±10% from round to round with the machine.
+// A segment that does not follow its own target's runs after the same loop not measured,
+// 5 s (closed) or 3 s (open): the other target ran meanwhile, and without it allot's
+// figures would be those of keys returning after seconds of silence, whose busy leases
+// have expired, not of a running enforcer. The figures, per target and round (loadtable_test.go prints them as one table
 // and writes them as JSON to ALLOT_BENCH_JSON, `make bench-load`: bin/bench-load.json):
 //
 //	checks/s           closed loop throughput
@@ -219,13 +222,35 @@ func BenchmarkEnforcerRLS(b *testing.B) {
 			if r%2 == 1 {
 				order = []*loadTarget{targets[1], targets[0]}
 			}
+			seq := segments(order[0], order[1])
+			closed, open := map[string]*phase{}, map[string]*phase{}
+			for i, t := range seq {
+				warm := loadWarm
+				if i > 0 && seq[i-1] == t {
+					warm = 0
+				}
+				if closed[t.name] == nil {
+					closed[t.name] = &phase{}
+				}
+				t.closed(b, cluster, keys, warm, r == 0 && len(closed[t.name].runs) == 0, closed[t.name])
+			}
 			rows := map[string]*loadRow{}
-			for _, t := range order {
-				rows[t.name] = t.closed(b, cluster, keys, r == 0)
+			for _, t := range targets {
+				rows[t.name] = t.closedRow(closed[t.name])
 			}
 			rate := rows["null"].ChecksPerSec / 6
-			for _, t := range order {
-				t.open(b, cluster, rows[t.name], rate)
+			for i, t := range seq {
+				warm := loadOpenWarm
+				if i > 0 && seq[i-1] == t {
+					warm = 0
+				}
+				if open[t.name] == nil {
+					open[t.name] = &phase{}
+				}
+				t.open(b, cluster, rate, warm, open[t.name])
+			}
+			for _, t := range targets {
+				t.addOpen(rows[t.name], open[t.name], rate)
 			}
 			for _, t := range targets {
 				row := rows[t.name]
@@ -291,12 +316,39 @@ func (t *loadTarget) check(ctx context.Context, k int) error {
 	return err
 }
 
-// closed runs the closed loop against t and returns its figures.
-func (t *loadTarget) closed(b *testing.B, c *testenv.Cluster, keys func(int) *loadgen.Keys, profile bool) *loadRow {
+// segments is the order a round runs its two targets' loops in, first and second: A B B A.
+// Each target's two measured segments are summed, so a machine whose speed drifts across
+// the round slows both targets alike, to first order; the second target runs its two back
+// to back (one loop of twice the length, read in two halves).
+func segments(first, second *loadTarget) []*loadTarget {
+	return []*loadTarget{first, second, second, first}
+}
+
+// phase is one target's measured segments of one loop in a round, summed.
+type phase struct {
+	runs     []*loadgen.Result
+	d        sample  // the counters' change over the measured parts
+	degraded float64 // answers from fallback or a fail mode, warm-ups included
+	refused  int64
+	stall    map[string]float64 // Redis's latency monitor over allot's segments
+}
+
+func (p *phase) add(res *loadgen.Result, d sample, degraded float64, refused int64) {
+	p.runs = append(p.runs, res)
+	p.d.add(d)
+	p.degraded += degraded
+	p.refused += refused
+}
+
+// closed runs one segment of the closed loop against t: warm of it not measured (none
+// when t ran the segment before), then loadClosed/2 measured, added to p.
+func (t *loadTarget) closed(b *testing.B, c *testenv.Cluster, keys func(int) *loadgen.Keys, warm time.Duration, profile bool, p *phase) {
 	redisLatencyReset(b, c)
 	w0 := t.proc.sample(b, c)
-	if res := loadgen.ClosedLoop(context.Background(), loadCallers, loadWarm, loadMax, keys, t.check); res.Errors > 0 {
-		b.Fatalf("%s, warm-up: %d errors, first: %v", t.name, res.Errors, res.FirstErr)
+	if warm > 0 {
+		if res := loadgen.ClosedLoop(context.Background(), loadCallers, warm, loadMax, keys, t.check); res.Errors > 0 {
+			b.Fatalf("%s, warm-up: %d errors, first: %v", t.name, res.Errors, res.FirstErr)
+		}
 	}
 	s0 := t.proc.sample(b, c)
 	t.refused.reset()
@@ -310,58 +362,67 @@ func (t *loadTarget) closed(b *testing.B, c *testenv.Cluster, keys func(int) *lo
 	} else {
 		close(profiled)
 	}
-	res := loadgen.ClosedLoop(context.Background(), loadCallers, loadClosed, loadMax, keys, t.check)
+	res := loadgen.ClosedLoop(context.Background(), loadCallers, loadClosed/2, loadMax, keys, t.check)
 	s1 := t.proc.sample(b, c)
 	<-profiled
 	if res.Errors > 0 {
 		b.Fatalf("%s, closed loop: %d errors, first: %v", t.name, res.Errors, res.FirstErr)
 	}
+	p.add(res, s1.sub(s0), s1.degraded()-w0.degraded(), t.refused.load())
+	if t.proc.http != "" {
+		p.stall = redisLatency(b, c, p.stall)
+	}
+}
+
+// closedRow is t's row of the round from its closed loop's segments.
+func (t *loadTarget) closedRow(p *phase) *loadRow {
+	res := loadgen.Merge(p.runs...)
+	d := &p.d
 	n := float64(res.Calls)
 	row := &loadRow{Target: t.name, Checks: res.Calls, ChecksPerSec: res.PerSecond(),
-		ServerUsPerCheck:   float64((s1.server - s0.server).Microseconds()) / n,
-		RedisUsPerCheck:    float64((s1.redisCPU - s0.redisCPU).Microseconds()) / n,
-		ClientUsPerCheck:   float64((s1.client - s0.client).Microseconds()) / n,
-		RedisCallsPerCheck: float64(s1.redis-s0.redis) / n,
-		ServerSysPerCheck:  float64(s1.serverSys-s0.serverSys) / n,
-		ClientSysPerCheck:  float64(s1.clientSys-s0.clientSys) / n,
-		RefusedPct:         100 * float64(t.refused.load()) / n,
-		StealPct:           100 * float64(s1.steal-s0.steal) / float64(max(s1.total-s0.total, 1)),
+		ServerUsPerCheck:   float64(d.server.Microseconds()) / n,
+		RedisUsPerCheck:    float64(d.redisCPU.Microseconds()) / n,
+		ClientUsPerCheck:   float64(d.client.Microseconds()) / n,
+		RedisCallsPerCheck: float64(d.redis) / n,
+		ServerSysPerCheck:  float64(d.serverSys) / n,
+		ClientSysPerCheck:  float64(d.clientSys) / n,
+		RefusedPct:         100 * float64(p.refused) / n,
+		StealPct:           100 * float64(d.steal) / float64(max(d.total, 1)),
 		Sources:            map[string]float64{},
 	}
 	if t.proc.http != "" { // the null server has no redis, metrics or sources
-		for src, v := range s1.sources {
-			if d := v - s0.sources[src]; d > 0 {
-				row.Sources[src] = 100 * d / n
+		for src, v := range d.sources {
+			if v > 0 {
+				row.Sources[src] = 100 * v / n
 			}
 		}
-		if g := s1.granted - s0.granted; g > 0 {
-			row.LeaseExpiredPct = 100 * (s1.expired - s0.expired) / g
+		if d.granted > 0 {
+			row.LeaseExpiredPct = 100 * d.expired / d.granted
 		}
-		row.Degraded = int64(s1.degraded() - w0.degraded()) // the warm-up's answers count too
-		row.RedisStallMs = redisLatency(b, c, nil)
+		row.Degraded = int64(p.degraded) // the warm-ups' answers count too
+		row.RedisStallMs = p.stall
 	} else {
 		row.RedisUsPerCheck, row.RedisCallsPerCheck = 0, 0
 	}
 	return row
 }
 
-// open runs the open loop against t at rate and adds its figures to row, after the same
-// loop for loadOpenWarm, not measured: the target has been idle since its closed loop
-// while the other target ran (10–25 s), and a running enforcer's latency, not that of one
-// whose busy leases have all expired, is what is measured. The warm-up's fallback answers
-// still count (Degraded).
-func (t *loadTarget) open(b *testing.B, c *testenv.Cluster, row *loadRow, rate float64) {
+// open runs one segment of the open loop against t at rate: warm of it not measured (none
+// when t ran the segment before; otherwise the target has been idle since its last
+// segment while the other target ran, and a running enforcer's latency, not that of one
+// whose busy leases have all expired, is what is measured), then loadOpen/2 measured,
+// added to p. The warm-up's fallback answers still count.
+func (t *loadTarget) open(b *testing.B, c *testenv.Cluster, rate float64, warm time.Duration, p *phase) {
 	redisLatencyReset(b, c)
 	w0 := t.proc.sample(b, c)
-	if wr, err := loadgen.OpenLoop(context.Background(), rate, loadOpenWarm, loadCallers, loadgen.NewKeys(loadKeys, loadZipfS, 98), t.check); err != nil {
-		b.Fatal(err)
-	} else if wr.Errors > 0 {
-		b.Fatalf("%s, open loop warm-up: %d errors, first: %v", t.name, wr.Errors, wr.FirstErr)
+	if warm > 0 {
+		if wr, err := loadgen.OpenLoop(context.Background(), rate, warm, loadCallers, loadgen.NewKeys(loadKeys, loadZipfS, 98), t.check); err != nil {
+			b.Fatal(err)
+		} else if wr.Errors > 0 {
+			b.Fatalf("%s, open loop warm-up: %d errors, first: %v", t.name, wr.Errors, wr.FirstErr)
+		}
 	}
 	s0 := t.proc.sample(b, c)
-	if t.proc.http != "" {
-		row.Degraded += int64(s0.degraded() - w0.degraded())
-	}
 	traced := make(chan struct{})
 	trace, prof := os.Getenv("ALLOT_BENCH_TRACE"), os.Getenv("ALLOT_BENCH_PROFILE_OPEN")
 	if (trace != "" || prof != "") && t.proc.http != "" && !t.traced {
@@ -379,7 +440,7 @@ func (t *loadTarget) open(b *testing.B, c *testenv.Cluster, row *loadRow, rate f
 		close(traced)
 	}
 	defer func() { <-traced }()
-	or, err := loadgen.OpenLoop(context.Background(), rate, loadOpen, loadCallers, loadgen.NewKeys(loadKeys, loadZipfS, 99), t.check)
+	or, err := loadgen.OpenLoop(context.Background(), rate, loadOpen/2, loadCallers, loadgen.NewKeys(loadKeys, loadZipfS, 99+uint64(len(p.runs))), t.check)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -387,23 +448,37 @@ func (t *loadTarget) open(b *testing.B, c *testenv.Cluster, row *loadRow, rate f
 	if or.Errors > 0 || or.Dropped > 0 {
 		b.Fatalf("%s, open loop: %d errors, %d dropped, first: %v", t.name, or.Errors, or.Dropped, or.FirstErr)
 	}
+	p.add(or, s1.sub(s0), s1.degraded()-w0.degraded(), 0)
+	if t.proc.http != "" {
+		p.stall = redisLatency(b, c, p.stall)
+	}
+}
+
+// addOpen adds t's open loop segments' figures to its row of the round.
+func (t *loadTarget) addOpen(row *loadRow, p *phase, rate float64) {
+	or := loadgen.Merge(p.runs...)
 	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 	row.OpenRate = rate
 	row.P50ms, row.P99ms, row.P999ms = ms(or.Quantile(0.5)), ms(or.Quantile(0.99)), ms(or.Quantile(0.999))
 	row.P90ms, row.P95ms, row.P98ms = ms(or.Quantile(0.90)), ms(or.Quantile(0.95)), ms(or.Quantile(0.98))
 	row.SendLateP99ms = ms(or.SendLateQuantile(0.99))
 	row.ServerPeakRSSMiB = procPeakRSSMiB(t.proc.cmd.Process.Pid)
-	row.OpenServerUsPerCheck = float64((s1.server - s0.server).Microseconds()) / float64(or.Calls)
+	row.OpenServerUsPerCheck = float64(p.d.server.Microseconds()) / float64(or.Calls)
 	if t.proc.http != "" {
-		row.Degraded += int64(s1.degraded() - s0.degraded())
-		row.OpenRedisPct = 100 * (s1.sources["redis"] - s0.sources["redis"]) / float64(or.Calls)
+		row.Degraded += int64(p.degraded)
+		row.OpenRedisPct = 100 * p.d.sources["redis"] / float64(or.Calls)
 		row.OpenLeaseEvents = map[string]float64{}
-		for ev, v := range s1.events {
-			if d := v - s0.events[ev]; d > 0 {
-				row.OpenLeaseEvents[ev] = 100 * d / float64(or.Calls)
+		for ev, v := range p.d.events {
+			if v > 0 {
+				row.OpenLeaseEvents[ev] = 100 * v / float64(or.Calls)
 			}
 		}
-		row.RedisStallMs = redisLatency(b, c, row.RedisStallMs)
+		if row.RedisStallMs == nil {
+			row.RedisStallMs = map[string]float64{}
+		}
+		for k, v := range p.stall {
+			row.RedisStallMs[k] = max(row.RedisStallMs[k], v)
+		}
 	}
 }
 
@@ -533,6 +608,10 @@ func (p *serverProc) start(b *testing.B, bin string, args, env []string) {
 	}
 	p.cmd = exec.Command(name, args...)
 	p.cmd.Stderr = p.stderr
+	if dir := os.Getenv("XX_STDERR_DIR"); dir != "" {
+		f, _ := os.Create(filepath.Join(dir, filepath.Base(bin)+fmt.Sprint(len(args))+".log"))
+		p.cmd.Stderr = io.MultiWriter(p.stderr, f)
+	}
 	// Environment variables must not reconfigure the child behind the benchmark's back.
 	p.cmd.Env = append([]string{"PATH=" + os.Getenv("PATH"), "GOMAXPROCS=" + os.Getenv("GOMAXPROCS")}, env...)
 	if v := os.Getenv("ALLOT_BENCH_GODEBUG"); v != "" {
@@ -574,6 +653,44 @@ type sample struct {
 // degraded is the answers not from the store: the fallback layer's and the fail modes'.
 func (s sample) degraded() float64 {
 	return s.sources["fallback"] + s.sources["fail-open"] + s.sources["fail-closed"]
+}
+
+// sub returns the change from o to s.
+func (s sample) sub(o sample) sample {
+	d := sample{server: s.server - o.server, client: s.client - o.client, redisCPU: s.redisCPU - o.redisCPU,
+		redis: s.redis - o.redis, serverSys: s.serverSys - o.serverSys, clientSys: s.clientSys - o.clientSys,
+		granted: s.granted - o.granted, expired: s.expired - o.expired, steal: s.steal - o.steal, total: s.total - o.total,
+		sources: map[string]float64{}, events: map[string]float64{}}
+	for k, v := range s.sources {
+		d.sources[k] = v - o.sources[k]
+	}
+	for k, v := range s.events {
+		d.events[k] = v - o.events[k]
+	}
+	return d
+}
+
+// add adds the change d (a sub's result) to s.
+func (s *sample) add(d sample) {
+	s.server += d.server
+	s.client += d.client
+	s.redisCPU += d.redisCPU
+	s.redis += d.redis
+	s.serverSys += d.serverSys
+	s.clientSys += d.clientSys
+	s.granted += d.granted
+	s.expired += d.expired
+	s.steal += d.steal
+	s.total += d.total
+	if s.sources == nil {
+		s.sources, s.events = map[string]float64{}, map[string]float64{}
+	}
+	for k, v := range d.sources {
+		s.sources[k] += v
+	}
+	for k, v := range d.events {
+		s.events[k] += v
+	}
 }
 
 var (

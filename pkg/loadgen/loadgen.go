@@ -56,6 +56,27 @@ func (r *Result) Quantile(q float64) time.Duration { return quantile(r.Latency, 
 // SendLateQuantile returns the q-quantile (0..1) of SendLate.
 func (r *Result) SendLateQuantile(q float64) time.Duration { return quantile(r.SendLate, q) }
 
+// Merge returns one Result of the runs rs, as if they were one run of their total length:
+// calls, errors, drops and elapsed times add, latencies are pooled. The first error of the
+// first run that had one is kept.
+func Merge(rs ...*Result) *Result {
+	m := &Result{}
+	for _, r := range rs {
+		m.Calls += r.Calls
+		m.Errors += r.Errors
+		m.Dropped += r.Dropped
+		m.Elapsed += r.Elapsed
+		m.Latency = append(m.Latency, r.Latency...)
+		m.SendLate = append(m.SendLate, r.SendLate...)
+		if m.FirstErr == nil {
+			m.FirstErr = r.FirstErr
+		}
+	}
+	slices.Sort(m.Latency)
+	slices.Sort(m.SendLate)
+	return m
+}
+
 func quantile(sorted []time.Duration, q float64) time.Duration {
 	if len(sorted) == 0 {
 		return 0

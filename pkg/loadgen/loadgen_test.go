@@ -57,3 +57,34 @@ func TestZipfIsSkewed(t *testing.T) {
 		t.Fatalf("top-10 keys got %d of 10000 draws; not skewed", top)
 	}
 }
+
+// Merge adds the counts and pools the latencies of its runs: two runs of 1 s read as one of
+// 2 s, their quantiles those of all their calls.
+func TestMerge(t *testing.T) {
+	ms := func(v ...int) []time.Duration {
+		out := make([]time.Duration, len(v))
+		for i, x := range v {
+			out[i] = time.Duration(x) * time.Millisecond
+		}
+		return out
+	}
+	e := errors.New("first")
+	a := &Result{Calls: 3, Elapsed: time.Second, Latency: ms(1, 2, 9), SendLate: ms(0, 1, 1)}
+	b := &Result{Calls: 2, Errors: 1, Dropped: 4, Elapsed: time.Second, Latency: ms(3, 4), SendLate: ms(0, 2), FirstErr: e}
+	m := Merge(a, b)
+	if m.Calls != 5 || m.Errors != 1 || m.Dropped != 4 || m.Elapsed != 2*time.Second || m.FirstErr != e {
+		t.Fatalf("merged %+v", m)
+	}
+	if m.PerSecond() != 2.5 {
+		t.Fatalf("PerSecond %v, want 2.5", m.PerSecond())
+	}
+	if got := m.Quantile(0.5); got != 3*time.Millisecond {
+		t.Fatalf("median %v, want 3ms (of 1 2 3 4 9)", got)
+	}
+	if got := m.SendLateQuantile(1); got != 2*time.Millisecond {
+		t.Fatalf("send lateness max %v, want 2ms", got)
+	}
+	if len(a.Latency) != 3 || a.Latency[2] != 9*time.Millisecond {
+		t.Fatalf("Merge changed its input: %v", a.Latency)
+	}
+}
