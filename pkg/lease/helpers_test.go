@@ -167,6 +167,17 @@ func (s *Store) heldFor(key string) int64 {
 	return e.held()
 }
 
+// batchFor reports the batch of key's last lease call.
+func (s *Store) batchFor(key string) int64 {
+	sh := s.shardOf(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if e := sh.m[key]; e != nil {
+		return e.batch
+	}
+	return 0
+}
+
 func req(id string, rate, burst float64, cost int64) *bucket.Request {
 	return &bucket.Request{
 		Identity: id,

@@ -69,8 +69,17 @@
 // with R the slowest rate of the request's limits, T = LeaseTTL and N the enforcers in
 // the region. A key needs at least a LeaseTTL of history with two checks first, so a key
 // seen once is never leased for, and one seen for the first time is leased a second or
-// two later, its batch growing toward its demand over Q as the period fills. It is refilled at half, like a busy lease, so in steady state it costs one call per
-// batch: one per Q for a key under the cap, instead of one per check.
+// two later, its batch growing toward its demand over Q as the period fills. It is
+// refilled at half, like a busy lease, so in steady state it costs one call per batch: one
+// per Q for a key under the cap, instead of one per check. A quiet key seldom spends half
+// its batch, so a check in the last quarter of its newest lot's life (Q/4 left) renews it
+// in the background instead (renewDue): the key's next check after the old lot expires is
+// answered from memory, not by a call it waits on. A refill or renewal never asks more than
+// keeps the key at 1.5 batches; the old lot's leftover expires unspent, as it would have.
+// The cost is at most one call per key per 3Q/4 instead of per Q, for keys seen in that
+// last quarter (BenchmarkZipfMix, bench/quiet=2m: 0.034 → 0.036 calls per check; the
+// open loop's checks that waited on the store 0.55% → 0.19%, the rest keys seen for the
+// first or second time).
 //
 // Which way it errs, and by how much. Under, never over in total: tokens are still taken
 // before they are spent. The criterion keeps the fleet's demand for the key at or under
@@ -410,11 +419,24 @@ func (s *Store) spend(e *entry, req *bucket.Request, now int64) (bucket.Result, 
 		Source:    bucket.SourceLease,
 	}
 	s.emit(EventLeaseHit, g)
-	if e.flight == nil && 2*held <= e.batch && (e.busy(s.busyHits) || e.quiet) &&
+	if e.flight == nil && (2*held <= e.batch || s.renewDue(e, held, now)) && (e.busy(s.busyHits) || e.quiet) &&
 		now >= e.refillAfter && now >= e.pacedUntil && !e.refused(now, e.lastCost) {
 		return res, s.enqueue(e)
 	}
 	return res, false
+}
+
+// renewDue reports whether a quiet key's lease, holding more than half a batch, should be
+// renewed in the background because its newest lot has less than a quarter of QuietTTL
+// left: a quiet key seldom spends half its batch, so without this its tokens expire
+// unspent and the key's next check waits on a foreground call. Those checks were the
+// load benchmark's open-loop waits on the store (0.2–0.7% of checks, the tail p99 sits
+// on). The renewal asks only what keeps the key under 1.5 batches (see refill), the
+// bound the package comment states; the old lot's leftover still expires unspent, as it
+// did. A busy key's lots live LeaseTTL and are refilled by spending; it is not renewed.
+// Called with e's shard lock held.
+func (s *Store) renewDue(e *entry, held, now int64) bool {
+	return e.quiet && held > 0 && !e.busy(s.busyHits) && e.lastExp()-now <= s.quietTTL/4
 }
 
 // callFor is a foreground call begun for a key: its flight, the request it sends, and

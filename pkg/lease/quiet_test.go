@@ -104,19 +104,57 @@ func TestQuietLeaseExpiresAtQuietTTL(t *testing.T) {
 		t.Fatalf("%+v want=%d, want a quiet lease of 55", res, f.next.lastWant())
 	}
 	calls := f.next.calls.Load()
-	f.clk.Advance(9 * time.Second) // still within QuietTTL: from the lease
+	f.clk.Advance(7 * time.Second) // still within QuietTTL, and not in its last quarter: from the lease
 	if res := f.take(f.s, r); res.Source != bucket.SourceLease || f.next.calls.Load() != calls {
-		t.Fatalf("after 9 s: %+v, want an answer from the quiet lease", res)
+		t.Fatalf("after 7 s: %+v, want an answer from the quiet lease", res)
 	}
-	if expired.Load() != 0 {
-		t.Fatalf("expired %d before QuietTTL", expired.Load())
+	f.s.settle()
+	if expired.Load() != 0 || f.next.calls.Load() != calls {
+		t.Fatalf("expired %d before QuietTTL, %d calls, want none", expired.Load(), f.next.calls.Load()-calls)
 	}
-	f.clk.Advance(time.Second)
+	f.clk.Advance(3 * time.Second) // no check in the last quarter: nothing renewed it
 	if res := f.take(f.s, r); res.Source == bucket.SourceLease || f.next.calls.Load() == calls {
 		t.Fatalf("after QuietTTL: %+v, want a call to the next store", res)
 	}
 	if expired.Load() != 53 {
 		t.Fatalf("expired %d tokens, want the 53 left", expired.Load())
+	}
+}
+
+// A check in the last quarter of a quiet lease's life renews it in the background, asking
+// only what keeps the key under 1.5 batches: when the old lot expires, the next check is
+// answered from memory instead of waiting on the next store.
+func TestQuietLeaseRenewedBeforeExpiry(t *testing.T) {
+	f := newFixture(t, quiet10s)
+	r := req("renewed", 1000, 1000, 1)
+	for range 11 {
+		f.take(f.s, r)
+		f.clk.Advance(100 * time.Millisecond)
+	}
+	f.s.settle()
+	if f.next.lastWant() != 55 || f.s.heldFor("renewed") != 54 {
+		t.Fatalf("want %d, held %d: want a quiet lease of 55, 54 held", f.next.lastWant(), f.s.heldFor("renewed"))
+	}
+	calls := f.next.calls.Load()
+	f.clk.Advance(8 * time.Second) // 1.9 s of the lot's 10 s left
+	if res := f.take(f.s, r); res.Source != bucket.SourceLease {
+		t.Fatalf("in the last quarter: %+v, want an answer from the lease", res)
+	}
+	f.s.settle()
+	if got := f.next.calls.Load(); got != calls+1 {
+		t.Fatalf("%d calls in the last quarter, want 1 renewal", got-calls)
+	}
+	batch := f.s.batchFor("renewed")
+	// The batch follows the key's demand (11 here, against the 55 of a period that began
+	// with 11 checks in a second); holding 53, more than 1.5 of them, it asks only the
+	// check's cost.
+	if w, held := f.next.lastWant(), int64(53); w != max(batch+batch/2-held, 1) {
+		t.Fatalf("the renewal asked %d with %d held and a batch of %d, want %d", w, held, batch, max(batch+batch/2-held, 1))
+	}
+	f.clk.Advance(2 * time.Second) // the first lot has expired; the renewal's has not
+	calls = f.next.calls.Load()
+	if res := f.take(f.s, r); res.Source != bucket.SourceLease || f.next.calls.Load() != calls {
+		t.Fatalf("after the first lot expired: %+v (%d calls), want an answer from the renewal", res, f.next.calls.Load()-calls)
 	}
 }
 

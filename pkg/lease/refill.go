@@ -59,7 +59,13 @@ func (s *Store) refill(e *entry) {
 		if b, t, ok := s.leaseBatch(e, e.limits, e.lastCost, peers, s.now()); ok {
 			ttl = t
 			e.batch = b
-			req = &bucket.Request{Identity: e.key, Limits: e.limits, Want: b, Min: e.lastCost}
+			// Never above 1.5 batches held: a refill at half a batch asks a whole one; a
+			// renewal (renewDue), which finds more than half, asks the rest.
+			want := b
+			if held := e.held(); 2*held > b {
+				want = max(b+b/2-held, e.lastCost)
+			}
+			req = &bucket.Request{Identity: e.key, Limits: e.limits, Want: want, Min: e.lastCost}
 		}
 	}
 	if req == nil { // evicted, gone quiet, or no longer worth a lease
