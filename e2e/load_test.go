@@ -116,8 +116,8 @@ rules:
 //
 // Ratios: the table's last column is the ratio of the two medians; for checks/s, server
 // CPU and p99 it also gives each round's ratio and their median, the paired estimate (the
-// two targets ran a minute apart, while the machine's speed moves by more than that between
-// rounds), which the verdicts read. It also gives the share of the machine's CPU the
+// two targets ran interleaved within the same minute, while the machine's speed moves by
+// more than that between rounds), which the verdicts read. It also gives the share of the machine's CPU the
 // hypervisor stole in each closed loop (/proc/stat).
 //
 // The benchmark FAILS if any answer of either phase came from the fallback layer or from a
@@ -134,8 +134,10 @@ rules:
 // trace, if both are asked for); ALLOT_BENCH_TRACE a 3 s execution trace of it during the
 // first open loop (`go tool trace
 // -pprof=sched` tells where its goroutines waited to run); ALLOT_BENCH_GODEBUG is given to
-// both servers as GODEBUG, ALLOT_BENCH_GOGC as GOGC (e.g. "gctrace=1": with ALLOT_BENCH_LOG=1 the enforcer's GC
-// cycles are printed, live heap and mark time).
+// both servers as GODEBUG, ALLOT_BENCH_GOGC as GOGC (e.g. GODEBUG "gctrace=1": with
+// ALLOT_BENCH_LOG=1 the enforcer's GC cycles are printed, live heap and mark time;
+// ALLOT_BENCH_STDERR_DIR writes each server's whole stderr to enforcer.stderr and
+// null.stderr in that directory, the null server's cycles too).
 //
 // ALLOT_BENCH_NULL_SHAPED=1 makes the null server answer with a prebuilt response of the
 // shape of allot's allowed answer (nullrls_test.go): an experiment that separates allot's
@@ -608,8 +610,16 @@ func (p *serverProc) start(b *testing.B, bin string, args, env []string) {
 	}
 	p.cmd = exec.Command(name, args...)
 	p.cmd.Stderr = p.stderr
-	if dir := os.Getenv("XX_STDERR_DIR"); dir != "" {
-		f, _ := os.Create(filepath.Join(dir, filepath.Base(bin)+fmt.Sprint(len(args))+".log"))
+	if dir := os.Getenv("ALLOT_BENCH_STDERR_DIR"); dir != "" { // e.g. with ALLOT_BENCH_GODEBUG=gctrace=1
+		server := "null"
+		if p.http != "" {
+			server = "enforcer"
+		}
+		f, err := os.Create(filepath.Join(dir, server+".stderr"))
+		if err != nil {
+			b.Fatalf("ALLOT_BENCH_STDERR_DIR: %v", err)
+		}
+		b.Cleanup(func() { f.Close() })
 		p.cmd.Stderr = io.MultiWriter(p.stderr, f)
 	}
 	// Environment variables must not reconfigure the child behind the benchmark's back.
