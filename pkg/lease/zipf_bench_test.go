@@ -18,10 +18,11 @@ import (
 // open-loop checks that waited on a foreground call (the checks p99 lands on when they
 // approach 1%). Schedules:
 //
-//   - bench: the benchmark's own, three rounds as it runs them for allot. Each target runs
-//     its closed loop (5 s warm-up, 10 s measured) in turn, then each its open loop (3 s
-//     warm-up, 10 s measured, at a sixth of the closed rate), the order alternating by
-//     round, so allot is idle 13–15 s between its phases while the other target runs.
+//   - bench: the benchmark's own, three rounds as it runs them for allot (since e25138e):
+//     the closed loop, then the open loop (at a sixth of the closed rate), each in four
+//     segments A B B A of 5 s measured, after a warm-up of 5 s (closed) or 3 s (open) for a
+//     segment that does not follow its own target's; allot is idle 8–15 s between its
+//     segments while the other target runs.
 //   - steady: the closed loop's rate without a pause, measured over three 10 s windows
 //     after 20 s.
 //
@@ -90,9 +91,9 @@ func zipfMix(b *testing.B, sched string, quiet time.Duration) zipfResult {
 		return checks
 	}
 	var closedChecks, closedCalls, all, openChecks, openWaits int64
-	measure := func(rate float64) {
+	measure := func(rate float64, d time.Duration) {
 		c0 := next.calls.Load()
-		n := run(rate, 10*time.Second)
+		n := run(rate, d)
 		closedChecks += n
 		closedCalls += next.calls.Load() - c0
 		all += n
@@ -100,31 +101,41 @@ func zipfMix(b *testing.B, sched string, quiet time.Duration) zipfResult {
 	if sched == "steady" {
 		all += run(zipfClosed, 20*time.Second)
 		for range 3 {
-			measure(zipfClosed)
+			measure(zipfClosed, 10*time.Second)
 		}
 	} else {
-		closed, open := 15*time.Second, 13*time.Second // each target's closed and open loops
-		for r := range 3 {
-			allotFirst := r%2 == 1
-			if !allotFirst {
-				clk.Advance(closed)
+		// Each loop in four segments, A B B A, each measured 5 s; a segment that does not
+		// follow its own target's first runs a warm-up (closed 5 s, open 3 s). In odd
+		// rounds (r = 0, 2, ...) the null server is A.
+		openLoop := false
+		seg := func(allot bool, warm, rate float64) {
+			w, m := time.Duration(warm*float64(time.Second)), 5*time.Second
+			if !allot {
+				clk.Advance(w + m)
+				return
 			}
-			all += run(zipfClosed, 5*time.Second)
-			measure(zipfClosed)
-			if allotFirst {
-				clk.Advance(closed)
+			all += run(rate, w)
+			if !openLoop {
+				measure(rate, m)
+				return
 			}
-			if !allotFirst {
-				clk.Advance(open)
-			}
-			all += run(zipfOpen, 3*time.Second)
 			w0 := rec.n[EventCall].Load()
-			n := run(zipfOpen, 10*time.Second)
+			n := run(rate, m)
 			openChecks += n
 			openWaits += rec.n[EventCall].Load() - w0
 			all += n
-			if allotFirst {
-				clk.Advance(open)
+		}
+		for r := range 3 {
+			allotFirst := r%2 == 1
+			for _, loop := range []struct {
+				rate, warm float64
+				open       bool
+			}{{zipfClosed, 5, false}, {zipfOpen, 3, true}} {
+				openLoop = loop.open
+				seg(allotFirst, loop.warm, loop.rate)
+				seg(!allotFirst, loop.warm, loop.rate)
+				seg(!allotFirst, 0, loop.rate)
+				seg(allotFirst, loop.warm, loop.rate)
 			}
 		}
 	}
