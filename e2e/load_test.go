@@ -225,32 +225,17 @@ func BenchmarkEnforcerRLS(b *testing.B) {
 				order = []*loadTarget{targets[1], targets[0]}
 			}
 			seq := segments(order[0], order[1])
-			closed, open := map[string]*phase{}, map[string]*phase{}
-			for i, t := range seq {
-				warm := loadWarm
-				if i > 0 && seq[i-1] == t {
-					warm = 0
-				}
-				if closed[t.name] == nil {
-					closed[t.name] = &phase{}
-				}
-				t.closed(b, cluster, keys, warm, r == 0 && len(closed[t.name].runs) == 0, closed[t.name])
-			}
+			closed := eachSegment(seq, loadWarm, func(t *loadTarget, warm time.Duration, p *phase) {
+				t.closed(b, cluster, keys, warm, r == 0 && len(p.runs) == 0, p)
+			})
 			rows := map[string]*loadRow{}
 			for _, t := range targets {
 				rows[t.name] = t.closedRow(closed[t.name])
 			}
 			rate := rows["null"].ChecksPerSec / 6
-			for i, t := range seq {
-				warm := loadOpenWarm
-				if i > 0 && seq[i-1] == t {
-					warm = 0
-				}
-				if open[t.name] == nil {
-					open[t.name] = &phase{}
-				}
-				t.open(b, cluster, rate, warm, open[t.name])
-			}
+			open := eachSegment(seq, loadOpenWarm, func(t *loadTarget, warm time.Duration, p *phase) {
+				t.open(b, cluster, rate, warm, p)
+			})
 			for _, t := range targets {
 				t.addOpen(rows[t.name], open[t.name], rate)
 			}
@@ -324,6 +309,23 @@ func (t *loadTarget) check(ctx context.Context, k int) error {
 // to back (one loop of twice the length, read in two halves).
 func segments(first, second *loadTarget) []*loadTarget {
 	return []*loadTarget{first, second, second, first}
+}
+
+// eachSegment runs run for each segment of seq, after warm of the same loop unless the
+// segment follows its own target's, and returns each target's phase.
+func eachSegment(seq []*loadTarget, warm time.Duration, run func(t *loadTarget, warm time.Duration, p *phase)) map[string]*phase {
+	ps := map[string]*phase{}
+	for i, t := range seq {
+		w := warm
+		if i > 0 && seq[i-1] == t {
+			w = 0
+		}
+		if ps[t.name] == nil {
+			ps[t.name] = &phase{}
+		}
+		run(t, w, ps[t.name])
+	}
+	return ps
 }
 
 // phase is one target's measured segments of one loop in a round, summed.
