@@ -59,8 +59,9 @@ func (s *Store) refill(e *entry) {
 		if b, t, ok := s.leaseBatch(e, e.limits, e.lastCost, peers, s.now()); ok {
 			ttl = t
 			e.batch = b
-			// Never above 1.5 batches held: a refill at half a batch asks a whole one; a
-			// renewal (renewDue), which finds more than half, asks the rest.
+			// Never above 1.5 batches held (but for one check's cost): a refill at half a
+			// batch asks a whole one; a renewal (renewDue), which finds more than half,
+			// asks the rest.
 			want := b
 			if held := e.held(); 2*held > b {
 				want = max(b+b/2-held, e.lastCost)
