@@ -66,13 +66,13 @@ type Config struct {
 	// however small the live heap: after each collection GOGC is raised above GCPercent as
 	// far as it takes for the next collection to come at this heap, and no further (once
 	// live × (1 + GCPercent/100) is larger, GCPercent alone decides). 0, the default, is
-	// no floor. An enforcer's live heap is 10–20 MB and gRPC allocates ~4 KB per check, so
-	// at gc_percent alone it collects about once a second at 10,000 checks/s; with 256 its
-	// p99 at that rate was 1.6–1.7 ms against 2.1–2.9 ms (BENCHMARKS.md), for about 290 MB
-	// of memory instead of ~60. Not the default: it costs that memory, and one benchmark
-	// round in fifteen with it on had 0.04% of its checks answered locally on a healthy
-	// cluster, which no round without it had, and that is not explained yet. A GOGC
-	// environment variable turns it off (ApplyRuntime). Must be in [0, 1048576].
+	// no floor. An enforcer's live heap is 7–20 MB and gRPC allocates ~3–4 KB per check,
+	// so at gc_percent alone it collects every second or so at 9,000 checks/s; with 256 the
+	// load benchmark's p99 at that rate was 1.85 ms against 2.58 ms (BENCHMARKS.md), for
+	// about 290 MB of memory instead of ~75. Not the default: it costs that memory, and
+	// whether the null server should run at it too when the two are compared is not yet
+	// measured on a quiet machine (BENCHMARKS.md, "Open"). A GOGC environment variable
+	// turns it off (ApplyRuntime). Must be in [0, 1048576].
 	GCHeapFloorMiB int `yaml:"gc_heap_floor_mib"`
 }
 
