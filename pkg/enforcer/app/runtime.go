@@ -75,10 +75,13 @@ func (f *heapFloor) collected() {
 	metrics.Read(f.samples)
 	p := gcPercentFor(f.floor, f.base, f.samples[0].Value.Uint64(), f.samples[1].Value.Uint64()+f.samples[2].Value.Uint64())
 	debug.SetGCPercent(p)
+	// Re-arm before telling anyone: a collection that starts after onCollected returns
+	// must find the new sentinel allocated, or it passes unseen and the chain waits a
+	// whole extra cycle (or, in an idle process, forever).
+	f.arm()
 	if f.onCollected != nil {
 		f.onCollected(p)
 	}
-	f.arm()
 }
 
 // maxFloorPercent bounds the GOGC heapFloor sets (reached only with a live heap under a
