@@ -29,6 +29,7 @@ type entry struct {
 
 	batch    int64 // lease size of the last lease call; refill when held <= batch/2
 	quiet    bool  // the quiet criterion held at the last call (see quietBatch)
+	opening  bool  // the last call asked for the key's opening lot (see Store.leaseBatch)
 	lastCost int64 // Min of the last check spent from the lease: a refill's Min
 
 	// Busyness and demand: checks and tokens asked in the current window and the last.
@@ -98,10 +99,23 @@ func (e *entry) countSlow(now, ttl, cost int64) {
 //     scaled to a period as if it had run one ttl longer, whichever is more;
 //   - ok once the last whole period asked at least 2 × cost, or the current part has run
 //     at least one ttl and asked that much. A key seen for the first time is leased
-//     after a second or so rather than a whole period, and never on a single check.
+//     its demand after a second or so rather than a whole period; what it is leased on
+//     its first check is the opening lot (Store.leaseBatch, firstAsk), not this.
 func (e *entry) slowDemand(now, period, ttl, cost int64) (crit, size int64, ok bool) {
-	prev, ask, start := e.slowPrev, e.slowAsk, e.slowStart
-	if d := now - start; d >= period { // as countSlow would roll it
+	prev, ask, start := e.slowAt(now, period)
+	elapsed := max(now-start, 0)
+	p := float64(period)
+	crit = max(prev, int64(float64(ask)*p/float64(max(elapsed, ttl))))
+	size = max(prev, int64(float64(ask)*p/float64(elapsed+ttl)))
+	ok = prev >= 2*cost || (elapsed >= ttl && ask >= 2*cost)
+	return crit, size, ok
+}
+
+// slowAt is the slow-demand period's figures as of now (the last whole period's tokens,
+// the current one's and when it started), rolled as countSlow would roll them.
+func (e *entry) slowAt(now, period int64) (prev, ask, start int64) {
+	prev, ask, start = e.slowPrev, e.slowAsk, e.slowStart
+	if d := now - start; d >= period {
 		if d < 2*period {
 			prev = ask
 		} else {
@@ -109,12 +123,15 @@ func (e *entry) slowDemand(now, period, ttl, cost int64) (crit, size int64, ok b
 		}
 		ask, start = 0, now
 	}
-	elapsed := max(now-start, 0)
-	p := float64(period)
-	crit = max(prev, int64(float64(ask)*p/float64(max(elapsed, ttl))))
-	size = max(prev, int64(float64(ask)*p/float64(elapsed+ttl)))
-	ok = prev >= 2*cost || (elapsed >= ttl && ask >= 2*cost)
-	return crit, size, ok
+	return prev, ask, start
+}
+
+// firstAsk reports whether the check in hand, of cost tokens and already counted, is all
+// the key has asked of this enforcer over the current slow-demand period and the last
+// one: the key is new here, or back after two quiet periods (see "Quiet keys").
+func (e *entry) firstAsk(now, period, cost int64) bool {
+	prev, ask, _ := e.slowAt(now, period)
+	return prev == 0 && ask <= cost
 }
 
 // busy: at least minHits checks in the current window or in the one before it.

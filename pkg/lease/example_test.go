@@ -10,9 +10,11 @@ import (
 	"github.com/allot-dev/allot/pkg/lease"
 )
 
-// A lease layer over a store (bucket.Memory here; bucket.NewRedis in an enforcer). The
-// first checks of a key are exact calls; once the key is busy (3 checks in a window) it
-// takes a batch and spends it from memory.
+// A lease layer over a store (bucket.Memory here; bucket.NewRedis in an enforcer). A
+// key's first check calls the store for an opening lot of two checks' tokens, so its
+// second is answered from memory; the third, with the lot spent and the key's demand not
+// yet known, calls again; once the key is busy (3 checks in a window) that call takes a
+// batch, and the checks after it are spent from memory.
 func Example() {
 	clk := clock.NewFake(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
 	cfg := lease.DefaultConfig()
@@ -38,7 +40,7 @@ func Example() {
 	}
 	// Output:
 	// 1 1 memory
-	// 2 1 memory
+	// 2 1 lease
 	// 3 1 memory
 	// 4 1 lease
 	// 5 1 lease

@@ -178,6 +178,21 @@ func (s *Store) batchFor(key string) int64 {
 	return 0
 }
 
+// opens checks r twice at now, as a key's first two checks: the first calls for the opening
+// lot (twice its cost) and is answered by the store, the second is spent from the lot
+// without a call. It returns the calls made (1).
+func (f *fixture) opens(r *bucket.Request) int64 {
+	f.t.Helper()
+	calls := f.next.calls.Load()
+	if res := f.take(f.s, r); res.Granted != r.Want || res.Source != bucket.SourceMemory || f.next.lastWant() != 2*r.Want {
+		f.t.Fatalf("first check: %+v asked %d, want granted %d from the store, asking %d (the opening lot)", res, f.next.lastWant(), r.Want, 2*r.Want)
+	}
+	if res := f.take(f.s, r); res.Granted != r.Want || res.Source != bucket.SourceLease || f.next.calls.Load() != calls+1 {
+		f.t.Fatalf("second check: %+v after %d calls, want granted %d from the opening lot, no call", res, f.next.calls.Load()-calls, r.Want)
+	}
+	return 1
+}
+
 func req(id string, rate, burst float64, cost int64) *bucket.Request {
 	return &bucket.Request{
 		Identity: id,

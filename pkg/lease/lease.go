@@ -47,10 +47,11 @@
 // A key is leased with this batch when it is busy — this enforcer saw at least
 // Config.BusyHits checks for it within one window (or a check arrived while a call for it
 // was in flight) — and batch > c; or with the quiet batch below (the larger of the two
-// when both apply). Otherwise every check is the exact per-request call: a key with few
-// checks and no whole lease TTL of history, or near its limit, costs one call per check
-// and gets exact answers. The busy criterion errs toward exactness: a key just under the
-// threshold pays one call per check rather than stranding a batch it would not spend.
+// when both apply); or, on its first check, with the opening lot below. Otherwise every
+// check is the exact per-request call: a key with few checks and no whole lease TTL of
+// history, or near its limit, costs one call per check and gets exact answers. The busy
+// criterion errs toward exactness: a key just under the threshold pays one call per check
+// rather than stranding a batch it would not spend.
 //
 // # Quiet keys
 //
@@ -67,19 +68,33 @@
 //	              when 4 × N × crit ≤ R × Q, and prev ≥ 2c or (t ≥ T and a ≥ 2c)
 //
 // with R the slowest rate of the request's limits, T = LeaseTTL and N the enforcers in
-// the region. A key needs at least a LeaseTTL of history with two checks first, so a key
-// seen once is never leased for, and one seen for the first time is leased a second or
-// two later, its batch growing toward its demand over Q as the period fills. It is
-// refilled at half, like a busy lease, so in steady state it costs one call per batch: one
-// per Q for a key under the cap, instead of one per check. A quiet key seldom spends half
-// its batch, so a check in the last quarter of its newest lot's life (Q/4 left) renews it
-// in the background instead (renewDue): the key's next check after the old lot expires is
-// answered from memory, not by a call it waits on. A refill or renewal never asks more than
+// the region. A key needs at least a LeaseTTL of history with two checks for it, so one
+// seen for the first time is leased its demand a second or two later, its batch growing
+// toward its demand over Q as the period fills. It is refilled at half, like a busy
+// lease, so in steady state it costs one call per batch: one per Q for a key under the
+// cap, instead of one per check. A quiet key seldom spends half its batch, so a check in
+// the last quarter of its newest lot's life (Q/4 left) renews it in the background
+// instead (renewDue): the key's next check after the old lot expires is answered from
+// memory, not by a call it waits on. A refill or renewal never asks more than
 // keeps the key at 1.5 batches; the old lot's leftover expires unspent, as it would have.
 // The cost is at most one call per key per 3Q/4 instead of per Q, for keys seen in that
 // last quarter (BenchmarkZipfMix, bench/quiet=2m: the open loop's checks that waited on
 // the store 0.27% → 0.18%, the rest keys seen for the first or second time, for 0.032 →
 // 0.033 calls per check).
+//
+// The opening lot. A key's first check here (nothing asked of this enforcer for it over
+// the current Q and the one before) is the quiet batch of a key whose demand over Q is
+// two checks: crit = size = 2c, so Want = 2c (Min = c) when 2c fits the cap above, under
+// QuietTTL. Its second check is then spent from memory; if that check comes a LeaseTTL or
+// more after the first, the key's demand is known and the lot is refilled in the
+// background with its quiet batch, so a key of the tail waits on the store once, not on
+// its first two checks (BenchmarkZipfMix, bench/quiet=2m: open-loop checks that waited on
+// the store 0.18% → 0.05%, calls per check 0.0326 → 0.0319). A second check within a
+// LeaseTTL does not refill it (the demand is still a guess: the next check calls, as it
+// did without the lot), and a lot granted only in part does not pace the key. It errs
+// like a quiet lease, within its bounds: each enforcer strands at most c tokens of a key
+// it saw once, for at most Q, and a key's first window may admit c more per enforcer. It
+// costs no call: the first check called anyway.
 //
 // Which way it errs, and by how much. Under, never over in total: tokens are still taken
 // before they are spent. The criterion keeps the fleet's demand for the key at or under
@@ -419,11 +434,27 @@ func (s *Store) spend(e *entry, req *bucket.Request, now int64) (bucket.Result, 
 		Source:    bucket.SourceLease,
 	}
 	s.emit(EventLeaseHit, g)
-	if e.flight == nil && (2*held <= e.batch || s.renewDue(e, held, now)) && (e.busy(s.busyHits) || e.quiet) &&
+	if e.flight == nil && (2*held <= e.batch || s.renewDue(e, held, now)) && s.leasing(e, now) &&
 		now >= e.refillAfter && now >= e.pacedUntil && !e.refused(now, e.lastCost) {
 		return res, s.enqueue(e)
 	}
 	return res, false
+}
+
+// leasing reports whether a refill for e's key would take a lease (as leaseBatch would
+// decide): the key is busy or quiet, or it spends its opening lot and its demand is now
+// known (slowDemand). An opening lot spent by a key's second check within a LeaseTTL of
+// its first is not refilled: the next check calls in the foreground, as it would have
+// without the lot. Called with e's shard lock held.
+func (s *Store) leasing(e *entry, now int64) bool {
+	if e.busy(s.busyHits) || e.quiet {
+		return true
+	}
+	if !e.opening {
+		return false
+	}
+	_, _, ok := e.slowDemand(now, s.quietTTL, s.ttl, e.lastCost)
+	return ok
 }
 
 // renewDue reports whether a quiet key's lease, holding more than half a batch, should be
@@ -442,12 +473,13 @@ func (s *Store) renewDue(e *entry, held, now int64) bool {
 // callFor is a foreground call begun for a key: its flight, the request it sends, and
 // what it was sized under.
 type callFor struct {
-	f     *flight
-	req   bucket.Request
-	gen   uint32
-	peers int
-	ttl   int64 // how long what it is granted may be spent
-	lease bool
+	f       *flight
+	req     bucket.Request
+	gen     uint32
+	peers   int
+	ttl     int64 // how long what it is granted may be spent
+	lease   bool
+	opening bool // the lease is a key's opening lot (leaseBatch)
 }
 
 // begin claims the one foreground call for e's key. Called with e's shard lock held. If
@@ -455,8 +487,8 @@ type callFor struct {
 func (s *Store) begin(e *entry, req *bucket.Request, now int64) callFor {
 	c := callFor{f: &flight{done: make(chan struct{})}, req: *req, gen: e.gen, peers: s.peers()}
 	e.flight = c.f
-	batch, ttl, lease := s.leaseBatch(e, req.Limits, req.Want, c.peers, now)
-	c.ttl = ttl
+	batch, ttl, lease, opening := s.leaseBatch(e, req.Limits, req.Want, c.peers, now)
+	c.ttl, c.opening = ttl, opening
 	if lease {
 		e.batch = batch
 		c.req.Want, c.req.Min = batch, req.MinGrant()
@@ -487,7 +519,7 @@ func (s *Store) call(ctx context.Context, sh *shard, e *entry, req *bucket.Reque
 	if current {
 		e.observe(&c.req, res, start)
 		if c.lease {
-			e.setContended(res.Granted < c.req.Want, start, c.req.Limits, c.req.Want, c.peers, s.cfg.Window)
+			e.setContended(!c.opening && res.Granted < c.req.Want, start, c.req.Limits, c.req.Want, c.peers, s.cfg.Window)
 		}
 	}
 	if !c.lease || res.Granted == 0 {
@@ -516,22 +548,32 @@ func (s *Store) call(ctx context.Context, sh *shard, e *entry, req *bucket.Reque
 // leaseBatch decides whether a call for e's key (with these limits, for a check of the
 // given cost) takes a lease, its size and how long its tokens may be spent: the busy batch
 // (batchSize) for a busy key, under LeaseTTL, or the quiet batch (quietBatch) for a key far
-// under its limits, under QuietTTL, whichever is larger. It records in e.quiet whether the
-// quiet criterion held. Called with e's shard lock held.
-func (s *Store) leaseBatch(e *entry, limits []bucket.Limit, cost int64, peers int, now int64) (batch, ttl int64, lease bool) {
+// under its limits, under QuietTTL, whichever is larger; or, for the first check a key asks
+// of this enforcer (firstAsk), the opening lot: the quiet batch of a key whose demand over
+// QuietTTL is two checks (opening reports it; a partial grant of it does not mark the key
+// contended). It records in e.quiet whether a quiet lease applies. Called with e's shard
+// lock held.
+func (s *Store) leaseBatch(e *entry, limits []bucket.Limit, cost int64, peers int, now int64) (batch, ttl int64, lease, opening bool) {
 	b := int64(0)
 	if e.busy(s.busyHits) {
 		b = batchSize(limits, cost, e.demand(), peers, s.cfg.Window)
 	}
 	q := int64(0)
-	if crit, size, ok := e.slowDemand(now, s.quietTTL, s.ttl, cost); ok {
+	crit, size, ok := e.slowDemand(now, s.quietTTL, s.ttl, cost)
+	if !ok && b == 0 && e.firstAsk(now, s.quietTTL, cost) {
+		crit, size, ok, opening = 2*cost, 2*cost, true, true
+	}
+	if ok {
 		q = quietBatch(limits, cost, crit, size, peers, s.cfg.QuietTTL, s.cfg.LeaseTTL)
 	}
-	e.quiet = q > cost
-	if e.quiet && q >= b {
-		return q, s.quietTTL, true
+	quiet := q > cost
+	// An opening lot is not yet a quiet lease: the key's demand is a guess, and a refill
+	// for it waits until slowDemand knows (spend).
+	e.quiet, e.opening = quiet && !opening, quiet && opening
+	if quiet && q >= b {
+		return q, s.quietTTL, true, opening
 	}
-	return b, s.ttl, b > cost
+	return b, s.ttl, b > cost, false
 }
 
 // quietBatch is the batch for a key this enforcer sees far under its limits, sized to the

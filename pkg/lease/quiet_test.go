@@ -18,7 +18,9 @@ func quiet10s(c *Config) { c.QuietTTL = 10 * time.Second }
 func TestQuietKeyLeasesItsDemand(t *testing.T) {
 	f := newFixture(t, quiet10s) // BusyHits 3, Window 100ms, LeaseTTL 1s, QuietTTL 10s, one enforcer
 	r := req("quiet", 1000, 1000, 1)
-	for i := range 10 { // the first LeaseTTL: exact calls
+	f.opens(r)
+	f.clk.Advance(100 * time.Millisecond)
+	for i := 2; i < 10; i++ { // the rest of the first LeaseTTL: exact calls
 		if res := f.take(f.s, r); res.Source != bucket.SourceMemory || f.next.lastWant() != 1 {
 			t.Fatalf("check %d: %+v want=%d, want an exact check", i, res, f.next.lastWant())
 		}
@@ -40,7 +42,7 @@ func TestQuietKeyLeasesItsDemand(t *testing.T) {
 	for range 90 { // the rest of the first QuietTTL: the batch grows toward the demand
 		check()
 	}
-	if n := f.next.calls.Load() - 10; n > 8 {
+	if n := f.next.calls.Load() - 9; n > 8 {
 		t.Errorf("%d calls for 90 checks while the first QuietTTL fills, want <= 8", n)
 	}
 	before, leased := f.next.calls.Load(), int64(0)
@@ -158,18 +160,22 @@ func TestQuietLeaseRenewedBeforeExpiry(t *testing.T) {
 	}
 }
 
-// The same demand near the limit (10/s against 20/s: 4 × N × 10 > 20 × 1s) stays exact.
+// The same demand near the limit (10/s against 20/s: 4 × N × 10 > 20 × 1s) stays exact
+// after its opening lot (two tokens, within the quiet cap of 20 × 1 s / 4).
 func TestQuietKeyNearLimitIsExact(t *testing.T) {
 	f := newFixture(t, nil)
 	r := req("near", 20, 20, 1)
-	for i := range 30 {
+	f.opens(r)
+	f.s.settle()
+	f.clk.Advance(100 * time.Millisecond)
+	for i := 2; i < 30; i++ {
 		if res := f.take(f.s, r); res.Granted != 1 || f.next.lastWant() != 1 {
 			t.Fatalf("check %d: %+v want=%d, want an exact grant of 1", i, res, f.next.lastWant())
 		}
 		f.clk.Advance(100 * time.Millisecond)
 	}
-	if n := f.next.calls.Load(); n != 30 {
-		t.Fatalf("calls = %d, want 30", n)
+	if n := f.next.calls.Load(); n != 29 {
+		t.Fatalf("calls = %d, want 29 (the opening lot's, then one per check)", n)
 	}
 }
 
@@ -227,5 +233,62 @@ func TestSlowDemand(t *testing.T) {
 		if crit != c.crit || size != c.size || ok != c.ok {
 			t.Errorf("%s: slowDemand = %d, %d, %v; want %d, %d, %v", c.name, crit, size, ok, c.crit, c.size, c.ok)
 		}
+	}
+}
+
+// A key of the tail, seen every 2 s, waits on the store for its first check only: that
+// call takes the opening lot (two checks' tokens, under QuietTTL), the second check is
+// spent from it and, the key's demand now known, refills it in the background with the
+// quiet batch, from which the third is answered.
+func TestOpeningLot(t *testing.T) {
+	f := newFixture(t, quiet10s)
+	r := req("tail", 1000, 1000, 1)
+	if res := f.take(f.s, r); res.Source != bucket.SourceMemory || f.next.lastWant() != 2 {
+		t.Fatalf("first check: %+v asked %d, want a call for the opening lot of 2", res, f.next.lastWant())
+	}
+	for i := 1; i < 12; i++ {
+		f.clk.Advance(2 * time.Second)
+		fg := f.rec.n[EventCall].Load()
+		if res := f.take(f.s, r); res.Granted != 1 || res.Source != bucket.SourceLease || f.rec.n[EventCall].Load() != fg {
+			t.Fatalf("check %d, 2 s after the last: %+v, want granted from the lease without waiting on a call", i, res)
+		}
+		f.s.settle()
+	}
+	if n, bg := f.rec.n[EventCall].Load(), f.rec.n[EventRefill].Load(); n != 1 || bg < 1 {
+		t.Fatalf("%d foreground calls and %d refills for 12 checks, want 1 and at least 1", n, bg)
+	}
+	if admitted, granted := int64(12), f.next.granted.Load(); granted < admitted {
+		t.Fatalf("admitted %d > granted %d", admitted, granted)
+	}
+}
+
+// No opening lot where the quiet cap (R × LeaseTTL / 4N) is under two checks: a slow limit
+// keeps every check exact.
+func TestOpeningLotSlowLimit(t *testing.T) {
+	f := newFixture(t, nil)
+	r := req("slow", 4, 10, 1) // cap 4 × 1 s / 4 = 1 token
+	for i := range 3 {
+		if res := f.take(f.s, r); res.Granted != 1 || res.Source != bucket.SourceMemory || f.next.lastWant() != 1 {
+			t.Fatalf("check %d: %+v asked %d, want an exact call for 1", i, res, f.next.lastWant())
+		}
+		f.clk.Advance(5 * time.Second)
+	}
+}
+
+// An opening lot granted in part (the bucket had one token) serves the check and does not
+// pace the key: the next check asks the store, which refuses it exactly, rather than being
+// refused from memory for a pace.
+func TestOpeningLotPartialDoesNotPace(t *testing.T) {
+	f := newFixture(t, nil)
+	r := req("drained", 1000, 100, 1)
+	if res, err := f.mem.Take(t.Context(), &bucket.Request{Identity: r.Identity, Limits: r.Limits, Want: 99}); err != nil || res.Granted != 99 {
+		t.Fatalf("draining the bucket: %+v %v", res, err)
+	}
+	if res := f.take(f.s, r); res.Granted != 1 || f.next.lastWant() != 2 {
+		t.Fatalf("first check: %+v asked %d, want granted 1 of an opening lot of 2", res, f.next.lastWant())
+	}
+	calls := f.next.calls.Load()
+	if res := f.take(f.s, r); res.Granted != 0 || f.next.calls.Load() != calls+1 || f.rec.n[EventPaced].Load() != 0 {
+		t.Fatalf("second check: %+v after %d calls, %d paced, want refused by the store (one call), not paced", res, f.next.calls.Load()-calls, f.rec.n[EventPaced].Load())
 	}
 }

@@ -54,10 +54,10 @@ func (s *Store) refill(e *entry) {
 	f := e.flight
 	var req *bucket.Request
 	peers := s.peers()
-	ttl := s.ttl
+	ttl, opening := s.ttl, false
 	if !e.gone {
-		if b, t, ok := s.leaseBatch(e, e.limits, e.lastCost, peers, s.now()); ok {
-			ttl = t
+		if b, t, ok, o := s.leaseBatch(e, e.limits, e.lastCost, peers, s.now()); ok {
+			ttl, opening = t, o
 			e.batch = b
 			// Never above 1.5 batches held (but for one check's cost): a refill at half a
 			// batch asks a whole one; a renewal (renewDue), which finds more than half,
@@ -97,7 +97,7 @@ func (s *Store) refill(e *entry) {
 		}
 	default:
 		e.observe(req, res, start)
-		e.setContended(res.Granted < req.Want, start, req.Limits, req.Want, peers, s.cfg.Window)
+		e.setContended(!opening && res.Granted < req.Want, start, req.Limits, req.Want, peers, s.cfg.Window)
 		if res.Granted > 0 {
 			s.emit(EventGranted, res.Granted)
 			e.add(res.Granted, start+ttl)
