@@ -150,12 +150,17 @@ const (
 	EventGranted                    // the next store granted tokens to a lease (tokens)
 	EventExpired                    // leased tokens dropped unspent at LeaseTTL or QuietTTL (tokens)
 	EventLimitsChanged              // a lease dropped because the request's limits changed (tokens)
-	EventEvicted                    // a key evicted from the full table (tokens it held)
+	// Why a check waited on a foreground call: one of these comes with each EventCall (0).
+	EventCallNew     // the key is new here, or its limits changed: nothing was known of it
+	EventCallExpired // the key's leased tokens expired before it spent them
+	EventCallSpent   // the key's lease ran out before a refill was due or had landed
+	EventCallExact   // the key had no lease: too few checks, near its limit, or a slow limit
+	EventEvicted     // a key evicted from the full table (tokens it held)
 	// EventEvicted stays the last event (pkg/enforcer sizes its counters by it).
 )
 
 var eventNames = [...]string{"lease-hit", "refusal-hit", "paced", "call", "call-error", "refill",
-	"refill-error", "refill-skipped", "granted", "expired", "limits-changed", "evicted"}
+	"refill-error", "refill-skipped", "granted", "expired", "limits-changed", "call-new", "call-expired", "call-spent", "call-exact", "evicted"}
 
 func (e Event) String() string {
 	if int(e) < len(eventNames) {

@@ -30,6 +30,7 @@ type entry struct {
 	batch    int64 // lease size of the last lease call; refill when held <= batch/2
 	quiet    bool  // the quiet criterion held at the last call (see quietBatch)
 	opening  bool  // the last call asked for the key's opening lot (see Store.leaseBatch)
+	lapsed   bool  // leased tokens expired unspent since the last call (for callReason)
 	lastCost int64 // Min of the last check spent from the lease: a refill's Min
 
 	// Busyness and demand: checks and tokens asked in the current window and the last.
@@ -109,6 +110,20 @@ func (e *entry) slowDemand(now, period, ttl, cost int64) (crit, size int64, ok b
 	size = max(prev, int64(float64(ask)*p/float64(elapsed+ttl)))
 	ok = prev >= 2*cost || (elapsed >= ttl && ask >= 2*cost)
 	return crit, size, ok
+}
+
+// callReason is why a check of the key waits on a foreground call that leases or not
+// (lease), as the Observer is told (EventCallNew and the three after it).
+func (e *entry) callReason(lease bool) Event {
+	switch {
+	case e.resetAt == 0:
+		return EventCallNew
+	case e.lapsed:
+		return EventCallExpired
+	case lease && e.batch > 0:
+		return EventCallSpent
+	}
+	return EventCallExact
 }
 
 // slowAt is the slow-demand period's figures as of now (the last whole period's tokens,
@@ -202,6 +217,7 @@ func (e *entry) add(g, exp int64) {
 	if g <= 0 {
 		return
 	}
+	e.lapsed = false
 	switch {
 	case e.cur == 0:
 		e.cur, e.curExp = g, exp

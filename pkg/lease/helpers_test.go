@@ -95,8 +95,8 @@ func (c *countdown) hit() {
 
 // recorder is an Observer that counts events.
 type recorder struct {
-	n      [16]atomic.Int64
-	tokens [16]atomic.Int64
+	n      [32]atomic.Int64
+	tokens [32]atomic.Int64
 }
 
 func (r *recorder) observe(ev Event, tokens int64) {

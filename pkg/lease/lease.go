@@ -357,6 +357,7 @@ func (s *Store) refresh(sh *shard, e *entry, req *bucket.Request, now int64) {
 		}
 	}
 	if d := e.expire(now); d > 0 {
+		e.lapsed = true
 		s.emit(EventExpired, d)
 	}
 }
@@ -479,7 +480,8 @@ type callFor struct {
 	peers   int
 	ttl     int64 // how long what it is granted may be spent
 	lease   bool
-	opening bool // the lease is a key's opening lot (leaseBatch)
+	opening bool  // the lease is a key's opening lot (leaseBatch)
+	why     Event // why the check waits on it (entry.callReason)
 }
 
 // begin claims the one foreground call for e's key. Called with e's shard lock held. If
@@ -488,7 +490,8 @@ func (s *Store) begin(e *entry, req *bucket.Request, now int64) callFor {
 	c := callFor{f: &flight{done: make(chan struct{})}, req: *req, gen: e.gen, peers: s.peers()}
 	e.flight = c.f
 	batch, ttl, lease, opening := s.leaseBatch(e, req.Limits, req.Want, c.peers, now)
-	c.ttl, c.opening = ttl, opening
+	c.ttl, c.opening, c.why = ttl, opening, e.callReason(lease)
+	e.lapsed = false
 	if lease {
 		e.batch = batch
 		c.req.Want, c.req.Min = batch, req.MinGrant()
@@ -501,6 +504,7 @@ func (s *Store) begin(e *entry, req *bucket.Request, now int64) callFor {
 // caller has released) and keeps what the check does not spend.
 func (s *Store) call(ctx context.Context, sh *shard, e *entry, req *bucket.Request, c callFor, start int64) (bucket.Result, error) {
 	s.emit(EventCall, c.req.Want)
+	s.emit(c.why, 0)
 	res, err := s.take(ctx, &c.req)
 
 	sh.mu.Lock()

@@ -334,3 +334,38 @@ func TestSyncRefillTakeCached(t *testing.T) {
 		t.Fatalf("held %d after %d refills, want 4 after 1", h, n)
 	}
 }
+
+// Each foreground call is told to the Observer with why its check waited: a key new here,
+// one whose leased tokens expired, one whose lease ran out, or one not leased for.
+func TestCallReasons(t *testing.T) {
+	f := newFixture(t, nil) // LeaseTTL 1s, QuietTTL 2m, BusyHits 3 in a 100ms window
+	var seen [EventEvicted + 1]int64
+	want := func(step string, ev Event) {
+		t.Helper()
+		f.s.settle()
+		for e := EventCallNew; e <= EventCallExact; e++ {
+			n := f.rec.n[e].Load()
+			if d, w := n-seen[e], int64(map[bool]int{true: 1}[e == ev]); d != w {
+				t.Fatalf("%s: %d %v events, want %d", step, d, e, w)
+			}
+			seen[e] = n
+		}
+		if calls, why := f.rec.n[EventCall].Load(), seen[EventCallNew]+seen[EventCallExpired]+seen[EventCallSpent]+seen[EventCallExact]; calls != why {
+			t.Fatalf("%s: %d calls, %d reasons", step, calls, why)
+		}
+	}
+	slow := req("slow", 4, 10, 1) // no opening lot: its cap is one token
+	f.take(f.s, slow)
+	want("a slow key's first check", EventCallNew)
+	f.take(f.s, slow)
+	want("its second", EventCallExact)
+
+	r := req("key", 1000, 1000, 1)
+	f.opens(r)
+	want("a key's opening lot", EventCallNew)
+	f.take(f.s, r) // the third check in the window: busy, its lot spent
+	want("the lot spent", EventCallSpent)
+	f.clk.Advance(3 * time.Minute) // every lot has expired
+	f.take(f.s, r)
+	want("after its tokens expired", EventCallExpired)
+}

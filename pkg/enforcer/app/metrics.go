@@ -15,7 +15,7 @@ const numLeaseEvents = int(lease.EventEvicted) + 1
 func newLeaseMetrics(reg prometheus.Registerer) lease.Observer {
 	events := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "allot_lease_events_total",
-		Help: "What the lease layer did: lease-hit (answered from leased tokens), refusal-hit, call, refill, expired, evicted, ...",
+		Help: "What the lease layer did: lease-hit (answered from leased tokens), refusal-hit, call (a check waited on Redis; call-new, call-expired, call-spent and call-exact say why), refill, expired, evicted, ...",
 	}, []string{"event"})
 	tokens := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "allot_lease_tokens_total",
