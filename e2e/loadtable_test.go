@@ -248,6 +248,15 @@ func (r *loadReport) table() string {
 		open = append(open, fmt.Sprintf("%.2f", row.OpenRedisPct))
 	}
 	fmt.Fprintf(&sb, "| open loop: answers from redis %%, per round | %s | — | — |\n", strings.Join(open, ", "))
+	var why []string
+	for _, row := range a {
+		var parts []string
+		for _, ev := range []string{"new", "expired", "spent", "exact"} {
+			parts = append(parts, fmt.Sprintf("%s %.2f", ev, row.OpenLeaseEvents["call-"+ev]))
+		}
+		why = append(why, strings.Join(parts, " "))
+	}
+	fmt.Fprintf(&sb, "| open loop: checks that waited on a call, by why (%% of checks: key new, lease expired, spent, not leased), per round | %s | — | — |\n", strings.Join(why, "; "))
 	var deg []string
 	for _, row := range a {
 		deg = append(deg, fmt.Sprint(row.Degraded))
