@@ -95,8 +95,8 @@ func (c *countdown) hit() {
 
 // recorder is an Observer that counts events.
 type recorder struct {
-	n      [32]atomic.Int64
-	tokens [32]atomic.Int64
+	n      [EventEvicted + 1]atomic.Int64
+	tokens [EventEvicted + 1]atomic.Int64
 }
 
 func (r *recorder) observe(ev Event, tokens int64) {
@@ -180,8 +180,8 @@ func (s *Store) batchFor(key string) int64 {
 
 // opens checks r twice at now, as a key's first two checks: the first calls for the opening
 // lot (twice its cost) and is answered by the store, the second is spent from the lot
-// without a call. It returns the calls made (1).
-func (f *fixture) opens(r *bucket.Request) int64 {
+// without a call.
+func (f *fixture) opens(r *bucket.Request) {
 	f.t.Helper()
 	calls := f.next.calls.Load()
 	if res := f.take(f.s, r); res.Granted != r.Want || res.Source != bucket.SourceMemory || f.next.lastWant() != 2*r.Want {
@@ -190,7 +190,6 @@ func (f *fixture) opens(r *bucket.Request) int64 {
 	if res := f.take(f.s, r); res.Granted != r.Want || res.Source != bucket.SourceLease || f.next.calls.Load() != calls+1 {
 		f.t.Fatalf("second check: %+v after %d calls, want granted %d from the opening lot, no call", res, f.next.calls.Load()-calls, r.Want)
 	}
-	return 1
 }
 
 func req(id string, rate, burst float64, cost int64) *bucket.Request {

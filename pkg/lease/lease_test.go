@@ -344,8 +344,11 @@ func TestCallReasons(t *testing.T) {
 		t.Helper()
 		f.s.settle()
 		for e := EventCallNew; e <= EventCallExact; e++ {
-			n := f.rec.n[e].Load()
-			if d, w := n-seen[e], int64(map[bool]int{true: 1}[e == ev]); d != w {
+			n, w := f.rec.n[e].Load(), int64(0)
+			if e == ev {
+				w = 1
+			}
+			if d := n - seen[e]; d != w {
 				t.Fatalf("%s: %d %v events, want %d", step, d, e, w)
 			}
 			seen[e] = n

@@ -70,9 +70,10 @@ type Config struct {
 	// so at gc_percent alone it collects every second or so at 9,000 checks/s; with 256 the
 	// load benchmark's p99 at that rate was 1.85 ms against 2.58 ms (BENCHMARKS.md), for
 	// about 290 MB of memory instead of ~75. Not the default: it costs that memory, and
-	// whether the null server should run at it too when the two are compared is not yet
-	// measured on a quiet machine (BENCHMARKS.md, "Open"). A GOGC environment variable
-	// turns it off (ApplyRuntime). Must be in [0, 1048576].
+	// with the null server at the same floor the p99 ratio between the two stays at
+	// 1.3–1.5× (BENCHMARKS.md, "Open"): it lowers both tails, not allot's against the
+	// floor. A GOGC environment variable turns it off (ApplyRuntime). Must be in
+	// [0, 1048576].
 	GCHeapFloorMiB int `yaml:"gc_heap_floor_mib"`
 }
 
