@@ -42,7 +42,8 @@ func fail(err error) func(*bucket.Request) (bucket.Result, error) {
 }
 
 // Leased tokens expire LeaseTTL after the call that took them was sent; they are dropped,
-// never revived, and the next check calls again.
+// never revived: a check that needs more than the expired lot held calls again (one that
+// needs no more is the lapsed check: TestLapsedCheck).
 func TestLeaseExpires(t *testing.T) {
 	f := newFixture(t, func(c *Config) { c.BusyHits = 1 })
 	r := req("k", 1000, 1000, 1)
@@ -56,9 +57,9 @@ func TestLeaseExpires(t *testing.T) {
 	}
 	f.clk.Advance(time.Nanosecond)
 	calls := f.next.calls.Load()
-	res := f.take(f.s, r)
+	res := f.take(f.s, req("k", 1000, 1000, 2))
 	if res.Source != bucket.SourceMemory || f.next.calls.Load() != calls+1 {
-		t.Fatalf("check at the TTL: %+v, calls %d→%d; want a call", res, calls, f.next.calls.Load())
+		t.Fatalf("check of 2 at the TTL: %+v, calls %d→%d; want a call", res, calls, f.next.calls.Load())
 	}
 	if n := f.rec.tokens[EventExpired].Load(); n != 1 {
 		t.Fatalf("expired tokens = %d, want 1", n)

@@ -5,7 +5,9 @@
 // # Guarantees
 //
 // Never over: every token this layer grants was taken from the next store first, under the
-// same limits, less than LeaseTTL earlier (QuietTTL for a quiet lease). From any start the
+// same limits, less than LeaseTTL earlier (QuietTTL for a quiet lease), but for the one
+// check per lapse that the lapsed check (below) answers from a lot that has just expired,
+// within the tokens held. From any start the
 // fleet of enforcers therefore admits no more than the bucket gave; within one window it
 // may admit, on top of what the bucket gives in that window, the tokens the fleet held
 // when it began (bounded below: "Quiet keys"). It errs under, in these bounded ways:
@@ -72,15 +74,9 @@
 // seen for the first time is leased its demand a second or two later, its batch growing
 // toward its demand over Q as the period fills. It is refilled at half, like a busy
 // lease, so in steady state it costs one call per batch: one per Q for a key under the
-// cap, instead of one per check. A quiet key seldom spends half its batch, so a check in
-// the last quarter of its newest lot's life (Q/4 left) renews it in the background
-// instead (renewDue): the key's next check after the old lot expires is answered from
-// memory, not by a call it waits on. A refill or renewal never asks more than
-// keeps the key at 1.5 batches; the old lot's leftover expires unspent, as it would have.
-// The cost is at most one call per key per 3Q/4 instead of per Q, for keys seen in that
-// last quarter (BenchmarkZipfMix, bench/quiet=2m: the open loop's checks that waited on
-// the store 0.27% → 0.18%, the rest keys seen for the first or second time, for 0.032 →
-// 0.033 calls per check).
+// cap, instead of one per check. A quiet key seldom spends half its batch, so its lot
+// usually expires first; the key's next check is then the lapsed check below, and the
+// refill it makes due goes in the background.
 //
 // The opening lot. A key's first check here (nothing asked of this enforcer for it over
 // the current Q and the one before) is the quiet batch of a key whose demand over Q is
@@ -88,13 +84,25 @@
 // QuietTTL. Its second check is then spent from memory; if that check comes a LeaseTTL or
 // more after the first, the key's demand is known and the lot is refilled in the
 // background with its quiet batch, so a key of the tail waits on the store once, not on
-// its first two checks (BenchmarkZipfMix, bench/quiet=2m: open-loop checks that waited on
-// the store 0.18% → 0.05%, calls per check 0.0326 → 0.0319). A second check within a
+// its first two checks. A second check within a
 // LeaseTTL does not refill it (the demand is still a guess: the next check calls, as it
 // did without the lot), and a lot granted only in part does not pace the key. It errs
 // like a quiet lease, within its bounds: each enforcer strands at most c tokens of a key
 // it saw once, for at most Q, and a key's first window may admit c more per enforcer. It
 // costs no call: the first check called anyway.
+//
+// The lapsed check. A lot expires unspent when its key does not come back within the
+// lot's life: a quiet key seen every minute or two, a client polling on a timer, a busy key
+// that paused. The check that finds its key's lease so would wait on a call to the next
+// store. Instead it spends its own cost (Request.MinGrant) from the lot that has just
+// expired; the rest of the lot is dropped as expired, and the refill that an empty lease
+// makes due goes in the background (when the key is still worth a lease), so the key's
+// next checks are answered from that. A key that comes back, at any period, then waits on
+// the store only when it is new here or its demand no longer earns a lease. It applies only
+// when the key holds nothing else and was last seen neither refused (the refusal cache),
+// paced nor contended: a key at or over its limit gets no token taken long ago. A change
+// of limits drops the lease before it is looked at (refresh), so none is spent under other
+// limits. See keepLapsed.
 //
 // Which way it errs, and by how much. Under, never over in total: tokens are still taken
 // before they are spent. The criterion keeps the fleet's demand for the key at or under
@@ -112,6 +120,13 @@
 //     (≤ 0.375 × R × T) above burst + rate × window; never over across the key's life.
 //     A busy lease has the same property with its smaller batch (the fleet holds at most
 //     1.5 × R × Window of a busy key: 150 tokens for 1,000/s).
+//   - The lapsed check: its token was taken before it is spent, but it is spent after its
+//     lot's TTL, by as long as the key was away. It is one of the tokens that enforcer held
+//     (what expired), so the window bound above holds as it is: a key back from a pause
+//     to far over its limit may see, in its first window, one check more per enforcer
+//     than the bucket alone gives then, once per lapse, and only if that enforcer last saw
+//     the key uncontended. No more tokens are held for it: the token is spent instead
+//     of dropped.
 //
 // As a key's measured demand grows past R/(4N) per enforcer the quiet batch is withdrawn
 // and the busy batch (a 1/N share of one Window of R, and at most two windows of local
@@ -358,8 +373,25 @@ func (s *Store) refresh(sh *shard, e *entry, req *bucket.Request, now int64) {
 	}
 	if d := e.expire(now); d > 0 {
 		e.lapsed = true
-		s.emit(EventExpired, d)
+		if d -= keepLapsed(e, req, now, d); d > 0 {
+			s.emit(EventExpired, d)
+		}
 	}
+}
+
+// keepLapsed keeps, of the d tokens of e's lease that just expired unspent, the cost of
+// the check in hand, for it alone to spend: the lapsed check (see the package comment). It
+// does so only when the key holds nothing else and was last seen neither refused nor
+// contended, and returns the tokens kept. Called with e's shard lock held.
+func keepLapsed(e *entry, req *bucket.Request, now, d int64) int64 {
+	m := req.MinGrant()
+	if d < m || e.held() > 0 || e.contended || now < e.pacedUntil || e.refused(now, m) {
+		return 0
+	}
+	// A lot that expires at the next instant: this check spends it under the same lock,
+	// and if it does not (it always does today), the next lookup drops it as expired.
+	e.cur, e.curExp = m, now+1
+	return m
 }
 
 // inMemory reports whether fromMemory would answer req. Called with e's shard lock held.
@@ -435,7 +467,7 @@ func (s *Store) spend(e *entry, req *bucket.Request, now int64) (bucket.Result, 
 		Source:    bucket.SourceLease,
 	}
 	s.emit(EventLeaseHit, g)
-	if e.flight == nil && (2*held <= e.batch || s.renewDue(e, held, now)) && s.leasing(e, now) &&
+	if e.flight == nil && 2*held <= e.batch && s.leasing(e, now) &&
 		now >= e.refillAfter && now >= e.pacedUntil && !e.refused(now, e.lastCost) {
 		return res, s.enqueue(e)
 	}
@@ -456,19 +488,6 @@ func (s *Store) leasing(e *entry, now int64) bool {
 	}
 	_, _, ok := e.slowDemand(now, s.quietTTL, s.ttl, e.lastCost)
 	return ok
-}
-
-// renewDue reports whether a quiet key's lease, holding more than half a batch, should be
-// renewed in the background because its newest lot has less than a quarter of QuietTTL
-// left: a quiet key seldom spends half its batch, so without this its tokens expire
-// unspent and the key's next check waits on a foreground call. Those checks were most of
-// the load benchmark's open-loop waits on the store (0.45–0.66% of checks, the tail p99
-// sits on). The renewal asks only what keeps the key under 1.5 batches (see refill), the
-// bound the package comment states; the old lot's leftover still expires unspent, as it
-// did. A busy key's lots live LeaseTTL and are refilled by spending; it is not renewed.
-// Called with e's shard lock held.
-func (s *Store) renewDue(e *entry, held, now int64) bool {
-	return e.quiet && held > 0 && !e.busy(s.busyHits) && e.lastExp()-now <= s.quietTTL/4
 }
 
 // callFor is a foreground call begun for a key: its flight, the request it sends, and

@@ -83,14 +83,18 @@ func TestQuietLeaseIsCapped(t *testing.T) {
 }
 
 // Tokens of a quiet lease expire QuietTTL after the call that took them: dropped, counted
-// as expired, never spent later.
+// as expired, never spent later, but for the one check that finds them expired (the lapsed
+// check), which spends its own cost and renews the lease in the background.
 func TestQuietLeaseExpiresAtQuietTTL(t *testing.T) {
-	var expired atomic.Int64
+	var expired, refills atomic.Int64
 	f := newFixture(t, func(c *Config) {
 		quiet10s(c)
 		c.Observer = func(ev Event, n int64) {
-			if ev == EventExpired {
+			switch ev {
+			case EventExpired:
 				expired.Add(n)
+			case EventRefill:
+				refills.Add(1)
 			}
 		}
 	})
@@ -115,48 +119,43 @@ func TestQuietLeaseExpiresAtQuietTTL(t *testing.T) {
 		t.Fatalf("expired %d before QuietTTL, %d calls, want none", expired.Load(), f.next.calls.Load()-calls)
 	}
 	f.clk.Advance(3 * time.Second) // no check in the last quarter: nothing renewed it
-	if res := f.take(f.s, r); res.Source == bucket.SourceLease || f.next.calls.Load() == calls {
-		t.Fatalf("after QuietTTL: %+v, want a call to the next store", res)
+	r0 := refills.Load()
+	if res := f.take(f.s, r); res.Source != bucket.SourceLease {
+		t.Fatalf("after QuietTTL: %+v, want the lapsed check, from memory", res)
 	}
-	if expired.Load() != 53 {
-		t.Fatalf("expired %d tokens, want the 53 left", expired.Load())
+	f.s.settle()
+	if expired.Load() != 52 {
+		t.Fatalf("expired %d tokens, want the 53 left less the lapsed check's one", expired.Load())
+	}
+	if n := refills.Load() - r0; n != 1 || f.next.calls.Load() != calls+1 {
+		t.Fatalf("%d refills, %d calls after the lapsed check; want the lease renewed in the background", n, f.next.calls.Load()-calls)
 	}
 }
 
-// A check in the last quarter of a quiet lease's life renews it in the background, asking
-// only what keeps the key under 1.5 batches: when the old lot expires, the next check is
-// answered from memory instead of waiting on the next store.
-func TestQuietLeaseRenewedBeforeExpiry(t *testing.T) {
+// A quiet lease holding more than half its batch is not renewed before it expires, however
+// near its end a check comes: the key's first check after it expired is the lapsed check
+// (TestQuietLeaseExpiresAtQuietTTL), so renewing early would only cost calls.
+func TestQuietLeaseNotRenewedEarly(t *testing.T) {
 	f := newFixture(t, quiet10s)
-	r := req("renewed", 1000, 1000, 1)
+	r := req("quiet", 1000, 1000, 1)
 	for range 11 {
 		f.take(f.s, r)
 		f.clk.Advance(100 * time.Millisecond)
 	}
 	f.s.settle()
-	if f.next.lastWant() != 55 || f.s.heldFor("renewed") != 54 {
-		t.Fatalf("want %d, held %d: want a quiet lease of 55, 54 held", f.next.lastWant(), f.s.heldFor("renewed"))
+	if f.next.lastWant() != 55 || f.s.heldFor("quiet") != 54 {
+		t.Fatalf("want %d, held %d: want a quiet lease of 55, 54 held", f.next.lastWant(), f.s.heldFor("quiet"))
 	}
 	calls := f.next.calls.Load()
-	f.clk.Advance(8 * time.Second) // 1.9 s of the lot's 10 s left
-	if res := f.take(f.s, r); res.Source != bucket.SourceLease {
-		t.Fatalf("in the last quarter: %+v, want an answer from the lease", res)
+	for range 4 { // 1.9 s to 0.1 s of the lot's 10 s left
+		f.clk.Advance(8*time.Second/4 - 25*time.Millisecond)
+		if res := f.take(f.s, r); res.Source != bucket.SourceLease {
+			t.Fatalf("near the lease's end: %+v, want an answer from the lease", res)
+		}
 	}
 	f.s.settle()
-	if got := f.next.calls.Load(); got != calls+1 {
-		t.Fatalf("%d calls in the last quarter, want 1 renewal", got-calls)
-	}
-	batch := f.s.batchFor("renewed")
-	// The batch follows the key's demand (11 here, against the 55 of a period that began
-	// with 11 checks in a second); holding 53, more than 1.5 of them, it asks only the
-	// check's cost.
-	if w, held := f.next.lastWant(), int64(53); w != max(batch+batch/2-held, 1) {
-		t.Fatalf("the renewal asked %d with %d held and a batch of %d, want %d", w, held, batch, max(batch+batch/2-held, 1))
-	}
-	f.clk.Advance(2 * time.Second) // the first lot has expired; the renewal's has not
-	calls = f.next.calls.Load()
-	if res := f.take(f.s, r); res.Source != bucket.SourceLease || f.next.calls.Load() != calls {
-		t.Fatalf("after the first lot expired: %+v (%d calls), want an answer from the renewal", res, f.next.calls.Load()-calls)
+	if got := f.next.calls.Load(); got != calls {
+		t.Fatalf("%d calls near the lease's end, want none", got-calls)
 	}
 }
 

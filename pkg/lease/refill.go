@@ -60,8 +60,8 @@ func (s *Store) refill(e *entry) {
 			ttl, opening = t, o
 			e.batch = b
 			// Never above 1.5 batches held (but for one check's cost): a refill at half a
-			// batch asks a whole one; a renewal (renewDue), which finds more than half,
-			// asks the rest.
+			// batch asks a whole one; one that finds more than half (the batch has shrunk
+			// since it was queued) asks the rest.
 			want := b
 			if held := e.held(); 2*held > b {
 				want = max(b+b/2-held, e.lastCost)
