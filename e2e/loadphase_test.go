@@ -121,6 +121,14 @@ func (t *loadTarget) closedRow(p *phase) *loadRow {
 	return row
 }
 
+// openKeys is the key stream of an open loop: stream 0 for a segment's warm-up, 1 + i
+// for a target's i-th measured segment of a round. Every round starts them afresh from
+// their seeds, as the closed loops' callers do theirs: each segment replays the same keys.
+func openKeys(i int) *loadgen.Keys { return loadgen.NewKeys(loadKeys, loadZipfS, 98+uint64(i)) }
+
+// openStreams is how many key streams the open loops draw from (openKeys 0 to 2).
+const openStreams = 3
+
 // open runs one segment of the open loop against t at rate: warm of it not measured (none
 // when t ran the segment before; otherwise the target has been idle since its last
 // segment while the other target ran, and a running enforcer's latency, not that of one
@@ -130,7 +138,7 @@ func (t *loadTarget) open(b *testing.B, c *testenv.Cluster, rate float64, warm t
 	redisLatencyReset(b, c)
 	w0 := t.proc.sample(b, c)
 	if warm > 0 {
-		if wr, err := loadgen.OpenLoop(context.Background(), rate, warm, loadCallers, loadgen.NewKeys(loadKeys, loadZipfS, 98), t.check); err != nil {
+		if wr, err := loadgen.OpenLoop(context.Background(), rate, warm, loadCallers, openKeys(0), t.check); err != nil {
 			b.Fatal(err)
 		} else if wr.Errors > 0 {
 			b.Fatalf("%s, open loop warm-up: %d errors, first: %v", t.name, wr.Errors, wr.FirstErr)
@@ -154,7 +162,7 @@ func (t *loadTarget) open(b *testing.B, c *testenv.Cluster, rate float64, warm t
 		close(traced)
 	}
 	defer func() { <-traced }()
-	or, err := loadgen.OpenLoop(context.Background(), rate, loadOpen/2, loadCallers, loadgen.NewKeys(loadKeys, loadZipfS, 99+uint64(len(p.runs))), t.check)
+	or, err := loadgen.OpenLoop(context.Background(), rate, loadOpen/2, loadCallers, openKeys(1+len(p.runs)), t.check)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -19,7 +19,8 @@ import (
 // approach 1%). Schedules:
 //
 //   - bench: the benchmark's own, as `make bench-load` runs it for allot: 15 s of the
-//     closed loop before the rounds, then five rounds, each the closed loop, then the open
+//     closed loop and 5 s of the open loop's key streams before the rounds, then five
+//     rounds, each the closed loop, then the open
 //     loop (at a sixth of the closed rate), each in four segments A B B A of 5 s measured,
 //     after a warm-up of 5 s (closed) or 3 s (open) for a segment that does not follow its
 //     own target's; allot is idle 8–15 s between its segments while the other target runs.
@@ -159,7 +160,12 @@ func zipfMix(b *testing.B, sched string, quiet time.Duration) zipfResult {
 			roundChecks += n
 			all += n
 		}
-		all += run(zipfClosed, 15*time.Second, closedKeys()) // before the rounds
+		// Before the rounds: the closed loop's streams for 15 s, then the open loop's three
+		// (seeds 98–100) in turn, closed, for 5 s.
+		all += run(zipfClosed, 15*time.Second, closedKeys())
+		open3 := [...]func() int{openKeys(98), openKeys(99), openKeys(100)}
+		i := 0
+		all += run(zipfClosed, 5*time.Second, func() int { i = (i + 1) % len(open3); return open3[i]() })
 		for r := range 5 {
 			roundWaits, roundChecks, measured = [4]int64{}, 0, 0
 			allotFirst := r%2 == 1
