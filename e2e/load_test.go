@@ -43,7 +43,7 @@ const (
 	loadOpen          = 10 * time.Second // the same
 	loadOpenWarm      = 3 * time.Second  // the same open loop, before it, not measured
 	loadStartWarm     = 15 * time.Second // each target once, before the rounds
-	loadOpenStartWarm = 5 * time.Second  // then the open loop's key streams, closed, as long
+	loadOpenStartWarm = 10 * time.Second // then the open loop's three key streams, closed, 3 callers
 	loadMax           = 2_000_000        // bound on calls per phase
 )
 
