@@ -174,17 +174,6 @@ func (e *entry) expire(now int64) (dropped int64) {
 
 func (e *entry) held() int64 { return e.cur + e.nxt }
 
-// lastExp is when the newest lot expires (the one spent last), or 0 with none.
-func (e *entry) lastExp() int64 {
-	if e.nxt > 0 {
-		return e.nxtExp
-	}
-	if e.cur > 0 {
-		return e.curExp
-	}
-	return 0
-}
-
 // refusalFromMemory is the answer of a check refused without calling the next store, until
 // the given time (the refusal cache's or the pacing's), with the budget last seen.
 func (e *entry) refusalFromMemory(until, now int64) bucket.Result {

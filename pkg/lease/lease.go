@@ -381,8 +381,8 @@ func (s *Store) refresh(sh *shard, e *entry, req *bucket.Request, now int64) {
 
 // keepLapsed keeps, of the d tokens of e's lease that just expired unspent, the cost of
 // the check in hand, for it alone to spend: the lapsed check (see the package comment). It
-// does so only when the key holds nothing else and was last seen neither refused nor
-// contended, and returns the tokens kept. Called with e's shard lock held.
+// does so only when the key holds nothing else and was last seen neither refused, paced
+// nor contended, and returns the tokens kept. Called with e's shard lock held.
 func keepLapsed(e *entry, req *bucket.Request, now, d int64) int64 {
 	m := req.MinGrant()
 	if d < m || e.held() > 0 || e.contended || now < e.pacedUntil || e.refused(now, m) {

@@ -370,7 +370,7 @@ func TestCallReasons(t *testing.T) {
 	want("the lot spent", EventCallSpent)
 	f.clk.Advance(3 * time.Minute) // every lot has expired
 	f.take(f.s, r)
-	want("the lapsed check, from what expired", EventEvicted) // no call
+	want("the lapsed check, from what expired", EventEvicted) // none of the four: no call
 	f.take(f.s, r)
 	want("after its tokens expired", EventCallExpired)
 }

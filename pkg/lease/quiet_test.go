@@ -110,7 +110,7 @@ func TestQuietLeaseExpiresAtQuietTTL(t *testing.T) {
 		t.Fatalf("%+v want=%d, want a quiet lease of 55", res, f.next.lastWant())
 	}
 	calls := f.next.calls.Load()
-	f.clk.Advance(7 * time.Second) // still within QuietTTL, and not in its last quarter: from the lease
+	f.clk.Advance(7 * time.Second) // still within QuietTTL: from the lease
 	if res := f.take(f.s, r); res.Source != bucket.SourceLease || f.next.calls.Load() != calls {
 		t.Fatalf("after 7 s: %+v, want an answer from the quiet lease", res)
 	}
@@ -118,7 +118,7 @@ func TestQuietLeaseExpiresAtQuietTTL(t *testing.T) {
 	if expired.Load() != 0 || f.next.calls.Load() != calls {
 		t.Fatalf("expired %d before QuietTTL, %d calls, want none", expired.Load(), f.next.calls.Load()-calls)
 	}
-	f.clk.Advance(3 * time.Second) // no check in the last quarter: nothing renewed it
+	f.clk.Advance(3 * time.Second) // the lot has expired
 	r0 := refills.Load()
 	if res := f.take(f.s, r); res.Source != bucket.SourceLease {
 		t.Fatalf("after QuietTTL: %+v, want the lapsed check, from memory", res)
