@@ -133,8 +133,9 @@ rules:
 // -sample_index=alloc_space`);
 // ALLOT_BENCH_PROFILE_OPEN a 5 s CPU profile of it during the first open loop (after the
 // trace, if both are asked for); ALLOT_BENCH_TRACE a 3 s execution trace of it during the
-// first open loop (`go tool trace
-// -pprof=sched` tells where its goroutines waited to run); ALLOT_BENCH_GODEBUG is given to
+// first open loop (`go tool trace -pprof=sched` tells where its goroutines waited to run);
+// with either, the null server's are taken too, over its own first open-loop segment, to
+// PATH.null; ALLOT_BENCH_GODEBUG is given to
 // both servers as GODEBUG, ALLOT_BENCH_GOGC as GOGC (e.g. GODEBUG "gctrace=1": with
 // ALLOT_BENCH_LOG=1 the enforcer's GC cycles are printed, live heap and mark time;
 // ALLOT_BENCH_STDERR_DIR writes each server's whole stderr to enforcer.stderr and
@@ -367,12 +368,13 @@ func (c *atomicCount) load() int64 { return c.n.Load() }
 type serverProc struct {
 	cmd        *exec.Cmd
 	grpc, http string // http is "" for the null server
+	pprof      string // where /debug/pprof/ is served: the enforcer's http; the null server's when traced
 	stderr     *bytes.Buffer
 }
 
 func startEnforcer(b *testing.B, bin, rulesFile string, redisAddrs []string, prefix string) *serverProc {
 	ports := freePorts(b, 2)
-	p := &serverProc{grpc: ports[0], http: ports[1], stderr: new(bytes.Buffer)}
+	p := &serverProc{grpc: ports[0], http: ports[1], pprof: ports[1], stderr: new(bytes.Buffer)}
 	args := []string{
 		"-region", "bench", "-id", "bench-1", "-store", "redis-cluster",
 		"-redis-addrs", strings.Join(redisAddrs, ","), "-redis-key-prefix", prefix,
@@ -403,6 +405,10 @@ func startEnforcer(b *testing.B, bin, rulesFile string, redisAddrs []string, pre
 func startNullRLS(b *testing.B) *serverProc {
 	p := &serverProc{grpc: freePorts(b, 1)[0], stderr: new(bytes.Buffer)}
 	env := []string{nullRLSEnv + "=" + p.grpc}
+	if os.Getenv("ALLOT_BENCH_TRACE") != "" || os.Getenv("ALLOT_BENCH_PROFILE_OPEN") != "" {
+		p.pprof = freePorts(b, 1)[0] // so the null server is traced over the same segment
+		env = append(env, nullPprofEnv+"="+p.pprof)
+	}
 	if v := os.Getenv(nullShapedEnv); v != "" {
 		env = append(env, nullShapedEnv+"="+v)
 	}
@@ -621,7 +627,7 @@ func (p *serverProc) profile(b *testing.B, path string) { p.fetch(b, "profile?se
 
 // fetch writes /debug/pprof/<what> of the enforcer to path; errors are logged.
 func (p *serverProc) fetch(b *testing.B, what, path string) {
-	resp, err := http.Get("http://" + p.http + "/debug/pprof/" + what)
+	resp, err := http.Get("http://" + p.pprof + "/debug/pprof/" + what)
 	if err != nil {
 		b.Logf("pprof: %v", err)
 		return

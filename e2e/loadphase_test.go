@@ -162,15 +162,19 @@ func (t *loadTarget) open(b *testing.B, c *testenv.Cluster, rate float64, warm t
 	s0 := t.proc.sample(b, c)
 	traced := make(chan struct{})
 	trace, prof := os.Getenv("ALLOT_BENCH_TRACE"), os.Getenv("ALLOT_BENCH_PROFILE_OPEN")
-	if (trace != "" || prof != "") && t.proc.http != "" && !t.traced {
+	if (trace != "" || prof != "") && t.proc.pprof != "" && !t.traced {
 		t.traced = true
+		suffix := ""
+		if t.proc.http == "" {
+			suffix = ".null"
+		}
 		go func() {
 			defer close(traced)
 			if trace != "" {
-				t.proc.fetch(b, "trace?seconds=3", trace)
+				t.proc.fetch(b, "trace?seconds=3", trace+suffix)
 			}
 			if prof != "" {
-				t.proc.fetch(b, "profile?seconds=5", prof)
+				t.proc.fetch(b, "profile?seconds=5", prof+suffix)
 			}
 		}()
 	} else {

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"net/http"
+	_ "net/http/pprof" // served only with nullPprofEnv
 	"os"
 	"os/signal"
 	"runtime"
@@ -77,10 +79,22 @@ func cannedResponse() *rlsv3.RateLimitResponse {
 	}
 }
 
+// nullPprofEnv, when set to a listen address in the null server's environment, serves
+// net/http/pprof there (the benchmark sets it for ALLOT_BENCH_TRACE and
+// ALLOT_BENCH_PROFILE_OPEN, so both servers are traced alike).
+const nullPprofEnv = "ALLOT_BENCH_NULL_PPROF"
+
 func serveNullRLS(addr string) error {
 	l, err := net.Listen("tcp", addr)
 	if err != nil {
 		return err
+	}
+	if a := os.Getenv(nullPprofEnv); a != "" {
+		pl, err := net.Listen("tcp", a)
+		if err != nil {
+			return err
+		}
+		go http.Serve(pl, nil) //nolint:errcheck // ends with the process
 	}
 	// The runtime settings and transport options of cmd/enforcer (app.ApplyRuntime, and
 	// pkg/enforcer/app listen), so the floor is the same gRPC server in the same Go
