@@ -625,7 +625,7 @@ func redisCPU(b *testing.B, n *testenv.Node) time.Duration {
 // missing profile must not fail the measurement.
 func (p *serverProc) profile(b *testing.B, path string) { p.fetch(b, "profile?seconds=5", path) }
 
-// fetch writes /debug/pprof/<what> of the enforcer to path; errors are logged.
+// fetch writes /debug/pprof/<what> of the server (p.pprof) to path; errors are logged.
 func (p *serverProc) fetch(b *testing.B, what, path string) {
 	resp, err := http.Get("http://" + p.pprof + "/debug/pprof/" + what)
 	if err != nil {

@@ -20,10 +20,10 @@ import (
 //
 //   - bench: the benchmark's own, as `make bench-load` runs it for allot: 15 s of the
 //     closed loop and 5 s of the open loop's key streams before the rounds, then five
-//     rounds, each the closed loop, then the open
-//     loop (at a sixth of the closed rate), each in four segments A B B A of 5 s measured,
-//     after a warm-up of 5 s (closed) or 3 s (open) for a segment that does not follow its
-//     own target's; allot is idle 8–15 s between its segments while the other target runs.
+//     rounds, each the closed loop, then the open loop (at a sixth of the closed rate),
+//     each in four segments A B B A of 5 s measured, after a warm-up of 5 s (closed) or
+//     3 s (open) for a segment that does not follow its own target's; allot is idle
+//     8–15 s between its segments while the other target runs.
 //   - steady: the closed loop's rate without a pause, measured over three 10 s windows
 //     after 20 s.
 //
@@ -81,18 +81,14 @@ func zipfMix(b *testing.B, sched string, quiet time.Duration) zipfResult {
 	// loop one stream, from seed 98 for a warm-up and 99 + i for a target's i-th measured
 	// segment of the round. So each segment replays the same sequence of keys, and a key of
 	// the tail comes back at the schedule's period rather than at random.
-	closedKeys := func() func() int {
-		ks := make([]*loadgen.Keys, 64)
-		for w := range ks {
-			ks[w] = loadgen.NewKeys(10_000, 1.1, uint64(w+1))
-		}
-		i := 0
-		return func() int {
-			i = (i + 1) % len(ks)
-			return ks[i].Next()
-		}
-	}
 	openKeys := func(seed uint64) func() int { return loadgen.NewKeys(10_000, 1.1, seed).Next }
+	closedKeys := func() func() int {
+		ks := make([]func() int, 64)
+		for w := range ks {
+			ks[w] = openKeys(uint64(w + 1))
+		}
+		return inTurn(ks...)
+	}
 	req := &bucket.Request{Limits: []bucket.Limit{{Name: "r", Rate: 500, Burst: 500}}, Want: 1}
 	ctx := context.Background()
 	run := func(rate float64, d time.Duration, key func() int) (checks int64) {
@@ -163,9 +159,7 @@ func zipfMix(b *testing.B, sched string, quiet time.Duration) zipfResult {
 		// Before the rounds: the closed loop's streams for 15 s, then the open loop's three
 		// (seeds 98–100) in turn, closed, for 5 s.
 		all += run(zipfClosed, 15*time.Second, closedKeys())
-		open3 := [...]func() int{openKeys(98), openKeys(99), openKeys(100)}
-		i := 0
-		all += run(zipfClosed, 5*time.Second, func() int { i = (i + 1) % len(open3); return open3[i]() })
+		all += run(zipfClosed, 5*time.Second, inTurn(openKeys(98), openKeys(99), openKeys(100)))
 		for r := range 5 {
 			roundWaits, roundChecks, measured = [4]int64{}, 0, 0
 			allotFirst := r%2 == 1
@@ -190,5 +184,14 @@ func zipfMix(b *testing.B, sched string, quiet time.Duration) zipfResult {
 		calls:       float64(next.calls.Load()) / float64(all),
 		expired:     100 * float64(rec.tokens[EventExpired].Load()) / float64(max(g, 1)),
 		openWaits:   100 * float64(openWaits) / float64(max(openChecks, 1)),
+	}
+}
+
+// inTurn draws from the given key streams one after the other, starting with the second.
+func inTurn(streams ...func() int) func() int {
+	i := 0
+	return func() int {
+		i = (i + 1) % len(streams)
+		return streams[i]()
 	}
 }
