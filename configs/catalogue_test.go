@@ -168,7 +168,7 @@ func TestCatalogueHasTheLayers(t *testing.T) {
 	for _, n := range []string{
 		"allot_enforcer_decisions_total", "allot_enforcer_check_seconds_bucket",
 		"allot_enforcer_plan_decisions_total", "allot_fallback_breaker_state",
-		"allot_fallback_transitions_total", "allot_lease_table_keys", "allot_memory_store_keys",
+		"allot_fallback_transitions_total", "allot_fallback_local_answers_total", "allot_lease_table_keys", "allot_memory_store_keys",
 		"allot_rules_failures_total", "allot_usage_reports_sent_total", "allot_usage_report_identities_bucket",
 		"allot_shares_age_seconds", "allot_registry_healthy",
 		"allot_balancer_leader", "allot_balancer_report_lag_seconds_bucket", "allot_balancer_recompute_seconds_bucket",

@@ -278,13 +278,23 @@ func BenchmarkEnforcerRLS(b *testing.B) {
 	b.ReportMetric(a.ServerUsPerCheck, "server-µs/check")
 	b.ReportMetric(a.RedisCallsPerCheck, "redis-calls/check")
 	b.ReportMetric(a.P99ms, "p99-ms")
+	degraded := false
 	for _, row := range report.Rows {
 		if row.Degraded > 0 {
+			degraded = true
 			b.Errorf("round %d, %s: %d answers came from fallback or a fail mode while Redis was healthy (%.3f%% of the closed loop's checks from fallback)",
 				row.Round, row.Target, row.Degraded, row.Sources["fallback"])
 		}
 	}
+	if degraded { // which shards, and why: the enforcer's log (printed at the end) says when
+		b.Logf("the enforcer's local answers since it started, by shard and why:\n%s",
+			bytes.Join(localAnswersRE.FindAll(targets[1].proc.metrics(b), -1), []byte("\n")))
+	}
 }
+
+// localAnswersRE picks the fallback layer's local answers by shard and reason out of the
+// enforcer's metrics.
+var localAnswersRE = regexp.MustCompile(`(?m)^allot_fallback_local_answers_total\{.*$`)
 
 // loadTarget is one RLS server under test and the clients that drive it.
 type loadTarget struct {

@@ -67,7 +67,7 @@ func (s *Store) ask(ctx context.Context, b *breaker, w uint64, req *bucket.Reque
 		if s.closed.Load() {
 			return bucket.Result{}, ErrClosed
 		}
-		return s.answerLocally(b, req, s.clock.Now())
+		return s.answerLocally(b, req, s.clock.Now(), LocalBound)
 	}
 	end := c.sent + s.deadline(probe).Microseconds()
 	alive := s.cfg.ReplyTimeout.Microseconds() / 2
@@ -106,7 +106,8 @@ func (s *Store) ask(ctx context.Context, b *breaker, w uint64, req *bucket.Reque
 			continue
 		}
 		if c.state.CompareAndSwap(waiting, abandoned) {
-			return s.answerLocally(b, req, time.UnixMicro(now))
+			s.logSilence(b, r, now)
+			return s.answerLocally(b, req, time.UnixMicro(now), LocalWait)
 		}
 		<-c.done // answered as the wait ended: use it
 		return s.collect(c, req)
@@ -211,7 +212,21 @@ func (s *Store) answer(b *breaker, req *bucket.Request, res bucket.Result, err e
 	case s.closed.Load():
 		return bucket.Result{}, ErrClosed
 	}
-	return s.answerLocally(b, req, s.clock.Now())
+	return s.answerLocally(b, req, s.clock.Now(), LocalError)
+}
+
+// logSilence logs, at warn, the first check of a run answered locally because its wait
+// passed (LocalWait) on a shard whose breaker stayed closed, silent since r (Unix µs): a
+// run ends when the shard answers again. It says whether another shard answered
+// meanwhile: if none did, the silence is more likely this process or its machine than
+// the shard.
+func (s *Store) logSilence(b *breaker, r, now int64) {
+	if l := b.silenceLogged.Load(); l == r || !b.silenceLogged.CompareAndSwap(l, r) {
+		return
+	}
+	s.log.Warn("redis shard silent: checks answered locally while its breaker stays closed",
+		"shard", b.shard, "silent-for", time.Duration(now-r)*time.Microsecond,
+		"in-flight", b.inFlight.Load(), "another-shard-answered", s.anyReplied.Load() > r)
 }
 
 func (s *Store) put(c *call) {

@@ -218,6 +218,40 @@ type Observer interface {
 	// (redis, lease, ...) when it answered, else bucket.SourceFallback or
 	// bucket.SourceFailClosed.
 	Decision(shard string, source bucket.Source, allowed bool)
+	// Local reports a check the Store answered without the next store (locally, or
+	// fail-closed), and why. Every such check is reported once, whether or not
+	// Decision is.
+	Local(shard string, why LocalReason)
+}
+
+// LocalReason says why a check was answered without the next store.
+type LocalReason uint8
+
+const (
+	// LocalOpen: the shard's breaker was open or half-open (an outage, as the breaker
+	// judged it).
+	LocalOpen LocalReason = iota
+	// LocalWait: the shard's breaker was closed, but the check's wait passed while the
+	// shard had been silent for ReplyTimeout/2 and this process was running. On a healthy
+	// cluster this is the one way a local answer happens: a reply that late from a live
+	// shard (see ask). The Store logs the first of each run at warn.
+	LocalWait
+	// LocalError: the check's own call failed (an error from the shard or the way to it,
+	// or no reply by its deadline).
+	LocalError
+	// LocalBound: the shard already had MaxInFlight calls in flight.
+	LocalBound
+	// NumLocalReasons is the number of reasons.
+	NumLocalReasons
+)
+
+var localReasonNames = [NumLocalReasons]string{"open", "wait", "error", "bound"}
+
+func (r LocalReason) String() string {
+	if r < NumLocalReasons {
+		return localReasonNames[r]
+	}
+	return fmt.Sprintf("reason(%d)", uint8(r))
 }
 
 // DecisionsIgnored is implemented by an Observer whose Decision does nothing: the Store then
@@ -241,3 +275,6 @@ func (NopObserver) Failure(string, error) {}
 
 // Decision implements Observer.
 func (NopObserver) Decision(string, bucket.Source, bool) {}
+
+// Local implements Observer.
+func (NopObserver) Local(string, LocalReason) {}

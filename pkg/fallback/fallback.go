@@ -46,7 +46,10 @@
 // it: the one place the fail mode is decided). A check whose wait passed keeps waiting while
 // the shard has answered some call within the last ReplyTimeout/2, or when the wait ended
 // late (this process was not running): under load, replies later than Timeout are still
-// used rather than replaced by local answers.
+// used rather than replaced by local answers. Every local answer is reported with its
+// reason (Observer.Local: open breaker, the wait passed, the call failed, the in-flight
+// bound); the first of a run whose wait passed on a closed breaker, the only kind a
+// healthy cluster can cause, is also logged at warn.
 //
 // A next store that can answer from memory (Cache: pkg/lease's leased tokens and refusal
 // cache) is asked first, on the checking goroutine, with no goroutine, timer or
@@ -225,8 +228,11 @@ type breaker struct {
 	closedAt  atomic.Int64  // Unix µs when a probe last closed the breaker; 0: never
 	replied   atomic.Int64  // Unix µs of the latest reply from the shard; 0: none yet
 	woke      atomic.Int64  // Unix µs when a call last found the shard with none in flight
-	inFlight  atomic.Int32  // calls in flight to the shard
-	shard     string
+	// silenceLogged is the start of the silence logSilence last logged (Unix µs), so a
+	// run of local answers is logged once.
+	silenceLogged atomic.Int64
+	inFlight      atomic.Int32 // calls in flight to the shard
+	shard         string
 }
 
 const stateMask = 3
@@ -414,7 +420,7 @@ func (s *Store) degraded(ctx context.Context, b *breaker, w uint64, req *bucket.
 			return s.ask(ctx, b, hw, req, true)
 		}
 	}
-	return s.answerLocally(b, req, now)
+	return s.answerLocally(b, req, now, LocalOpen)
 }
 
 // answerLocally answers a validated request without the next store: a fail-closed
@@ -426,7 +432,8 @@ func (s *Store) degraded(ctx context.Context, b *breaker, w uint64, req *bucket.
 // (>= 1, and never above the real burst), so a request the real limit could admit is never
 // refused forever by rounding; with many enforcers that errs over by at most that minimum
 // per refill.
-func (s *Store) answerLocally(b *breaker, req *bucket.Request, now time.Time) (bucket.Result, error) {
+func (s *Store) answerLocally(b *breaker, req *bucket.Request, now time.Time, why LocalReason) (bucket.Result, error) {
+	s.obs.Local(b.shard, why)
 	if req.FailClosed {
 		s.obs.Decision(b.shard, bucket.SourceFailClosed, false)
 		return bucket.Result{Source: bucket.SourceFailClosed, RetryAfter: s.retryAfter(b, now)}, bucket.ErrUnavailable

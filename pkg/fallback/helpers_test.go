@@ -125,6 +125,22 @@ type recorder struct {
 	transitions []string
 	failures    int
 	decisions   map[bucket.Source]int
+	locals      map[local]int
+}
+
+// local is one shard and reason of Observer.Local.
+type local struct {
+	shard string
+	why   LocalReason
+}
+
+func (r *recorder) Local(shard string, why LocalReason) {
+	r.mu.Lock()
+	if r.locals == nil {
+		r.locals = map[local]int{}
+	}
+	r.locals[local{shard, why}]++
+	r.mu.Unlock()
 }
 
 func (r *recorder) Transition(shard string, from, to State) {

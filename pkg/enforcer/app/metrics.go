@@ -1,6 +1,8 @@
 package app
 
 import (
+	"sync"
+
 	"github.com/allot-dev/allot/pkg/bucket"
 	"github.com/allot-dev/allot/pkg/fallback"
 	"github.com/allot-dev/allot/pkg/lease"
@@ -37,13 +39,21 @@ func newLeaseMetrics(reg prometheus.Registerer) lease.Observer {
 	}
 }
 
-// fallbackMetrics observes breaker transitions and failures; per-check decisions are
-// already counted by the enforcer (allot_enforcer_decisions_total by source).
+// fallbackMetrics observes breaker transitions, failures and local answers by reason;
+// per-check decisions are already counted by the enforcer (allot_enforcer_decisions_total
+// by source).
 type fallbackMetrics struct {
 	fallback.NopObserver
 	transitions *prometheus.CounterVec
 	failures    *prometheus.CounterVec
+	local       *prometheus.CounterVec
+	// byShard caches each shard's local-answer counters (*localCounters by shard name), so
+	// an outage, when every check of a shard is answered locally, costs no label lookup
+	// per check. The shards are bounded by the fallback layer's breaker table.
+	byShard sync.Map
 }
+
+type localCounters [fallback.NumLocalReasons]prometheus.Counter
 
 func newFallbackMetrics(reg prometheus.Registerer) *fallbackMetrics {
 	m := &fallbackMetrics{
@@ -55,9 +65,30 @@ func newFallbackMetrics(reg prometheus.Registerer) *fallbackMetrics {
 			Name: "allot_fallback_failures_total",
 			Help: "Redis takes that failed (error or deadline) by shard.",
 		}, []string{"shard"}),
+		local: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "allot_fallback_local_answers_total",
+			Help: "Checks answered without Redis (local limits, or refused fail-closed) by shard and why: " +
+				"open (the breaker is open), wait (the shard silent past the check's wait, breaker closed: " +
+				"the only kind on a healthy cluster), error (the check's call failed), bound (too many calls in flight).",
+		}, []string{"shard", "why"}),
 	}
-	reg.MustRegister(m.transitions, m.failures)
+	reg.MustRegister(m.transitions, m.failures, m.local)
 	return m
+}
+
+func (m *fallbackMetrics) Local(shard string, why fallback.LocalReason) {
+	if why >= fallback.NumLocalReasons {
+		return
+	}
+	c, ok := m.byShard.Load(shard)
+	if !ok {
+		var cs localCounters
+		for r := range cs {
+			cs[r] = m.local.WithLabelValues(shard, fallback.LocalReason(r).String())
+		}
+		c, _ = m.byShard.LoadOrStore(shard, &cs)
+	}
+	c.(*localCounters)[why].Inc()
 }
 
 func (m *fallbackMetrics) Transition(shard string, _, to fallback.State) {
