@@ -53,13 +53,43 @@ func TestLocalAnswersSayWhy(t *testing.T) {
 	if !maps.Equal(locals, want) {
 		t.Errorf("local answers by shard and reason: %v, want %v", locals, want)
 	}
+	silent := h.silenceLogs()
+	if len(silent) != 1 || !strings.Contains(silent[0], "shard=a") || !strings.Contains(silent[0], "another-shard-answered=false") {
+		t.Errorf("silence logs: %q, want one, for shard a, saying no other shard answered", silent)
+	}
+}
+
+// TestSilenceLogSaysAnotherShardAnswered: when another shard answers while a shard is
+// silent, the silence's log line says so (the shard, not this host, is the suspect).
+func TestSilenceLogSaysAnotherShardAnswered(t *testing.T) {
+	h := newHarness(t, nil)
+	h.prime(t, "a")
+	h.prime(t, "b")
+	h.next.set("a", hang)
+	out := h.takeAsync(req("a:k", 100, 100))
+	h.waitEntered(t)
+	h.waitTimers(t, 2)
+	h.clk.Advance(DefaultTimeout)
+	if res := h.take(t, req("b:k", 100, 100)); res.Source != bucket.SourceRedis {
+		t.Fatalf("healthy shard b: %v", res.Source)
+	}
+	got, _ := h.advanceUntilAnswered(t, 1, out)
+	if o := got[0]; o.err != nil || o.res.Source != bucket.SourceFallback {
+		t.Fatalf("check past its wait: %+v, %v; want answered locally", o.res, o.err)
+	}
+	silent := h.silenceLogs()
+	if len(silent) != 1 || !strings.Contains(silent[0], "shard=a") || !strings.Contains(silent[0], "another-shard-answered=true") {
+		t.Errorf("silence logs: %q, want one, for shard a, saying another shard answered", silent)
+	}
+}
+
+// silenceLogs returns the log lines of logSilence.
+func (h *harness) silenceLogs() []string {
 	var silent []string
 	for _, l := range h.logs.lines() {
 		if strings.Contains(l, "redis shard silent") {
 			silent = append(silent, l)
 		}
 	}
-	if len(silent) != 1 || !strings.Contains(silent[0], "shard=a") || !strings.Contains(silent[0], "another-shard-answered=false") {
-		t.Errorf("silence logs: %q, want one, for shard a, saying no other shard answered", silent)
-	}
+	return silent
 }
