@@ -4,6 +4,7 @@ import (
 	"testing"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc/encoding"
 	"google.golang.org/grpc/mem"
 	"google.golang.org/protobuf/proto"
 )
@@ -57,9 +58,7 @@ func BenchmarkGeneratorDecode(b *testing.B) {
 	}{{"null", &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK}}, {"allot", cannedResponse()}}
 	codecs := []struct {
 		name string
-		c    interface {
-			Unmarshal(mem.BufferSlice, any) error
-		}
+		c    encoding.CodecV2
 	}{{"full", newVerdictCodec().proto}, {"verdict", newVerdictCodec()}}
 	for _, c := range codecs {
 		for _, a := range answers {
