@@ -162,13 +162,14 @@ func newApp(cfg Config, log hclog.Logger, store bucket.Store) (_ *App, err error
 		overrideIfSet(&uc.Capacity, cfg.Balancer.Capacity)
 		overrideIfSet(&uc.MaxIdentities, cfg.Balancer.MaxIdentities)
 		uc.EarlyGap = min(uc.EarlyGap, uc.Interval) // a short interval needs no longer gap
-		if a.usage, err = usage.NewTable(uc, a.clock.Now()); err != nil {
-			return nil, fmt.Errorf("app: balancer: %w", err)
-		}
 		// The pressure test compares admitted tokens with the allowance this identity
-		// has here: its global rate times this region's share of it.
+		// has here: its global rate times this region's share of it. Set before NewTable,
+		// which copies the config.
 		uc.RegionalRate = func(r *rules.Compiled, id string) float64 {
 			return r.Global[0].Rate * a.shares.Share(r, id, a.clock.Now())
+		}
+		if a.usage, err = usage.NewTable(uc, a.clock.Now()); err != nil {
+			return nil, fmt.Errorf("app: balancer: %w", err)
 		}
 		ec.Usage = a.usage
 	}

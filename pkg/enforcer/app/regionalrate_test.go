@@ -1,0 +1,47 @@
+package app
+
+import (
+	"math"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/allot-dev/allot/pkg/enforcer"
+	"github.com/allot-dev/allot/pkg/shareset"
+)
+
+// TestUsageJudgesTheBalancersShare: the usage table's pressure test and the reports'
+// regional_rate use the share the balancer gave this region, not the compiled default
+// split. (The app once built the table before setting its RegionalRate hook: NewTable
+// copies the config, so production judged every key against its default share.)
+func TestUsageJudgesTheBalancersShare(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "rules.yaml")
+	os.WriteFile(path, []byte("rules:\n  - id: default\n    limits: [{name: second, rate: 100, per: 1s}]\n"), 0o644)
+	cfg := DefaultConfig()
+	cfg.Region, cfg.Rules.File = "us-east", path
+	cfg.Regions = Regions{"us-east": 1, "eu-west": 1}
+	cfg.Listen.GRPC, cfg.Listen.HTTP = "127.0.0.1:0", "127.0.0.1:0"
+	cfg.Balancer.Enabled, cfg.Balancer.Addrs = true, []string{"127.0.0.1:1"} // never reached: no Run
+	a, err := New(cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	now := time.Now()
+	a.Shares().Apply(shareset.Head{LeaderRev: 1, Version: 1, PublishedAt: now, Entries: 1},
+		[]shareset.Entry{{Rule: "default", Identity: "key:k", Shares: map[string]float64{"us-east": 0.9, "eu-west": 0.1}}}, now)
+	rule := a.holder.Current().Rule("default")
+	if rule == nil {
+		t.Fatal("no default rule")
+	}
+	a.usage.ObserveTake(rule, "key:k", 10, true, enforcer.SourceRedis)
+	r := a.usage.Report(time.Now())
+	if len(r.Usage) != 1 {
+		t.Fatalf("report %v, want one entry", r.Usage)
+	}
+	if got := r.Usage[0].RegionalRate; math.Abs(got-90) > 1e-9 {
+		t.Fatalf("regional_rate %v, want 90 (100/s × the balancer's 0.9, not the default 0.5)", got)
+	}
+}
