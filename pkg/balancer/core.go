@@ -161,6 +161,9 @@ type Core struct {
 	// gone[r]: region r has been silent for Stale + AckTimeout (see acks): whatever it
 	// enforces is at most min(its share, the default split).
 	gone []bool
+	// fenced[r]: an enforcer of region r has fenced itself (silent for Stale + AckTimeout)
+	// while others of r report; it enforces at most its default split (see acks).
+	fenced []bool
 	// rankBuf is capPublished's and capTracked's scratch (one recompute at a time).
 	rankBuf []ranked
 }
@@ -179,7 +182,7 @@ func NewCore(cfg CoreConfig) (*Core, error) {
 	c := &Core{
 		cfg: cfg, n: n, regionIdx: make(map[string]int, n), weights: cfg.weightSplit(),
 		regions: make([]regionState, n), ids: map[key]*ident{}, pending: map[*ident]struct{}{},
-		learning: true, dirty: true, mayBuf: make([]float64, n), gone: make([]bool, n),
+		learning: true, dirty: true, mayBuf: make([]float64, n), gone: make([]bool, n), fenced: make([]bool, n),
 	}
 	for i, r := range cfg.Regions {
 		c.regionIdx[r] = i

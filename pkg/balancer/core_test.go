@@ -333,8 +333,32 @@ func TestRestoreThenLearning(t *testing.T) {
 	}
 	now = t0.Add(c.cfg.Learning)
 	p = c.Tick(now)
-	if st := c.Stats(now); st.Learning || st.Recomputes != 1 || p == nil || !p.Changed {
+	// us-east and eu-west have not been heard in this term: they may still be applying an
+	// older version of the old leader (their shares of it unknown), so they are held at
+	// what they had and ap-south gets nothing more yet (never over).
+	if st := c.Stats(now); st.Learning || st.Recomputes != 1 || (p != nil && p.Changed) {
 		t.Fatalf("at the end of learning: learning %v recomputes %d publication %+v", st.Learning, st.Recomputes, p)
+	}
+	// Once they report applying this term's versions, ap-south gets the rest.
+	for i := range 60 {
+		now = now.Add(time.Second)
+		if i%5 == 0 {
+			for r, name := range regions3 {
+				var u []*allotv1.IdentityUsage
+				if r == 2 {
+					u = append(u, use("key:a", 500, 0))
+				}
+				rep := report(name, "e1", uint64(100+i), now, u...)
+				rep.ShareLeaderRev, rep.ShareVersion = 7, c.Stats(now).Version
+				_ = c.Ingest(now, rep)
+			}
+		}
+		if p := c.Tick(now); p != nil {
+			c.Published(p, now)
+		}
+	}
+	if s, _ := c.Identity("default", "key:a"); s.Published[2] < 0.6 {
+		t.Fatalf("after every region reported this term's version: shares %v, want ap-south ≥ 0.6 (its 50/s and a part of the slack)", s.Published)
 	}
 }
 

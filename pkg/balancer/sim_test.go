@@ -37,6 +37,14 @@ type fakeEnf struct {
 	nextReport time.Time
 	inbox      []delivery
 	silent     bool // reports stop
+	// cut: cut off from the whole control plane since cutAt (no set reaches it, no report
+	// leaves it); it keeps enforcing what it applies, and after Stale (its own staleness
+	// rule, pkg/shares) min(that, default).
+	cut   bool
+	cutAt time.Time
+	// heard is when its last report was accepted: with reports on, its set goes stale
+	// Stale after that (pkg/shares.Holder.Heard).
+	heard time.Time
 }
 
 type delivery struct {
@@ -54,10 +62,12 @@ type world struct {
 	demand  func(now time.Time, region int) map[key]float64 // tokens/s per region
 	delay   func() time.Duration                            // watch propagation
 	sets    map[uint64]map[key][]float64                    // version → listed shares
+	prev    map[int64]map[uint64]map[key][]float64          // earlier leaders' sets, by rev
 	rev     int64
 	lastVer time.Time // when the last new version was returned
 	maxPub  float64
 	maxAppl float64
+	last    *Publication // the set as last written (a new leader restores it)
 }
 
 func newWorld(t *testing.T, c *Core, perRegion int) *world {
@@ -74,16 +84,51 @@ func newWorld(t *testing.T, c *Core, perRegion int) *world {
 
 // shareOf is what an enforcer applying (rev, ver) enforces for k in region r.
 func (w *world) shareOf(ver uint64, rev int64, k key, r int) float64 {
-	if rev == w.rev {
-		if s, ok := w.sets[ver][k]; ok {
-			return s[r]
-		}
-	}
 	_, def, _ := w.c.cfg.Limits(k.rule, k.identity)
 	if def == nil {
 		def = w.c.cfg.weightSplit()
 	}
+	sets := w.sets
+	if rev != w.rev {
+		sets = w.prev[rev]
+	}
+	if s, ok := sets[ver][k]; ok {
+		return s[r]
+	}
 	return def[r]
+}
+
+// enforces is what e enforces for k now: its set's share, after Stale cut off
+// min(that, default).
+func (w *world) enforces(e *fakeEnf, k key, r int) float64 {
+	s := w.shareOf(e.ver, e.rev, k, r)
+	if e.cut && w.now.Sub(e.heard) >= w.c.cfg.Stale {
+		_, def, _ := w.c.cfg.Limits(k.rule, k.identity)
+		if def == nil {
+			def = w.c.cfg.weightSplit()
+		}
+		s = min(s, def[r])
+	}
+	return s
+}
+
+// newLeader replaces the core by a new leader's (LeaderRev one more), restored from the
+// last set written, as the balancer's service does after an election.
+func (w *world) newLeader(last *Publication) {
+	cfg := w.c.cfg
+	cfg.LeaderRev++
+	c, err := NewCore(cfg)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	if err := c.Restore(last.Head, last.Entries); err != nil {
+		w.t.Fatal(err)
+	}
+	if w.prev == nil {
+		w.prev = map[int64]map[uint64]map[key][]float64{}
+	}
+	w.prev[w.rev] = w.sets
+	w.c, w.rev, w.sets, w.lastVer = c, cfg.LeaderRev, map[uint64]map[key][]float64{}, time.Time{}
 }
 
 func (w *world) step(d time.Duration) {
@@ -98,6 +143,9 @@ func (w *world) tickOnce() {
 	c := w.c
 	n := len(c.cfg.Regions)
 	for _, e := range w.enfs {
+		if e.cut {
+			e.inbox = e.inbox[:0]
+		}
 		keep := e.inbox[:0]
 		for _, dl := range e.inbox {
 			if !dl.at.After(w.now) {
@@ -109,7 +157,7 @@ func (w *world) tickOnce() {
 			}
 		}
 		e.inbox = keep
-		if !w.now.Before(e.nextReport) && !e.silent {
+		if !w.now.Before(e.nextReport) && !e.silent && !e.cut {
 			r := c.regionIdx[e.region]
 			per := 0
 			for _, o := range w.enfs {
@@ -132,10 +180,14 @@ func (w *world) tickOnce() {
 			if err := c.Ingest(w.now, req); err != nil {
 				w.t.Fatalf("ingest: %v", err)
 			}
+			e.heard = w.now
 			e.nextReport = e.nextReport.Add(c.cfg.Interval)
 		}
 	}
 	p := c.Tick(w.now)
+	if p != nil && p.Changed {
+		w.last = p
+	}
 	if p == nil {
 		w.check(n)
 		return
@@ -185,13 +237,20 @@ func (w *world) check(n int) {
 			keys[k] = true
 		}
 	}
+	for _, sets := range w.prev {
+		for _, set := range sets {
+			for k := range set {
+				keys[k] = true
+			}
+		}
+	}
 	for k := range keys {
 		sum := 0.0
 		for r, name := range w.c.cfg.Regions {
 			m := 0.0
 			for _, e := range w.enfs {
 				if e.region == name {
-					m = max(m, w.shareOf(e.ver, e.rev, k, r))
+					m = max(m, w.enforces(e, k, r))
 				}
 			}
 			sum += m

@@ -64,21 +64,34 @@ func (c *Core) Tick(now time.Time) *Publication {
 }
 
 // acks returns, per region, the newest version the region is known to have moved to: the
-// least version its enforcers heard in the last SilentAfter report applying. Only reports
-// acknowledge: a write that landed in etcd says nothing about a region cut off from etcd,
-// which would go on enforcing its old, larger share while the others were given more
-// (the region-down drill measured Σ 1.22 when a decrease counted as applied AckTimeout
-// after it landed). A region gone quiet for Stale + AckTimeout (gone) acknowledges every
-// version: its enforcers are stale by their own clocks and enforce at most the default
-// split, which clampGone reserves for it instead.
+// least version applied by its enforcers that may still be enforcing what they last
+// acknowledged. Only reports acknowledge: a write that landed in etcd says nothing about
+// an enforcer cut off from etcd, which would go on enforcing its old, larger share while
+// the others were given more (the region-down drill measured Σ 1.22 when a decrease
+// counted as applied AckTimeout after it landed).
+//
+// The reservation is per enforcer: an enforcer that fell silent keeps holding its region's
+// acknowledgement at the version it last reported until it has fenced itself by its own
+// staleness rule — Stale without an accepted report, plus AckTimeout for the round trip
+// it counts from (pkg/shares) — and only its region's other enforcers' reports do not
+// release it (one enforcer cut off from the control plane while its region-mates report
+// went on enforcing its old share: 1.09-1.15 of the limit measured before). After that it
+// enforces at most min(its share, default split): while such a fenced enforcer is
+// remembered, fenced[r] reserves the default share for its region (see mayApply). A region
+// all of whose enforcers fenced (or that was never heard, for Stale + AckTimeout since
+// this term began) is gone: it acknowledges every version and clampGone reserves the
+// default split for it instead.
 func (c *Core) acks(now time.Time) []uint64 {
 	out := make([]uint64, c.n)
+	fence := c.cfg.Stale + c.cfg.AckTimeout
 	for r := range c.regions {
 		rs := &c.regions[r]
 		var byReport uint64
 		any := false
+		fenced := false
 		for _, e := range rs.enforcers {
-			if now.Sub(e.lastHeard) > c.cfg.SilentAfter {
+			if now.Sub(e.lastHeard) >= fence {
+				fenced = true
 				continue
 			}
 			v := c.mapApplied(e)
@@ -87,16 +100,12 @@ func (c *Core) acks(now time.Time) []uint64 {
 			}
 			any = true
 		}
-		// Silent for the staleness period (plus AckTimeout, which covers a report's round
-		// trip: the enforcer counts from when its last report was answered): every
-		// enforcer of the region has gone stale by its own clock — no share refreshed, or
-		// no report accepted, for Stale (pkg/shares) — so it enforces at most
-		// min(share, default split) whatever version it holds.
 		last := rs.lastHeard
 		if last.IsZero() || last.Before(c.start) {
 			last = c.start
 		}
-		c.gone[r] = !any && now.Sub(last) >= c.cfg.Stale+c.cfg.AckTimeout
+		c.gone[r] = !any && now.Sub(last) >= fence
+		c.fenced[r] = any && fenced
 		out[r] = byReport
 		if c.gone[r] {
 			out[r] = c.version
@@ -135,9 +144,22 @@ func (c *Core) trimLog(ack []uint64) {
 
 // mayApply fills dst with, per region, the largest share of id among the versions the
 // region may still apply (see the package doc) and prunes the versions no region applies.
+//
+// A region that has not acknowledged the version this core restored (a new leader's
+// starting point) may be applying any earlier version of the old leader, whose shares this
+// core does not know: it is taken to apply up to 1 (package share: a new leader that does
+// not know what is applied assumes the most), so nothing increases against it until it
+// reports the restored version or one of ours, or is gone.
 func (c *Core) mayApply(id *ident, ack []uint64, dst []float64) {
 	copy(dst, id.published(c.n))
 	defer c.clampGone(id, dst)
+	if c.restoredRev != 0 {
+		for r := range dst {
+			if ack[r] < c.restoredVer {
+				dst[r] = 1
+			}
+		}
+	}
 	if len(id.hist) == 0 {
 		return
 	}
@@ -169,13 +191,19 @@ func (c *Core) mayApply(id *ident, ack []uint64, dst []float64) {
 // clampGone sets what a gone region (see acks) may be applying to the identity's default
 // share: a stale enforcer enforces min(last, default), whichever last it holds, so at
 // most the default (errs under by what its last share was below it).
+//
+// A region some of whose enforcers report while another has fenced itself (fenced) may
+// be enforcing, through that one, up to its default share: dst[r] is raised to it.
 func (c *Core) clampGone(id *ident, dst []float64) {
 	if len(id.def) != len(dst) {
 		return
 	}
 	for r, g := range c.gone {
-		if g {
+		switch {
+		case g:
 			dst[r] = id.def[r]
+		case c.fenced[r]:
+			dst[r] = max(dst[r], id.def[r])
 		}
 	}
 }
@@ -269,12 +297,16 @@ func (c *Core) recompute(now time.Time) {
 		if last.IsZero() || last.Before(c.start) {
 			last = c.start
 		}
-		silent[r] = now.Sub(last) > c.cfg.SilentAfter
+		// A region not heard yet in this term is held too: a new leader does not know what
+		// it enforces (it may be cut off, applying an old leader's larger share).
+		silent[r] = !rs.heard || now.Sub(last) > c.cfg.SilentAfter
 		stale[r] = now.Sub(last) >= c.cfg.Stale
 		rs.driftSum, rs.driftMax = 0, 0
 		for name, e := range rs.enforcers {
-			if now.Sub(e.lastHeard) > c.cfg.Stale {
-				delete(rs.enforcers, name) // gone: it no longer counts for acknowledgements
+			// Fenced (see acks) and then remembered for another Stale: while remembered,
+			// its region's default share stays reserved for it.
+			if now.Sub(e.lastHeard) >= 2*c.cfg.Stale+c.cfg.AckTimeout {
+				delete(rs.enforcers, name)
 			}
 		}
 	}

@@ -1,0 +1,103 @@
+package balancer
+
+import (
+	"testing"
+	"time"
+)
+
+// The faults of issue 21 §1 that let the regions together admit more than the global
+// limit, each driven on the world's virtual clock; world.check fails the test the moment
+// the shares the enforcers apply sum above 1.
+
+// TestLeaderChangeMidPlanNeverOver (§1a): a key's traffic is all in eu-west (share 0.98),
+// then as much arrives in us-east; the leader publishes eu-west's decrease and holds
+// us-east's increase; eu-west is cut off at that moment and keeps serving 0.98; the leader
+// dies. The new leader restores the persisted set (eu-west at the decreased share) and
+// must not treat it as applied: eu-west has not been heard in its term.
+func TestLeaderChangeMidPlanNeverOver(t *testing.T) {
+	c := newTestCore(t, func(c *CoreConfig) { c.KeyTTL = time.Hour })
+	w := newWorld(t, c, 2)
+	k := key{"default", "key:a"}
+	both := false
+	w.demand = func(_ time.Time, r int) map[key]float64 {
+		switch {
+		case r == 1:
+			return map[key]float64{k: 150}
+		case r == 0 && both:
+			return map[key]float64{k: 150}
+		}
+		return nil
+	}
+	w.step(time.Minute)
+	if s := w.published(k); s[1] < 0.95 {
+		t.Fatalf("eu-west share %v before the shift, want ≈ 0.98", s)
+	}
+	both = true
+	// Step until a version decreases eu-west while us-east's increase waits.
+	for i := 0; ; i++ {
+		if i > 60 {
+			t.Fatal("no decrease of eu-west within a minute of the shift")
+		}
+		w.step(time.Second)
+		if s := w.published(k); s[1] < 0.9 {
+			break
+		}
+	}
+	pub := w.published(k)
+	if pub[0] > 0.5 {
+		t.Logf("note: us-east already %v", pub)
+	}
+	for _, e := range w.enfs { // eu-west is cut off before it applies the decrease
+		if e.region == "eu-west" {
+			e.cut, e.cutAt = true, w.now
+		}
+	}
+	w.newLeader(w.last) // the leader dies; a new one restores what was written
+	// Three minutes: eu-west goes on enforcing 0.98; us-east must not get more than the rest.
+	w.step(3 * time.Minute)
+	if got := w.published(k); got[0] > 0.05 {
+		t.Fatalf("shares %v while eu-west (cut off) may enforce 0.98: us-east was given more than the rest", got)
+	}
+	// After Stale + AckTimeout eu-west has fenced itself (min(0.98, 1/3)): us-east gets
+	// what is left beside its default share.
+	w.step(c.cfg.Stale)
+	if got := w.published(k); got[0] < 0.6 {
+		t.Fatalf("shares %v after eu-west fenced itself, want us-east ≥ 0.6", got)
+	}
+	t.Logf("max applied sum %.4f", w.maxAppl)
+}
+
+// TestOneEnforcerCutOffNeverOver (§1b): one eu-west enforcer loses the control plane and
+// keeps serving its old share while its region-mate reports; the traffic moves to
+// us-east. The silent enforcer's share is held until it has fenced itself.
+func TestOneEnforcerCutOffNeverOver(t *testing.T) {
+	c := newTestCore(t, func(c *CoreConfig) { c.KeyTTL = time.Hour })
+	w := newWorld(t, c, 2)
+	k := key{"default", "key:a"}
+	moved := false
+	w.demand = func(_ time.Time, r int) map[key]float64 {
+		if (r == 1 && !moved) || (r == 0 && moved) {
+			return map[key]float64{k: 150}
+		}
+		return nil
+	}
+	w.step(time.Minute)
+	if s := w.published(k); s[1] < 0.95 {
+		t.Fatalf("eu-west share %v before the shift, want ≈ 0.98", s)
+	}
+	for _, e := range w.enfs {
+		if e.id == "eu-west-0" {
+			e.cut, e.cutAt = true, w.now
+		}
+	}
+	moved = true
+	w.step(4 * time.Minute) // longer than SilentAfter, shorter than Stale
+	if got := w.published(k); got[0] > 0.05 {
+		t.Fatalf("shares %v while eu-west-0 (cut off) may enforce 0.98", got)
+	}
+	w.step(c.cfg.Stale)
+	if got := w.published(k); got[0] < 0.6 {
+		t.Fatalf("shares %v after eu-west-0 fenced itself, want us-east ≥ 0.6", got)
+	}
+	t.Logf("max applied sum %.4f", w.maxAppl)
+}
