@@ -367,6 +367,11 @@ func (c *Core) Ingest(now time.Time, r *allotv1.ReportRequest) error {
 	if r.Early {
 		c.earlyPending = true
 	}
+	if r.Final {
+		// It stopped answering checks: it enforces nothing any more, so neither its
+		// acknowledgements nor its fence are waited for (see acks).
+		delete(rs.enforcers, r.EnforcerId)
+	}
 	hardCap := c.cfg.MaxIdentities + c.cfg.MaxIdentities/8
 	for _, u := range r.Usage {
 		k := key{u.Rule, u.Identity}

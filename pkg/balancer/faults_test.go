@@ -101,3 +101,34 @@ func TestOneEnforcerCutOffNeverOver(t *testing.T) {
 	}
 	t.Logf("max applied sum %.4f", w.maxAppl)
 }
+
+// A final report (a graceful shutdown) releases its enforcer at once: its region-mates'
+// acknowledgements are enough, with no wait for its fence.
+func TestFinalReportReleasesEnforcer(t *testing.T) {
+	c := newTestCore(t, func(c *CoreConfig) { c.KeyTTL = time.Hour })
+	w := newWorld(t, c, 2)
+	k := key{"default", "key:a"}
+	moved := false
+	w.demand = func(_ time.Time, r int) map[key]float64 {
+		if (r == 1 && !moved) || (r == 0 && moved) {
+			return map[key]float64{k: 150}
+		}
+		return nil
+	}
+	w.step(time.Minute)
+	for _, e := range w.enfs {
+		if e.id == "eu-west-0" {
+			r := report("eu-west", e.id, e.seq+1, w.now)
+			r.ShareLeaderRev, r.ShareVersion, r.Final = e.rev, e.ver, true
+			if err := c.Ingest(w.now, r); err != nil {
+				t.Fatal(err)
+			}
+			e.left = true
+		}
+	}
+	moved = true
+	w.step(time.Minute)
+	if got := w.published(k); got[0] < 0.9 {
+		t.Fatalf("shares %v a minute after eu-west-0 left, want us-east ≥ 0.9", got)
+	}
+}

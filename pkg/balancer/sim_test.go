@@ -45,6 +45,7 @@ type fakeEnf struct {
 	// heard is when its last report was accepted: with reports on, its set goes stale
 	// Stale after that (pkg/shares.Holder.Heard).
 	heard time.Time
+	left  bool // shut down: enforces nothing, reports nothing
 }
 
 type delivery struct {
@@ -101,6 +102,9 @@ func (w *world) shareOf(ver uint64, rev int64, k key, r int) float64 {
 // enforces is what e enforces for k now: its set's share, after Stale cut off
 // min(that, default).
 func (w *world) enforces(e *fakeEnf, k key, r int) float64 {
+	if e.left {
+		return 0
+	}
 	s := w.shareOf(e.ver, e.rev, k, r)
 	if e.cut && w.now.Sub(e.heard) >= w.c.cfg.Stale {
 		_, def, _ := w.c.cfg.Limits(k.rule, k.identity)
@@ -157,7 +161,7 @@ func (w *world) tickOnce() {
 			}
 		}
 		e.inbox = keep
-		if !w.now.Before(e.nextReport) && !e.silent && !e.cut {
+		if !w.now.Before(e.nextReport) && !e.silent && !e.cut && !e.left {
 			r := c.regionIdx[e.region]
 			per := 0
 			for _, o := range w.enfs {

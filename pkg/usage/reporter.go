@@ -172,18 +172,50 @@ func NewReporter(cfg ReporterConfig) (*Reporter, error) {
 }
 
 // Close stops the goroutine (aborting a send in flight), waits for it and closes the
-// connection. Safe to call more than once.
-func (r *Reporter) Close() error {
+// connection. Safe to call more than once; the first of Close and Leave decides.
+func (r *Reporter) Close() error { return r.close(false) }
+
+// Leave is Close for an enforcer that has stopped answering checks (a graceful shutdown,
+// after the drain): it also sends one last report, flagged final, with what the table
+// counted since the last one, so the balancer stops holding this enforcer's share for it
+// (a silent enforcer is held until it has fenced itself by its own staleness rule, about
+// five minutes). The report gets one attempt within SendTimeout; a failure is logged and
+// costs only that wait on the balancer's side. Bounded by SendTimeout.
+func (r *Reporter) Leave() error { return r.close(true) }
+
+func (r *Reporter) close(final bool) error {
 	r.once.Do(func() {
 		close(r.stop)
 		r.cancel()
 		<-r.done
+		if final { // the goroutine has exited: its fields are ours now
+			r.ctx, r.cancel = context.WithTimeout(context.Background(), r.cfg.SendTimeout)
+			r.leave()
+			r.cancel()
+		}
 		if r.conn != nil {
 			r.err = r.conn.Close()
 		}
 	})
 	<-r.done
 	return r.err
+}
+
+// leave sends the final report: one attempt.
+func (r *Reporter) leave() {
+	now := r.clock.Now()
+	req := r.cfg.Table.Report(now)
+	r.seq++
+	req.Region, req.EnforcerId, req.Seq, req.Final = r.cfg.Region, r.cfg.EnforcerID, r.seq, true
+	if r.cfg.Shares != nil {
+		req.ShareLeaderRev, req.ShareVersion = r.cfg.Shares()
+	}
+	if err := r.send(req); err != nil {
+		r.m.failures.Inc()
+		r.log.Warn("final usage report not delivered; the balancer holds this enforcer's share until its staleness period passes", "seq", req.Seq, "error", err)
+		return
+	}
+	r.m.sent.Inc()
 }
 
 // run reports when the interval is over (Table.Start() + Interval) or an early report is

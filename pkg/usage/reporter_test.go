@@ -392,3 +392,23 @@ func TestReporterAcknowledgesNewSharesEarly(t *testing.T) {
 		t.Fatal("the regular report is marked early")
 	}
 }
+
+// Leave sends one last report, flagged final, with what was counted since the last one,
+// and stops like Close; a second Leave or Close sends nothing more.
+func TestReporterLeaveSendsFinalReport(t *testing.T) {
+	lead := startBalancer(t, true, "")
+	g := newRig(t, StaticLeader(lead.addr), nil)
+	g.tb.ObserveTake(rule("default", 10), "key:k1", 3, true, 0)
+	if err := g.rep.Leave(); err != nil {
+		t.Fatal(err)
+	}
+	got := lead.reports()
+	if len(got) != 1 || !got[0].Final || len(got[0].Usage) != 1 || got[0].Usage[0].Admitted != 3 || got[0].ShareVersion != 9 {
+		t.Fatalf("reports %v, want one final report with key:k1's 3 tokens and share version 9", got)
+	}
+	_ = g.rep.Leave()
+	_ = g.rep.Close()
+	if n := len(lead.reports()); n != 1 {
+		t.Fatalf("%d reports after a second Leave and Close, want 1", n)
+	}
+}

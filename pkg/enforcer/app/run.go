@@ -187,7 +187,9 @@ func (a *App) Close() error {
 		}
 		a.drain(serving)
 		if a.reporter != nil {
-			_ = a.reporter.Close() // before the etcd client it reads the leader with
+			// After the drain: a final report tells the balancer this enforcer enforces
+			// nothing any more. Before the etcd client it reads the leader with.
+			_ = a.reporter.Leave()
 		}
 		if a.registry != nil {
 			if err := a.registry.Close(); err != nil {

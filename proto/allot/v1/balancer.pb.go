@@ -49,8 +49,13 @@ type ReportRequest struct {
 	// they stood for: the report's blind spot, for metrics.
 	OmittedIdentities uint64  `protobuf:"varint,10,opt,name=omitted_identities,json=omittedIdentities,proto3" json:"omitted_identities,omitempty"`
 	OmittedTokens     float64 `protobuf:"fixed64,11,opt,name=omitted_tokens,json=omittedTokens,proto3" json:"omitted_tokens,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// True on the last report of an enforcer that is shutting down gracefully: it has
+	// stopped answering checks, so it enforces no share any more and the balancer stops
+	// waiting for its acknowledgements (a silent enforcer is otherwise held at the share it
+	// last acknowledged until it has fenced itself by its own staleness rule).
+	Final         bool `protobuf:"varint,12,opt,name=final,proto3" json:"final,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ReportRequest) Reset() {
@@ -158,6 +163,13 @@ func (x *ReportRequest) GetOmittedTokens() float64 {
 		return x.OmittedTokens
 	}
 	return 0
+}
+
+func (x *ReportRequest) GetFinal() bool {
+	if x != nil {
+		return x.Final
+	}
+	return false
 }
 
 // IdentityUsage is one limited identity's counts over the interval, in tokens.
@@ -318,7 +330,7 @@ var File_allot_v1_balancer_proto protoreflect.FileDescriptor
 
 const file_allot_v1_balancer_proto_rawDesc = "" +
 	"\n" +
-	"\x17allot/v1/balancer.proto\x12\ballot.v1\"\x98\x03\n" +
+	"\x17allot/v1/balancer.proto\x12\ballot.v1\"\xae\x03\n" +
 	"\rReportRequest\x12\x16\n" +
 	"\x06region\x18\x01 \x01(\tR\x06region\x12\x1f\n" +
 	"\venforcer_id\x18\x02 \x01(\tR\n" +
@@ -332,7 +344,8 @@ const file_allot_v1_balancer_proto_rawDesc = "" +
 	"\x05usage\x18\t \x03(\v2\x17.allot.v1.IdentityUsageR\x05usage\x12-\n" +
 	"\x12omitted_identities\x18\n" +
 	" \x01(\x04R\x11omittedIdentities\x12%\n" +
-	"\x0eomitted_tokens\x18\v \x01(\x01R\romittedTokens\"\xb0\x01\n" +
+	"\x0eomitted_tokens\x18\v \x01(\x01R\romittedTokens\x12\x14\n" +
+	"\x05final\x18\f \x01(\bR\x05final\"\xb0\x01\n" +
 	"\rIdentityUsage\x12\x12\n" +
 	"\x04rule\x18\x01 \x01(\tR\x04rule\x12\x1a\n" +
 	"\bidentity\x18\x02 \x01(\tR\bidentity\x12\x1a\n" +
