@@ -39,6 +39,19 @@
 //
 // An entry that does not list this region (a balancer that does not know it) is held at
 // min(default, 1 − Σ the listed shares), so it too keeps the sum ≤ 1.
+//
+// # Before the set is loaded
+//
+// With Config.WaitForSet (the shares are read from etcd), a Holder that has not yet
+// loaded a set — an enforcer restarted while etcd is unreachable — does not know what the
+// balancer gave this region: it may have moved a key's share away (the region at the
+// floor, another region at 0.98). Until the first set is applied (or the watcher has
+// listed etcd and found none published, MarkLoaded), every identity enforces
+// min(default share, Config.Floor): the least the balancer's policy leaves any region, so
+// whatever it gave the others, the sum stays ≤ 1. That errs under, by the default share
+// less the floor, for as long as etcd stays unreachable; Loaded says so (the enforcer's
+// /readyz names it, and allot_shares_loaded is 0). The enforcer stays in rotation: taking
+// it out would turn the gateway's limiter errors into unlimited traffic.
 package shares
 
 import (
@@ -61,6 +74,9 @@ var ErrConfig = errors.New("shares: bad config")
 // DefaultStale is how long a set stays in force without a refresh (DESIGN §9: 5 minutes).
 const DefaultStale = 5 * time.Minute
 
+// DefaultFloor is Config.Floor's default: pkg/share's default floor.
+const DefaultFloor = 0.01
+
 // Config configures a Holder. Start from DefaultConfig and set Region.
 type Config struct {
 	// Region is this enforcer's region: the share of each entry it enforces. Required.
@@ -72,6 +88,14 @@ type Config struct {
 	// Stale is how long a set stays in force without a refresh; after it every listed
 	// identity enforces min(last share, default share). Default DefaultStale; must be > 0.
 	Stale time.Duration
+	// WaitForSet: the set comes from etcd (a Watcher); until it is loaded every identity
+	// enforces min(default share, Floor) (see the package doc). False: no balancer, the
+	// default split is the rule.
+	WaitForSet bool
+	// Floor is the share enforced before the set is loaded (WaitForSet): at most the
+	// smallest share the balancer gives a region (its policy's floor). Default
+	// DefaultFloor; in [0, 1].
+	Floor float64
 	// Clock tells the time for the share-age metric. Default clock.Real().
 	Clock clock.Clock
 	// Logger receives one line per set applied or ignored. Default hclog.NewNullLogger().
@@ -82,7 +106,7 @@ type Config struct {
 
 // DefaultConfig returns the defaults; Region is left for the caller.
 func DefaultConfig() Config {
-	return Config{Stale: DefaultStale, Clock: clock.Real(), Logger: hclog.NewNullLogger()}
+	return Config{Stale: DefaultStale, Floor: DefaultFloor, Clock: clock.Real(), Logger: hclog.NewNullLogger()}
 }
 
 // Validate names the first bad field and value.
@@ -92,6 +116,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("%w: region is empty", ErrConfig)
 	case c.Stale <= 0:
 		return fmt.Errorf("%w: stale %v, must be > 0", ErrConfig, c.Stale)
+	case !(c.Floor >= 0 && c.Floor <= 1):
+		return fmt.Errorf("%w: floor %v, must be in [0, 1]", ErrConfig, c.Floor)
 	case c.Clock == nil:
 		return fmt.Errorf("%w: clock is nil", ErrConfig)
 	case c.Logger == nil:
@@ -133,6 +159,7 @@ type Holder struct {
 	m       *metrics
 	changed chan struct{} // one pending signal: a new set was swapped in (see Changed)
 	heard   atomic.Int64  // Unix ns of the last accepted usage report (Config.Reports)
+	loaded  atomic.Bool   // a set was applied, or none is published (Config.WaitForSet)
 }
 
 // Changed receives after a new set was swapped in (a refresh of the set in force does not
@@ -148,6 +175,7 @@ func NewHolder(cfg Config) (*Holder, error) {
 	}
 	h := &Holder{cfg: cfg, log: cfg.Logger.Named("shares"), started: cfg.Clock.Now(), changed: make(chan struct{}, 1)}
 	h.cur.Store(&set{})
+	h.loaded.Store(!cfg.WaitForSet)
 	if cfg.Reports {
 		h.heard.Store(h.started.UnixNano())
 	}
@@ -214,6 +242,7 @@ func (h *Holder) Apply(head shareset.Head, entries []shareset.Entry, now time.Ti
 		s.shares[key{e.Rule, e.Identity}] = held{share: v, listed: ok}
 	}
 	h.cur.Store(s)
+	h.loaded.Store(true)
 	select { // tell the usage reporter: an early report acknowledges the new version
 	case h.changed <- struct{}{}:
 	default:
@@ -232,6 +261,9 @@ func (h *Holder) Share(rule *rules.Compiled, identity string, now time.Time) flo
 	def := rule.Share
 	s := h.cur.Load()
 	if len(s.shares) == 0 {
+		if !h.loaded.Load() {
+			return min(def, h.cfg.Floor) // not loaded yet: see the package doc
+		}
 		return def
 	}
 	e, ok := s.shares[key{rule.ID, identity}]
@@ -252,6 +284,14 @@ func (h *Holder) stale(s *set, now time.Time) bool {
 	heard := h.heard.Load()
 	return heard != 0 && now.UnixNano()-heard >= int64(h.cfg.Stale)
 }
+
+// MarkLoaded records that the set's source was read and holds no set (nothing published
+// yet): the default split is then what the balancer gave. Applying a set marks it too.
+func (h *Holder) MarkLoaded() { h.loaded.Store(true) }
+
+// Loaded reports whether a set was loaded (always true without Config.WaitForSet). Before
+// it, every identity enforces min(default share, Config.Floor).
+func (h *Holder) Loaded() bool { return h.loaded.Load() }
 
 // Heard records that the balancer accepted a usage report at t (see Config.Reports).
 // Safe for concurrent use; an earlier t than the one held is ignored.

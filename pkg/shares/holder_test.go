@@ -204,6 +204,9 @@ allot_shares_entries 1
 # HELP allot_shares_leader_rev Fencing token (the publishing leader's election revision) of the share set in force.
 # TYPE allot_shares_leader_rev gauge
 allot_shares_leader_rev 7
+# HELP allot_shares_loaded 1 once a share set was loaded (or none is published); 0 while waiting for it, when every identity enforces min(default share, floor).
+# TYPE allot_shares_loaded gauge
+allot_shares_loaded 1
 # HELP allot_shares_sets_total Share sets offered to this enforcer, by outcome: applied (swapped in) or ignored (not newer: an older leader or version).
 # TYPE allot_shares_sets_total counter
 allot_shares_sets_total{outcome="applied"} 1
@@ -229,6 +232,8 @@ func TestHolderConfig(t *testing.T) {
 		{func(c *Config) { c.Stale = 0 }, "stale 0s, must be > 0"},
 		{func(c *Config) { c.Stale = -time.Second }, "stale -1s, must be > 0"},
 		{func(c *Config) { c.Clock = nil }, "clock is nil"},
+		{func(c *Config) { c.Floor = -0.1 }, "floor -0.1, must be in [0, 1]"},
+		{func(c *Config) { c.Floor = math.NaN() }, "floor NaN"},
 	} {
 		cfg := DefaultConfig()
 		cfg.Region = "us-east"
@@ -236,6 +241,34 @@ func TestHolderConfig(t *testing.T) {
 		if _, err := NewHolder(cfg); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("got %v, want %q", err, tc.want)
 		}
+	}
+}
+
+// An enforcer restarted while etcd is unreachable (issue 21 §1d) does not know what the
+// balancer gave its region: until a set is loaded it enforces min(default, Floor), the
+// least the balancer leaves any region, never the default split (which with another
+// region at 0.98 summed to 1.32).
+func TestHolderBeforeTheSetIsLoaded(t *testing.T) {
+	fc := clock.NewFake(t0)
+	cfg := DefaultConfig()
+	cfg.Region, cfg.Clock, cfg.WaitForSet = "us-east", fc, true
+	h, err := NewHolder(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := compiled(t)
+	if s := h.Share(r, "key:a", fc.Now()); !near(s, DefaultFloor) || h.Loaded() {
+		t.Fatalf("before the set: share %g loaded %v, want the floor %g and not loaded", s, h.Loaded(), DefaultFloor)
+	}
+	h.Apply(head(1, 1, t0), []shareset.Entry{entry("key:b", 0.5, 0.25, 0.25)}, t0)
+	if s := h.Share(r, "key:a", fc.Now()); !near(s, 1.0/3) || !h.Loaded() {
+		t.Fatalf("after a set: share %g of an unlisted key, want the default 1/3", s)
+	}
+	// None published: the watcher's list marks it loaded.
+	h2, _ := NewHolder(cfg)
+	h2.MarkLoaded()
+	if s := h2.Share(r, "key:a", fc.Now()); !near(s, 1.0/3) {
+		t.Fatalf("loaded with no set: share %g, want the default 1/3", s)
 	}
 }
 

@@ -37,6 +37,10 @@ func newMetrics(reg prometheus.Registerer, h *Holder) (*metrics, error) {
 			Help: "1 when the share set in force is past the staleness period (identities enforce min(last, default share)), else 0.",
 		}, func() float64 { return b2f(h.Stale(h.cfg.Clock.Now())) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "allot_shares_loaded",
+			Help: "1 once a share set was loaded (or none is published); 0 while waiting for it, when every identity enforces min(default share, floor).",
+		}, func() float64 { return b2f(h.Loaded()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "allot_shares_version",
 			Help: "Version of the share set in force (0 before any).",
 		}, func() float64 { _, v := h.Applied(); return float64(v) }),

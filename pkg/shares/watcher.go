@@ -250,6 +250,9 @@ func (w *Watcher) list(ctx context.Context) error {
 		w.putLocked(string(kv.Key), kv.Value)
 	}
 	w.rev, w.listed = resp.Header.Revision, true
+	if w.head == nil {
+		w.h.MarkLoaded() // nothing published: the default split is what the balancer gave
+	}
 	w.offerLocked()
 	return nil
 }

@@ -126,6 +126,23 @@ func TestWatcher(t *testing.T) {
 	cli := cluster.Client(t)
 	rule := compiled(t)
 
+	t.Run("an empty prefix is loaded: nothing published means the default split", func(t *testing.T) {
+		r := newWrig(t, cli, "empty")
+		r.h.cfg.WaitForSet = true
+		r.h.loaded.Store(false)
+		if s := r.h.Share(rule, "key:a", r.fc.Now()); !near(s, DefaultFloor) {
+			t.Fatalf("before the list: share %g, want the floor", s)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := r.w.Load(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if s := r.h.Share(rule, "key:a", r.fc.Now()); !r.h.Loaded() || !near(s, 1.0/3) {
+			t.Fatalf("after listing an empty prefix: loaded %v share %g, want the default 1/3", r.h.Loaded(), s)
+		}
+	})
+
 	t.Run("applies a chunked set within a second of the head", func(t *testing.T) {
 		r := newWrig(t, cli, "chunked")
 		if err := r.w.Start(); err != nil {

@@ -1,13 +1,16 @@
 package app
 
 import (
+	"errors"
 	"math"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/allot-dev/allot/pkg/enforcer"
+	"github.com/allot-dev/allot/pkg/enforcer/httpapi"
 	"github.com/allot-dev/allot/pkg/shareset"
 )
 
@@ -43,5 +46,33 @@ func TestUsageJudgesTheBalancersShare(t *testing.T) {
 	}
 	if got := r.Usage[0].RegionalRate; math.Abs(got-90) > 1e-9 {
 		t.Fatalf("regional_rate %v, want 90 (100/s × the balancer's 0.9, not the default 0.5)", got)
+	}
+}
+
+// An enforcer started while etcd is unreachable (issue 21 §1d) does not know what the
+// balancer gave its region: it enforces min(default share, shares.floor) until the set is
+// read, and /readyz says so while staying in rotation (200, degraded).
+func TestSharesNotLoadedEnforceTheFloor(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "rules.yaml")
+	os.WriteFile(path, []byte("rules:\n  - id: default\n    limits: [{name: second, rate: 100, per: 1s}]\n"), 0o644)
+	cfg := DefaultConfig()
+	cfg.Region, cfg.Rules.File = "us-east", path
+	cfg.Regions = Regions{"us-east": 1, "eu-west": 1}
+	cfg.Listen.GRPC, cfg.Listen.HTTP = "127.0.0.1:0", "127.0.0.1:0"
+	cfg.Etcd.Endpoints = []string{"127.0.0.1:1"} // nothing listens there
+	cfg.Etcd.StartTimeout, cfg.Etcd.DialTimeout = 200*time.Millisecond, 200*time.Millisecond
+	a, err := New(cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	rule := a.holder.Current().Rule("default")
+	if s := a.Shares().Share(rule, "key:k", time.Now()); math.Abs(s-0.01) > 1e-12 {
+		t.Fatalf("share %v before the set is loaded, want min(0.5, floor 0.01)", s)
+	}
+	err = a.Ready()
+	if err == nil || !strings.Contains(err.Error(), "shares: not loaded") || !errors.Is(err, httpapi.ErrDegraded) {
+		t.Fatalf("Ready: %v, want degraded naming the shares", err)
 	}
 }

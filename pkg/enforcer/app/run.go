@@ -147,6 +147,9 @@ func (a *App) Ready() error {
 		}
 	}
 	var errs []error
+	if a.shares != nil && !a.shares.Loaded() {
+		errs = append(errs, errors.New("shares: not loaded from etcd yet; every identity enforces min(default share, shares.floor)"))
+	}
 	if a.registry != nil {
 		if err := a.registry.Healthy(); err != nil {
 			errs = append(errs, fmt.Errorf("registry: %w", err))

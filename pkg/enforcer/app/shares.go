@@ -98,6 +98,11 @@ type SharesConfig struct {
 	// StaleAfter: shares not refreshed by the balancer for this long fall back to
 	// min(last share, default share). Default 5m; must be > 0.
 	StaleAfter time.Duration `yaml:"stale_after"`
+	// Floor is the share each identity enforces after a start until the share set has
+	// been read from etcd (an enforcer restarted while etcd is unreachable does not know
+	// what the balancer gave this region): min(default share, floor). Keep it at most the
+	// balancer's share.floor. Default 0.01; in [0, 1].
+	Floor *float64 `yaml:"floor"`
 }
 
 // watchShares says whether the balancer's shares are watched.
@@ -109,6 +114,9 @@ func (c *Config) validateShares(bad func(format string, a ...any)) {
 		bad("rules.default_share %g is no longer supported: a rule without shares: for a region now gets the default split "+
 			"by region weight; list the regions under regions: (e.g. regions: {us-east: 1, eu-west: 1}; none means one region, share 1) and remove it",
 			*c.Rules.DefaultShare)
+	}
+	if f := c.Shares.Floor; f != nil && !(*f >= 0 && *f <= 1) {
+		bad("shares.floor %g, must be in [0, 1]", *f)
 	}
 	for _, name := range slices.Sorted(maps.Keys(c.Regions)) {
 		if w := c.Regions[name]; math.IsNaN(w) || math.IsInf(w, 0) || w <= 0 || w > 1e6 {
@@ -135,6 +143,10 @@ func (a *App) buildShares() error {
 	hc := shares.DefaultConfig()
 	hc.Region, hc.Stale, hc.Clock, hc.Logger = a.cfg.Region, a.cfg.Shares.StaleAfter, a.clock, a.log
 	hc.Reports = a.cfg.Balancer.Enabled && len(a.cfg.Etcd.Endpoints) > 0
+	hc.WaitForSet = a.cfg.watchShares()
+	if a.cfg.Shares.Floor != nil {
+		hc.Floor = *a.cfg.Shares.Floor
+	}
 	if a.cfg.watchShares() {
 		// Only then: a share age that grows without a balancer to refresh it would page.
 		hc.Registerer = a.reg
@@ -155,7 +167,8 @@ func (a *App) buildShares() error {
 	ctx, cancel := context.WithTimeout(a.ctx, a.cfg.Etcd.StartTimeout)
 	defer cancel()
 	if err := a.sharesW.Load(ctx); err != nil {
-		a.log.Warn("shares not loaded from etcd at start; enforcing the default split until they are", "error", err)
+		a.log.Warn("shares not loaded from etcd at start; enforcing min(default share, floor) until they are",
+			"floor", hc.Floor, "error", err)
 	}
 	return nil
 }
