@@ -59,8 +59,9 @@ type CoreConfig struct {
 	MinVersionGap time.Duration
 	// SilentAfter: a region none of whose enforcers reported for this long is silent: it
 	// is held at its last share (others get no more than the rest) and only its own
-	// reports (or Stale, see below) acknowledge its decreases. Also the window in which an
-	// enforcer counts for acknowledgements. Default 2 × Interval.
+	// reports (or Stale, see below) acknowledge its decreases. An enforcer counts for
+	// acknowledgements until it has fenced itself (Stale + AckTimeout after its last
+	// report), not only for SilentAfter. Default 2 × Interval.
 	SilentAfter time.Duration
 	// Stale is the enforcers' staleness period: a region silent for Stale is then held at
 	// min(last, default), which is what its enforcers fall back to on their own after

@@ -33,10 +33,14 @@
 // Every published version is kept, per identity, until every region is known to have moved
 // past it. mayApply_r(i) is the largest share of i for region r among the versions r may
 // still be applying: the one its enforcers acknowledged and every later one. A region
-// acknowledges version v when every enforcer of it heard from in the last SilentAfter
-// reports applying ≥ v (its share_version under this leader's fencing token); only reports
-// acknowledge, never time (see acks), and a region gone quiet for Stale + AckTimeout is
-// taken to enforce at most the default split (see below). share.Step(mayApply, target) then returns the next shares to publish: decreases
+// acknowledges version v when every enforcer of it that has not fenced itself (heard in
+// the last Stale + AckTimeout, and not gone with a final report) reports applying ≥ v (its
+// share_version under this leader's fencing token); only reports acknowledge, never time
+// (see acks). A fenced enforcer enforces at most min(its share, default), so its region
+// keeps its default share reserved while the enforcer is remembered (another Stale), and a
+// region gone quiet for Stale + AckTimeout is taken to enforce at most the default split
+// (see below). A new leader takes a region that has not acknowledged the version it
+// restored to apply up to 1: it does not know the old leader's earlier versions. share.Step(mayApply, target) then returns the next shares to publish: decreases
 // at once, increases only when Σ_q max(mayApply_q, next_q) ≤ 1, so whatever mix of old
 // and new versions the regions apply, the shares in force sum to ≤ 1.
 //
@@ -51,8 +55,8 @@
 // Enforcers report as soon as they apply a new set (usage.ReporterConfig.SharesChanged, at
 // least AckGap after their last report), so the acknowledgement an increase waits for
 // takes about the watch's delay plus a report's round trip, not an interval. An enforcer
-// that died mid-plan holds the increase back until it is no longer counted (SilentAfter):
-// under, never over.
+// that died mid-plan holds the increase back until it has fenced itself (Stale +
+// AckTimeout) unless it left with a final report: under, never over.
 //
 // # Silence and staleness
 //

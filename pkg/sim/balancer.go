@@ -2,6 +2,7 @@ package sim
 
 import (
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/allot-dev/allot/pkg/balancer"
@@ -30,10 +31,20 @@ import (
 //   - each region's enforcers enforce through the region's real shares.Holder
 //     (enforcer.Config.Shares), with its staleness rule.
 //
-// Faults: balancer-down drops every report and stops the ticks; when it ends a new leader
-// (a new Core, LeaderRev one higher) restores the persisted set and learns again.
-// region-isolated drops the region's reports and the sets sent to it; when it ends the
-// region reads the set in force (after Propagation), as a Watcher re-listing would.
+// Every enforcer has its own shares.Holder, as in production: it counts staleness from its
+// last refresh and from its last report the balancer accepted (Config.Reports), and until
+// it has read a set (Config.WaitForSet) it enforces min(default, floor). At the start the
+// virtual etcd is empty, which each Holder has read.
+//
+// Faults: balancer-down (and leader-change, the same fault named for a short gap) drops
+// every report and stops the ticks; when it ends a new leader (a new Core, LeaderRev one
+// higher) restores the persisted set and learns again. region-isolated drops the region's
+// reports and the sets sent to it; when it ends the region reads the set in force (after
+// Propagation), as a Watcher re-listing would. enforcer-isolated does the same to one
+// enforcer while its region-mates go on. region-restart replaces every enforcer of the
+// region by a new process (new id, an empty usage table, a Holder that has read no set)
+// cut off from the control plane until the fault ends; the old processes are gone without
+// a final report (a crash), so the balancer holds what they acknowledged until their fence.
 
 // Virtual-mode timing of the control plane.
 const (
@@ -43,17 +54,28 @@ const (
 )
 
 type reporter struct {
-	region int
-	id     string
-	table  *usage.Table
-	seq    uint64
-	ack    bool // a new share set was applied and not reported yet
+	region, enf int
+	id          string
+	table       *usage.Table
+	seq         uint64
+	ack         bool // a new share set was applied and not reported yet
+	gen         int  // restarts so far (region-restart): a new process, a new id
 }
 
 // sent is a report on its way to the balancer.
 type sent struct {
-	at time.Duration // arrival, since Epoch
-	r  *allotv1.ReportRequest
+	at     time.Duration // arrival, since Epoch
+	r      *allotv1.ReportRequest
+	region int
+	enf    int
+	gen    int
+}
+
+// holderRef is an enforcer's share table; a restart replaces the Holder behind it.
+type holderRef struct{ h atomic.Pointer[shares.Holder] }
+
+func (r *holderRef) Share(rule *rules.Compiled, identity string, now time.Time) float64 {
+	return r.h.Load().Share(rule, identity, now)
 }
 
 type balancerPlane struct {
@@ -61,15 +83,18 @@ type balancerPlane struct {
 	w       *world
 	cfg     balancer.CoreConfig
 	core    *balancer.Core
-	holders []*shares.Holder
-	reps    [][]*reporter // [region][enforcer]
+	holders [][]*holderRef // [region][enforcer]
+	reps    [][]*reporter  // [region][enforcer]
 
 	// outbox holds each region's reports sent since the last barrier (written by the
 	// region's goroutine between barriers, read by the coordinator at them).
 	outbox [][]sent
-	// down and isolated are the control plane's faults; set only at barriers.
-	down     bool
-	isolated []bool
+	// down, isolated, cutEnf and restarting are the control plane's faults; set only at
+	// barriers.
+	down       bool
+	isolated   []bool
+	cutEnf     [][]bool // [region][enforcer]: enforcer-isolated
+	restarting []bool
 	// the virtual etcd: the set as last written
 	head    shareset.Head
 	entries []shareset.Entry
@@ -78,7 +103,11 @@ type balancerPlane struct {
 
 func newBalancerPlane(sc *scenario.Scenario) (*balancerPlane, error) {
 	p := &balancerPlane{sc: sc, isolated: make([]bool, len(sc.Regions)), reps: make([][]*reporter, len(sc.Regions)),
-		outbox: make([][]sent, len(sc.Regions))}
+		outbox: make([][]sent, len(sc.Regions)), restarting: make([]bool, len(sc.Regions)),
+		cutEnf: make([][]bool, len(sc.Regions)), holders: make([][]*holderRef, len(sc.Regions))}
+	for r, reg := range sc.Regions {
+		p.cutEnf[r] = make([]bool, reg.Enforcers)
+	}
 	def := DefaultSplit(sc)
 	idx := make(map[string]int, len(sc.Keys))
 	for k, key := range sc.Keys {
@@ -111,18 +140,32 @@ func (p *balancerPlane) name() string { return PolicyBalancer }
 // initial: the rules carry the default split; the Holder scales from there.
 func (p *balancerPlane) initial() [][]float64 { return newFixedPlane(p.sc, PolicyStatic).shares }
 
+// newHolder is a new enforcer process's share table: it has read no set yet.
+func (p *balancerPlane) newHolder(r int) (*shares.Holder, error) {
+	hc := shares.DefaultConfig()
+	hc.Region, hc.Clock = p.sc.Regions[r].Name, p.w.regions[r].clk
+	hc.Reports, hc.WaitForSet = true, true
+	h, err := shares.NewHolder(hc)
+	if err != nil {
+		return nil, fmt.Errorf("sim: %w", err)
+	}
+	return h, nil
+}
+
 func (p *balancerPlane) bind(w *world) error {
 	p.w = w
 	for r, reg := range p.sc.Regions {
 		clk := w.regions[r].clk
-		hc := shares.DefaultConfig()
-		hc.Region = reg.Name
-		hc.Clock = clk
-		h, err := shares.NewHolder(hc)
-		if err != nil {
-			return fmt.Errorf("sim: %w", err)
+		for range reg.Enforcers {
+			h, err := p.newHolder(r)
+			if err != nil {
+				return err
+			}
+			h.MarkLoaded() // the virtual etcd is empty at the start: nothing published
+			ref := &holderRef{}
+			ref.h.Store(h)
+			p.holders[r] = append(p.holders[r], ref)
 		}
-		p.holders = append(p.holders, h)
 		uc := usage.DefaultConfig()
 		// One stripe holding every key twice over: nothing is ever evicted (so the hash
 		// seed cannot change a report), and each report clears a small table, not the
@@ -130,26 +173,28 @@ func (p *balancerPlane) bind(w *world) error {
 		uc.Stripes, uc.Capacity = 1, max(64, 2*len(p.sc.Keys))
 		uc.Interval = p.sc.Interval
 		uc.EarlyGap = min(uc.EarlyGap, p.sc.Interval)
-		uc.RegionalRate = func(rule *rules.Compiled, identity string) float64 {
-			if rule == nil || len(rule.Global) == 0 {
-				return 0
-			}
-			return rule.Global[0].Rate * h.Share(rule, identity, clk.Now())
-		}
 		for e := range reg.Enforcers {
+			h := p.holders[r][e]
+			uc := uc
+			uc.RegionalRate = func(rule *rules.Compiled, identity string) float64 {
+				if rule == nil || len(rule.Global) == 0 {
+					return 0
+				}
+				return rule.Global[0].Rate * h.Share(rule, identity, clk.Now())
+			}
 			// The enforcers have been running for a while: their report phases are spread
 			// evenly over the interval, the first report covering [phase − Interval, phase).
 			t, err := usage.NewTable(uc, clk.Now().Add(p.phase(r, e)-p.sc.Interval))
 			if err != nil {
 				return fmt.Errorf("sim: %w", err)
 			}
-			p.reps[r] = append(p.reps[r], &reporter{region: r, id: fmt.Sprintf("%s-%d", reg.Name, e), table: t})
+			p.reps[r] = append(p.reps[r], &reporter{region: r, enf: e, id: fmt.Sprintf("%s-%d", reg.Name, e), table: t})
 		}
 	}
 	return nil
 }
 
-func (p *balancerPlane) sharesFor(r int) enforcer.Shares { return p.holders[r] }
+func (p *balancerPlane) sharesFor(r, e int) enforcer.Shares { return p.holders[r][e] }
 
 func (p *balancerPlane) observer(r, e int) enforcer.UsageObserver { return p.reps[r][e].table }
 
@@ -202,12 +247,18 @@ func (p *balancerPlane) report(rep *reporter, early bool) {
 	r := rep.table.Report(now)
 	rep.seq++
 	r.Region, r.EnforcerId, r.Seq, r.Early = p.sc.Regions[rep.region].Name, rep.id, rep.seq, early
-	r.ShareLeaderRev, r.ShareVersion = p.holders[rep.region].Applied()
+	r.ShareLeaderRev, r.ShareVersion = p.holders[rep.region][rep.enf].h.Load().Applied()
 	rep.ack = false
-	if p.down || p.isolated[rep.region] {
+	if p.down || p.cut(rep.region, rep.enf) {
 		return
 	}
-	p.outbox[rep.region] = append(p.outbox[rep.region], sent{at: now.Add(ReportDelay).Sub(Epoch), r: r})
+	p.outbox[rep.region] = append(p.outbox[rep.region], sent{at: now.Add(ReportDelay).Sub(Epoch), r: r,
+		region: rep.region, enf: rep.enf, gen: rep.gen})
+}
+
+// cut: enforcer e of region r is cut off from the control plane now.
+func (p *balancerPlane) cut(r, e int) bool {
+	return p.isolated[r] || p.restarting[r] || p.cutEnf[r][e]
 }
 
 // barrier hands the reports sent during the slice to the coordinator, region by region,
@@ -215,10 +266,10 @@ func (p *balancerPlane) report(rep *reporter, early bool) {
 func (p *balancerPlane) barrier() {
 	for q, box := range p.outbox {
 		for _, m := range box {
-			r := m.r
+			m := m
 			p.w.clk.at(m.at, func() {
 				if !p.down { // the balancer went down while the report was on its way
-					p.ingest(r)
+					p.ingest(m)
 				}
 			})
 		}
@@ -226,10 +277,18 @@ func (p *balancerPlane) barrier() {
 	}
 }
 
-func (p *balancerPlane) ingest(r *allotv1.ReportRequest) {
+func (p *balancerPlane) ingest(m sent) {
 	// A report the core refuses is a bug of the simulator or of the core: there is no
 	// operator to tell, so it is dropped; the tests see its effect on the figures.
-	_ = p.core.Ingest(p.w.clk.Now(), r)
+	now := p.w.clk.Now()
+	if p.core.Ingest(now, m.r) != nil {
+		return
+	}
+	// The answer reaches the enforcer (unless it was cut off or restarted meanwhile): its
+	// Holder counts staleness from the last accepted report.
+	if rep := p.reps[m.region][m.enf]; rep.gen == m.gen && !p.cut(m.region, m.enf) {
+		p.holders[m.region][m.enf].h.Load().Heard(now)
+	}
 }
 
 func (p *balancerPlane) tick() {
@@ -247,22 +306,34 @@ func (p *balancerPlane) tick() {
 	}
 	p.head, p.written = pub.Head, true
 	for r := range p.holders {
-		if !p.isolated[r] {
-			p.deliver(r)
-		}
+		p.deliver(r, -1)
 	}
 }
 
-// deliver sends the set in the virtual etcd to region r, arriving after Propagation.
-func (p *balancerPlane) deliver(r int) {
-	head, entries, h, clk := p.head, p.entries, p.holders[r], p.w.regions[r].clk
-	clk.at(p.w.clk.elapsed()+p.sc.Propagation, func() {
-		if !p.isolated[r] && h.Apply(head, entries, clk.Now()) {
-			for _, rep := range p.reps[r] {
+// deliver sends the set in the virtual etcd to region r's enforcers (only enforcer e when
+// e ≥ 0) that are not cut off, arriving after Propagation.
+func (p *balancerPlane) deliver(r, e int) {
+	head, entries, clk := p.head, p.entries, p.w.regions[r].clk
+	written := p.written
+	for q, ref := range p.holders[r] {
+		if (e >= 0 && q != e) || p.cut(r, q) {
+			continue
+		}
+		q, ref, rep := q, ref, p.reps[r][q]
+		clk.at(p.w.clk.elapsed()+p.sc.Propagation, func() {
+			if p.cut(r, q) {
+				return
+			}
+			h := ref.h.Load()
+			if !written { // nothing published yet: the list finds none
+				h.MarkLoaded()
+				return
+			}
+			if h.Apply(head, entries, clk.Now()) {
 				p.ack(rep)
 			}
-		}
-	})
+		})
+	}
 }
 
 // ack reports early that rep's region applied a new share set, as usage.Reporter does on
@@ -294,16 +365,46 @@ var ackGap = usage.DefaultReporterConfig().AckGap
 
 func (p *balancerPlane) fault(f scenario.Fault, on bool) {
 	switch f.Kind {
-	case scenario.BalancerDown:
+	case scenario.BalancerDown, scenario.LeaderChange:
 		p.down = on
 		if !on {
 			p.newLeader()
 		}
 	case scenario.RegionIsolated:
 		p.isolated[f.Region] = on
-		if !on && p.written {
-			p.deliver(f.Region)
+		if !on {
+			p.deliver(f.Region, -1)
 		}
+	case scenario.EnforcerIsolated:
+		p.cutEnf[f.Region][f.Enforcer] = on
+		if !on {
+			p.deliver(f.Region, f.Enforcer)
+		}
+	case scenario.RegionRestart:
+		p.restarting[f.Region] = on
+		if on {
+			p.restart(f.Region)
+		} else {
+			p.deliver(f.Region, -1)
+		}
+	}
+}
+
+// restart replaces every enforcer process of region r (see region-restart): a new id, an
+// empty usage table, a Holder that has read no set. Their buckets in the region's store
+// stay (Redis is not restarted).
+func (p *balancerPlane) restart(r int) {
+	now := p.w.regions[r].clk.Now()
+	for e, rep := range p.reps[r] {
+		h, err := p.newHolder(r)
+		if err != nil {
+			continue // the config was valid at bind
+		}
+		p.holders[r][e].h.Store(h)
+		rep.table.Report(now) // the old process's counts die with it
+		rep.gen++
+		rep.id = fmt.Sprintf("%s-%d-r%d", p.sc.Regions[r].Name, e, rep.gen)
+		rep.seq, rep.ack = 0, false
 	}
 }
 
@@ -322,7 +423,13 @@ func (p *balancerPlane) newLeader() {
 	p.cfg, p.core = cfg, core
 }
 
+// share is the largest share any of region r's enforcers enforces for key k: they share
+// the region's store, so the region admits at most that.
 func (p *balancerPlane) share(r, k int) float64 {
 	rule := p.w.regions[r].rules.Current().Rule(p.sc.Keys[k].Name)
-	return p.holders[r].Share(rule, p.w.keys[k].identity, p.w.clk.Now())
+	m := 0.0
+	for _, ref := range p.holders[r] {
+		m = max(m, ref.Share(rule, p.w.keys[k].identity, p.w.clk.Now()))
+	}
+	return m
 }

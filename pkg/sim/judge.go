@@ -32,8 +32,9 @@ import (
 //
 // recovery_s — how long after traffic changes is the key held under its limit? For each
 // phase (its start is a change, the first phase's included), the seconds from the phase's
-// start to the start of the first 5 s window, inside the phase and overlapping no fault,
-// whose admitted total reaches 0.95 × Σ min(offered(s), rate) over the window. A phase
+// start — or from the end of a fault within the phase, when one ended later — to the start
+// of the first 5 s window, inside the phase and overlapping no fault, whose admitted total
+// reaches 0.95 × Σ min(offered(s), rate) over the window. A phase
 // with no such window never recovered: it reports its remaining length and fails. A phase
 // every window of which overlaps a fault is not judged: it reports its length and does
 // not fail (the fault's own figures say what happened). A phase shorter than 5 s is
@@ -209,8 +210,11 @@ func Judge(k *KeySeries, faults []Span, exp Expect) Verdict {
 	return v
 }
 
-// recovery measures one phase [from, end): the offset of the first recovered window, and
-// whether any window was eligible (judged) and whether one recovered (ok).
+// recovery measures one phase [from, end): the offset of the first recovered window from
+// the phase's start or from the end of the last fault inside the phase before it,
+// whichever is later (time under a fault is the fault's: a move that must wait for a
+// region cut off is held back by the fault, not by the balancer), and whether any window
+// was eligible (judged) and whether one recovered (ok).
 func recovery(k *KeySeries, from, end int, faults []Span) (rec int, judged, ok bool) {
 	w := min(RecoveryWindow, end-from)
 	for t := from; t+w <= end; t++ {
@@ -224,7 +228,13 @@ func recovery(k *KeySeries, from, end int, faults []Span) (rec int, judged, ok b
 			want += math.Min(k.Offered[s], k.Rate)
 		}
 		if adm >= RecoveryLevel*want {
-			return t - from, true, true
+			base := from
+			for _, f := range faults {
+				if f.From < t && f.To > from {
+					base = max(base, min(f.To, t))
+				}
+			}
+			return t - base, true, true
 		}
 	}
 	return end - from, judged, false

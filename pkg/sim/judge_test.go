@@ -134,15 +134,27 @@ func TestJudgeSteadyRatio(t *testing.T) {
 
 func TestJudgeFaultWindowsExcludedFromRecovery(t *testing.T) {
 	// Phase 1 from 20 s is under-admitted until 40 s, but a fault covers 20–40: the first
-	// eligible window starts at 40 and recovers there, 20 s after the phase change.
+	// eligible window starts at 40 and recovers there, 0 s after the fault ended (time
+	// under the fault is the fault's).
 	adm := flat(100, 100)
 	for s := 20; s < 38; s++ {
 		adm[s] = 0
 	}
 	k := &KeySeries{Key: "k", Rate: 100, Burst: 100, Offered: flat(100, 100), Admitted: adm, Phases: []int{0, 20}}
 	v := Judge(k, []Span{{20, 40}}, Expect{1.01, 0, 30})
-	if v.RecoveryS[1] != 20 || len(v.Failures) != 0 {
+	if v.RecoveryS[1] != 0 || len(v.Failures) != 0 {
 		t.Fatalf("recovery %v failures %q", v.RecoveryS, v.Failures)
+	}
+	// Still under for 7 s after the fault: recovery counts those 7 s, from its end.
+	for s := 38; s < 47; s++ {
+		adm[s] = 0
+	}
+	v = Judge(k, []Span{{20, 40}}, Expect{1.01, 0, 30})
+	if v.RecoveryS[1] != 7 || len(v.Failures) != 0 {
+		t.Fatalf("under until 47 s: recovery %v failures %q, want 7", v.RecoveryS, v.Failures)
+	}
+	for s := 38; s < 47; s++ {
+		adm[s] = 100
 	}
 	// A phase wholly inside a fault is not judged.
 	v = Judge(k, []Span{{15, 100}}, Expect{1.01, 0, 30})

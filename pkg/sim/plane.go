@@ -28,9 +28,9 @@ type plane interface {
 	initial() [][]float64
 	// bind is called once, before the enforcers are built, with the world they live in.
 	bind(w *world) error
-	// sharesFor is what region r's enforcers consult for each identity's share
+	// sharesFor is what enforcer e of region r consults for each identity's share
 	// (enforcer.Config.Shares); nil: the share the rules were compiled with.
-	sharesFor(r int) enforcer.Shares
+	sharesFor(r, e int) enforcer.Shares
 	// observer is the usage observer of enforcer e of region r (nil: none listens).
 	observer(r, e int) enforcer.UsageObserver
 	// start schedules the plane's background work: the enforcers' on their region's
@@ -38,7 +38,7 @@ type plane interface {
 	start(w *world)
 	// barrier is called by the coordinator at each barrier, before the events due then.
 	barrier()
-	// fault starts (on) or ends a balancer-down or region-isolated fault.
+	// fault starts (on) or ends a fault of the control plane (every kind but redis-down).
 	fault(f scenario.Fault, on bool)
 	// share is the share region r enforces for key k now.
 	share(r, k int) float64
@@ -78,7 +78,7 @@ func DefaultSplit(sc *scenario.Scenario) []float64 {
 func (p *fixedPlane) name() string                             { return p.policy }
 func (p *fixedPlane) initial() [][]float64                     { return p.shares }
 func (p *fixedPlane) bind(*world) error                        { return nil }
-func (p *fixedPlane) sharesFor(int) enforcer.Shares            { return nil }
+func (p *fixedPlane) sharesFor(int, int) enforcer.Shares       { return nil }
 func (p *fixedPlane) observer(int, int) enforcer.UsageObserver { return nil }
 func (p *fixedPlane) start(*world)                             {}
 func (p *fixedPlane) fault(scenario.Fault, bool)               {}

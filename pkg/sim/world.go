@@ -243,7 +243,7 @@ func (w *world) newNode(reg *region, r, e int, peers func() int) (*node, error) 
 	ec.Clock = reg.clk
 	ec.Registerer = prometheus.NewRegistry()
 	ec.Usage = w.plane.observer(r, e)
-	ec.Shares = w.plane.sharesFor(r)
+	ec.Shares = w.plane.sharesFor(r, e)
 	ec.DecisionLogEvery, ec.RefusalLogEvery = 0, 0
 	enf, err := enforcer.New(ec)
 	if err != nil {

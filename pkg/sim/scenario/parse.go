@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"regexp"
 	"sort"
@@ -451,7 +452,7 @@ func (p *parser) phases(n *yaml.Node, field string, sc *Scenario) []Phase {
 func (p *parser) faults(n *yaml.Node, sc *Scenario) {
 	for i, it := range p.seq(n, "faults") {
 		field := fmt.Sprintf("faults[%d]", i)
-		f := p.fields(it, field, "at", "for", "kind", "region")
+		f := p.fields(it, field, "at", "for", "kind", "region", "enforcer")
 		need := func(name string) *yaml.Node {
 			v, ok := f[name]
 			if !ok {
@@ -473,19 +474,30 @@ func (p *parser) faults(n *yaml.Node, sc *Scenario) {
 		kn := need("kind")
 		ft.Kind = p.str(kn, field+".kind")
 		switch ft.Kind {
-		case RedisDown, RegionIsolated:
+		case RedisDown, RegionIsolated, EnforcerIsolated, RegionRestart:
 			rn := need("region")
 			name := p.str(rn, field+".region")
 			if ft.Region = sc.RegionIndex(name); ft.Region < 0 {
 				p.fail(rn, field+".region", "%q: unknown region (declare it under regions)", name)
 			}
-		case BalancerDown:
+		case BalancerDown, LeaderChange:
 			if rn, ok := f["region"]; ok {
-				p.fail(rn, field+".region", "balancer-down takes no region")
+				p.fail(rn, field+".region", "%s takes no region", ft.Kind)
 			}
 			ft.Region = -1
 		default:
-			p.fail(kn, field+".kind", "%q: want %s, %s or %s", ft.Kind, RedisDown, BalancerDown, RegionIsolated)
+			p.fail(kn, field+".kind", "%q: want %s, %s, %s, %s, %s or %s", ft.Kind,
+				RedisDown, BalancerDown, RegionIsolated, EnforcerIsolated, LeaderChange, RegionRestart)
+		}
+		if en, ok := f["enforcer"]; ok {
+			if ft.Kind != EnforcerIsolated {
+				p.fail(en, field+".enforcer", "only %s takes an enforcer", EnforcerIsolated)
+			}
+			x := p.num(en, field+".enforcer")
+			if n := sc.Regions[ft.Region].Enforcers; x != math.Trunc(x) || x < 0 || x >= float64(n) {
+				p.fail(en, field+".enforcer", "%g: want an index in [0, %d) (%s has %d enforcers)", x, n, sc.Regions[ft.Region].Name, n)
+			}
+			ft.Enforcer = int(x)
 		}
 		sc.Faults = append(sc.Faults, ft)
 	}

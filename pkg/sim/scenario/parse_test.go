@@ -122,6 +122,11 @@ keys:
 		{"fault kind", base("faults:\n  - {at: 1s, for: 1s, kind: meteor}\n"), "x.yaml:11: faults[0].kind: \"meteor\""},
 		{"fault region missing", base("faults:\n  - {at: 1s, for: 1s, kind: redis-down}\n"), "x.yaml:11: faults[0].region: missing"},
 		{"balancer-down with region", base("faults:\n  - {at: 1s, for: 1s, kind: balancer-down, region: us-east}\n"), "faults[0].region: balancer-down takes no region"},
+		{"leader-change with region", base("faults:\n  - {at: 1s, for: 1s, kind: leader-change, region: us-east}\n"), "faults[0].region: leader-change takes no region"},
+		{"enforcer out of range", base("faults:\n  - {at: 1s, for: 1s, kind: enforcer-isolated, region: us-east, enforcer: 9}\n"), "faults[0].enforcer: 9: want an index in [0, "},
+		{"enforcer not whole", base("faults:\n  - {at: 1s, for: 1s, kind: enforcer-isolated, region: us-east, enforcer: 0.5}\n"), "faults[0].enforcer: 0.5"},
+		{"enforcer on another kind", base("faults:\n  - {at: 1s, for: 1s, kind: redis-down, region: us-east, enforcer: 0}\n"), "faults[0].enforcer: only enforcer-isolated takes an enforcer"},
+		{"region-restart without region", base("faults:\n  - {at: 1s, for: 1s, kind: region-restart}\n"), "faults[0].region: missing"},
 		{"unknown expect field", base("expect: {p99: 3}\n"), "x.yaml:10: expect.p99: unknown field"},
 		{"missing keys", "name: x\nduration: 1s\nregions: {us-east: {enforcers: 1}}\n", "x.yaml:1: keys: missing"},
 		{"bad region name", strings.Replace(base(""), "us-east: {enforcers: 2}", "US_East: {enforcers: 2}", 1), "x.yaml:4: regions: \"US_East\""},
@@ -208,4 +213,40 @@ func FuzzParse(f *testing.F) {
 			}
 		}
 	})
+}
+
+// The fault kinds of issue 21 §1: one enforcer cut off, a leader change, a region restart.
+func TestParseNewFaultKinds(t *testing.T) {
+	sc, err := Parse([]byte(`name: f
+duration: 100s
+regions:
+  us-east: {enforcers: 2}
+  eu-west: {enforcers: 3}
+keys:
+  - name: k
+    limit: {rate: 10, per: 1s}
+    phases: [{at: 0s, offered: {us-east: 5}}]
+faults:
+  - {at: 10s, for: 20s, kind: enforcer-isolated, region: eu-west, enforcer: 2}
+  - {at: 20s, for: 5s, kind: leader-change}
+  - {at: 30s, for: 10s, kind: region-restart, region: us-east}
+  - {at: 40s, for: 10s, kind: enforcer-isolated, region: us-east}
+`), "f.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []Fault{
+		{At: 10 * time.Second, For: 20 * time.Second, Kind: EnforcerIsolated, Region: 1, Enforcer: 2},
+		{At: 20 * time.Second, For: 5 * time.Second, Kind: LeaderChange, Region: -1},
+		{At: 30 * time.Second, For: 10 * time.Second, Kind: RegionRestart, Region: 0},
+		{At: 40 * time.Second, For: 10 * time.Second, Kind: EnforcerIsolated, Region: 0}, // enforcer 0 by default
+	}
+	if len(sc.Faults) != len(want) {
+		t.Fatalf("faults %+v", sc.Faults)
+	}
+	for i := range want {
+		if sc.Faults[i] != want[i] {
+			t.Errorf("fault %d = %+v, want %+v", i, sc.Faults[i], want[i])
+		}
+	}
 }

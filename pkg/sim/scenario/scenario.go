@@ -19,6 +19,7 @@
 //	      - {at: 60s, offered: {us-east: 1500}}
 //	faults:                    # optional
 //	  - {at: 30s, for: 20s, kind: redis-down, region: eu-west}
+//	  - {at: 40s, for: 90s, kind: enforcer-isolated, region: eu-west, enforcer: 1}
 //	expect:                    # optional; these are the defaults
 //	  max_window_ratio: 1.01
 //	  steady_ratio: 0.97
@@ -59,11 +60,22 @@ const (
 	MaxRate      = 1e9 // requests per second, offered or limited
 )
 
-// Fault kinds.
+// Fault kinds. Each lasts from at for `for`; region names the region where one is needed.
 const (
 	RedisDown      = "redis-down"      // the region's bucket store fails every call
 	BalancerDown   = "balancer-down"   // the control plane neither hears reports nor publishes
 	RegionIsolated = "region-isolated" // the region's reports and share updates are cut
+	// EnforcerIsolated cuts one enforcer of the region (enforcer: its index, from 0;
+	// default 0) off the control plane: its reports and share updates are lost while it
+	// keeps serving its gateways from its region's store, and its region-mates report.
+	EnforcerIsolated = "enforcer-isolated"
+	// LeaderChange: the balancer leader dies at `at` and a new one is elected `for` later,
+	// restoring the set the old one last wrote (as balancer-down does when it ends).
+	LeaderChange = "leader-change"
+	// RegionRestart: every enforcer of the region restarts at `at` (new processes: new
+	// ids, empty usage tables, no share set) and cannot reach the control plane (etcd, the
+	// balancer) until at + for, when it reads the set in force and reports again.
+	RegionRestart = "region-restart"
 )
 
 // Scenario is a parsed, validated scenario. Plain data; Parse returns a new one.
@@ -112,12 +124,14 @@ type Phase struct {
 }
 
 // Fault is one fault from At for For. Region is the region's index, or -1 for
-// balancer-down.
+// balancer-down and leader-change; Enforcer is the enforcer's index within it for
+// enforcer-isolated (0 otherwise).
 type Fault struct {
-	At     time.Duration
-	For    time.Duration
-	Kind   string
-	Region int
+	At       time.Duration
+	For      time.Duration
+	Kind     string
+	Region   int
+	Enforcer int
 }
 
 // End is when the fault is over.
