@@ -40,6 +40,11 @@ type CoreConfig struct {
 	// EarlyGap is the least time between two recomputes when a report flagged early
 	// arrives (refusals jumped in some region). Default 2s.
 	EarlyGap time.Duration
+	// ShiftGap is the least time between two recomputes when a report's recent rates show
+	// a key's traffic moved beyond the noise (see Core.shifted); that recompute reads the
+	// moved keys' demand from the recent rates and its version does not wait for
+	// MinVersionGap. Default 500ms.
+	ShiftGap time.Duration
 	// Learning: a new core (a new leader) does not reallocate until every region has
 	// reported or Learning has passed since its first call, so it does not move shares on
 	// one region's word. Default 2 × Interval.
@@ -100,6 +105,7 @@ func DefaultCoreConfig() CoreConfig {
 		LeaderRev:     1,
 		Interval:      10 * time.Second,
 		EarlyGap:      2 * time.Second,
+		ShiftGap:      500 * time.Millisecond,
 		Learning:      20 * time.Second,
 		AckTimeout:    5 * time.Second,
 		MinVersionGap: 2 * time.Second,
@@ -149,7 +155,7 @@ func (c *CoreConfig) Validate() error {
 	for _, d := range []struct {
 		name string
 		v    time.Duration
-	}{{"Interval", c.Interval}, {"EarlyGap", c.EarlyGap}, {"Learning", c.Learning}, {"AckTimeout", c.AckTimeout}, {"MinVersionGap", c.MinVersionGap},
+	}{{"Interval", c.Interval}, {"EarlyGap", c.EarlyGap}, {"ShiftGap", c.ShiftGap}, {"Learning", c.Learning}, {"AckTimeout", c.AckTimeout}, {"MinVersionGap", c.MinVersionGap},
 		{"SilentAfter", c.SilentAfter}, {"Stale", c.Stale}, {"KeyTTL", c.KeyTTL}} {
 		if d.v <= 0 {
 			bad("%s %v, must be > 0", d.name, d.v)

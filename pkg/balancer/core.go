@@ -40,8 +40,8 @@ type Publication struct {
 
 type key struct{ rule, identity string }
 
-// ident is one tracked limited identity. vals holds three per-region slices in one
-// allocation: published, target and this window's tokens.
+// ident is one tracked limited identity. vals holds four per-region slices in one
+// allocation: published, target, this window's tokens and this window's recent rates.
 type ident struct {
 	k        key
 	idx      int // in Core.all
@@ -54,6 +54,7 @@ type ident struct {
 	lastSeen time.Time   // last report naming it (zero: since the core started)
 	pending  bool        // in Core.pending
 	evict    bool        // forget it once it is back at the default split
+	shift    bool        // a report this window showed its traffic moved (Core.shifted)
 }
 
 type histEntry struct {
@@ -64,6 +65,13 @@ type histEntry struct {
 func (id *ident) published(n int) []float64 { return id.vals[:n:n] }
 func (id *ident) target(n int) []float64    { return id.vals[n : 2*n : 2*n] }
 func (id *ident) tokens(n int) []float64    { return id.vals[2*n : 3*n : 3*n] }
+
+// recent is Σ over this window's reports of the recent rates (tokens/s over about the
+// last second, IdentityUsage.recent_rate) they carried for the identity.
+func (id *ident) recent(n int) []float64 { return id.vals[3*n : 4*n : 4*n] }
+
+// valsPer is the float64s of vals per region.
+const valsPer = 4
 
 type enforcerState struct {
 	maxSeq     uint64
@@ -96,16 +104,18 @@ func (e *enforcerState) seen(seq uint64) bool {
 }
 
 type regionState struct {
-	name      string
-	enforcers map[string]*enforcerState
-	lastHeard time.Time
-	heard     bool // since the core started (learning)
-	winSecs   float64
-	winEnfs   int
-	reports   uint64
-	lag       time.Duration
-	driftSum  float64
-	driftMax  float64
+	name       string
+	enforcers  map[string]*enforcerState
+	lastHeard  time.Time
+	heard      bool // since the core started (learning)
+	winSecs    float64
+	winEnfs    int
+	winReports int // reports this window (recent rates are summed over them)
+	winRecent  int // of which measured recent rates (an older enforcer's do not)
+	reports    uint64
+	lag        time.Duration
+	driftSum   float64
+	driftMax   float64
 }
 
 type verEntry struct {
@@ -142,8 +152,10 @@ type Core struct {
 	nextDue       time.Time
 	lastCompute   time.Time
 	fullStep      bool // a recompute's targets wait for the next advance over every identity
+	shiftStep     bool // that recompute was asked for by a shift: no MinVersionGap
 	lastVersionAt time.Time
 	earlyPending  bool
+	shiftPending  bool // a report's recent rates showed a key's traffic moved (shifted)
 	window        uint64
 
 	version     uint64 // the last version returned by Tick
@@ -261,11 +273,11 @@ func (c *Core) newIdent(rule, identity string) (*ident, bool) {
 		c.free = c.free[:f-1]
 	} else {
 		if len(c.slab) == 0 { // identities allocated side by side: recompute walks them in order
-			c.slab, c.slabVal = make([]ident, slabLen), make([]float64, slabLen*3*c.n)
+			c.slab, c.slabVal = make([]ident, slabLen), make([]float64, slabLen*valsPer*c.n)
 		}
 		id = &c.slab[0]
-		id.vals = c.slabVal[: 3*c.n : 3*c.n]
-		c.slab, c.slabVal = c.slab[1:], c.slabVal[3*c.n:]
+		id.vals = c.slabVal[: valsPer*c.n : valsPer*c.n]
+		c.slab, c.slabVal = c.slab[1:], c.slabVal[valsPer*c.n:]
 	}
 	id.k, id.rate, id.def, id.idx = key{rule, identity}, rate, def, len(c.all)
 	copy(id.published(c.n), def)
@@ -363,6 +375,10 @@ func (c *Core) Ingest(now time.Time, r *allotv1.ReportRequest) error {
 	rs.winSecs += min(max(secs, 0.1), 10*c.cfg.Interval.Seconds())
 	rs.lastHeard, rs.heard = now, true
 	rs.reports++
+	rs.winReports++
+	if r.RecentWindowMs > 0 {
+		rs.winRecent++
+	}
 	rs.lag = now.Sub(time.UnixMilli(r.IntervalEndMs))
 	if r.Early {
 		c.earlyPending = true
@@ -387,10 +403,49 @@ func (c *Core) Ingest(now time.Time, r *allotv1.ReportRequest) error {
 			}
 		}
 		id.tokens(c.n)[ri] += u.Admitted + u.Refused
+		id.recent(c.n)[ri] += u.RecentRate
 		id.lastSeen = now
 		id.evict = false
+		if r.RecentWindowMs > 0 && c.shifted(id, ri, u.RecentRate, max(1, len(rs.enforcers))) {
+			id.shift, c.shiftPending = true, true
+		}
 	}
 	return nil
+}
+
+// shifted says whether one enforcer's recent rate for an identity (of enfs enforcers in
+// its region, which see about equal parts of its traffic) shows the traffic moved: the
+// region's rate, estimated as recent × enfs, at least doubled from its smoothed demand and
+// above its published share by more than the dead-band (traffic arrived, and is refused),
+// or at most half of it and below by more than a quarter dead-band (traffic left) — each
+// beyond the noise of one second of Poisson arrivals at that enforcer (3 standard
+// deviations of the estimate, √(enfs × smoothed), and 2 tokens an enforcer). Such a
+// report asks for a recompute at once (ShiftGap) whatever else it says — an
+// acknowledgement of a decrease carries the region's new, lower rate — and that recompute
+// reads the identity's demand from the recent rates (see recompute). A partial change
+// (say 60/s to 240/s) is left to the interval's average and the early reports.
+func (c *Core) shifted(id *ident, r int, recent float64, enfs int) bool {
+	if !(id.rate > 0) || !(recent >= 0) || math.IsInf(recent, 0) {
+		return false
+	}
+	if r >= len(id.st.Smoothed) {
+		return false // not recomputed yet: nothing to have moved from
+	}
+	sm := 0.0
+	if !math.IsNaN(id.st.Smoothed[r]) {
+		sm = id.st.Smoothed[r]
+	}
+	n := float64(enfs)
+	est := recent * n
+	noise := 3*math.Sqrt(n*max(sm, 1)) + 2*n
+	db := c.cfg.Share.DeadBand
+	switch {
+	case est >= 2*sm+noise: // arrived
+		return est/id.rate > id.published(c.n)[r]+db
+	case est <= sm/2-noise: // left
+		return (sm-est)/id.rate >= db/4
+	}
+	return false
 }
 
 // Published records that p landed (in etcd, or in a simulation): a changed version

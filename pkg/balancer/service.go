@@ -134,6 +134,7 @@ type Service struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 	done   chan struct{}
+	kick   chan struct{} // cap 1: a report the leader should tick for at once
 
 	// beforeWrite, in tests, runs before each publication is written (it may block).
 	beforeWrite func(p *Publication)
@@ -153,7 +154,7 @@ func NewService(cfg ServiceConfig) (*Service, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	s := &Service{cfg: cfg, log: cfg.Logger, done: make(chan struct{})}
+	s := &Service{cfg: cfg, log: cfg.Logger, done: make(chan struct{}), kick: make(chan struct{}, 1)}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.m = newMetrics(cfg.Registerer, s)
 	return s, nil
@@ -327,6 +328,8 @@ func (s *Service) lead(sess *concurrency.Session, e *concurrency.Election) error
 			log.Warn("election session lost; stepping down")
 			return errSessionLost
 		case <-t.C():
+		case <-s.kick:
+			t.Stop()
 		}
 		before := core.recomputes()
 		began := time.Now()
@@ -406,6 +409,14 @@ func (s *Service) Report(ctx context.Context, req *allotv1.ReportRequest) (*allo
 	}
 	s.m.reports.WithLabelValues(region, "accepted").Inc()
 	s.m.observeLag(region, now.Sub(time.UnixMilli(req.GetIntervalEndMs())))
+	if req.GetEarly() || req.GetAck() || req.GetFinal() {
+		// A shift, or an acknowledgement a change plan may be waiting for: tick now, not at
+		// the next TickEvery (a move costs one acknowledged round trip, not ticks).
+		select {
+		case s.kick <- struct{}{}:
+		default:
+		}
+	}
 	return &allotv1.ReportResponse{Accepted: true, LeaderAddr: s.cfg.Advertise, LeaderRev: rev}, nil
 }
 

@@ -69,6 +69,10 @@ type world struct {
 	maxPub  float64
 	maxAppl float64
 	last    *Publication // the set as last written (a new leader restores it)
+	// lastPhase is the last version's phase; recent: the enforcers report recent rates
+	// (their demand over the last second, as usage.Table does).
+	lastPhase string
+	recent    bool
 }
 
 func newWorld(t *testing.T, c *Core, perRegion int) *world {
@@ -173,10 +177,17 @@ func (w *world) tickOnce() {
 			req := &allotv1.ReportRequest{Region: e.region, EnforcerId: e.id, Seq: e.seq + 1,
 				IntervalStartMs: e.nextReport.Add(-c.cfg.Interval).UnixMilli(), IntervalEndMs: e.nextReport.UnixMilli(),
 				ShareLeaderRev: e.rev, ShareVersion: e.ver}
+			if w.recent {
+				req.RecentWindowMs = 1000
+			}
 			if w.demand != nil {
 				for k, rate := range w.demand(w.now, r) {
-					if rate > 0 {
-						req.Usage = append(req.Usage, &allotv1.IdentityUsage{Rule: k.rule, Identity: k.identity, Admitted: rate * secs / float64(per)})
+					if rate > 0 || w.recent {
+						u := &allotv1.IdentityUsage{Rule: k.rule, Identity: k.identity, Admitted: rate * secs / float64(per)}
+						if w.recent {
+							u.RecentRate = rate / float64(per)
+						}
+						req.Usage = append(req.Usage, u)
 					}
 				}
 			}
@@ -197,10 +208,12 @@ func (w *world) tickOnce() {
 		return
 	}
 	if p.Changed {
-		if !w.lastVer.IsZero() && w.now.Sub(w.lastVer) < c.cfg.MinVersionGap {
+		// A plan's continuation (the last version held increases back) and a shift's
+		// version may follow at once; the rest wait MinVersionGap.
+		if !w.lastVer.IsZero() && w.now.Sub(w.lastVer) < c.cfg.MinVersionGap && w.lastPhase != "decrease" && !w.recent {
 			w.t.Fatalf("%v: version %d %v after the last, MinVersionGap %v", w.now, p.Head.Version, w.now.Sub(w.lastVer), c.cfg.MinVersionGap)
 		}
-		w.lastVer = w.now
+		w.lastVer, w.lastPhase = w.now, p.Head.Phase
 		set := map[key][]float64{}
 		for _, en := range p.Entries {
 			s := make([]float64, n)

@@ -36,18 +36,30 @@ func (c *Core) Tick(now time.Time) *Publication {
 			c.nextDue = now // recompute at once
 		}
 	}
-	recomputed := false
-	if !c.learning && (!now.Before(c.nextDue) || (c.earlyPending && now.Sub(c.lastCompute) >= c.cfg.EarlyGap)) {
+	recomputed, shift := false, false
+	since := now.Sub(c.lastCompute)
+	if !c.learning && (!now.Before(c.nextDue) || (c.earlyPending && since >= c.cfg.EarlyGap) ||
+		(c.shiftPending && since >= c.cfg.ShiftGap)) {
+		shift = c.shiftPending && now.Before(c.nextDue)
 		c.recompute(now)
 		recomputed = true
 	}
 	// A new version at most every MinVersionGap (the first of a term aside): each one
-	// rewrites every chunk, so this bounds the bytes written per interval.
+	// rewrites every chunk, so this bounds the bytes written per interval. Two kinds go out
+	// as soon as they are due, so that a move costs one acknowledged round trip rather than
+	// waits for slots: a plan's continuation, while the last version held increases back
+	// (it needs a report round trip after the version before it), and the result of a
+	// recompute asked for by a shift (at most one per ShiftGap).
 	changed := false
 	c.fullStep = c.fullStep || recomputed
-	if c.lastVersionAt.IsZero() || now.Sub(c.lastVersionAt) >= c.cfg.MinVersionGap {
+	c.shiftStep = c.shiftStep || shift
+	gap := c.cfg.MinVersionGap
+	if c.held || c.shiftStep {
+		gap = 0
+	}
+	if c.lastVersionAt.IsZero() || now.Sub(c.lastVersionAt) >= gap {
 		changed = c.advance(now, ack, c.fullStep)
-		c.fullStep = false
+		c.fullStep, c.shiftStep = false, false
 	}
 	if changed || c.dirty {
 		c.dirty = false
@@ -285,13 +297,18 @@ func (c *Core) recompute(now time.Time) {
 	n := c.n
 	c.stats.recomputes++
 	perEnf := make([]float64, n) // D_r, seconds; NaN: region not heard this window
+	perRep := make([]float64, n) // enforcers per report this window: Σ recent × perRep
 	silent := make([]bool, n)
 	stale := make([]bool, n)
 	for r := range c.regions {
 		rs := &c.regions[r]
 		perEnf[r] = math.NaN()
+		perRep[r] = math.NaN()
 		if rs.winEnfs > 0 {
 			perEnf[r] = rs.winSecs / float64(rs.winEnfs)
+			if rs.winRecent == rs.winReports { // else an older enforcer's report: no recent rates
+				perRep[r] = float64(rs.winEnfs) / float64(rs.winReports)
+			}
 		}
 		last := rs.lastHeard
 		if last.IsZero() || last.Before(c.start) {
@@ -332,14 +349,23 @@ func (c *Core) recompute(now time.Time) {
 			id.evict = true
 			copy(tgt, id.def)
 			clear(tok)
+			clear(id.recent(n))
+			id.shift = false
 			continue
 		}
 		// A silent region is held at its last published share (the others' targets get
 		// the rest; if it may still apply an older, larger one, share.Step keeps their
 		// increases back until that is acknowledged), after Stale at min(last, default).
 		pub := id.published(n)
+		rec := id.recent(n)
 		for r := range n {
 			demand[r] = tok[r] / perEnf[r] // NaN when not heard
+			if id.shift && !math.IsNaN(perRep[r]) {
+				// Its traffic moved: the region's rate over about the last second (the mean
+				// of this window's reports times its enforcers), not the window's average,
+				// which still holds the traffic that left or a part of what arrived.
+				demand[r] = rec[r] * perRep[r]
+			}
 			held[r] = math.NaN()
 			if silent[r] {
 				held[r] = pub[r]
@@ -349,6 +375,8 @@ func (c *Core) recompute(now time.Time) {
 			}
 		}
 		clear(tok)
+		clear(rec)
+		id.shift = false
 		// In place: id.st is this identity's alone, and its Shares are copied out below.
 		id.st, _ = share.AllocateInto(id.st, c.cfg.Share, id.st, share.Input{Limit: id.rate, Demand: demand, Default: id.def, Held: held})
 		copy(tgt, id.st.Shares)
@@ -362,10 +390,10 @@ func (c *Core) recompute(now time.Time) {
 	}
 	c.capTracked()
 	for r := range c.regions {
-		c.regions[r].winSecs, c.regions[r].winEnfs = 0, 0
+		c.regions[r].winSecs, c.regions[r].winEnfs, c.regions[r].winReports, c.regions[r].winRecent = 0, 0, 0, 0
 	}
 	c.window++
-	c.earlyPending = false
+	c.earlyPending, c.shiftPending = false, false
 	c.lastCompute = now
 	for !c.nextDue.After(now) {
 		c.nextDue = c.nextDue.Add(c.cfg.Interval)

@@ -39,9 +39,10 @@ type Request struct {
 // milestone 2's per-identity usage reports to the balancer. It is called synchronously on
 // the checking goroutine, once per enforcing rule that was taken from, so it must be
 // quick, must not block and must be safe for concurrent use. tokens is what the request
-// asked for (cost × hits); allowed says whether the store granted them.
+// asked for (cost × hits); allowed says whether the store granted them; now is the
+// check's time (the enforcer's clock).
 type UsageObserver interface {
-	ObserveTake(rule *rules.Compiled, identity string, tokens int64, allowed bool, source Source)
+	ObserveTake(rule *rules.Compiled, identity string, tokens int64, allowed bool, source Source, now time.Time)
 }
 
 // Shares says which part of a rule's global limits one identity may use in this region:
@@ -330,7 +331,7 @@ func (e *Enforcer) fill(d *Decision, m *rules.Matched, lim limits, i int, res *b
 func (e *Enforcer) observeUsage(m *rules.Matched, want int64, allowed bool, src Source, now time.Time) {
 	e.recent.add(m.Identity, m.Rule.ID, allowed, src, now)
 	if e.cfg.Usage != nil {
-		e.cfg.Usage.ObserveTake(m.Rule, m.Identity, want, allowed, src)
+		e.cfg.Usage.ObserveTake(m.Rule, m.Identity, want, allowed, src, now)
 	}
 }
 

@@ -474,7 +474,7 @@ type usageLog struct {
 	takes []string
 }
 
-func (u *usageLog) ObserveTake(rule *rules.Compiled, identity string, tokens int64, allowed bool, src Source) {
+func (u *usageLog) ObserveTake(rule *rules.Compiled, identity string, tokens int64, allowed bool, src Source, _ time.Time) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	res := "refused"

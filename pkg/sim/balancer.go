@@ -213,13 +213,13 @@ func (p *balancerPlane) start(w *world) {
 					clk.at(due.Sub(Epoch), regular)
 					return
 				}
-				p.report(rep, false)
+				p.report(rep, false, false)
 				clk.after(p.sc.Interval, regular)
 			}
 			clk.at(p.phase(r, e), regular)
 			clk.every(EarlyPoll, EarlyPoll, end, func() {
 				if rep.table.WantEarly(clk.Now()) {
-					p.report(rep, true)
+					p.report(rep, true, false)
 				}
 			})
 		}
@@ -242,11 +242,11 @@ func (p *balancerPlane) phase(r, e int) time.Duration {
 
 // report drains rep's table and sends it to the balancer (unless cut off). It runs on the
 // region's goroutine: the report waits in the region's outbox for the next barrier.
-func (p *balancerPlane) report(rep *reporter, early bool) {
+func (p *balancerPlane) report(rep *reporter, early, ack bool) {
 	now := p.w.regions[rep.region].clk.Now()
 	r := rep.table.Report(now)
 	rep.seq++
-	r.Region, r.EnforcerId, r.Seq, r.Early = p.sc.Regions[rep.region].Name, rep.id, rep.seq, early
+	r.Region, r.EnforcerId, r.Seq, r.Early, r.Ack = p.sc.Regions[rep.region].Name, rep.id, rep.seq, early, ack
 	r.ShareLeaderRev, r.ShareVersion = p.holders[rep.region][rep.enf].h.Load().Applied()
 	rep.ack = false
 	if p.down || p.cut(rep.region, rep.enf) {
@@ -355,7 +355,7 @@ func (p *balancerPlane) ack(rep *reporter) {
 			clk.at(at.Sub(Epoch), try)
 			return
 		}
-		p.report(rep, clk.Now().Before(start.Add(p.sc.Interval)))
+		p.report(rep, false, clk.Now().Before(start.Add(p.sc.Interval)))
 	}
 	try()
 }

@@ -18,9 +18,9 @@ func ExampleTable() {
 		panic(err)
 	}
 	perKey := &rules.Compiled{ID: "default", Limits: []bucket.Limit{{Name: "per-second", Rate: 10, Burst: 20}}}
-	t.ObserveTake(perKey, "key:k_1", 100, true, enforcer.SourceRedis)
-	t.ObserveTake(perKey, "key:k_1", 30, false, enforcer.SourceRefusalCache)
-	t.ObserveTake(perKey, "key:k_2", 5, true, enforcer.SourceLease)
+	t.ObserveTake(perKey, "key:k_1", 100, true, enforcer.SourceRedis, start.Add(9*time.Second))
+	t.ObserveTake(perKey, "key:k_1", 30, false, enforcer.SourceRefusalCache, start.Add(9*time.Second))
+	t.ObserveTake(perKey, "key:k_2", 5, true, enforcer.SourceLease, start.Add(9*time.Second))
 
 	r := t.Report(start.Add(10 * time.Second))
 	for _, u := range r.Usage {

@@ -31,6 +31,10 @@ func (d *drained) volume() int64 { return d.e.admitted + d.e.refused }
 // and seen again counts again, so it is an upper bound on distinct identities);
 // omitted_tokens is exact: every token observed that no reported count includes.
 //
+// Each entry also carries its recent rate: its tokens over about the last second
+// (Table's slots of RecentSlot), which the balancer reads as the region's demand when a
+// key's traffic moves.
+//
 // The work (a copy and a sort of at most Capacity pairs, one RegionalRate call each) is
 // done outside the stripe locks: a stripe is locked only to swap in its empty spare.
 func (t *Table) Report(now time.Time) *allotv1.ReportRequest {
@@ -59,14 +63,25 @@ func (t *Table) Report(now time.Time) *allotv1.ReportRequest {
 
 		total += old.total
 		evicted += old.evicted
-		var prev map[pair]int64
+		var prev map[pair]prevState
+		cur := now.UnixNano() / int64(RecentSlot)
 		for _, e := range old.heap {
 			items = append(items, drained{e: *e})
+			var st prevState
 			if e.refused > 0 {
-				if prev == nil {
-					prev = make(map[pair]int64)
+				st.refused = int64(float64(e.refused) * scale)
+			}
+			for _, sl := range e.slots {
+				if sl.id > cur-recentSlots && sl.tokens > 0 { // tokens in the last second
+					st.first, st.slots = e.first, e.slots
+					break
 				}
-				prev[e.key] = int64(float64(e.refused) * scale)
+			}
+			if st.refused > 0 || st.first != 0 {
+				if prev == nil {
+					prev = make(map[pair]prevState)
+				}
+				prev[e.key] = st
 			}
 		}
 		s.mu.Lock()
@@ -101,6 +116,7 @@ func (t *Table) Report(now time.Time) *allotv1.ReportRequest {
 		IntervalStartMs: start.UnixMilli(),
 		IntervalEndMs:   now.UnixMilli(),
 		Usage:           make([]*allotv1.IdentityUsage, n),
+		RecentWindowMs:  uint32(recentSlots * RecentSlot / time.Millisecond),
 	}
 	var reported int64
 	for i, d := range items[:n] {
@@ -108,7 +124,7 @@ func (t *Table) Report(now time.Time) *allotv1.ReportRequest {
 		req.Usage[i] = &allotv1.IdentityUsage{
 			Rule: d.e.key.rule, Identity: d.e.key.identity,
 			Admitted: float64(d.e.admitted), Refused: float64(d.e.refused),
-			RegionalRate: d.rate, Error: float64(d.e.err),
+			RegionalRate: d.rate, Error: float64(d.e.err), RecentRate: d.e.recentRate(now.UnixNano()),
 		}
 	}
 	req.OmittedIdentities = uint64(len(items)-n) + uint64(evicted)

@@ -231,7 +231,7 @@ func (r *Reporter) run() {
 		ackDue := ack && !now.Before(start.Add(r.cfg.AckGap))
 		if early := t.WantEarly(now); early || ackDue || !now.Before(due) {
 			ack = false
-			r.report(now, now.Before(due))
+			r.report(now, early && now.Before(due), ackDue && now.Before(due))
 			select {
 			case <-r.stop:
 				return
@@ -261,10 +261,11 @@ func (r *Reporter) run() {
 }
 
 // report drains the table at now and sends the report: one attempt, one retry, or drop.
-func (r *Reporter) report(now time.Time, early bool) {
+// early: refusals jumped; ack: sent early to acknowledge a new share set.
+func (r *Reporter) report(now time.Time, early, ack bool) {
 	req := r.cfg.Table.Report(now)
 	r.seq++
-	req.Region, req.EnforcerId, req.Seq, req.Early = r.cfg.Region, r.cfg.EnforcerID, r.seq, early
+	req.Region, req.EnforcerId, req.Seq, req.Early, req.Ack = r.cfg.Region, r.cfg.EnforcerID, r.seq, early, ack
 	if r.cfg.Shares != nil {
 		req.ShareLeaderRev, req.ShareVersion = r.cfg.Shares()
 	}

@@ -166,8 +166,8 @@ func TestReporterFollowsRedirect(t *testing.T) {
 	standby := startBalancer(t, false, lead.addr)
 	g := newRig(t, StaticLeader(standby.addr), nil)
 	a := rule("default", 10)
-	g.tb.ObserveTake(a, "key:k1", 30, true, 0)
-	g.tb.ObserveTake(a, "key:k1", 4, false, 0)
+	g.tb.ObserveTake(a, "key:k1", 30, true, 0, t0)
+	g.tb.ObserveTake(a, "key:k1", 4, false, 0, t0)
 
 	g.tick(t, 10*time.Second)
 	poll(t, "a report at the leader", func() bool { return len(lead.reports()) == 1 })
@@ -221,7 +221,7 @@ func TestReporterRetriesOnceWithSameSeq(t *testing.T) {
 	lead := startBalancer(t, true, "")
 	lead.failNext = 1
 	g := newRig(t, StaticLeader(lead.addr), nil)
-	g.tb.ObserveTake(rule("default", 10), "key:k1", 1, true, 0)
+	g.tb.ObserveTake(rule("default", 10), "key:k1", 1, true, 0, t0)
 	g.tick(t, 10*time.Second)
 	poll(t, "the retry", func() bool { return len(lead.reports()) == 2 })
 	got := lead.reports()
@@ -248,7 +248,7 @@ func TestReporterLeaderDownDrops(t *testing.T) {
 	a := rule("default", 10)
 	for i := 1; i <= 3; i++ {
 		for j := 0; j < 1000; j++ {
-			g.tb.ObserveTake(a, "key:k"+string(rune('a'+j%26)), 1, true, 0)
+			g.tb.ObserveTake(a, "key:k"+string(rune('a'+j%26)), 1, true, 0, t0)
 		}
 		g.tick(t, 10*time.Second)
 		want := float64(i)
@@ -258,8 +258,8 @@ func TestReporterLeaderDownDrops(t *testing.T) {
 		t.Fatalf("failures %v, want 2 per report", f)
 	}
 	// While the Reporter is failing, observes stay allocation-free and the table bounded.
-	g.tb.ObserveTake(a, "key:x", 1, true, 0)
-	if n := testing.AllocsPerRun(200, func() { g.tb.ObserveTake(a, "key:x", 1, true, 0) }); n != 0 {
+	g.tb.ObserveTake(a, "key:x", 1, true, 0, t0)
+	if n := testing.AllocsPerRun(200, func() { g.tb.ObserveTake(a, "key:x", 1, true, 0, t0) }); n != 0 {
 		t.Fatalf("%v allocs per observe while the leader is down", n)
 	}
 	if g.tb.Len() > g.tb.cfg.Capacity {
@@ -302,7 +302,7 @@ func TestReporterEarly(t *testing.T) {
 	g := newRig(t, StaticLeader(lead.addr), nil)
 	poll(t, "the reporter to park", func() bool { return g.clk.Timers() == 1 })
 	g.clk.Advance(time.Second)
-	g.tb.ObserveTake(rule("default", 10), "key:k1", 500, false, 0) // a jump, 1 s in
+	g.tb.ObserveTake(rule("default", 10), "key:k1", 500, false, 0, t0) // a jump, 1 s in
 	// The Reporter wakes (Early channel), finds the gap not passed, and parks until t0+2s:
 	// wait for that timer (the one it had before also counts as one timer).
 	poll(t, "the reporter to park until t0+2s", func() bool { return g.clk.Waiting(t0.Add(2 * time.Second)) })
@@ -381,15 +381,15 @@ func TestReporterAcknowledgesNewSharesEarly(t *testing.T) {
 	poll(t, "the reporter to park until t0+500ms", func() bool { return g.clk.Waiting(t0.Add(500 * time.Millisecond)) })
 	g.clk.Advance(400 * time.Millisecond)
 	poll(t, "the acknowledging report", func() bool { return len(lead.reports()) == 1 })
-	if r := lead.reports()[0]; !r.Early || r.IntervalEndMs != t0.Add(500*time.Millisecond).UnixMilli() || r.ShareVersion != 9 {
-		t.Fatalf("early %v end %dms version %d, want an early report at 500ms carrying version 9",
-			r.Early, r.IntervalEndMs-t0.UnixMilli(), r.ShareVersion)
+	if r := lead.reports()[0]; !r.Ack || r.Early || r.IntervalEndMs != t0.Add(500*time.Millisecond).UnixMilli() || r.ShareVersion != 9 {
+		t.Fatalf("ack %v early %v end %dms version %d, want an acknowledgement (not early: no refusals jumped) at 500ms carrying version 9",
+			r.Ack, r.Early, r.IntervalEndMs-t0.UnixMilli(), r.ShareVersion)
 	}
 	// Without another change the regular schedule follows, from that report.
 	g.tick(t, 10*time.Second)
 	poll(t, "the regular report", func() bool { return len(lead.reports()) == 2 })
-	if r2 := lead.reports()[1]; r2.Early {
-		t.Fatal("the regular report is marked early")
+	if r2 := lead.reports()[1]; r2.Early || r2.Ack {
+		t.Fatal("the regular report is marked early or ack")
 	}
 }
 
@@ -398,7 +398,7 @@ func TestReporterAcknowledgesNewSharesEarly(t *testing.T) {
 func TestReporterLeaveSendsFinalReport(t *testing.T) {
 	lead := startBalancer(t, true, "")
 	g := newRig(t, StaticLeader(lead.addr), nil)
-	g.tb.ObserveTake(rule("default", 10), "key:k1", 3, true, 0)
+	g.tb.ObserveTake(rule("default", 10), "key:k1", 3, true, 0, t0)
 	if err := g.rep.Leave(); err != nil {
 		t.Fatal(err)
 	}

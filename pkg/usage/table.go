@@ -47,7 +47,7 @@ type pair struct {
 type stripe struct {
 	mu   sync.Mutex // mu guards cur (and all of it) and prev
 	cur  *ssTable
-	prev map[pair]int64 // last interval's refused tokens, scaled to one Interval; read-only
+	prev map[pair]prevState // last interval's pairs that matter now; read-only
 	// spare is the table Report drains into next; owned by Report (guarded by Table.mu).
 	spare *ssTable
 	_     [64]byte // keep neighbouring stripes' locks off one cache line
@@ -72,6 +72,45 @@ type entry struct {
 	err      int64 // the evicted minimum count when the pair was inserted
 	earlyAt  int64 // refused above this is a jump; maxInt64 once flagged
 	heap     int   // index in ssTable.heap
+	// first is when the pair was (last) inserted, Unix ns; slots are its tokens (admitted
+	// and refused) by RecentSlot of time, a ring: the recent rate (see recentRate).
+	first int64
+	slots [recentSlots]slot
+}
+
+// slot is one RecentSlot of a pair's tokens: id is the slot's number (Unix ns / RecentSlot).
+type slot struct{ id, tokens int64 }
+
+// prevState is what a pair carries from one interval into the next: its refusals (scaled
+// to one Interval: what a jump is measured against) and, when it had tokens in the last
+// second, its recent slots, so a recent rate spans reports however close they come.
+type prevState struct {
+	refused int64
+	first   int64
+	slots   [recentSlots]slot
+}
+
+// The recent rate: tokens over about the last second, by slots of RecentSlot.
+const (
+	RecentSlot  = 250 * time.Millisecond
+	recentSlots = 4
+)
+
+// recentRate is the pair's tokens per second over the last recentSlots slots up to now
+// (the current one partly), or since it was inserted if later: about the last second.
+// Which way it errs: the window is 0.75–1 s long, so a rate that changed within it is
+// averaged over that much; never a count the pair did not have.
+func (e *entry) recentRate(now int64) float64 {
+	cur := now / int64(RecentSlot)
+	from := max((cur-recentSlots+1)*int64(RecentSlot), e.first)
+	var sum int64
+	for _, sl := range e.slots {
+		if sl.id > cur-recentSlots && sl.id <= cur {
+			sum += sl.tokens
+		}
+	}
+	length := max(now-from, int64(50*time.Millisecond)) // a pair seen a moment ago: no division by ~0
+	return float64(sum) / (float64(length) / 1e9)
 }
 
 // count is the Space-Saving count: an upper bound on the pair's true tokens.
@@ -115,10 +154,11 @@ func NewTable(cfg Config, start time.Time) (*Table, error) {
 // ObserveTake counts one enforcing take: tokens admitted when allowed, else refused.
 // Every source counts (a refusal from the refusal cache or a fail-closed rule is still
 // demand). tokens <= 0 or a nil rule count nothing.
-func (t *Table) ObserveTake(rule *rules.Compiled, identity string, tokens int64, allowed bool, _ enforcer.Source) {
+func (t *Table) ObserveTake(rule *rules.Compiled, identity string, tokens int64, allowed bool, _ enforcer.Source, now time.Time) {
 	if tokens <= 0 || rule == nil {
 		return
 	}
+	ns := now.UnixNano()
 	s := &t.stripes[maphash.String(t.seed, identity)&t.mask]
 	s.mu.Lock()
 	tb := s.cur
@@ -127,8 +167,16 @@ func (t *Table) ObserveTake(rule *rules.Compiled, identity string, tokens int64,
 	leaf := false
 	if e == nil {
 		e, leaf = t.insert(s, tb, rule, identity)
+		if e.first == 0 {
+			e.first = ns
+		}
 	} else if e.rule != rule {
 		e.rule = rule
+	}
+	if id := ns / int64(RecentSlot); e.slots[id%recentSlots].id != id {
+		e.slots[id%recentSlots] = slot{id: id, tokens: tokens}
+	} else {
+		e.slots[id%recentSlots].tokens += tokens
 	}
 	jumped := false
 	if allowed {
@@ -174,13 +222,13 @@ func (t *Table) insert(s *stripe, tb *ssTable, rule *rules.Compiled, identity st
 	key := pair{rule.ID, strings.Clone(identity)} // the caller's string may pin a request buffer
 	prev := s.prev[key]
 	earlyAt := t.cfg.EarlyMinRefused
-	if f := t.cfg.EarlyFactor * float64(prev); f > float64(earlyAt) {
+	if f := t.cfg.EarlyFactor * float64(prev.refused); f > float64(earlyAt) {
 		earlyAt = maxInt64
 		if f < float64(maxInt64) {
 			earlyAt = int64(f)
 		}
 	}
-	*e = entry{key: key, rule: rule, err: inherited, earlyAt: earlyAt, heap: e.heap}
+	*e = entry{key: key, rule: rule, err: inherited, earlyAt: earlyAt, heap: e.heap, first: prev.first, slots: prev.slots}
 	tb.m[key] = e
 	return e, leaf
 }

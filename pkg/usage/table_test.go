@@ -67,12 +67,12 @@ func TestConfigValidate(t *testing.T) {
 func TestExactBelowCapacity(t *testing.T) {
 	tb := newTable(t, nil)
 	a, b := rule("a", 1000), rule("b", 1000)
-	tb.ObserveTake(a, "k1", 3, true, enforcer.SourceRedis)
-	tb.ObserveTake(a, "k1", 2, false, enforcer.SourceRefusalCache)
-	tb.ObserveTake(b, "k1", 7, true, enforcer.SourceLease)
-	tb.ObserveTake(a, "k2", 1, true, enforcer.SourceRedis)
-	tb.ObserveTake(a, "k3", 0, true, enforcer.SourceRedis) // counts nothing
-	tb.ObserveTake(nil, "k3", 5, true, enforcer.SourceRedis)
+	tb.ObserveTake(a, "k1", 3, true, enforcer.SourceRedis, t0)
+	tb.ObserveTake(a, "k1", 2, false, enforcer.SourceRefusalCache, t0)
+	tb.ObserveTake(b, "k1", 7, true, enforcer.SourceLease, t0)
+	tb.ObserveTake(a, "k2", 1, true, enforcer.SourceRedis, t0)
+	tb.ObserveTake(a, "k3", 0, true, enforcer.SourceRedis, t0) // counts nothing
+	tb.ObserveTake(nil, "k3", 5, true, enforcer.SourceRedis, t0)
 	r := tb.Report(t0.Add(10 * time.Second))
 	if r.IntervalStartMs != t0.UnixMilli() || r.IntervalEndMs != t0.Add(10*time.Second).UnixMilli() {
 		t.Fatalf("interval [%d, %d)", r.IntervalStartMs, r.IntervalEndMs)
@@ -106,8 +106,8 @@ func TestRuleReloadSamePair(t *testing.T) {
 		c.RegionalRate = func(r *rules.Compiled, _ string) float64 { seen = r; return r.Limits[0].Rate }
 	})
 	old, cur := rule("a", 10), rule("a", 20)
-	tb.ObserveTake(old, "k", 1, true, 0)
-	tb.ObserveTake(cur, "k", 1, true, 0)
+	tb.ObserveTake(old, "k", 1, true, 0, t0)
+	tb.ObserveTake(cur, "k", 1, true, 0, t0)
 	r := tb.Report(t0.Add(time.Second))
 	if len(r.Usage) != 1 || r.Usage[0].Admitted != 2 || seen != cur || r.Usage[0].RegionalRate != 20 {
 		t.Fatalf("report %v, hook saw %p want %p", r.Usage, seen, cur)
@@ -122,7 +122,7 @@ func TestRegionalRateOnlyAtDrain(t *testing.T) {
 	})
 	a := rule("a", 1)
 	for i := 0; i < 100; i++ {
-		tb.ObserveTake(a, "k"+strconv.Itoa(i%3), 1, i%2 == 0, 0)
+		tb.ObserveTake(a, "k"+strconv.Itoa(i%3), 1, i%2 == 0, 0, t0)
 	}
 	if calls != 0 {
 		t.Fatalf("hook called %d times on the check path", calls)
@@ -138,12 +138,12 @@ func TestPressureFirstThenVolume(t *testing.T) {
 	tb := newTable(t, func(c *Config) { c.MaxIdentities = 3 })
 	r10 := rule("r", 10)
 	big := rule("big", 1e6)
-	tb.ObserveTake(big, "huge", 5000, true, 0)  // busiest, not pressured
-	tb.ObserveTake(big, "large", 4000, true, 0) // second, not pressured
-	tb.ObserveTake(r10, "refused", 1, false, 0) // pressured: a refusal
-	tb.ObserveTake(r10, "hot", 51, true, 0)     // pressured: 51 > 0.5 × 10 × 10
-	tb.ObserveTake(r10, "warm", 50, true, 0)    // not: 50 is not above 50
-	tb.ObserveTake(big, "small", 10, true, 0)   // not
+	tb.ObserveTake(big, "huge", 5000, true, 0, t0)  // busiest, not pressured
+	tb.ObserveTake(big, "large", 4000, true, 0, t0) // second, not pressured
+	tb.ObserveTake(r10, "refused", 1, false, 0, t0) // pressured: a refusal
+	tb.ObserveTake(r10, "hot", 51, true, 0, t0)     // pressured: 51 > 0.5 × 10 × 10
+	tb.ObserveTake(r10, "warm", 50, true, 0, t0)    // not: 50 is not above 50
+	tb.ObserveTake(big, "small", 10, true, 0, t0)   // not
 	r := tb.Report(t0.Add(10 * time.Second))
 	var order []string
 	for _, u := range r.Usage {
@@ -162,8 +162,8 @@ func TestPressureFirstThenVolume(t *testing.T) {
 func TestPressureScalesWithIntervalLength(t *testing.T) {
 	tb := newTable(t, func(c *Config) { c.MaxIdentities = 1 })
 	r10 := rule("r", 10)
-	tb.ObserveTake(rule("big", 1e6), "busy", 1000, true, 0)
-	tb.ObserveTake(r10, "hot", 11, true, 0) // > 0.5 × 10/s × 2 s
+	tb.ObserveTake(rule("big", 1e6), "busy", 1000, true, 0, t0)
+	tb.ObserveTake(r10, "hot", 11, true, 0, t0) // > 0.5 × 10/s × 2 s
 	r := tb.Report(t0.Add(2 * time.Second))
 	if len(r.Usage) != 1 || r.Usage[0].Identity != "hot" {
 		t.Fatalf("usage %v, want only hot", r.Usage)
@@ -174,7 +174,7 @@ func TestPressureScalesWithIntervalLength(t *testing.T) {
 func TestCapOrderingTies(t *testing.T) {
 	tb := newTable(t, func(c *Config) { c.MaxIdentities = 4 })
 	for _, id := range []string{"d", "b", "c", "a", "e"} {
-		tb.ObserveTake(rule("x", 1e9), id, 7, true, 0)
+		tb.ObserveTake(rule("x", 1e9), id, 7, true, 0, t0)
 	}
 	r := tb.Report(t0.Add(time.Second))
 	var order []string
@@ -190,10 +190,10 @@ func TestCapOrderingTies(t *testing.T) {
 func TestEvictionInheritsMinimum(t *testing.T) {
 	tb := newTable(t, func(c *Config) { c.Capacity, c.Stripes, c.MaxIdentities = 2, 1, 10 })
 	a := rule("a", 1e9)
-	tb.ObserveTake(a, "x", 5, true, 0)
-	tb.ObserveTake(a, "y", 3, false, 0)
-	tb.ObserveTake(a, "z", 4, true, 0) // evicts y (count 3): z count 7, error 3
-	tb.ObserveTake(a, "y", 1, true, 0) // evicts x (count 5): y count 6, error 5
+	tb.ObserveTake(a, "x", 5, true, 0, t0)
+	tb.ObserveTake(a, "y", 3, false, 0, t0)
+	tb.ObserveTake(a, "z", 4, true, 0, t0) // evicts y (count 3): z count 7, error 3
+	tb.ObserveTake(a, "y", 1, true, 0, t0) // evicts x (count 5): y count 6, error 5
 	r := tb.Report(t0.Add(time.Second))
 	got := byKey(r)
 	if z := got["a|z"]; z == nil || z.Admitted != 4 || z.Error != 3 {
@@ -214,11 +214,11 @@ func TestWantEarly(t *testing.T) {
 	if tb.WantEarly(at(5 * time.Second)) {
 		t.Fatal("early with no refusals")
 	}
-	tb.ObserveTake(a, "k", 100, false, 0) // not above 100
+	tb.ObserveTake(a, "k", 100, false, 0, t0) // not above 100
 	if tb.WantEarly(at(5 * time.Second)) {
 		t.Fatal("early at exactly EarlyMinRefused")
 	}
-	tb.ObserveTake(a, "k", 1, false, 0) // 101 > 100: a jump
+	tb.ObserveTake(a, "k", 1, false, 0, t0) // 101 > 100: a jump
 	select {
 	case <-tb.Early():
 	default:
@@ -236,17 +236,17 @@ func TestWantEarly(t *testing.T) {
 	if tb.WantEarly(at(10 * time.Second)) {
 		t.Fatal("early still wanted after the report")
 	}
-	tb.ObserveTake(a, "k", 1010, false, 0)
+	tb.ObserveTake(a, "k", 1010, false, 0, t0)
 	if tb.WantEarly(at(10 * time.Second)) {
 		t.Fatal("1010 refused is not above 2 × last interval's 505")
 	}
-	tb.ObserveTake(a, "k", 1, false, 0)
+	tb.ObserveTake(a, "k", 1, false, 0, t0)
 	if !tb.WantEarly(at(10 * time.Second)) {
 		t.Fatal("1011 refused is above 2 × 505: want early")
 	}
 	// Another identity starting to be refused jumps on its own.
 	tb.Report(at(12 * time.Second)) // k refused 1011 over 10 s → threshold 2022
-	tb.ObserveTake(a, "other", 101, false, 0)
+	tb.ObserveTake(a, "other", 101, false, 0, t0)
 	if tb.WantEarly(at(13*time.Second)) || !tb.WantEarly(at(14*time.Second)) {
 		t.Fatal("a new identity's refusals above EarlyMinRefused should want early after EarlyGap")
 	}
@@ -274,7 +274,7 @@ func FuzzSpaceSaving(f *testing.F) {
 			r := rs[k>>7]
 			id := "id" + strconv.Itoa(int(k&0x0f)) // 16 identities × 2 rules
 			allowed := k&0x10 == 0
-			tb.ObserveTake(r, id, w, allowed, 0)
+			tb.ObserveTake(r, id, w, allowed, 0, t0)
 			p := pair{r.ID, id}
 			if true_[p] == nil {
 				true_[p] = &truth{}
@@ -336,7 +336,7 @@ func TestConcurrentObserveAndReport(t *testing.T) {
 		go func(w int) {
 			defer wg.Done()
 			for i := 0; i < each; i++ {
-				tb.ObserveTake(a, "k"+strconv.Itoa((i*7+w)%200), 1, i%3 != 0, 0)
+				tb.ObserveTake(a, "k"+strconv.Itoa((i*7+w)%200), 1, i%3 != 0, 0, t0)
 			}
 		}(w)
 	}
@@ -370,17 +370,17 @@ func TestObserveTrackedDoesNotAllocate(t *testing.T) {
 	tb := newTable(t, nil)
 	a := rule("a", 10)
 	id := "key:k_123"
-	tb.ObserveTake(a, id, 1, true, 0)
+	tb.ObserveTake(a, id, 1, true, 0, t0)
 	if n := testing.AllocsPerRun(1000, func() {
-		tb.ObserveTake(a, id, 1, true, 0)
-		tb.ObserveTake(a, id, 1, false, 0)
+		tb.ObserveTake(a, id, 1, true, 0, t0)
+		tb.ObserveTake(a, id, 1, false, 0, t0)
 	}); n != 0 {
 		t.Fatalf("%v allocations per tracked observe", n)
 	}
 	// After a drain the table is refilled without growing its maps.
 	tb.Report(t0.Add(time.Second))
-	tb.ObserveTake(a, id, 1, true, 0)
-	if n := testing.AllocsPerRun(1000, func() { tb.ObserveTake(a, id, 1, true, 0) }); n != 0 {
+	tb.ObserveTake(a, id, 1, true, 0, t0)
+	if n := testing.AllocsPerRun(1000, func() { tb.ObserveTake(a, id, 1, true, 0, t0) }); n != 0 {
 		t.Fatalf("%v allocations per tracked observe after a drain", n)
 	}
 }
@@ -390,7 +390,7 @@ func TestBoundedWhateverTheKeys(t *testing.T) {
 	tb := newTable(t, func(c *Config) { c.Capacity, c.Stripes = 256, 16 })
 	a := rule("a", 10)
 	for i := 0; i < 20000; i++ {
-		tb.ObserveTake(a, "k"+strconv.Itoa(i), 1, true, 0)
+		tb.ObserveTake(a, "k"+strconv.Itoa(i), 1, true, 0, t0)
 	}
 	if n := tb.Len(); n > 256 {
 		t.Fatalf("Len %d above Capacity 256", n)
@@ -398,5 +398,29 @@ func TestBoundedWhateverTheKeys(t *testing.T) {
 	r := tb.Report(t0.Add(time.Second))
 	if len(r.Usage) > 256 || r.OmittedTokens+float64(len(r.Usage)) != 20000 {
 		t.Fatalf("%d identities, %v omitted tokens", len(r.Usage), r.OmittedTokens)
+	}
+}
+
+// The recent rate is a pair's tokens over about the last second: a key whose traffic just
+// arrived reads its new rate, not the interval's average; one whose traffic left reads 0.
+func TestRecentRate(t *testing.T) {
+	tb := newTable(t, nil)
+	a := rule("default", 1e6)
+	for i := range 50 { // 0–5 s: 100 tokens every 100 ms, then nothing (the traffic left)
+		tb.ObserveTake(a, "left", 100, true, 0, t0.Add(time.Duration(i)*100*time.Millisecond))
+	}
+	for i := range 10 { // 9–10 s: 150 tokens every 100 ms, refused (it just arrived)
+		tb.ObserveTake(a, "arrived", 150, false, 0, t0.Add(9*time.Second+time.Duration(i)*100*time.Millisecond))
+	}
+	r := tb.Report(t0.Add(10 * time.Second))
+	got := map[string]float64{}
+	for _, u := range r.Usage {
+		got[u.Identity] = u.RecentRate
+	}
+	if got["left"] != 0 {
+		t.Errorf("left: recent rate %g, want 0 (its traffic stopped 5 s before)", got["left"])
+	}
+	if x := got["arrived"]; x < 1400 || x > 1600 {
+		t.Errorf("arrived: recent rate %g, want ≈ 1500/s (the interval's average is 150/s)", x)
 	}
 }

@@ -91,6 +91,7 @@ type RulesConfig struct {
 type BalanceConfig struct {
 	Interval      time.Duration `yaml:"interval"`
 	EarlyGap      time.Duration `yaml:"early_gap"`
+	ShiftGap      time.Duration `yaml:"shift_gap"`
 	Learning      time.Duration `yaml:"learning"`
 	AckTimeout    time.Duration `yaml:"ack_timeout"`
 	MinVersionGap time.Duration `yaml:"min_version_gap"`
@@ -120,7 +121,7 @@ func DefaultConfig() Config {
 		Etcd: EtcdConfig{DialTimeout: 2 * time.Second, ElectionPrefix: balancer.DefaultElectionPrefix,
 			SharesPrefix: shareset.DefaultPrefix, SessionTTL: sc.SessionTTL, WriteTimeout: sc.WriteTimeout},
 		Rules: RulesConfig{PollInterval: 2 * time.Second, IPv6Prefix: 64},
-		Balance: BalanceConfig{Interval: cc.Interval, EarlyGap: cc.EarlyGap, Learning: cc.Learning, AckTimeout: cc.AckTimeout,
+		Balance: BalanceConfig{Interval: cc.Interval, EarlyGap: cc.EarlyGap, ShiftGap: cc.ShiftGap, Learning: cc.Learning, AckTimeout: cc.AckTimeout,
 			MinVersionGap: cc.MinVersionGap,
 			SilentAfter:   cc.SilentAfter, Stale: cc.Stale, KeyTTL: cc.KeyTTL, TickEvery: sc.TickEvery,
 			MaxEntries: cc.MaxEntries, MaxIdentities: cc.MaxIdentities, MaxPublished: cc.MaxPublished, MaxEnforcers: cc.MaxEnforcers},
@@ -150,7 +151,7 @@ func (c *Config) coreConfig() balancer.CoreConfig {
 	cc := balancer.DefaultCoreConfig()
 	b := c.Balance
 	cc.Regions, cc.Weights = c.Regions, c.weights()
-	cc.Interval, cc.EarlyGap, cc.Learning, cc.AckTimeout = b.Interval, b.EarlyGap, b.Learning, b.AckTimeout
+	cc.Interval, cc.EarlyGap, cc.ShiftGap, cc.Learning, cc.AckTimeout = b.Interval, b.EarlyGap, b.ShiftGap, b.Learning, b.AckTimeout
 	cc.SilentAfter, cc.Stale, cc.KeyTTL, cc.MinVersionGap = b.SilentAfter, b.Stale, b.KeyTTL, b.MinVersionGap
 	cc.MaxEntries, cc.MaxIdentities, cc.MaxPublished, cc.MaxEnforcers = b.MaxEntries, b.MaxIdentities, b.MaxPublished, b.MaxEnforcers
 	cc.Share.Floor, cc.Share.Alpha, cc.Share.DeadBand = c.Share.Floor, c.Share.Alpha, c.Share.DeadBand

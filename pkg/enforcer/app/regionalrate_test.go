@@ -39,7 +39,7 @@ func TestUsageJudgesTheBalancersShare(t *testing.T) {
 	if rule == nil {
 		t.Fatal("no default rule")
 	}
-	a.usage.ObserveTake(rule, "key:k", 10, true, enforcer.SourceRedis)
+	a.usage.ObserveTake(rule, "key:k", 10, true, enforcer.SourceRedis, time.Now())
 	r := a.usage.Report(time.Now())
 	if len(r.Usage) != 1 {
 		t.Fatalf("report %v, want one entry", r.Usage)

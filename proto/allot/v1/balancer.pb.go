@@ -41,7 +41,8 @@ type ReportRequest struct {
 	// election revision) and the set's version (pkg/shareset.Head). 0, 0 before any.
 	ShareLeaderRev int64  `protobuf:"varint,6,opt,name=share_leader_rev,json=shareLeaderRev,proto3" json:"share_leader_rev,omitempty"`
 	ShareVersion   uint64 `protobuf:"varint,7,opt,name=share_version,json=shareVersion,proto3" json:"share_version,omitempty"`
-	// True when sent before the interval ended because refusals jumped.
+	// True when sent before the interval ended because refusals jumped (an acknowledgement
+	// sent early says ack instead).
 	Early bool `protobuf:"varint,8,opt,name=early,proto3" json:"early,omitempty"`
 	// The identities that matter: the busiest by volume and every one under pressure.
 	Usage []*IdentityUsage `protobuf:"bytes,9,rep,name=usage,proto3" json:"usage,omitempty"`
@@ -53,9 +54,17 @@ type ReportRequest struct {
 	// stopped answering checks, so it enforces no share any more and the balancer stops
 	// waiting for its acknowledgements (a silent enforcer is otherwise held at the share it
 	// last acknowledged until it has fenced itself by its own staleness rule).
-	Final         bool `protobuf:"varint,12,opt,name=final,proto3" json:"final,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Final bool `protobuf:"varint,12,opt,name=final,proto3" json:"final,omitempty"`
+	// True when sent early because this enforcer applied a new share set: an
+	// acknowledgement, which lets the balancer's change plan go on at once. Unlike early it
+	// does not ask for a recompute.
+	Ack bool `protobuf:"varint,13,opt,name=ack,proto3" json:"ack,omitempty"`
+	// The window the usage entries' recent_rate is measured over, in milliseconds (about
+	// 1000); 0 when this enforcer does not measure recent rates (then recent_rate is 0 and
+	// means nothing).
+	RecentWindowMs uint32 `protobuf:"varint,14,opt,name=recent_window_ms,json=recentWindowMs,proto3" json:"recent_window_ms,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *ReportRequest) Reset() {
@@ -172,6 +181,20 @@ func (x *ReportRequest) GetFinal() bool {
 	return false
 }
 
+func (x *ReportRequest) GetAck() bool {
+	if x != nil {
+		return x.Ack
+	}
+	return false
+}
+
+func (x *ReportRequest) GetRecentWindowMs() uint32 {
+	if x != nil {
+		return x.RecentWindowMs
+	}
+	return 0
+}
+
 // IdentityUsage is one limited identity's counts over the interval, in tokens.
 type IdentityUsage struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -186,7 +209,12 @@ type IdentityUsage struct {
 	RegionalRate float64 `protobuf:"fixed64,5,opt,name=regional_rate,json=regionalRate,proto3" json:"regional_rate,omitempty"`
 	// How far the counts may be off, below the truth (a heavy-hitters table's error bound):
 	// the true demand lies in [admitted + refused, admitted + refused + error].
-	Error         float64 `protobuf:"fixed64,6,opt,name=error,proto3" json:"error,omitempty"`
+	Error float64 `protobuf:"fixed64,6,opt,name=error,proto3" json:"error,omitempty"`
+	// Tokens per second (admitted + refused) over about the last second before the report:
+	// the region's demand when a key's traffic moves, where the interval's average would
+	// still show the traffic that left or only part of the traffic that arrived. 0 when not
+	// measured (an older enforcer).
+	RecentRate    float64 `protobuf:"fixed64,7,opt,name=recent_rate,json=recentRate,proto3" json:"recent_rate,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -263,6 +291,13 @@ func (x *IdentityUsage) GetError() float64 {
 	return 0
 }
 
+func (x *IdentityUsage) GetRecentRate() float64 {
+	if x != nil {
+		return x.RecentRate
+	}
+	return 0
+}
+
 type ReportResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// True when this replica is the leader and took the report.
@@ -330,7 +365,7 @@ var File_allot_v1_balancer_proto protoreflect.FileDescriptor
 
 const file_allot_v1_balancer_proto_rawDesc = "" +
 	"\n" +
-	"\x17allot/v1/balancer.proto\x12\ballot.v1\"\xae\x03\n" +
+	"\x17allot/v1/balancer.proto\x12\ballot.v1\"\xea\x03\n" +
 	"\rReportRequest\x12\x16\n" +
 	"\x06region\x18\x01 \x01(\tR\x06region\x12\x1f\n" +
 	"\venforcer_id\x18\x02 \x01(\tR\n" +
@@ -345,14 +380,18 @@ const file_allot_v1_balancer_proto_rawDesc = "" +
 	"\x12omitted_identities\x18\n" +
 	" \x01(\x04R\x11omittedIdentities\x12%\n" +
 	"\x0eomitted_tokens\x18\v \x01(\x01R\romittedTokens\x12\x14\n" +
-	"\x05final\x18\f \x01(\bR\x05final\"\xb0\x01\n" +
+	"\x05final\x18\f \x01(\bR\x05final\x12\x10\n" +
+	"\x03ack\x18\r \x01(\bR\x03ack\x12(\n" +
+	"\x10recent_window_ms\x18\x0e \x01(\rR\x0erecentWindowMs\"\xd1\x01\n" +
 	"\rIdentityUsage\x12\x12\n" +
 	"\x04rule\x18\x01 \x01(\tR\x04rule\x12\x1a\n" +
 	"\bidentity\x18\x02 \x01(\tR\bidentity\x12\x1a\n" +
 	"\badmitted\x18\x03 \x01(\x01R\badmitted\x12\x18\n" +
 	"\arefused\x18\x04 \x01(\x01R\arefused\x12#\n" +
 	"\rregional_rate\x18\x05 \x01(\x01R\fregionalRate\x12\x14\n" +
-	"\x05error\x18\x06 \x01(\x01R\x05error\"l\n" +
+	"\x05error\x18\x06 \x01(\x01R\x05error\x12\x1f\n" +
+	"\vrecent_rate\x18\a \x01(\x01R\n" +
+	"recentRate\"l\n" +
 	"\x0eReportResponse\x12\x1a\n" +
 	"\baccepted\x18\x01 \x01(\bR\baccepted\x12\x1f\n" +
 	"\vleader_addr\x18\x02 \x01(\tR\n" +

@@ -1,0 +1,143 @@
+package balancer
+
+import (
+	"math"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	allotv1 "github.com/allot-dev/allot/proto/allot/v1"
+)
+
+// recentReport is a report whose entries carry recent rates (usage.Table measures them).
+func recentReport(region, enf string, seq uint64, end time.Time, ver uint64, u ...*allotv1.IdentityUsage) *allotv1.ReportRequest {
+	r := report(region, enf, seq, end, u...)
+	r.RecentWindowMs, r.ShareLeaderRev, r.ShareVersion = 1000, 7, ver
+	return r
+}
+
+func useRecent(identity string, admitted, refused, recent float64) *allotv1.IdentityUsage {
+	u := use(identity, admitted, refused)
+	u.RecentRate = recent
+	return u
+}
+
+// A move costs one acknowledged round trip (issue 21 §2): the region the traffic reached
+// reports its recent rate (not its interval's average, which still holds the quiet
+// seconds), the region it left acknowledges the decrease with its own recent rate (0),
+// and each step is published as soon as it is due, not at the next MinVersionGap slot.
+func TestMoveInOneAcknowledgedRoundTrip(t *testing.T) {
+	c := newTestCore(t, func(c *CoreConfig) { c.Regions = regions3[:2]; c.KeyTTL = time.Hour })
+	now := t0
+	seq := uint64(0)
+	send := func(region string, u ...*allotv1.IdentityUsage) {
+		seq++
+		if err := c.Ingest(now, recentReport(region, region+"-1", seq, now, c.Stats(now).Version, u...)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tick := func() {
+		if p := c.Tick(now); p != nil {
+			c.Published(p, now)
+		}
+	}
+	// A minute of all traffic in eu-west (150/s against 100/s).
+	for i := range 60 {
+		now = now.Add(time.Second)
+		if i%5 == 0 {
+			send("us-east")
+			send("eu-west", useRecent("key:a", 1000, 500, 150))
+		}
+		tick()
+	}
+	if s, _ := c.Identity("default", "key:a"); s.Published[1] < 0.95 {
+		t.Fatalf("before the move: %v, want eu-west ≈ 0.99", s.Published)
+	}
+	moved := now
+	// The traffic moves to us-east. Its enforcer reports early 0.5 s later (refusals
+	// jumped): its interval's average is 15/s, its recent rate 150/s.
+	now = now.Add(500 * time.Millisecond)
+	r := recentReport("us-east", "us-east-1", 100, now, c.Stats(now).Version, useRecent("key:a", 1, 74, 150))
+	r.Early = true
+	if err := c.Ingest(now, r); err != nil {
+		t.Fatal(err)
+	}
+	// Every 250 ms: tick; eu-west acknowledges each new version 500 ms after it (its
+	// recent rate 0), us-east too.
+	type ackAt struct {
+		at  time.Time
+		ver uint64
+	}
+	var acks []ackAt
+	lastVer := c.Stats(now).Version
+	for now.Sub(moved) < 5*time.Second {
+		tick()
+		if v := c.Stats(now).Version; v != lastVer {
+			acks = append(acks, ackAt{now.Add(500 * time.Millisecond), v})
+			lastVer = v
+		}
+		for len(acks) > 0 && !acks[0].at.After(now) {
+			v := acks[0].ver
+			acks = acks[1:]
+			seq++
+			a := recentReport("eu-west", "eu-west-1", seq, now, v, useRecent("key:a", 10, 0, 0))
+			a.Ack = true
+			b := recentReport("us-east", "us-east-1", seq+1000, now, v, useRecent("key:a", 50, 50, 150))
+			b.Ack = true
+			seq++
+			_ = c.Ingest(now, a)
+			_ = c.Ingest(now, b)
+		}
+		if s, _ := c.Identity("default", "key:a"); s.Published[0] >= 0.95 {
+			t.Logf("us-east at %v %.0f ms after the move (versions %d)", s.Published, float64(now.Sub(moved))/1e6, c.Stats(now).Version)
+			if d := now.Sub(moved); d > 3*time.Second {
+				t.Fatalf("us-east reached 0.95 %v after the move, want ≤ 3 s", d)
+			}
+			return
+		}
+		now = now.Add(250 * time.Millisecond)
+	}
+	s, _ := c.Identity("default", "key:a")
+	t.Fatalf("5 s after the move: %v, want us-east ≥ 0.95", s.Published)
+}
+
+// Noise is not a move: Poisson recent rates around a steady split over the key's limit
+// never ask for a shift recompute.
+func TestRecentNoiseIsNotAShift(t *testing.T) {
+	c := newTestCore(t, func(c *CoreConfig) { c.KeyTTL = time.Hour })
+	rng := rand.New(rand.NewPCG(3, 4))
+	poisson := func(mean float64) float64 { // normal approximation, enough for λ ≥ 10
+		return max(0, mean+rng.NormFloat64()*math.Sqrt(mean))
+	}
+	now := t0
+	seq := uint64(0)
+	shifts := 0
+	for i := range 600 {
+		now = now.Add(time.Second)
+		for r, name := range regions3 {
+			if i%3 != r {
+				continue
+			}
+			// us-east 60/s, eu-west 20/s, ap-south 0 against 50/s: three enforcers each.
+			rate := []float64{60, 20, 0}[r]
+			for e := range 3 {
+				seq++
+				rep := recentReport(name, name+string(rune('0'+e)), seq, now, c.Stats(now).Version,
+					useRecent("key:a", rate*10/3, 0, poisson(rate/3)))
+				_ = c.Ingest(now, rep)
+				c.mu.Lock()
+				if c.shiftPending {
+					shifts++
+					c.shiftPending = false
+				}
+				c.mu.Unlock()
+			}
+		}
+		if p := c.Tick(now); p != nil {
+			c.Published(p, now)
+		}
+	}
+	if shifts > 0 {
+		t.Fatalf("%d shift recomputes asked for by noise in 10 minutes of steady traffic", shifts)
+	}
+}
