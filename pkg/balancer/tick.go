@@ -305,9 +305,21 @@ func (c *Core) recompute(now time.Time) {
 		perEnf[r] = math.NaN()
 		perRep[r] = math.NaN()
 		if rs.winEnfs > 0 {
-			perEnf[r] = rs.winSecs / float64(rs.winEnfs)
+			// The region's rate is the mean rate per enforcer-second of this window's
+			// reports times the enforcers serving the region now (heard within
+			// SilentAfter): a window in which only some of them reported — recomputes
+			// come every few seconds on early reports — is not read as the region's
+			// traffic having fallen by the part of those that did not.
+			live := 0
+			for _, e := range rs.enforcers {
+				if now.Sub(e.lastHeard) <= c.cfg.SilentAfter {
+					live++
+				}
+			}
+			live = max(live, rs.winEnfs)
+			perEnf[r] = rs.winSecs / float64(live)
 			if rs.winRecent == rs.winReports { // else an older enforcer's report: no recent rates
-				perRep[r] = float64(rs.winEnfs) / float64(rs.winReports)
+				perRep[r] = float64(live) / float64(rs.winReports)
 			}
 		}
 		last := rs.lastHeard
@@ -328,6 +340,7 @@ func (c *Core) recompute(now time.Time) {
 		}
 	}
 	demand := make([]float64, n)
+	noise := make([]float64, n)
 	held := make([]float64, n)
 	nonDefault := 0
 	for _, id := range c.all {
@@ -360,6 +373,11 @@ func (c *Core) recompute(now time.Time) {
 		rec := id.recent(n)
 		for r := range n {
 			demand[r] = tok[r] / perEnf[r] // NaN when not heard
+			// The window's tokens are Poisson counts: the rate's standard deviation.
+			noise[r] = math.Sqrt(max(tok[r], 1)) / perEnf[r]
+			if id.shift {
+				noise[r] = 0 // a move: the policy's fast path, whatever the noise
+			}
 			if id.shift && !math.IsNaN(perRep[r]) {
 				// Its traffic moved: the region's rate over about the last second (the mean
 				// of this window's reports times its enforcers), not the window's average,
@@ -378,7 +396,7 @@ func (c *Core) recompute(now time.Time) {
 		clear(rec)
 		id.shift = false
 		// In place: id.st is this identity's alone, and its Shares are copied out below.
-		id.st, _ = share.AllocateInto(id.st, c.cfg.Share, id.st, share.Input{Limit: id.rate, Demand: demand, Default: id.def, Held: held})
+		id.st, _ = share.AllocateInto(id.st, c.cfg.Share, id.st, share.Input{Limit: id.rate, Demand: demand, Default: id.def, Held: held, Noise: noise})
 		copy(tgt, id.st.Shares)
 		if !equal(tgt, id.def) {
 			nonDefault++

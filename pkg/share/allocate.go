@@ -119,17 +119,24 @@ func AllocateInto(dst State, cfg Config, st State, in Input) (next State, change
 	// Fast path (package doc, step 1): some free region is short (asks for more than
 	// DeadBand over its share), or one is refused at all while another's demand
 	// collapsed (fell to half its smoothed demand or less, releasing ≥ DeadBand/4).
+	// With Input.Noise the demand must also have moved from the smoothed demand by more
+	// than twice its noise: a key steadily over its limit is short at every interval, and
+	// its noisy demand would otherwise replace the smoothed one each time.
 	fast := false
+	var noiseSq float64 // Σ_r noise_r², tokens²/s²
 	if limitOK {
 		wanting, collapsed := false, false
 		for r := 0; r < n; r++ {
+			nz := noiseOf(in.Noise, r)
+			noiseSq += nz * nz
 			if !math.IsNaN(held[r]) || math.IsNaN(raw[r]) {
 				continue
 			}
 			w := raw[r] * perLimit
-			fast = fast || w > prev[r]+cfg.DeadBand
+			moved := math.IsNaN(sm[r]) || math.Abs(raw[r]-sm[r]) > 2*nz
+			fast = fast || (w > prev[r]+cfg.DeadBand && moved)
 			wanting = wanting || w > prev[r]
-			if s := sm[r]; raw[r] <= s/2 && (s-raw[r])*perLimit >= cfg.DeadBand/4 {
+			if s := sm[r]; raw[r] <= s/2 && (s-raw[r])*perLimit >= cfg.DeadBand/4 && s-raw[r] > 2*nz {
 				collapsed = true
 			}
 		}
@@ -218,6 +225,13 @@ func AllocateInto(dst State, cfg Config, st State, in Input) (next State, change
 	// it has would gain DeadBand/4.
 	keep := prevValid(prev, held, floor)
 	band, gain := max(cfg.DeadBand, minMove), max(cfg.DeadBand/4, minMove)
+	if noiseSq > 0 && limitOK {
+		// Twice the noise of the smoothed demands (an EWMA keeps α/(2−α) of the variance):
+		// a target moved by less is noise, not a move. Which way it errs: a region may be
+		// held that much below its max-min fair share.
+		tol := 2 * math.Sqrt(noiseSq*cfg.Alpha/(2-cfg.Alpha)) * perLimit
+		band, gain = max(band, tol), max(gain, tol)
+	}
 	for r := 0; keep && r < n; r++ {
 		delta := t[r] - prev[r]
 		if math.Abs(delta) >= band || (wSum > 0 && math.IsNaN(held[r]) && w[r] > prev[r] && delta >= gain) {
@@ -356,4 +370,14 @@ func sum(x []float64) float64 {
 		s += v
 	}
 	return s
+}
+
+// noiseOf is noise[r] when it is finite and > 0, else 0.
+func noiseOf(noise []float64, r int) float64 {
+	if r < len(noise) {
+		if v := noise[r]; v > 0 && !math.IsInf(v, 1) {
+			return v
+		}
+	}
+	return 0
 }

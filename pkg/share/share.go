@@ -101,6 +101,12 @@ type Input struct {
 	// the staleness period min(last, default)). Held regions get exactly Held; the others
 	// share 1 − Σ Held. Held = 0 keeps a region at zero (no floor).
 	Held []float64
+	// Noise, if not nil, is the standard deviation of each region's Demand as an estimate
+	// (tokens/s; for Poisson arrivals counted over T seconds, √(tokens)/T), so that noise is
+	// not taken for a move: the fast path needs the demand to have moved from its smoothed
+	// value by more than twice it (beyond the dead-band), and the dead-band widens to twice
+	// the noise of the smoothed demands (see the package doc, # Noise). nil or NaN: 0.
+	Noise []float64
 }
 
 // check reports the first problem with in (and st) for cfg, naming the field and value.

@@ -3,6 +3,7 @@ package share
 import (
 	"errors"
 	"math"
+	"math/rand/v2"
 	"strings"
 	"testing"
 )
@@ -426,5 +427,43 @@ func TestSteadyStateAndShift(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// Noise is not a move (issue 21 §3): a key steadily over its limit, split between two
+// regions (60/s and 15/s against 50/s), measured over 10 s windows of Poisson arrivals.
+// Without Input.Noise nearly every interval is republished (the short region takes the
+// fast path with each noisy demand); with it, few are, and the shares stay near max-min.
+func TestNoiseIsNotRepublished(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	count := func(withNoise bool) (pushes int, last []float64) {
+		st := State{}
+		for i := range 200 {
+			d := []float64{0, 0}
+			nz := []float64{0, 0}
+			for r, rate := range []float64{60, 15} {
+				tok := max(0, rate*10+rng.NormFloat64()*math.Sqrt(rate*10))
+				d[r], nz[r] = tok/10, math.Sqrt(max(tok, 1))/10
+			}
+			in := Input{Limit: 50, Demand: d, Default: []float64{0.5, 0.5}, Held: []float64{math.NaN(), math.NaN()}}
+			if withNoise {
+				in.Noise = nz
+			}
+			var changed bool
+			st, changed = AllocateInto(State{}, DefaultConfig(), st, in)
+			if changed && i >= 10 {
+				pushes++
+			}
+		}
+		return pushes, st.Shares
+	}
+	without, _ := count(false)
+	with, shares := count(true)
+	t.Logf("republished in 190 intervals: %d without Noise, %d with; shares %v", without, with, shares)
+	if with > 40 || with*3 > without {
+		t.Fatalf("with Noise %d republications of 190 (without %d): want few, and a third or less", with, without)
+	}
+	if math.Abs(shares[1]-0.3) > 0.08 {
+		t.Fatalf("shares %v, want the 15/s region near 0.3 (max-min)", shares)
 	}
 }

@@ -1,7 +1,9 @@
 package sim
 
 import (
+	"encoding/json"
 	"fmt"
+	"math"
 	"sync/atomic"
 	"time"
 
@@ -99,6 +101,10 @@ type balancerPlane struct {
 	head    shareset.Head
 	entries []shareset.Entry
 	written bool
+	// what was written: versions (and when), bytes, recomputes of every core
+	versionsAt []time.Duration
+	bytes      int64
+	recomputes uint64
 }
 
 func newBalancerPlane(sc *scenario.Scenario) (*balancerPlane, error) {
@@ -301,6 +307,15 @@ func (p *balancerPlane) tick() {
 		return
 	}
 	p.core.Published(pub, now)
+	if pub.Changed {
+		p.versionsAt = append(p.versionsAt, p.w.clk.elapsed())
+		for _, c := range shareset.Split(pub.Entries, pub.Head.LeaderRev, pub.Head.Version, 0) {
+			p.bytes += int64(len(c))
+		}
+	}
+	if b, err := json.Marshal(pub.Head); err == nil {
+		p.bytes += int64(len(b))
+	}
 	if pub.Changed || !p.written {
 		p.entries = pub.Entries
 	}
@@ -408,8 +423,60 @@ func (p *balancerPlane) restart(r int) {
 	}
 }
 
+// writes is the run's ControlPlane summary.
+func (p *balancerPlane) writes(sc *scenario.Scenario) *ControlPlane {
+	intervals := sc.Duration.Seconds() / sc.Interval.Seconds()
+	secs := int(sc.Duration / time.Second)
+	steady := make([]bool, secs)
+	for s := Settle; s < secs; s++ {
+		steady[s] = true
+	}
+	unsettle := func(at time.Duration) {
+		for s := int(at / time.Second); s < min(secs, int(at/time.Second)+Settle); s++ {
+			if s >= 0 {
+				steady[s] = false
+			}
+		}
+	}
+	for _, k := range sc.Keys {
+		for _, ph := range k.Phases {
+			unsettle(ph.At)
+		}
+	}
+	for _, f := range sc.Faults {
+		for s := int(f.At / time.Second); s < min(secs, int(f.End()/time.Second)); s++ {
+			steady[s] = false
+		}
+		unsettle(f.At)
+		unsettle(f.End())
+	}
+	nSteady, vSteady := 0, 0
+	for _, st := range steady {
+		if st {
+			nSteady++
+		}
+	}
+	for _, at := range p.versionsAt {
+		if s := int(at / time.Second); s < secs && steady[s] {
+			vSteady++
+		}
+	}
+	r6 := func(f float64) float64 { return math.Round(f*1e6) / 1e6 }
+	cp := &ControlPlane{
+		Versions: len(p.versionsAt), VersionsPerInterval: r6(float64(len(p.versionsAt)) / intervals),
+		SteadySeconds: nSteady,
+		BytesWritten:  p.bytes, BytesPerInterval: r6(float64(p.bytes) / intervals),
+		Recomputes: p.recomputes + p.core.Stats(p.w.clk.Now()).Recomputes,
+	}
+	if nSteady > 0 {
+		cp.SteadyVersionsPerInterval = r6(float64(vSteady) / (float64(nSteady) / sc.Interval.Seconds()))
+	}
+	return cp
+}
+
 // newLeader replaces the core with a new leader's, restored from the virtual etcd.
 func (p *balancerPlane) newLeader() {
+	p.recomputes += p.core.Stats(p.w.clk.Now()).Recomputes
 	cfg := p.cfg
 	cfg.LeaderRev = p.cfg.LeaderRev + 1
 	core, err := balancer.NewCore(cfg)

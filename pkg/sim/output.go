@@ -58,6 +58,10 @@ func (res *Result) WriteTable(w io.Writer) error {
 			calls)
 	}
 	tw.Flush()
+	if cp := res.Summary.ControlPlane; cp != nil {
+		fmt.Fprintf(bw, "\ncontrol plane: %d versions (%.2f per interval; %.2f over %d steady seconds), %d bytes written to etcd (%.0f per interval), %d recomputes\n",
+			cp.Versions, cp.VersionsPerInterval, cp.SteadyVersionsPerInterval, cp.SteadySeconds, cp.BytesWritten, cp.BytesPerInterval, cp.Recomputes)
+	}
 	if len(res.Summary.Failures) > 0 {
 		fmt.Fprintln(bw, "\nfailures:")
 		for _, f := range res.Summary.Failures {

@@ -72,6 +72,26 @@ type Summary struct {
 	Pass     bool        `json:"pass"`
 	Failures []string    `json:"failures"`
 	Keys     []KeyResult `json:"keys"`
+	// ControlPlane is what the balancer wrote (virtual mode, -policy balancer only).
+	ControlPlane *ControlPlane `json:"control_plane,omitempty"`
+}
+
+// ControlPlane counts the balancer's writes over a run: share set versions and the bytes
+// they and the head refreshes would write to etcd (the chunks as pkg/shareset encodes them,
+// with shareset.MaxChunkBytes, and the head), in all and per balancing interval, over the
+// whole run and over its second half (when the shipped scenarios' traffic is steady).
+type ControlPlane struct {
+	Versions            int     `json:"versions"`
+	VersionsPerInterval float64 `json:"versions_per_interval"`
+	// SteadyVersionsPerInterval counts only the versions in steady seconds: at least
+	// Settle (30 s) after the start, every key's phase changes and every fault's start and
+	// end (the seconds steady_ratio is judged over, for all keys at once); SteadySeconds
+	// is how many there were.
+	SteadyVersionsPerInterval float64 `json:"steady_versions_per_interval"`
+	SteadySeconds             int     `json:"steady_seconds"`
+	BytesWritten              int64   `json:"bytes_written"`
+	BytesPerInterval          float64 `json:"bytes_per_interval"`
+	Recomputes                uint64  `json:"recomputes"`
 }
 
 // Run replays sc in virtual mode and judges it. It returns an error only for a bad
@@ -100,7 +120,11 @@ func Run(sc *scenario.Scenario, opt Options) (*Result, error) {
 	}
 	w.run()
 	w.close()
-	return w.judge(), nil
+	res := w.judge()
+	if bp, ok := p.(*balancerPlane); ok {
+		res.Summary.ControlPlane = bp.writes(sc)
+	}
+	return res, nil
 }
 
 // judge builds the result and its verdicts from what the world recorded.
