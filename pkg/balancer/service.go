@@ -134,6 +134,17 @@ type Service struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 	done   chan struct{}
+	// cleanup is the context of the etcd calls that undo a term (Resign, the lease's
+	// revoke, and the resignation Campaign makes when it is cancelled): it outlives ctx by
+	// at most WriteTimeout, counted from Close, so Close is bounded with etcd down.
+	cleanup     context.Context
+	stopCleanup context.CancelFunc
+	// elect is cfg.Etcd seen through a client whose Ctx() is cleanup: concurrency.Election
+	// resigns a cancelled Campaign with the client's Ctx(), which for cfg.Etcd lasts until
+	// the client is closed — with etcd down, forever (issue 28). It shares cfg.Etcd's
+	// connection and is never closed itself (closing it would close cfg.Etcd's lessor and
+	// watcher).
+	elect *clientv3.Client
 
 	// beforeWrite, in tests, runs before each publication is written (it may block).
 	beforeWrite func(p *Publication)
@@ -155,6 +166,9 @@ func NewService(cfg ServiceConfig) (*Service, error) {
 	}
 	s := &Service{cfg: cfg, log: cfg.Logger, done: make(chan struct{})}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
+	s.cleanup, s.stopCleanup = context.WithCancel(context.Background())
+	s.elect = clientv3.NewCtxClient(s.cleanup, clientv3.WithZapLogger(cfg.Etcd.GetLogger()))
+	s.elect.KV, s.elect.Lease, s.elect.Watcher = cfg.Etcd.KV, cfg.Etcd.Lease, cfg.Etcd.Watcher
 	s.m = newMetrics(cfg.Registerer, s)
 	return s, nil
 }
@@ -174,16 +188,22 @@ func (s *Service) Start() error {
 }
 
 // Close resigns leadership (the session's lease is revoked, so a standby takes over at
-// once rather than after SessionTTL) and waits for the background goroutine.
+// once rather than after SessionTTL) and waits for the background goroutine. It is
+// bounded whether etcd answers or not: the resignation and the revoke get WriteTimeout
+// from the first Close, after which they are cancelled (the lease then expires on its own
+// after SessionTTL). Idempotent.
 func (s *Service) Close() error {
 	s.mu.Lock()
 	started := s.started
 	s.closed = true
 	s.mu.Unlock()
 	s.cancel()
+	bound := time.AfterFunc(s.cfg.WriteTimeout, s.stopCleanup)
+	defer bound.Stop()
 	if started {
 		<-s.done
 	}
+	s.stopCleanup()
 	return nil
 }
 
@@ -242,10 +262,10 @@ func (s *Service) term() error {
 	// The session outlives s.ctx by its revoke, so Close revokes the lease at once rather
 	// than leaving it to expire (with s.ctx as the session's context the revoke would be
 	// cancelled before it is sent). Close still aborts a session being created.
-	sessCtx, sessCancel := context.WithCancel(context.Background())
+	sessCtx, sessCancel := context.WithCancel(s.cleanup)
 	defer sessCancel()
 	abort := context.AfterFunc(s.ctx, sessCancel)
-	sess, err := concurrency.NewSession(s.cfg.Etcd, concurrency.WithTTL(int(s.cfg.SessionTTL/time.Second)), concurrency.WithContext(sessCtx))
+	sess, err := concurrency.NewSession(s.elect, concurrency.WithTTL(int(s.cfg.SessionTTL/time.Second)), concurrency.WithContext(sessCtx))
 	if !abort() { // closed meanwhile
 		if err == nil {
 			sess.Orphan()
@@ -255,7 +275,7 @@ func (s *Service) term() error {
 	if err != nil {
 		return fmt.Errorf("while creating the election session: %w", err)
 	}
-	defer sess.Close() // revokes the lease (bounded by its TTL): our election key goes with it
+	defer sess.Close() // revokes the lease (bounded by its TTL and Close's bound): our election key goes with it
 	e := concurrency.NewElection(sess, s.cfg.ElectionPrefix)
 	cctx, cancel := context.WithCancel(s.ctx)
 	defer cancel()
@@ -318,7 +338,7 @@ func (s *Service) lead(sess *concurrency.Session, e *concurrency.Election) error
 	for {
 		select {
 		case <-s.ctx.Done():
-			ctx, cancel := context.WithTimeout(context.Background(), s.cfg.WriteTimeout)
+			ctx, cancel := context.WithTimeout(s.cleanup, s.cfg.WriteTimeout)
 			err := e.Resign(ctx)
 			cancel()
 			log.Info("resigned", "error", err)
