@@ -24,10 +24,23 @@ import (
 // serving the last good snapshot. While watching it probes etcd every interval, so Status
 // shows an outage even when the client is quietly reconnecting.
 //
-// A bad rule rejects the whole new set: the error (naming the key, rule, field and line)
-// is logged, counted and passed to OnError, and the previous snapshot stays until a later
-// change makes the set good again. With WithBase the snapshot is the base set with etcd
-// rules layered over it (an etcd rule replaces the base rule of the same id).
+// A bad rule is refused alone: each key's rule is checked by itself (parsed, validated
+// and compiled as a set of one, as Compile would), and a key whose rule fails — or
+// repeats the id of a key before it in key order — keeps the last good version this
+// source saw under that key, or is left out if it never had one (a process started after
+// the bad write never saw one). The other keys' rules apply as usual, so one broken key
+// does not hold every later change hostage. Each refusal (naming the key, rule, field
+// and line) is logged once per revision of the key, counted and passed to OnError, and
+// Status().Refused lists the keys refused now (the enforcer's /readyz and the
+// allot_rules_refused gauge show them). Only an error of the combined set (more than
+// MaxRules) rejects the whole new set: the previous snapshot then stays until a later
+// change makes it good again.
+//
+// With WithBase the snapshot is the base set with etcd rules layered over it: an etcd
+// rule replaces the base (file) rule of the same id wherever that rule sat, and the other
+// etcd rules are added after the base's. A replacement is legitimate (an operator moving a
+// file rule into etcd) but easy to do by accident, so each one is logged at warn, once per
+// revision of the key.
 //
 // The snapshot's Version is the content hash, so enforcers that hold the same rules report
 // the same version however they got there. Safe for concurrent use. The zero value is not
@@ -54,7 +67,12 @@ type EtcdSource struct {
 type etcdEntry struct {
 	modRev int64
 	rule   *Rule
-	err    error
+	err    error // rule failed to parse, validate or compile alone
+	// good is the rule to apply: rule when err is nil, else the last good rule seen under
+	// the key (nil if none).
+	good *Rule
+	// refusedLogged, shadowLogged: this revision's refusal / shadowing was announced.
+	refusedLogged, shadowLogged bool
 }
 
 // NewEtcdSource returns a source for the rules under prefix. It does no I/O: call Load to
@@ -114,29 +132,92 @@ func (e *EtcdSource) list(ctx context.Context) error {
 			e.kvs[k] = o // unchanged: keep the parsed rule
 			continue
 		}
-		e.kvs[k] = e.parse(k, kv.Value, kv.ModRevision)
+		e.kvs[k] = e.parse(k, kv.Value, kv.ModRevision, old[k])
 	}
 	e.rev, e.listed = resp.Header.Revision, true
 	e.st.setRevision(e.rev)
 	return nil
 }
 
-func (e *EtcdSource) parse(key string, value []byte, modRev int64) *etcdEntry {
+// parse parses and checks one key's rule alone; prev is the key's previous entry (nil if
+// none), whose good rule a bad one keeps.
+func (e *EtcdSource) parse(key string, value []byte, modRev int64, prev *etcdEntry) *etcdEntry {
 	r, err := parseRule(value, key)
 	if err == nil && r.ID == "" {
 		r.ID = strings.TrimPrefix(key, e.prefix)
 		r.ID = strings.TrimPrefix(r.ID, "/")
 	}
-	return &etcdEntry{modRev: modRev, rule: r, err: err}
+	if err == nil {
+		opt := e.opt
+		opt.Now = e.cfg.clock.Now()
+		_, err = Compile(&Set{Rules: []Rule{*r}}, opt)
+	}
+	en := &etcdEntry{modRev: modRev, rule: r, err: err}
+	switch {
+	case err == nil:
+		en.good = r
+	case prev != nil:
+		en.good = prev.good
+	}
+	return en
+}
+
+// RefusedRule is one etcd key whose rule is refused (see EtcdSource).
+type RefusedRule struct {
+	Key string
+	Err error
+	// Kept is true when the key's previous good rule still applies (false: none does).
+	Kept bool
+}
+
+// pick chooses each key's rule (its own, or its last good one when refused) in key order,
+// and lists the refused keys.
+func (e *EtcdSource) pick() (keys []string, rules map[string]*Rule, refused []RefusedRule) {
+	rules = make(map[string]*Rule, len(e.kvs))
+	ids := make(map[string]string, len(e.kvs)) // rule id → key that holds it
+	for _, k := range sortedKeys(e.kvs) {      // key order: the same on every enforcer
+		en := e.kvs[k]
+		err, r := en.err, en.rule
+		if err == nil {
+			if other, dup := ids[r.ID]; dup {
+				err = &Error{File: k, Rule: r.ID, Field: "id", Msg: fmt.Sprintf("%q is also the id of the rule at %s; ids must be unique", r.ID, other)}
+			}
+		}
+		if err != nil {
+			r = en.good
+			if r != nil {
+				if _, dup := ids[r.ID]; dup {
+					r = nil
+				}
+			}
+			refused = append(refused, RefusedRule{Key: k, Err: err, Kept: r != nil})
+			if !en.refusedLogged {
+				en.refusedLogged = true
+				e.cfg.report(&e.st, err, "etcd rule refused; the other rules apply", "key", k, "kept-previous-version", r != nil)
+			}
+			if r == nil {
+				continue
+			}
+		}
+		ids[r.ID] = k
+		rules[k] = r
+		keys = append(keys, k)
+		if e.cfg.base != nil && !en.shadowLogged && r == en.rule {
+			en.shadowLogged = true
+			if hasID(e.cfg.base, r.ID) {
+				e.cfg.logger.Warn("etcd rule replaces the file rule of the same id", "key", k, "rule", r.ID)
+			}
+		}
+	}
+	return keys, rules, refused
 }
 
 // rebuildLocked compiles base + etcd rules and stores the snapshot if it is good and new.
 // Caller holds e.mu (compiling is CPU only; the hooks it calls must not call back).
 func (e *EtcdSource) rebuildLocked() error {
-	set, err := layer(e.cfg.base, sortedKeys(e.kvs), func(k string) (*Rule, error) { // key order: the same on every enforcer
-		en := e.kvs[k]
-		return en.rule, en.err
-	})
+	keys, rules, refused := e.pick()
+	e.st.setRefused(refused)
+	set, err := layer(e.cfg.base, keys, func(k string) (*Rule, error) { return rules[k], nil })
 	var snap *Snapshot
 	if err == nil {
 		opt := e.opt
@@ -152,7 +233,12 @@ func (e *EtcdSource) rebuildLocked() error {
 		return nil
 	}
 	e.lastVer = snap.Version()
-	e.cfg.store(&e.st, e.h, snap, "rules loaded from etcd", "prefix", e.prefix, "revision", e.rev)
+	fromFile := 0
+	if e.cfg.base != nil {
+		fromFile = len(set.Rules) - len(keys) // base rules not replaced by an etcd rule
+	}
+	e.cfg.store(&e.st, e.h, snap, "rules loaded", "prefix", e.prefix, "revision", e.rev,
+		"from-etcd", len(keys), "from-file", fromFile, "refused", len(refused))
 	return nil
 }
 
@@ -332,7 +418,7 @@ func (e *EtcdSource) apply(wr clientv3.WatchResponse) {
 		k := string(ev.Kv.Key)
 		switch ev.Type {
 		case mvccpb.PUT:
-			e.kvs[k] = e.parse(k, ev.Kv.Value, ev.Kv.ModRevision)
+			e.kvs[k] = e.parse(k, ev.Kv.Value, ev.Kv.ModRevision, e.kvs[k])
 		case mvccpb.DELETE:
 			delete(e.kvs, k)
 		}
@@ -360,4 +446,13 @@ func (e *EtcdSource) Close() error {
 		<-e.done
 	}
 	return nil
+}
+
+func hasID(s *Set, id string) bool {
+	for i := range s.Rules {
+		if s.Rules[i].ID == id {
+			return true
+		}
+	}
+	return false
 }

@@ -140,7 +140,7 @@ func (a *App) buildRules() error {
 		}
 	}
 	opts := []rules.Option{rules.WithInterval(rc.PollInterval), rules.WithLogger(a.log.Named("rules")),
-		rules.WithOnError(func(err error) { a.log.Error("rules rejected; the previous rules keep serving", "error", err) })}
+		rules.WithOnError(func(err error) { a.log.Error(rules.Describe(err), "error", err) })}
 	h := rules.NewHolder(nil)
 	a.rules, a.base = h, base
 	a.table = balancer.NewRuleTable(h, a.cfg.Regions)
