@@ -51,6 +51,15 @@ func TestShutdownBoundedWithEtcdGone(t *testing.T) {
 				e.Members[0].Pause(t)
 				t.Cleanup(func() { e.Members[0].Unpause(t) })
 			}
+			// /readyz names the registry's trouble once (it said "registry: registry: …").
+			var ready error
+			if !poll(10*time.Second, func() bool { ready = a.Ready(); return ready != nil && strings.Contains(ready.Error(), "registry: ") }) {
+				t.Fatalf("Ready with etcd %s: %v, want degraded naming the registry", how, ready)
+			}
+			if strings.Contains(ready.Error(), "registry: registry:") {
+				t.Fatalf("Ready: %v, with a doubled prefix", ready)
+			}
+			t.Logf("Ready with etcd %s: %v", how, ready)
 			const bound = 10 * time.Second
 			began := time.Now()
 			closed := make(chan struct{})
