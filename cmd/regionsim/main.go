@@ -24,6 +24,7 @@ import (
 	"path/filepath"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/allot-dev/allot/pkg/sim"
 	"github.com/allot-dev/allot/pkg/sim/scenario"
@@ -106,7 +107,12 @@ func runCmd(args []string, stdout, stderr io.Writer) int {
 		defer stop()
 		fmt.Fprintf(stderr, "regionsim: replaying %s in real time (%v) against %d regions; faults are not injected in live mode\n",
 			sc.Name, sc.Duration, len(tg))
-		res, err = sim.RunLive(ctx, sc, sim.LiveOptions{Policy: *policy, Targets: tg, Progress: stderr})
+		began := time.Now()
+		res, err = sim.RunLive(ctx, sc, sim.LiveOptions{Policy: *policy, Targets: tg, Progress: &untilDone{ctx: ctx, w: stderr}})
+		if err != nil && ctx.Err() != nil {
+			fmt.Fprintln(stderr, interrupted(time.Since(began), sc.Duration))
+			return 1
+		}
 	default:
 		fmt.Fprintf(stderr, "regionsim run: -mode %q: want virtual or live\n", *mode)
 		return 2
@@ -196,4 +202,25 @@ func rulesCmd(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	return 0
+}
+
+// untilDone passes progress lines to w until ctx ends (Ctrl-C): after it, RunLive would
+// print every second not run as an empty row.
+type untilDone struct {
+	ctx context.Context
+	w   io.Writer
+}
+
+func (u *untilDone) Write(p []byte) (int, error) {
+	if u.ctx.Err() != nil {
+		return len(p), nil
+	}
+	return u.w.Write(p)
+}
+
+// interrupted is what a live run stopped early says: how far it got. The rows above are
+// what ran; a partial run is not judged (its windows after a change would be cut short).
+func interrupted(ran, of time.Duration) string {
+	return fmt.Sprintf("regionsim: interrupted after %v of %v: the rows above are what ran; no verdict (a run is judged whole)",
+		ran.Round(time.Second), of)
 }
