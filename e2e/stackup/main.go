@@ -118,7 +118,7 @@ func liveCommand(targets string) string {
 	return "go run ./cmd/regionsim run -mode live -scenario configs/scenarios/stack-shift.yaml \\\n    -targets " + shellQuote(targets)
 }
 
-// shellQuote quotes s for a POSIX shell (single quotes; a ' inside becomes '\”).
+// shellQuote quotes s for a POSIX shell: in single quotes, each ' inside closed, escaped and reopened.
 func shellQuote(s string) string {
 	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }
