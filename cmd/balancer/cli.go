@@ -262,7 +262,7 @@ func cli(args []string, env cliEnv) int {
 	case "rules list":
 		r, e := cl.Rules(ctx)
 		if err = e; err == nil {
-			printRules(env.stdout, r)
+			printRules(env.stdout, r, time.Now())
 		}
 	case "rules apply":
 		if *file == "" {
@@ -284,7 +284,7 @@ func cli(args []string, env cliEnv) int {
 	case "override list":
 		r, e := cl.Overrides(ctx)
 		if err = e; err == nil {
-			printRules(env.stdout, r)
+			printRules(env.stdout, r, time.Now())
 		}
 	case "override set":
 		key, ok := arg()
@@ -407,19 +407,28 @@ func printError(w io.Writer, err error) {
 	}
 }
 
-func printRules(w io.Writer, r admin.RulesResponse) {
+// printRules lists rules, one a line; STATE says "EXPIRED" for an override whose
+// expires_at has passed at now (it no longer applies anywhere) and "error" for a value that
+// does not parse (refused by every enforcer).
+func printRules(w io.Writer, r admin.RulesResponse, now time.Time) {
 	fmt.Fprintf(w, "revision %d, %d rules\n", r.Revision, len(r.Rules))
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tKEY\tMOD_REVISION\tRULE")
+	fmt.Fprintln(tw, "ID\tKEY\tMOD_REVISION\tSTATE\tRULE")
 	for _, e := range r.Rules {
-		body := e.Error
+		body, state := e.Error, "error"
 		if body == "" {
 			var v any
 			_ = json.Unmarshal(e.Rule, &v)
 			b, _ := json.Marshal(v) // one line
-			body = string(b)
+			body, state = string(b), ""
+			var exp struct {
+				ExpiresAt time.Time `json:"expires_at"`
+			}
+			if json.Unmarshal(e.Rule, &exp) == nil && !exp.ExpiresAt.IsZero() && !exp.ExpiresAt.After(now) {
+				state = "EXPIRED"
+			}
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\n", e.ID, e.Key, e.ModRevision, body)
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\n", e.ID, e.Key, e.ModRevision, state, body)
 	}
 	tw.Flush()
 }

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/allot-dev/allot/pkg/balancer/admin"
 	"github.com/allot-dev/allot/pkg/balancer/app"
@@ -135,5 +136,36 @@ func TestCLIFailuresSayWhy(t *testing.T) {
 		if len(line) > 100 || strings.Contains(line, "166.666") {
 			t.Errorf("explain line too wide or unrounded (%d columns): %q", len(line), line)
 		}
+	}
+}
+
+// TestRulesListMarksExpired (issue 28, item 9): `rules list` showed an expired override like
+// any other; it no longer applies anywhere, and the list says so.
+func TestRulesListMarksExpired(t *testing.T) {
+	var out bytes.Buffer
+	printRules(&out, admin.RulesResponse{Revision: 9, Rules: []admin.RuleEntry{
+		{ID: "old", Key: "/allot/rules/old", ModRevision: 3, Rule: json.RawMessage(`{"id":"old","match":{"api_key":"k1"},"expires_at":"2026-01-01T00:00:00Z","limits":[{"name":"s","rate":5,"per":"1s"}]}`)},
+		{ID: "live", Key: "/allot/rules/live", ModRevision: 4, Rule: json.RawMessage(`{"id":"live","match":{"api_key":"k2"},"expires_at":"2030-01-01T00:00:00Z","limits":[{"name":"s","rate":5,"per":"1s"}]}`)},
+		{ID: "plain", Key: "/allot/rules/plain", ModRevision: 5, Rule: json.RawMessage(`{"id":"plain","limits":[{"name":"s","rate":5,"per":"1s"}]}`)},
+		{ID: "broken", Key: "/allot/rules/broken", ModRevision: 6, Error: "rules: /allot/rules/broken:1: not a mapping"},
+	}}, time.Date(2027, 1, 1, 0, 0, 0, 0, time.UTC))
+	t.Logf("\n%s", out.String())
+	want := map[string]string{"old": "EXPIRED", "live": "", "plain": "", "broken": "error"}
+	for _, line := range strings.Split(out.String(), "\n")[2:] {
+		f := strings.Fields(line)
+		if len(f) < 4 {
+			continue
+		}
+		state := f[3]
+		if strings.HasPrefix(state, "{") || strings.HasPrefix(state, "rules:") {
+			state = ""
+		}
+		if w, ok := want[f[0]]; !ok || state != w {
+			t.Errorf("%s: state %q, want %q", f[0], state, w)
+		}
+		delete(want, f[0])
+	}
+	if len(want) > 0 {
+		t.Errorf("not listed: %v", want)
 	}
 }
