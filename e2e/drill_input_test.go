@@ -133,7 +133,8 @@ func drillBadInput(t *testing.T, s *stack.Stack, baseline map[string]time.Time) 
 		}
 	}
 
-	// A broken rule in etcd: refused whole on every enforcer, the rules in force serve on.
+	// A broken rule in etcd: refused alone on every enforcer (counted, and shown by
+	// allot_rules_refused), the rules in force serve on.
 	before := map[string]float64{}
 	versions := map[string]string{}
 	for _, en := range s.Enforcers() {
@@ -157,6 +158,9 @@ func drillBadInput(t *testing.T, s *stack.Stack, baseline map[string]time.Time) 
 			}
 			if m.Sum("allot_rules_failures_total") <= before[en.ID] {
 				return fmt.Errorf("allot_rules_failures_total still %v", before[en.ID])
+			}
+			if r := m.Sum("allot_rules_refused"); r != 1 {
+				return fmt.Errorf("allot_rules_refused %v, want 1", r)
 			}
 			return nil
 		})

@@ -3,6 +3,7 @@ package rules
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 )
 
@@ -23,6 +24,30 @@ func TestDescribe(t *testing.T) {
 	} {
 		if got := Describe(tc.err); got != tc.want {
 			t.Errorf("Describe(%v) = %q, want %q", tc.err, got, tc.want)
+		}
+	}
+}
+
+// TestCheckEtcd (issue 28, item 4): the admin API's check of etcd's rules refuses keys
+// alone, as an EtcdSource does, and fails whole only for the whole set.
+func TestCheckEtcd(t *testing.T) {
+	kvs := map[string][]byte{
+		"/r/default": []byte(`{"limits":[{"name":"s","rate":10,"per":"1s"}]}`),
+		"/r/k1":      []byte(`{"match":{"api_key":"k1"},"limits":[{"name":"s","rate":10,"per":"1s"}]}`),
+		"/r/a":       []byte(`{"id":"dup","limits":[{"name":"s","rate":1,"per":"1s"}]}`),
+		"/r/b":       []byte(`{"id":"dup","limits":[{"name":"s","rate":1,"per":"1s"}]}`),
+		"/r/junk":    []byte(`[1, 2`),
+	}
+	refused, err := CheckEtcd("/r/", kvs, nil, CompileOptions{})
+	if err != nil {
+		t.Fatalf("whole set: %v", err)
+	}
+	if len(refused) != 3 || refused["/r/k1"] == nil || refused["/r/b"] == nil || refused["/r/junk"] == nil {
+		t.Fatalf("refused %v, want k1 (no expires_at), b (dup of a) and junk", refused)
+	}
+	for k, want := range map[string]string{"/r/k1": "expires_at", "/r/b": `"dup" is also the id of the rule at /r/a`} {
+		if !strings.Contains(refused[k].Error(), want) {
+			t.Errorf("%s: %v, want %q", k, refused[k], want)
 		}
 	}
 }
