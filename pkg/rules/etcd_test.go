@@ -315,6 +315,9 @@ func TestEtcdBadRuleRefusedAlone(t *testing.T) {
 	out := logs.String()
 	logMu.Unlock()
 	for _, want := range []string{"etcd rule replaces the file rule of the same id: key=/allot/rules/acme-launch rule=acme-launch",
+		// item 9: the load line says where the rules came from (it said "from etcd" for all)
+		"from-etcd=1 from-file=2 refused=0",
+		"from-etcd=4 from-file=1 refused=0", // acme-launch replaced the file's
 		"etcd rule refused; the other rules apply: key=/allot/rules/k1"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("log lacks %q:\n%s", want, out)
