@@ -76,6 +76,8 @@ var overrides = slices.Concat([]cliconf.Override[Config]{
 	{Name: "log-level", Usage: "trace | debug | info | warn | error", Apply: cliconf.Str(func(c *Config) *string { return &c.LogLevel })},
 	{Name: "explain", Usage: "serve GET /v1/explain (\"why was I limited?\") on the HTTP address (needs admin tokens)", IsBool: true, Apply: cliconf.Bool(func(c *Config) *bool { return &c.Explain.Enabled })},
 	{Name: "explain-tokens-file", Usage: "explain's tokens (the balancer's admin tokens), name:secret a line", Apply: cliconf.Str(func(c *Config) *string { return &c.Explain.TokensFile })},
+	{Name: "identity-digest-key", Usage: "secret keying the identity digest in sampled refusal logs (the same on every enforcer; prefer the environment variable)", Apply: cliconf.Str(func(c *Config) *string { return &c.Check.IdentityDigestKey })},
+	{Name: "log-identities", Usage: "log the identity itself (API key, IP) in sampled refusal logs", IsBool: true, Apply: cliconf.Bool(func(c *Config) *bool { return &c.Check.LogIdentities })},
 	{Name: "pprof", Usage: "serve /debug/pprof/ on the HTTP address", IsBool: true, Apply: cliconf.Bool(func(c *Config) *bool { return &c.Pprof })},
 	{Name: "gc-heap-floor-mib", Usage: "the heap (MiB) the Go GC lets the process reach before collecting, however small the live heap; 0: none; a GOGC variable turns it off", Apply: cliconf.Int(func(c *Config) *int { return &c.GCHeapFloorMiB })},
 	{Name: "gc-percent", Usage: "the Go GC's target percentage (GOGC) the process runs at; a GOGC variable wins", Apply: cliconf.Int(func(c *Config) *int { return &c.GCPercent })},
