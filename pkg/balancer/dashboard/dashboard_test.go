@@ -93,6 +93,10 @@ func TestIdentityPage(t *testing.T) {
 	mustContain(t, page, `id="not-tracked"`, "default split")
 	_, page = get(t, d, "/dashboard/identity?identity=key:k_globex&rule=pro")
 	mustContain(t, page, `id="not-tracked"`, "under rule <b>pro</b>")
+	// Issue 28, item 7: a key whose traffic stopped is forgotten by the balancer after
+	// key_ttl, but the page still shows the history the dashboard kept of it.
+	_, page = get(t, d, "/dashboard/identity?identity=key:k_gone")
+	mustContain(t, page, `id="not-tracked"`, `id="history-kept"`, `id="share"`, `id="tokens"`, `id="refused"`, "global limit 100/s")
 	// Tracked but never in the top: its state, and no history.
 	_, page = get(t, d, "/dashboard/identity?identity=key:tail-29&rule=default")
 	mustContain(t, page, "No history", "Per region")
