@@ -23,6 +23,10 @@ import (
 // DefaultElectionPrefix+"/" with clientv3.WithFirstCreate().
 const DefaultElectionPrefix = "/allot/balancer/election"
 
+// DashboardsSuffix, after the election prefix, is where each replica publishes its
+// dashboard URL, keyed by its report address (ServiceConfig.Dashboard).
+const DashboardsSuffix = "-dashboards/"
+
 // ErrFenced: an etcd write was refused because this replica's election key is gone or
 // was recreated (another replica leads). The replica steps down.
 var ErrFenced = errors.New("balancer: fenced: no longer the leader")
@@ -45,6 +49,11 @@ type ServiceConfig struct {
 	// Advertise is this replica's report API address ("host:port"), the campaign value
 	// standbys redirect to. Required.
 	Advertise string
+	// Dashboard is this replica's dashboard URL. Each term's session publishes it under
+	// ElectionPrefix+DashboardsSuffix+Advertise (with the session's lease, so it goes with
+	// the replica), and LeaderDashboard reads the leader's there: a standby's dashboard
+	// links to the leader's. "" publishes nothing.
+	Dashboard string
 	// SessionTTL is the election lease: a leader that stops refreshing it (dead, cut off)
 	// loses leadership after it, and its writes fail from then on. Whole seconds ≥ 1s.
 	// Default 10s.
@@ -275,7 +284,15 @@ func (s *Service) term() error {
 	if err != nil {
 		return fmt.Errorf("while creating the election session: %w", err)
 	}
-	defer sess.Close() // revokes the lease (bounded by its TTL and Close's bound): our election key goes with it
+	defer sess.Close()         // revokes the lease (bounded by its TTL and Close's bound): our election key goes with it
+	if s.cfg.Dashboard != "" { // for the standbys' dashboards; a failure costs only that link
+		pctx, cancel := context.WithTimeout(s.ctx, s.cfg.WriteTimeout)
+		_, err := s.cfg.Etcd.Put(pctx, s.cfg.ElectionPrefix+DashboardsSuffix+s.cfg.Advertise, s.cfg.Dashboard, clientv3.WithLease(sess.Lease()))
+		cancel()
+		if err != nil && s.ctx.Err() == nil {
+			s.log.Warn("could not publish this replica's dashboard address", "error", err)
+		}
+	}
 	e := concurrency.NewElection(sess, s.cfg.ElectionPrefix)
 	cctx, cancel := context.WithCancel(s.ctx)
 	defer cancel()
@@ -374,6 +391,26 @@ func (s *Service) lead(sess *concurrency.Session, e *concurrency.Election) error
 		}
 		t = s.cfg.Clock.NewTimer(s.cfg.TickEvery)
 	}
+}
+
+// LeaderDashboard returns the leader's dashboard URL as it published it (see
+// ServiceConfig.Dashboard): this replica's own while it leads, "" when no leader or no URL
+// is known. It reads etcd (bounded by a second).
+func (s *Service) LeaderDashboard(ctx context.Context) string {
+	addr, _ := s.leader(ctx)
+	if addr == "" {
+		return ""
+	}
+	if addr == s.cfg.Advertise {
+		return s.cfg.Dashboard
+	}
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	resp, err := s.cfg.Etcd.Get(ctx, s.cfg.ElectionPrefix+DashboardsSuffix+addr)
+	if err != nil || len(resp.Kvs) == 0 {
+		return ""
+	}
+	return string(resp.Kvs[0].Value)
 }
 
 // leaderLookupEvery bounds how often a standby asks etcd who leads.

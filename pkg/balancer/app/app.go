@@ -109,6 +109,15 @@ func New(cfg Config, log hclog.Logger) (_ *App, err error) {
 	if sc.Advertise == "" {
 		sc.Advertise = a.GRPCAddr()
 	}
+	if h := a.cfg.Listen.DashboardURL; h != "" {
+		sc.Dashboard = h
+	} else if h := a.HTTPAddr(); h != "" {
+		scheme := "http"
+		if a.cfg.Admin.TLS.Enabled {
+			scheme = "https"
+		}
+		sc.Dashboard = scheme + "://" + h + "/dashboard/"
+	}
 	if a.svc, err = balancer.NewService(sc); err != nil {
 		return nil, err
 	}

@@ -3,6 +3,7 @@ package app
 import (
 	"context"
 	"io"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -48,6 +49,17 @@ func TestShutdownBoundedWithEtcdGone(t *testing.T) {
 			go apps[1].Run(ctx) //nolint:errcheck // Close below
 			poll(t, 10*time.Second, "the standby ready", func() bool { return apps[1].Ready() == nil })
 			time.Sleep(500 * time.Millisecond) // let it enter Campaign's wait
+			// Item 7: the standby's dashboard links to the leader's, not only its report address.
+			leaderDash := "http://" + apps[0].HTTPAddr() + "/dashboard/"
+			poll(t, 5*time.Second, "the standby's dashboard linking the leader's", func() bool {
+				resp, err := http.Get("http://" + apps[1].HTTPAddr() + "/dashboard/")
+				if err != nil {
+					return false
+				}
+				b, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				return strings.Contains(string(b), `id="leader-dashboard" href="`+leaderDash+`"`)
+			})
 
 			if how == "stopped" {
 				e.Members[0].Stop(t)

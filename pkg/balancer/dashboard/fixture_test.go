@@ -29,6 +29,7 @@ type fakeSource struct {
 	core   *balancer.Core
 	leader string
 	term   int64
+	dash   string // the leader's dashboard URL ("" unknown)
 }
 
 func (f *fakeSource) Core() *balancer.Core {
@@ -38,6 +39,8 @@ func (f *fakeSource) Core() *balancer.Core {
 }
 
 func (f *fakeSource) Leader(context.Context) (string, int64) { return f.leader, f.term }
+
+func (f *fakeSource) LeaderDashboard(context.Context) string { return f.dash }
 
 func (f *fakeSource) setCore(c *balancer.Core) {
 	f.mu.Lock()

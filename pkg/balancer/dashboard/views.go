@@ -20,6 +20,7 @@ type common struct {
 	Now        string
 	Leading    bool
 	LeaderAddr string
+	LeaderDash string // the leader's dashboard URL, when its source knows it
 	Term       int64
 	Version    uint64
 	Landed     uint64
@@ -108,11 +109,19 @@ func (d *Dashboard) common(ctx context.Context, title string, core *balancer.Cor
 	}
 	if core == nil {
 		c.LeaderAddr, c.Term = d.src.Leader(ctx)
+		if ld, ok := d.src.(leaderDashboard); ok && c.LeaderAddr != "" {
+			c.LeaderDash = ld.LeaderDashboard(ctx)
+		}
 		return c
 	}
 	c.Leading, c.Term, c.Version, c.Landed, c.Learning = true, st.LeaderRev, st.Version, st.Landed, st.Learning
 	c.Tracked, c.Listed, c.Pending = st.Tracked, st.Listed, st.Pending
 	return c
+}
+
+// leaderDashboard is a Source that knows the leader's dashboard URL (balancer.Service).
+type leaderDashboard interface {
+	LeaderDashboard(ctx context.Context) string
 }
 
 func regionClass(i int) string { return "r" + string(rune('0'+i%len(palette))) }
