@@ -284,8 +284,9 @@ func (s *Service) term() error {
 	if err != nil {
 		return fmt.Errorf("while creating the election session: %w", err)
 	}
-	defer sess.Close()         // revokes the lease (bounded by its TTL and Close's bound): our election key goes with it
-	if s.cfg.Dashboard != "" { // for the standbys' dashboards; a failure costs only that link
+	defer sess.Close() // revokes the lease (bounded by its TTL and Close's bound): our election key goes with it
+	// This replica's dashboard URL, for the standbys' pages; a failure costs only that link.
+	if s.cfg.Dashboard != "" {
 		pctx, cancel := context.WithTimeout(s.ctx, s.cfg.WriteTimeout)
 		_, err := s.cfg.Etcd.Put(pctx, s.cfg.ElectionPrefix+DashboardsSuffix+s.cfg.Advertise, s.cfg.Dashboard, clientv3.WithLease(sess.Lease()))
 		cancel()
