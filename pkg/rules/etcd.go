@@ -30,8 +30,9 @@ import (
 // source saw under that key, or is left out if it never had one (a process started after
 // the bad write never saw one). The other keys' rules apply as usual, so one broken key
 // does not hold every later change hostage. Each refusal (naming the key, rule, field
-// and line) is logged once per revision of the key, counted and passed to OnError, and
-// Status().Refused lists the keys refused now (the enforcer's /readyz and the
+// and line) is logged once per revision of the key and passed to OnError, and
+// Status().Refused lists the keys refused now (Failures counts rejected sets and etcd
+// errors, not refused rules) (the enforcer's /readyz and the
 // allot_rules_refused gauge show them). Only an error of the combined set (more than
 // MaxRules) rejects the whole new set: the previous snapshot then stays until a later
 // change makes it good again.
@@ -191,9 +192,12 @@ func (e *EtcdSource) pick() (keys []string, rules map[string]*Rule, refused []Re
 				}
 			}
 			refused = append(refused, RefusedRule{Key: k, Err: err, Kept: r != nil})
-			if !en.refusedLogged {
+			if !en.refusedLogged { // logged once per revision; counted by Status().Refused, not Failures
 				en.refusedLogged = true
-				e.cfg.report(&e.st, err, "etcd rule refused; the other rules apply", "key", k, "kept-previous-version", r != nil)
+				e.cfg.logger.Warn("etcd rule refused; the other rules apply", "key", k, "kept-previous-version", r != nil, "error", err)
+				if e.cfg.onError != nil {
+					e.cfg.onError(err)
+				}
 			}
 			if r == nil {
 				continue

@@ -183,7 +183,7 @@ var (
 	rulesLoadsDesc = prometheus.NewDesc("allot_rules_loads_total",
 		"Rule snapshots a source stored (file or etcd).", []string{"source"}, nil)
 	rulesFailuresDesc = prometheus.NewDesc("allot_rules_failures_total",
-		"Rule sets a source rejected, etcd rules refused (once per revision of the key), or etcd errors; the previous rules kept serving.", []string{"source"}, nil)
+		"Rule sets a source rejected, or etcd errors; the previous rules kept serving (a refused etcd rule is allot_rules_refused).", []string{"source"}, nil)
 	rulesRefusedDesc = prometheus.NewDesc("allot_rules_refused",
 		"etcd rules refused now (each serves its previous version, or nothing; /readyz names them); the other rules apply.", []string{"source"}, nil)
 )
