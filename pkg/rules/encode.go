@@ -81,12 +81,11 @@ func formatPer(d time.Duration) string {
 // key as the file, the way an EtcdSource reports them.
 func ParseRuleAt(data []byte, key string) (*Rule, error) { return parseRule(data, key) }
 
-// EtcdSet is the set an EtcdSource compiles from the values under prefix (key → value)
-// over base (nil: none): base rules first, an etcd rule replacing the base rule of its id,
-// the other etcd rules after in key order; a rule without an id takes the key's name after
-// the prefix. Every value that does not parse is an error (all listed, like a rejected
-// set); Compile the result to check the whole set. It backs the balancer's admin API, so a
-// change is checked the way every enforcer will check it.
+// EtcdSet is the set the values under prefix (key → value) make over base (nil: none)
+// when every one is good: base rules first, an etcd rule replacing the base rule of its
+// id, the other etcd rules after in key order; a rule without an id takes the key's name
+// after the prefix. Every value that does not parse is an error (all listed). An
+// EtcdSource refuses bad keys alone instead; CheckEtcd checks values its way.
 func EtcdSet(prefix string, kvs map[string][]byte, base *Set) (*Set, error) {
 	return layer(base, sortedKeys(kvs), func(k string) (*Rule, error) {
 		r, err := parseRule(kvs[k], k)
