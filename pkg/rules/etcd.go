@@ -27,8 +27,9 @@ import (
 // A bad rule is refused alone: each key's rule is checked by itself (parsed, validated
 // and compiled as a set of one, as Compile would), and a key whose rule fails — or
 // repeats the id of a key before it in key order — keeps the last good version this
-// source saw under that key, or is left out if it never had one (a process started after
-// the bad write never saw one). The other keys' rules apply as usual, so one broken key
+// source saw under that key (one started after the bad write reads it from etcd's history,
+// up to maxLookBack versions back, unless compacted away), or is left out if it never
+// had one. The other keys' rules apply as usual, so one broken key
 // does not hold every later change hostage. Each refusal (naming the key, rule, field
 // and line) is logged once per revision of the key and passed to OnError, and
 // Status().Refused lists the keys refused now (Failures counts rejected sets and etcd
@@ -121,22 +122,67 @@ func (e *EtcdSource) list(ctx context.Context) error {
 		return fmt.Errorf("rules: while listing %s in etcd: %w", e.prefix, err)
 	}
 	e.mu.Lock()
-	defer e.mu.Unlock()
 	if e.listed && resp.Header.Revision < e.rev {
+		e.mu.Unlock()
 		return nil // a watch already brought us further
 	}
 	old := e.kvs
 	e.kvs = make(map[string]*etcdEntry, len(resp.Kvs))
+	var lookBack []*etcdEntry // refused, with no good version known here, but with older versions in etcd
+	var lookKeys []string
 	for _, kv := range resp.Kvs {
 		k := string(kv.Key)
 		if o, ok := old[k]; ok && o.modRev == kv.ModRevision {
 			e.kvs[k] = o // unchanged: keep the parsed rule
 			continue
 		}
-		e.kvs[k] = e.parse(k, kv.Value, kv.ModRevision, old[k])
+		en := e.parse(k, kv.Value, kv.ModRevision, old[k])
+		e.kvs[k] = en
+		if en.err != nil && en.good == nil && kv.Version > 1 {
+			lookBack, lookKeys = append(lookBack, en), append(lookKeys, k)
+		}
 	}
 	e.rev, e.listed = resp.Header.Revision, true
 	e.st.setRevision(e.rev)
+	e.mu.Unlock()
+	// A process that starts after a good rule was made bad never saw the good version; the
+	// others keep it. Read it from etcd's history (unless compacted away) so every enforcer
+	// keeps the same previous version. Outside the lock: it is I/O.
+	for i, en := range lookBack {
+		if r := e.previousGood(ctx, lookKeys[i], en.modRev); r != nil {
+			e.mu.Lock()
+			if en.good == nil {
+				en.good = r
+			}
+			e.mu.Unlock()
+		}
+	}
+	return nil
+}
+
+// maxLookBack bounds how many older versions of a refused key previousGood reads.
+const maxLookBack = 5
+
+// previousGood returns the newest good rule key held before revision modRev (at most
+// maxLookBack versions back), or nil: none, compacted, or etcd unreachable.
+func (e *EtcdSource) previousGood(ctx context.Context, key string, modRev int64) *Rule {
+	rev := modRev - 1
+	for range maxLookBack {
+		if rev <= 0 {
+			return nil
+		}
+		gctx, cancel := context.WithTimeout(ctx, e.cfg.timeout)
+		resp, err := e.cli.Get(gctx, key, clientv3.WithRev(rev))
+		cancel()
+		if err != nil || len(resp.Kvs) == 0 {
+			return nil // compacted, deleted then, or unreachable
+		}
+		kv := resp.Kvs[0]
+		if en := e.parse(key, kv.Value, kv.ModRevision, nil); en.err == nil {
+			return en.rule
+		}
+		rev = kv.ModRevision - 1
+	}
 	return nil
 }
 

@@ -288,6 +288,18 @@ func TestEtcdBadRuleRefusedAlone(t *testing.T) {
 	if limitOf(h, "pro") != 50 {
 		t.Fatalf("pro %v, want its previous 50", limitOf(h, "pro"))
 	}
+	// An enforcer started now never saw pro's good version: it reads it from etcd's
+	// history, so it serves what the others serve.
+	h2 := NewHolder(nil)
+	fresh, _ := startSource(t, cli, p, h2, WithBase(base))
+	eventually(t, 5*time.Second, "a fresh source's rules", func() bool { return limitOf(h2, "enterprise") == 900 })
+	if limitOf(h2, "pro") != 50 || h2.Current().Version() != h.Current().Version() {
+		t.Fatalf("fresh source: pro %v (want the previous 50 from etcd's history), version %s vs %s",
+			limitOf(h2, "pro"), h2.Current().Version(), h.Current().Version())
+	}
+	if r := fresh.Status().Refused; len(r) != 2 {
+		t.Fatalf("fresh source refused %+v, want k1 and pro", r)
+	}
 	// Two keys with one id: the later key (in key order) is refused.
 	put(t, cli, p+"zz-dup", `{"id":"enterprise","match":{"plan":"enterprise"},"limits":[{"name":"s","rate":1,"per":"1s"}]}`)
 	eventually(t, 2*time.Second, "duplicate id refused", func() bool { return len(src.Status().Refused) == 3 })
