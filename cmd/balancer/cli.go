@@ -391,6 +391,11 @@ const noAdminAPI = "no admin API at this address: is -addr / $ALLOT_ADMIN_ADDR t
 func printError(w io.Writer, err error) {
 	var e *admin.APIError
 	if !errors.As(err, &e) {
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			fmt.Fprintf(w, "balancer: cannot reach the admin API at %s: %v (is -addr / $ALLOT_ADMIN_ADDR the balancer's HTTP address, and is it running?)\n", ue.URL, ue.Err)
+			return
+		}
 		fmt.Fprintln(w, "balancer:", err)
 		return
 	}

@@ -109,6 +109,12 @@ func TestCLIFailuresSayWhy(t *testing.T) {
 		}
 	}
 
+	// Nothing listening at -addr.
+	code, out, errOut := runCLI(env, "rules", "list", "-addr", "127.0.0.1:1")
+	if code != 1 || !strings.Contains(errOut, "cannot reach the admin API at http://127.0.0.1:1/v1/admin/rules") {
+		t.Fatalf("nothing at -addr: exit %d\n%s%s", code, out, errOut)
+	}
+
 	// explain: one enforcer answers (its figures rounded), one has explain off.
 	lvl := 13.333333
 	x := enforcer.Explanation{Region: "us-east", RulesVersion: "v1", Rules: []enforcer.RuleExplain{{Rule: "default", Mode: "enforce", By: "api_key",
@@ -122,7 +128,7 @@ func TestCLIFailuresSayWhy(t *testing.T) {
 		}})
 	}))
 	defer mixed.Close()
-	code, out, errOut := runCLI(env, "explain", "k1", "-addr", mixed.URL)
+	code, out, errOut = runCLI(env, "explain", "k1", "-addr", mixed.URL)
 	t.Logf("balancer explain:\n%s%s", out, errOut)
 	if code != 1 || !strings.Contains(errOut, "1 of 2 enforcers did not answer") || !strings.Contains(out, "eu-west/eu-west-1 (127.0.0.1:8180): 404: explain is off") {
 		t.Fatalf("explain with one enforcer off: exit %d\n%s%s", code, out, errOut)
