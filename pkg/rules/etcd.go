@@ -27,16 +27,15 @@ import (
 // A bad rule is refused alone: each key's rule is checked by itself (parsed, validated
 // and compiled as a set of one, as Compile would), and a key whose rule fails — or
 // repeats the id of a key before it in key order — keeps the last good version this
-// source saw under that key (one started after the bad write reads it from etcd's history,
-// up to maxLookBack versions back, unless compacted away), or is left out if it never
-// had one. The other keys' rules apply as usual, so one broken key
-// does not hold every later change hostage. Each refusal (naming the key, rule, field
-// and line) is logged once per revision of the key and passed to OnError, and
-// Status().Refused lists the keys refused now (Failures counts rejected sets and etcd
-// errors, not refused rules) (the enforcer's /readyz and the
-// allot_rules_refused gauge show them). Only an error of the combined set (more than
-// MaxRules) rejects the whole new set: the previous snapshot then stays until a later
-// change makes it good again.
+// source saw under that key (one started after the bad write reads it from etcd's
+// history, up to maxLookBack versions back, unless compacted away), or is left out if it
+// never had one. The other keys' rules apply as usual, so one broken key does not hold
+// every later change hostage. Each refusal (naming the key, rule, field and line) is
+// logged once per revision of the key and passed to OnError, and Status().Refused lists
+// the keys refused now (the enforcer's /readyz and its allot_rules_refused gauge show
+// them); Status().Failures counts rejected sets and etcd errors, not refused rules. Only
+// an error of the combined set (more than MaxRules) rejects the whole new set: the
+// previous snapshot then stays until a later change makes it good again.
 //
 // With WithBase the snapshot is the base set with etcd rules layered over it: an etcd
 // rule replaces the base (file) rule of the same id wherever that rule sat, and the other
