@@ -78,14 +78,18 @@ drills: images
 stack-up: images
 	$(GO) run ./e2e/stackup
 
+# Stops a running stack-up (which removes its own containers), then removes any container
+# a killed stack-up left, and bin/stack.pid and bin/stack.env. It says which it did.
 stack-down:
-	@pid=$$(cat bin/stack.pid 2>/dev/null); \
+	@pid=$$(cat bin/stack.pid 2>/dev/null); stopped=; \
 	if [ -n "$$pid" ] && kill -0 "$$pid" 2>/dev/null; then kill "$$pid"; \
-	  for i in $$(seq 1 300); do kill -0 "$$pid" 2>/dev/null || break; sleep 0.1; done; fi; \
-	rm -f bin/stack.pid; \
+	  for i in $$(seq 1 300); do kill -0 "$$pid" 2>/dev/null || break; sleep 0.1; done; \
+	  if kill -0 "$$pid" 2>/dev/null; then echo "stack-down: stack-up (pid $$pid) still running after 30 s; removing its containers"; \
+	  else stopped=1; echo "stack-down: stopped stack-up (pid $$pid); it removed its containers"; fi; fi; \
+	rm -f bin/stack.pid bin/stack.env; \
 	ids=$$(docker ps -aq --filter label=allot-test.test=stack-up); \
-	if [ -n "$$ids" ]; then docker rm -f $$ids >/dev/null 2>&1 || true; echo "stack-down: removed $$(echo $$ids | wc -w) containers"; \
-	else echo "stack-down: no stack left"; fi
+	if [ -n "$$ids" ]; then docker rm -f $$ids >/dev/null 2>&1 || true; echo "stack-down: removed $$(echo $$ids | wc -w) containers left behind"; \
+	elif [ -z "$$stopped" ]; then echo "stack-down: no stack was running"; fi
 
 # The demo: three regions of allot in one process (embedded etcd, a balancer, two
 # enforcers per region on in-memory stores, real gRPC on loopback), replaying

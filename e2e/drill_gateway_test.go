@@ -48,10 +48,13 @@ func gwGet(t *testing.T, c *http.Client, g *stack.Gateway, path, key string) gwA
 // than 200 or 429 or on an answer missing what the README promises.
 func burst(t *testing.T, c *http.Client, g *stack.Gateway, n int, path, key string) (ok, limited int) {
 	t.Helper()
-	bare := 0
+	bare, bareRefused := 0, 0
 	defer func() {
 		if bare > 0 {
 			t.Errorf("%d of %d allowed answers came without the RateLimit fields", bare, ok)
+		}
+		if bareRefused > 0 {
+			t.Errorf("%d of %d refusals (429) came without RateLimit and RateLimit-Policy", bareRefused, limited)
 		}
 	}()
 	for range n {
@@ -70,6 +73,11 @@ func burst(t *testing.T, c *http.Client, g *stack.Gateway, n int, path, key stri
 			if secs, err := strconv.Atoi(a.retry); err != nil || secs < 1 {
 				t.Errorf("429 with Retry-After %q, want whole seconds ≥ 1", a.retry)
 			}
+			// Every answer carries the RateLimit fields, refusals too (README; issue 28:
+			// the snippet's 429s carried Retry-After alone).
+			if a.rl == "" || a.policy == "" {
+				bareRefused++
+			}
 		default:
 			t.Errorf("status %d through nginx (body %q), want 200 or 429", a.code, a.body)
 		}
@@ -78,8 +86,8 @@ func burst(t *testing.T, c *http.Client, g *stack.Gateway, n int, path, key stri
 }
 
 // drillGateway: Debian's nginx configured with the README's auth_request snippet, in front
-// of us-east's two enforcers. Promise: refusals reach the client as 429 with Retry-After,
-// allowed answers carry the RateLimit fields and reach the backend, refused ones do not,
+// of us-east's two enforcers. Promise: refusals reach the client as 429 with Retry-After
+// and the RateLimit fields, allowed answers carry the RateLimit fields and reach the backend, refused ones do not,
 // and keyless requests are limited per client IP (DESIGN.md §8).
 func drillGateway(t *testing.T, s *stack.Stack) {
 	g := s.Gateway
@@ -93,7 +101,7 @@ func drillGateway(t *testing.T, s *stack.Stack) {
 	if hits := g.BackendHits() - before; hits != int64(ok) {
 		t.Errorf("backend saw %d requests, nginx answered %d allowed: refusals must not reach the backend", hits, ok)
 	}
-	t.Logf("gateway, one key: 80 requests → %d × 200 (RateLimit fields on each), %d × 429 (Retry-After on each); backend saw %d", ok, limited, g.BackendHits()-before)
+	t.Logf("gateway, one key: 80 requests → %d × 200 (RateLimit fields on each), %d × 429 (Retry-After and RateLimit fields on each); backend saw %d", ok, limited, g.BackendHits()-before)
 
 	t.Run("keyless-per-ip", func(t *testing.T) {
 		// Keyless requests from 127.0.0.2 must be limited (DESIGN.md §8: never unlimited)
@@ -108,4 +116,43 @@ func drillGateway(t *testing.T, s *stack.Stack) {
 			t.Errorf("another IP's first 5 keyless requests: %d allowed, want 5 (counted per IP, not shared)", okB)
 		}
 	})
+}
+
+// TestGatewaySnippetKeepsHeadersOnRefusals (issue 28, item 5) runs Debian's nginx with the
+// README's auth_request snippet in front of a stand-in for the enforcer's /v1/auth (200,
+// or 403 as forward_auth.refuse_status: 403 answers, each with the RateLimit fields, and
+// Retry-After on the 403), without the three-region stack TestDrills/gateway needs: a
+// refusal must reach the client as 429 with Retry-After, RateLimit and RateLimit-Policy.
+func TestGatewaySnippetKeepsHeadersOnRefusals(t *testing.T) {
+	auth := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != "/v1/auth" {
+			http.NotFound(w, r)
+			return
+		}
+		w.Header().Set("RateLimit-Policy", `"default/second";q=40;w=2`)
+		if r.Header.Get("X-Api-Key") == "over" {
+			w.Header().Set("RateLimit", `"default/second";r=0;t=2`)
+			w.Header().Set("Retry-After", "1")
+			w.WriteHeader(http.StatusForbidden)
+			return
+		}
+		w.Header().Set("RateLimit", `"default/second";r=39;t=1`)
+	}), ReadHeaderTimeout: 5 * time.Second}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go auth.Serve(ln) //nolint:errcheck // closed below
+	t.Cleanup(func() { auth.Close() })
+	g := stack.StartGateway(t, []*stack.Enforcer{{ID: "stand-in", HTTP: ln.Addr().String()}})
+	c := gatewayClient("127.0.0.1")
+	ok := gwGet(t, c, g, "/v1/items", "fine")
+	if ok.code != http.StatusOK || ok.rl == "" || ok.policy == "" || ok.body != "backend\n" {
+		t.Fatalf("allowed: %+v, want 200 from the backend with the RateLimit fields", ok)
+	}
+	no := gwGet(t, c, g, "/v1/items", "over")
+	t.Logf("refused through nginx: %d RateLimit %q RateLimit-Policy %q Retry-After %q", no.code, no.rl, no.policy, no.retry)
+	if no.code != http.StatusTooManyRequests || no.retry != "1" || no.rl != `"default/second";r=0;t=2` || no.policy != `"default/second";q=40;w=2` {
+		t.Fatalf("refused: %+v, want 429 with Retry-After 1, RateLimit and RateLimit-Policy as the enforcer sent them", no)
+	}
 }

@@ -4,6 +4,7 @@
 #   scripts/region.sh up us-east              # that region's 3-master Redis Cluster
 #   scripts/region.sh down us-east            # remove it
 #   scripts/region.sh etcd-down
+#   scripts/region.sh down all                # every region's cluster and the etcd
 # Ports follow configs/regions/*.yaml: us-east 7001-7003, eu-west 7101-7103,
 # ap-south 7201-7203. Containers use host networking and bind 127.0.0.1 only.
 set -euo pipefail
@@ -60,10 +61,15 @@ case "${1:-}" in
     ;;
   down)
     region=${2:?region}
+    if [ "$region" = all ]; then
+      for r in us-east eu-west ap-south; do "$0" down "$r"; done
+      "$0" etcd-down
+      exit 0
+    fi
     for p in $(ports "$region"); do docker rm -f "allot-redis-$p" >/dev/null 2>&1 || true; done
     ;;
   *)
-    sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'
     exit 2
     ;;
 esac

@@ -9,6 +9,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"net/url"
 	"os"
@@ -20,6 +21,7 @@ import (
 
 	"github.com/allot-dev/allot/pkg/balancer/admin"
 	"github.com/allot-dev/allot/pkg/enforcer"
+	"github.com/allot-dev/allot/pkg/rules"
 )
 
 const cliUsage = `usage: balancer COMMAND [flags]   (the admin API's CLI; see pkg/balancer/admin)
@@ -35,10 +37,14 @@ const cliUsage = `usage: balancer COMMAND [flags]   (the admin API's CLI; see pk
   explain KEY [-plan P] [-org O] [-endpoint "GET /v1/x"] [-ip A]
   audit [-n 20]
 
-Every command takes -addr (balancer HTTP address; $ALLOT_ADMIN_ADDR, default
-127.0.0.1:9091), -token-file FILE or -token-env VAR (default ALLOT_ADMIN_TOKEN: the
-secret alone), -ca-file (TLS: the CA of the balancer's certificate), -timeout.
-A change without -revision is compared on the revision read just before it.
+Every command but "rules check" talks to the balancer's admin API (on only with
+admin.enabled, or -admin, and admin tokens) and takes -addr (balancer HTTP address;
+$ALLOT_ADMIN_ADDR, default 127.0.0.1:9091), -token-file FILE (the secret alone, or the
+balancer's tokens file of name:secret lines, with -token-name when it holds several) or
+-token-env VAR (default ALLOT_ADMIN_TOKEN: the secret alone), -ca-file (TLS: the CA of
+the balancer's certificate), -timeout. "rules check" checks the file here, as an
+enforcer would, and needs no balancer. A change without -revision is compared on the
+revision read just before it. Exit status: 0 done, 1 refused or failed, 2 bad usage.
 `
 
 // isCLI says whether args name an admin command (else they are the server's flags).
@@ -61,8 +67,8 @@ type cliEnv struct {
 
 // common holds the flags every command takes.
 type common struct {
-	addr, tokenFile, tokenEnv, caFile string
-	timeout                           time.Duration
+	addr, tokenFile, tokenName, tokenEnv, caFile string
+	timeout                                      time.Duration
 }
 
 func (c *common) register(fs *flag.FlagSet, getenv func(string) string) {
@@ -71,7 +77,8 @@ func (c *common) register(fs *flag.FlagSet, getenv func(string) string) {
 		def = "127.0.0.1:9091"
 	}
 	fs.StringVar(&c.addr, "addr", def, "balancer HTTP address (http://host:port or https://...)")
-	fs.StringVar(&c.tokenFile, "token-file", "", "file holding the admin token (the secret alone)")
+	fs.StringVar(&c.tokenFile, "token-file", "", "file holding the admin token: the secret alone, or name:secret lines (the balancer's tokens file)")
+	fs.StringVar(&c.tokenName, "token-name", "", "with -token-file of name:secret lines: which token to use")
 	fs.StringVar(&c.tokenEnv, "token-env", "ALLOT_ADMIN_TOKEN", "environment variable holding the admin token")
 	fs.StringVar(&c.caFile, "ca-file", "", "CA certificate of the balancer's TLS certificate")
 	fs.DurationVar(&c.timeout, "timeout", 10*time.Second, "bound of the whole command")
@@ -84,7 +91,9 @@ func (c *common) client(getenv func(string) string) (*admin.Client, error) {
 		if err != nil {
 			return nil, fmt.Errorf("while reading the token file: %w", err)
 		}
-		tok = strings.TrimSpace(string(b))
+		if tok, err = secretFrom(string(b), c.tokenFile, c.tokenName); err != nil {
+			return nil, err
+		}
 	} else if c.tokenEnv != "" {
 		tok = strings.TrimSpace(getenv(c.tokenEnv))
 	}
@@ -104,6 +113,42 @@ func (c *common) client(getenv func(string) string) (*admin.Client, error) {
 		hc.Transport = &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}}
 	}
 	return &admin.Client{Base: c.addr, Token: tok, HTTP: hc}, nil
+}
+
+// secretFrom reads the secret in a -token-file: the secret alone on one line, or
+// name:secret lines (the balancer's admin.tokens_file, '#' comments and blank lines
+// skipped), of which name picks one (needed when there are several). A line without ':'
+// is a secret alone. The secret never appears in an error.
+func secretFrom(text, file, name string) (string, error) {
+	type entry struct{ name, secret string }
+	var entries []entry
+	for line := range strings.SplitSeq(text, "\n") {
+		line = strings.TrimSpace(line)
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		n, sec, ok := strings.Cut(line, ":")
+		if !ok {
+			n, sec = "", line
+		}
+		entries = append(entries, entry{strings.TrimSpace(n), strings.TrimSpace(sec)})
+	}
+	var names []string
+	for _, e := range entries {
+		names = append(names, e.name)
+		if name != "" && e.name == name {
+			return e.secret, nil
+		}
+	}
+	switch {
+	case len(entries) == 0:
+		return "", fmt.Errorf("token file %s holds no token", file)
+	case name != "":
+		return "", fmt.Errorf("token file %s has no token named %q (it has: %s)", file, name, strings.Join(names, ", "))
+	case len(entries) > 1:
+		return "", fmt.Errorf("token file %s holds %d tokens (%s): pick one with -token-name", file, len(entries), strings.Join(names, ", "))
+	}
+	return entries[0].secret, nil
 }
 
 // parseInterleaved parses flags found anywhere in args (Go's flag stops at the first
@@ -195,6 +240,9 @@ func cli(args []string, env cliEnv) int {
 	if err != nil {
 		return 2
 	}
+	if name+" "+sub == "rules check" {
+		return checkLocal(*file, env)
+	}
 	cl, err := c.client(env.getenv)
 	if err != nil {
 		fmt.Fprintln(env.stderr, "balancer:", err)
@@ -214,9 +262,9 @@ func cli(args []string, env cliEnv) int {
 	case "rules list":
 		r, e := cl.Rules(ctx)
 		if err = e; err == nil {
-			printRules(env.stdout, r)
+			printRules(env.stdout, r, time.Now())
 		}
-	case "rules apply", "rules check":
+	case "rules apply":
 		if *file == "" {
 			fmt.Fprintf(env.stderr, "balancer rules %s: -f FILE is required\n", sub)
 			return 2
@@ -225,17 +273,6 @@ func cli(args []string, env cliEnv) int {
 		if e != nil {
 			fmt.Fprintln(env.stderr, "balancer:", e)
 			return 1
-		}
-		if sub == "check" {
-			r, e := cl.Check(ctx, *file, string(data))
-			if err = e; err == nil {
-				if !r.OK {
-					fmt.Fprintln(env.stderr, r.Error)
-					return 1
-				}
-				fmt.Fprintf(env.stdout, "%s: ok, %d rules\n", *file, r.Rules)
-			}
-			break
 		}
 		out, err = cl.Apply(ctx, admin.ApplyRequest{Revision: *revision, Reason: *reason, File: *file, YAML: string(data), DryRun: *dryRun})
 	case "rules delete":
@@ -247,7 +284,7 @@ func cli(args []string, env cliEnv) int {
 	case "override list":
 		r, e := cl.Overrides(ctx)
 		if err = e; err == nil {
-			printRules(env.stdout, r)
+			printRules(env.stdout, r, time.Now())
 		}
 	case "override set":
 		key, ok := arg()
@@ -290,7 +327,10 @@ func cli(args []string, env cliEnv) int {
 		}
 		r, e := cl.Explain(ctx, q)
 		if err = e; err == nil {
-			printExplain(env.stdout, r)
+			if failed := printExplain(env.stdout, r); failed > 0 {
+				fmt.Fprintf(env.stderr, "balancer explain: %d of %d enforcers did not answer\n", failed, len(r.Enforcers))
+				return 1
+			}
 		}
 	case "audit ":
 		r, e := cl.Audit(ctx, *n)
@@ -323,10 +363,44 @@ func cli(args []string, env cliEnv) int {
 	return 0
 }
 
+// checkLocal is `rules check -f FILE`: the enforcers' own check (rules.CheckFile), here,
+// with no balancer: it writes nothing, so it needs neither the admin API nor a token.
+func checkLocal(file string, env cliEnv) int {
+	if file == "" {
+		fmt.Fprintln(env.stderr, "balancer rules check: -f FILE is required")
+		return 2
+	}
+	if err := rules.CheckFile(file); err != nil {
+		fmt.Fprintln(env.stderr, strings.TrimSpace(err.Error()))
+		return 1
+	}
+	set, err := rules.LoadFile(file)
+	if err != nil {
+		fmt.Fprintln(env.stderr, err)
+		return 1
+	}
+	fmt.Fprintf(env.stdout, "%s: ok, %d rules\n", file, len(set.Rules))
+	return 0
+}
+
+// noAdminAPI is the hint for a 404 without the admin API's own error (a balancer too old
+// to say, or something else listening at -addr).
+const noAdminAPI = "no admin API at this address: is -addr / $ALLOT_ADMIN_ADDR the balancer's HTTP address, " +
+	"and was it started with admin.enabled (-admin) and admin tokens? (README: \"Changing limits\")"
+
 func printError(w io.Writer, err error) {
 	var e *admin.APIError
 	if !errors.As(err, &e) {
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			fmt.Fprintf(w, "balancer: cannot reach the admin API at %s: %v (is -addr / $ALLOT_ADMIN_ADDR the balancer's HTTP address, and is it running?)\n", ue.URL, ue.Err)
+			return
+		}
 		fmt.Fprintln(w, "balancer:", err)
+		return
+	}
+	if e.Status == http.StatusNotFound && strings.TrimSpace(e.ErrorResponse.Error) == "404 page not found" {
+		fmt.Fprintln(w, "balancer:", noAdminAPI)
 		return
 	}
 	fmt.Fprintf(w, "balancer: refused (%d %s)\n", e.Status, http.StatusText(e.Status))
@@ -338,19 +412,28 @@ func printError(w io.Writer, err error) {
 	}
 }
 
-func printRules(w io.Writer, r admin.RulesResponse) {
+// printRules lists rules, one a line; STATE says "EXPIRED" for an override whose
+// expires_at has passed at now (it no longer applies anywhere) and "error" for a value that
+// does not parse (refused by every enforcer).
+func printRules(w io.Writer, r admin.RulesResponse, now time.Time) {
 	fmt.Fprintf(w, "revision %d, %d rules\n", r.Revision, len(r.Rules))
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tKEY\tMOD_REVISION\tRULE")
+	fmt.Fprintln(tw, "ID\tKEY\tMOD_REVISION\tSTATE\tRULE")
 	for _, e := range r.Rules {
-		body := e.Error
+		body, state := e.Error, "error"
 		if body == "" {
 			var v any
 			_ = json.Unmarshal(e.Rule, &v)
 			b, _ := json.Marshal(v) // one line
-			body = string(b)
+			body, state = string(b), ""
+			var exp struct {
+				ExpiresAt time.Time `json:"expires_at"`
+			}
+			if json.Unmarshal(e.Rule, &exp) == nil && !exp.ExpiresAt.IsZero() && !exp.ExpiresAt.After(now) {
+				state = "EXPIRED"
+			}
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\n", e.ID, e.Key, e.ModRevision, body)
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\n", e.ID, e.Key, e.ModRevision, state, body)
 	}
 	tw.Flush()
 }
@@ -382,89 +465,133 @@ func num(m map[string]float64, k string) string {
 	return "-"
 }
 
-// printExplain prints the enforcers' answers side by side: a column per enforcer, a
-// block of rows per rule.
-func printExplain(w io.Writer, r admin.ExplainResponse) {
+// printExplain prints the enforcers' answers side by side: a column per enforcer that
+// answered, a block of rows per rule, each cell short (figures rounded, one fact a row) so
+// six enforcers fit a terminal; then one line per enforcer that did not answer, with why.
+// It returns how many did not answer (nothing answering, or any refusing, is a failure).
+func printExplain(w io.Writer, r admin.ExplainResponse) (failed int) {
 	if len(r.Enforcers) == 0 {
 		fmt.Fprintf(w, "no enforcer answered (%d registered without an HTTP address)\n", r.Skipped)
-		return
+		return 1
 	}
-	xs := make([]enforcer.Explanation, len(r.Enforcers))
+	var ok []admin.EnforcerExplain
+	var xs []enforcer.Explanation
 	var ids []string
 	seen := map[string]bool{}
-	for i, e := range r.Enforcers {
+	for i := range r.Enforcers {
+		e := &r.Enforcers[i]
+		var x enforcer.Explanation
 		if e.Error == "" {
-			_ = json.Unmarshal(e.Explain, &xs[i])
+			if err := json.Unmarshal(e.Explain, &x); err != nil {
+				e.Error = "the answer does not decode: " + err.Error()
+			}
 		}
-		for _, re := range xs[i].Rules {
+		if e.Error != "" {
+			failed++
+			continue
+		}
+		ok, xs = append(ok, *e), append(xs, x)
+		for _, re := range x.Rules {
 			if !seen[re.Rule] {
 				seen[re.Rule] = true
 				ids = append(ids, re.Rule)
 			}
 		}
 	}
-	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	row := func(label string, cell func(i int, re *enforcer.RuleExplain) string, rule string) {
-		fmt.Fprint(tw, label)
-		for i, e := range r.Enforcers {
-			v := "-"
-			switch {
-			case e.Error != "":
-				v = "error: " + e.Error
-			case rule == "":
-				v = cell(i, nil)
-			default:
-				for j := range xs[i].Rules {
-					if xs[i].Rules[j].Rule == rule {
-						v = cell(i, &xs[i].Rules[j])
-					}
-				}
-			}
-			fmt.Fprint(tw, "\t", v)
-		}
-		fmt.Fprintln(tw)
-	}
-	row("", func(i int, _ *enforcer.RuleExplain) string { return r.Enforcers[i].Region + "/" + r.Enforcers[i].ID }, "")
-	row("rules version", func(i int, _ *enforcer.RuleExplain) string { return xs[i].RulesVersion }, "")
-	for _, id := range ids {
-		row("rule "+id, func(_ int, re *enforcer.RuleExplain) string {
-			return fmt.Sprintf("%s by %s, specificity %d", re.Mode, re.By, re.Specificity)
-		}, id)
-		row("  why", func(_ int, re *enforcer.RuleExplain) string { return re.Why }, id)
-		row("  share", func(_ int, re *enforcer.RuleExplain) string {
-			s := re.Share
-			if s.Version == 0 {
-				return fmt.Sprintf("%.3f %s (no share set applied)", s.Value, s.Source)
-			}
-			return fmt.Sprintf("%.3f %s (default %.3f; set v%d of term %d, %.0fs old)", s.Value, s.Source, s.Default, s.Version, s.LeaderRev, s.AgeSeconds)
-		}, id)
-		var names []string
-		for _, x := range xs {
-			for _, re := range x.Rules {
-				if re.Rule == id {
-					for _, l := range re.Limits {
-						names = appendNew(names, l.Name)
-					}
-				}
-			}
-		}
-		for _, name := range names {
-			row("  "+name, func(_ int, re *enforcer.RuleExplain) string {
-				for _, l := range re.Limits {
-					if l.Name == name {
-						lvl := "?"
-						if l.Level != nil {
-							lvl = strconv.FormatFloat(*l.Level, 'f', 1, 64)
+	if len(ok) > 0 {
+		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+		row := func(label string, cell func(i int, re *enforcer.RuleExplain) string, rule string) {
+			fmt.Fprint(tw, label)
+			for i := range ok {
+				v := "-"
+				if rule == "" {
+					v = cell(i, nil)
+				} else {
+					for j := range xs[i].Rules {
+						if xs[i].Rules[j].Rule == rule {
+							v = cell(i, &xs[i].Rules[j])
 						}
-						return fmt.Sprintf("global %g/s burst %g; here %g/s burst %g; level %s", l.GlobalRate, l.GlobalBurst, l.Rate, l.Burst, lvl)
 					}
 				}
-				return "-"
-			}, id)
+				fmt.Fprint(tw, "\t", v)
+			}
+			fmt.Fprintln(tw)
 		}
-		row("  recent", func(_ int, re *enforcer.RuleExplain) string { return summarize(re.Recent) }, id)
+		row("", func(i int, _ *enforcer.RuleExplain) string { return ok[i].Region + "/" + ok[i].ID }, "")
+		row("rules version", func(i int, _ *enforcer.RuleExplain) string { return xs[i].RulesVersion }, "")
+		for _, id := range ids {
+			row("rule "+id, func(_ int, re *enforcer.RuleExplain) string {
+				return fmt.Sprintf("%s by %s, specificity %d", re.Mode, re.By, re.Specificity)
+			}, id)
+			row("  why", func(_ int, re *enforcer.RuleExplain) string { return re.Why }, id)
+			row("  share", func(_ int, re *enforcer.RuleExplain) string {
+				return fmt.Sprintf("%.3f %s (default %.3f)", re.Share.Value, re.Share.Source, re.Share.Default)
+			}, id)
+			row("  share set", func(_ int, re *enforcer.RuleExplain) string {
+				if re.Share.Version == 0 {
+					return "none applied"
+				}
+				return fmt.Sprintf("v%d term %d, %.0fs old", re.Share.Version, re.Share.LeaderRev, re.Share.AgeSeconds)
+			}, id)
+			var names []string
+			for _, x := range xs {
+				for _, re := range x.Rules {
+					if re.Rule == id {
+						for _, l := range re.Limits {
+							names = appendNew(names, l.Name)
+						}
+					}
+				}
+			}
+			for _, name := range names {
+				limit := func(re *enforcer.RuleExplain) *enforcer.LimitExplain {
+					for i := range re.Limits {
+						if re.Limits[i].Name == name {
+							return &re.Limits[i]
+						}
+					}
+					return nil
+				}
+				row("  "+name+" global", func(_ int, re *enforcer.RuleExplain) string {
+					if l := limit(re); l != nil {
+						return fmt.Sprintf("%s/s burst %s", round(l.GlobalRate), round(l.GlobalBurst))
+					}
+					return "-"
+				}, id)
+				row("  "+name+" here", func(_ int, re *enforcer.RuleExplain) string {
+					if l := limit(re); l != nil {
+						return fmt.Sprintf("%s/s burst %s", round(l.Rate), round(l.Burst))
+					}
+					return "-"
+				}, id)
+				row("  "+name+" level", func(_ int, re *enforcer.RuleExplain) string {
+					switch l := limit(re); {
+					case l == nil:
+						return "-"
+					case l.Level != nil:
+						return strconv.FormatFloat(*l.Level, 'f', 1, 64)
+					case l.LevelError != "":
+						return "? (" + l.LevelError + ")"
+					}
+					return "?"
+				}, id)
+			}
+			row("  recent", func(_ int, re *enforcer.RuleExplain) string { return summarize(re.Recent) }, id)
+		}
+		tw.Flush()
 	}
-	tw.Flush()
+	for _, e := range r.Enforcers {
+		if e.Error != "" {
+			fmt.Fprintf(w, "%s/%s (%s): %s\n", e.Region, e.ID, e.Addr, e.Error)
+		}
+	}
+	return failed
+}
+
+// round prints a rate or a burst with at most two decimals and no trailing zeros:
+// 166.66666666666666 as 166.67, 20 as 20.
+func round(v float64) string {
+	return strconv.FormatFloat(math.Round(v*100)/100, 'f', -1, 64)
 }
 
 func appendNew(s []string, v string) []string {

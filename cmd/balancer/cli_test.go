@@ -116,7 +116,7 @@ func TestCLI(t *testing.T) {
 	code, out, errOut = run("explain", "k_acme", "-endpoint", "GET /v1/search")
 	expect(code, out, errOut, 0, "eu-west/e1")
 	t.Logf("balancer explain:\n%s", out)
-	for _, want := range []string{"us-east/e1", "rule default", "default/second", "global 20/s burst 40", "level 40.0"} {
+	for _, want := range []string{"us-east/e1", "rule default", "default/second", "second global", "20/s burst 40", "second level", "40.0"} {
 		if !strings.Contains(out, want) {
 			t.Fatalf("explain output lacks %q:\n%s", want, out)
 		}

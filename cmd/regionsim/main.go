@@ -22,8 +22,12 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
+	"sync"
 	"syscall"
+	"time"
 
 	"github.com/allot-dev/allot/pkg/sim"
 	"github.com/allot-dev/allot/pkg/sim/scenario"
@@ -106,7 +110,13 @@ func runCmd(args []string, stdout, stderr io.Writer) int {
 		defer stop()
 		fmt.Fprintf(stderr, "regionsim: replaying %s in real time (%v) against %d regions; faults are not injected in live mode\n",
 			sc.Name, sc.Duration, len(tg))
-		res, err = sim.RunLive(ctx, sc, sim.LiveOptions{Policy: *policy, Targets: tg, Progress: stderr})
+		began := time.Now()
+		prog := &untilDone{ctx: ctx, w: stderr}
+		res, err = sim.RunLive(ctx, sc, sim.LiveOptions{Policy: *policy, Targets: tg, Progress: prog})
+		if err != nil && ctx.Err() != nil {
+			fmt.Fprintln(stderr, prog.interrupted(time.Since(began), sc.Duration))
+			return 1
+		}
 	default:
 		fmt.Fprintf(stderr, "regionsim run: -mode %q: want virtual or live\n", *mode)
 		return 2
@@ -196,4 +206,46 @@ func rulesCmd(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	return 0
+}
+
+// untilDone passes progress lines to w until ctx ends (Ctrl-C): after it, RunLive would
+// print every second not run as an empty row. It totals the rows it passed, for the
+// summary of an interrupted run.
+type untilDone struct {
+	ctx context.Context
+	w   io.Writer
+
+	mu                sync.Mutex // mu guards the totals
+	secs              int
+	offered, admitted int64
+}
+
+var progressRow = regexp.MustCompile(`^t=\s*\d+s\s+offered\s+(\d+)/s\s+admitted\s+(\d+)/s`)
+
+func (u *untilDone) Write(p []byte) (int, error) {
+	if u.ctx.Err() != nil {
+		return len(p), nil
+	}
+	if m := progressRow.FindSubmatch(p); m != nil {
+		off, _ := strconv.ParseInt(string(m[1]), 10, 64)
+		adm, _ := strconv.ParseInt(string(m[2]), 10, 64)
+		u.mu.Lock()
+		u.secs, u.offered, u.admitted = u.secs+1, u.offered+off, u.admitted+adm
+		u.mu.Unlock()
+	}
+	return u.w.Write(p)
+}
+
+// interrupted is what a live run stopped early says: how far it got and what the seconds
+// printed add up to. A partial run is not judged (its windows after a change would be
+// cut short).
+func (u *untilDone) interrupted(ran, of time.Duration) string {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	pct := "-"
+	if u.offered > 0 {
+		pct = fmt.Sprintf("%.1f%%", 100*float64(u.admitted)/float64(u.offered))
+	}
+	return fmt.Sprintf("regionsim: interrupted after %v of %v; the %d whole seconds above: offered %d, admitted %d (%s), all keys and regions; no verdict (a run is judged whole)",
+		ran.Round(time.Second), of, u.secs, u.offered, u.admitted, pct)
 }

@@ -58,7 +58,7 @@ func main() {
 	}
 	pidFile := filepath.Join(filepath.Dir(*env), "stack.pid")
 	_ = os.WriteFile(pidFile, []byte(fmt.Sprintln(os.Getpid())), 0o644)
-	defer func() { tb.cleanup(); os.Remove(pidFile) }() // the pid file goes once the stack has
+	defer func() { tb.cleanup(); os.Remove(pidFile); os.Remove(*env) }() // the files go once the stack has
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
 	fmt.Println("\nstack up; Ctrl-C (or make stack-down) removes it.")
@@ -107,10 +107,20 @@ Point a gateway at a region: Envoy's rate limit filter → any enforcer's gRPC a
 nginx/Traefik forward auth → http://<enforcer HTTP>/v1/auth (cmd/enforcer/README.md).
 Drive it with regionsim's live mode (key drill-shift is the stack's rule of that plan;
 the balancer here runs the shipped 10 s interval, the scenario was written for 2 s):
-  go run ./cmd/regionsim run -mode live -scenario configs/scenarios/stack-shift.yaml \
-    -targets %[4]s
-`, s.Gateway.Addr, first.HTTP, s.Etcd.Endpoints()[0], liveTargets(s))
+  %[4]s
+`, s.Gateway.Addr, first.HTTP, s.Etcd.Endpoints()[0], liveCommand(liveTargets(s)))
 	return vars.String()
+}
+
+// liveCommand is the regionsim command that drives the stack, quoted for a POSIX shell:
+// -targets holds '|' between a region's addresses, which a shell would take for a pipe.
+func liveCommand(targets string) string {
+	return "go run ./cmd/regionsim run -mode live -scenario configs/scenarios/stack-shift.yaml \\\n    -targets " + shellQuote(targets)
+}
+
+// shellQuote quotes s for a POSIX shell: in single quotes, each ' inside closed, escaped and reopened.
+func shellQuote(s string) string {
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }
 
 // liveTargets is regionsim's -targets for the stack: region=grpc|grpc,...

@@ -23,6 +23,10 @@ import (
 // DefaultElectionPrefix+"/" with clientv3.WithFirstCreate().
 const DefaultElectionPrefix = "/allot/balancer/election"
 
+// DashboardsSuffix, after the election prefix, is where each replica publishes its
+// dashboard URL, keyed by its report address (ServiceConfig.Dashboard).
+const DashboardsSuffix = "-dashboards/"
+
 // ErrFenced: an etcd write was refused because this replica's election key is gone or
 // was recreated (another replica leads). The replica steps down.
 var ErrFenced = errors.New("balancer: fenced: no longer the leader")
@@ -45,6 +49,11 @@ type ServiceConfig struct {
 	// Advertise is this replica's report API address ("host:port"), the campaign value
 	// standbys redirect to. Required.
 	Advertise string
+	// Dashboard is this replica's dashboard URL. Each term's session publishes it under
+	// ElectionPrefix+DashboardsSuffix+Advertise (with the session's lease, so it goes with
+	// the replica), and LeaderDashboard reads the leader's there: a standby's dashboard
+	// links to the leader's. "" publishes nothing.
+	Dashboard string
 	// SessionTTL is the election lease: a leader that stops refreshing it (dead, cut off)
 	// loses leadership after it, and its writes fail from then on. Whole seconds ≥ 1s.
 	// Default 10s.
@@ -135,6 +144,17 @@ type Service struct {
 	cancel context.CancelFunc
 	done   chan struct{}
 	kick   chan struct{} // cap 1: a report the leader should tick for at once
+	// cleanup is the context of the etcd calls that undo a term (Resign, the lease's
+	// revoke, and the resignation Campaign makes when it is cancelled): it outlives ctx by
+	// at most WriteTimeout, counted from Close, so Close is bounded with etcd down.
+	cleanup     context.Context
+	stopCleanup context.CancelFunc
+	// elect is cfg.Etcd seen through a client whose Ctx() is cleanup: concurrency.Election
+	// resigns a cancelled Campaign with the client's Ctx(), which for cfg.Etcd lasts until
+	// the client is closed — with etcd down, forever (issue 28). It shares cfg.Etcd's
+	// connection and is never closed itself (closing it would close cfg.Etcd's lessor and
+	// watcher).
+	elect *clientv3.Client
 
 	// beforeWrite, in tests, runs before each publication is written (it may block).
 	beforeWrite func(p *Publication)
@@ -156,6 +176,9 @@ func NewService(cfg ServiceConfig) (*Service, error) {
 	}
 	s := &Service{cfg: cfg, log: cfg.Logger, done: make(chan struct{}), kick: make(chan struct{}, 1)}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
+	s.cleanup, s.stopCleanup = context.WithCancel(context.Background())
+	s.elect = clientv3.NewCtxClient(s.cleanup, clientv3.WithZapLogger(cfg.Etcd.GetLogger()))
+	s.elect.KV, s.elect.Lease, s.elect.Watcher = cfg.Etcd.KV, cfg.Etcd.Lease, cfg.Etcd.Watcher
 	s.m = newMetrics(cfg.Registerer, s)
 	return s, nil
 }
@@ -175,16 +198,22 @@ func (s *Service) Start() error {
 }
 
 // Close resigns leadership (the session's lease is revoked, so a standby takes over at
-// once rather than after SessionTTL) and waits for the background goroutine.
+// once rather than after SessionTTL) and waits for the background goroutine. It is
+// bounded whether etcd answers or not: the resignation and the revoke get WriteTimeout
+// from the first Close, after which they are cancelled (the lease then expires on its own
+// after SessionTTL). Idempotent.
 func (s *Service) Close() error {
 	s.mu.Lock()
 	started := s.started
 	s.closed = true
 	s.mu.Unlock()
 	s.cancel()
+	bound := time.AfterFunc(s.cfg.WriteTimeout, s.stopCleanup)
+	defer bound.Stop()
 	if started {
 		<-s.done
 	}
+	s.stopCleanup()
 	return nil
 }
 
@@ -243,10 +272,10 @@ func (s *Service) term() error {
 	// The session outlives s.ctx by its revoke, so Close revokes the lease at once rather
 	// than leaving it to expire (with s.ctx as the session's context the revoke would be
 	// cancelled before it is sent). Close still aborts a session being created.
-	sessCtx, sessCancel := context.WithCancel(context.Background())
+	sessCtx, sessCancel := context.WithCancel(s.cleanup)
 	defer sessCancel()
 	abort := context.AfterFunc(s.ctx, sessCancel)
-	sess, err := concurrency.NewSession(s.cfg.Etcd, concurrency.WithTTL(int(s.cfg.SessionTTL/time.Second)), concurrency.WithContext(sessCtx))
+	sess, err := concurrency.NewSession(s.elect, concurrency.WithTTL(int(s.cfg.SessionTTL/time.Second)), concurrency.WithContext(sessCtx))
 	if !abort() { // closed meanwhile
 		if err == nil {
 			sess.Orphan()
@@ -256,7 +285,16 @@ func (s *Service) term() error {
 	if err != nil {
 		return fmt.Errorf("while creating the election session: %w", err)
 	}
-	defer sess.Close() // revokes the lease (bounded by its TTL): our election key goes with it
+	defer sess.Close() // revokes the lease (bounded by its TTL and Close's bound): our election key goes with it
+	// This replica's dashboard URL, for the standbys' pages; a failure costs only that link.
+	if s.cfg.Dashboard != "" {
+		pctx, cancel := context.WithTimeout(s.ctx, s.cfg.WriteTimeout)
+		_, err := s.cfg.Etcd.Put(pctx, s.cfg.ElectionPrefix+DashboardsSuffix+s.cfg.Advertise, s.cfg.Dashboard, clientv3.WithLease(sess.Lease()))
+		cancel()
+		if err != nil && s.ctx.Err() == nil {
+			s.log.Warn("could not publish this replica's dashboard address", "error", err)
+		}
+	}
 	e := concurrency.NewElection(sess, s.cfg.ElectionPrefix)
 	cctx, cancel := context.WithCancel(s.ctx)
 	defer cancel()
@@ -319,7 +357,7 @@ func (s *Service) lead(sess *concurrency.Session, e *concurrency.Election) error
 	for {
 		select {
 		case <-s.ctx.Done():
-			ctx, cancel := context.WithTimeout(context.Background(), s.cfg.WriteTimeout)
+			ctx, cancel := context.WithTimeout(s.cleanup, s.cfg.WriteTimeout)
 			err := e.Resign(ctx)
 			cancel()
 			log.Info("resigned", "error", err)
@@ -357,6 +395,26 @@ func (s *Service) lead(sess *concurrency.Session, e *concurrency.Election) error
 		}
 		t = s.cfg.Clock.NewTimer(s.cfg.TickEvery)
 	}
+}
+
+// LeaderDashboard returns the leader's dashboard URL as it published it (see
+// ServiceConfig.Dashboard): this replica's own while it leads, "" when no leader or no URL
+// is known. It reads etcd (bounded by a second).
+func (s *Service) LeaderDashboard(ctx context.Context) string {
+	addr, _ := s.leader(ctx)
+	if addr == "" {
+		return ""
+	}
+	if addr == s.cfg.Advertise {
+		return s.cfg.Dashboard
+	}
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	resp, err := s.cfg.Etcd.Get(ctx, s.cfg.ElectionPrefix+DashboardsSuffix+addr)
+	if err != nil || len(resp.Kvs) == 0 {
+		return ""
+	}
+	return string(resp.Kvs[0].Value)
 }
 
 // leaderLookupEvery bounds how often a standby asks etcd who leads.

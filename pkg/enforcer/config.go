@@ -107,6 +107,16 @@ type Config struct {
 	// "would refuse" outcomes share this sampler.
 	DecisionLogEvery uint64
 	RefusalLogEvery  uint64
+	// IdentityDigestKey keys the identity digest the sampled refusal logs carry
+	// ("identity-digest": the first 8 bytes of HMAC-SHA256(key, identity), in hex), so an
+	// operator can tell one caller from many without the log naming it: without the key
+	// the digest cannot be reversed, even for an IP address. Give every enforcer the same
+	// key for digests that match across the fleet; empty: a random key per process (digests
+	// then match within one enforcer's log only).
+	IdentityDigestKey []byte
+	// LogIdentities adds the identity itself ("identity": "key:…", "ip:…") to the sampled
+	// refusal logs, where the operator allows keys and addresses in logs.
+	LogIdentities bool
 
 	// RecentDecisions is how many recent takes (identity, rule, source, outcome) the
 	// enforcer keeps for Explain, in a ring by identity (0: none). Recording one costs a

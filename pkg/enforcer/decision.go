@@ -67,6 +67,7 @@ type Decision struct {
 
 	shadowN     int
 	shadowNames [maxShadowNames]string
+	identity    string // the deciding rule's identity (for the sampled refusal log)
 }
 
 // ShadowRefused returns the shadow rules that would have refused this request (at most

@@ -9,6 +9,10 @@ package enforcer
 
 import (
 	"context"
+	"crypto/hmac"
+	crand "crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"math"
@@ -87,6 +91,7 @@ type Enforcer struct {
 	recent     *recentRing   // nil without Config.RecentDecisions
 	logTick    atomic.Uint64 // decisions seen, for DecisionLogEvery
 	refuseTick atomic.Uint64 // refusals seen, for RefusalLogEvery
+	digestKey  []byte        // IdentityDigestKey, or a random one
 }
 
 type scratch struct {
@@ -112,6 +117,11 @@ func New(cfg Config) (*Enforcer, error) {
 	}
 	e := &Enforcer{cfg: cfg, clock: cfg.Clock, real: cfg.Clock == clock.Real(), log: cfg.Logger.Named("enforcer"), metrics: m,
 		recent: newRecentRing(cfg.RecentDecisions)}
+	e.digestKey = cfg.IdentityDigestKey
+	if len(e.digestKey) == 0 {
+		e.digestKey = make([]byte, 32)
+		_, _ = crand.Read(e.digestKey) // never fails (crypto/rand)
+	}
 	e.scratch.New = func() any { return &scratch{matched: make([]rules.Matched, 0, 8)} }
 	return e, nil
 }
@@ -321,6 +331,7 @@ func (e *Enforcer) fill(d *Decision, m *rules.Matched, lim limits, i int, res *b
 	}
 	l := &lim.l[i]
 	d.Rule, d.Limit, d.Share, d.CountedBy = m.Rule.ID, l.Name, lim.share, rules.CountedBy(m.Identity)
+	d.identity = m.Identity
 	d.Quota, d.Window = quotaWindow(l)
 	d.Remaining = res.Remaining
 	d.Reset = res.Reset + jitter(m.Identity, res.Reset, e.cfg.ResetJitterMax, e.cfg.ResetJitterRatio)
@@ -346,9 +357,14 @@ func (e *Enforcer) finish(d *Decision, req *Request, snap *rules.Snapshot, start
 	e.metrics.observe(d, snap, req.Attrs.Plan, took)
 	if !d.Allowed {
 		if n := e.cfg.RefusalLogEvery; n > 0 && e.refuseTick.Add(1)%n == 1%n {
-			e.log.Info("refused", "region", e.cfg.Region, "rule", d.Rule, "limit", d.Limit,
+			kv := []any{"region", e.cfg.Region, "rule", d.Rule, "limit", d.Limit,
 				"source", d.Source.String(), "endpoint", req.Attrs.Endpoint,
-				"retry-after", d.RetryAfter, "remaining", d.Remaining)
+				"retry-after", d.RetryAfter, "remaining", d.Remaining,
+				"counted-by", d.CountedBy, "identity-digest", e.digest(d.identity)}
+			if e.cfg.LogIdentities {
+				kv = append(kv, "identity", d.identity)
+			}
+			e.log.Info("refused", kv...)
 		}
 		return
 	}
@@ -395,4 +411,16 @@ func failModeName(f rules.FailMode) string {
 		return "closed"
 	}
 	return "open"
+}
+
+// digest is the identity's digest in the refusal logs: the first 8 bytes of
+// HMAC-SHA256(digestKey, identity), hex. Stable for one key (Config.IdentityDigestKey);
+// not reversible without it, even over the few billion IPv4 addresses.
+func (e *Enforcer) digest(identity string) string {
+	if identity == "" {
+		return ""
+	}
+	h := hmac.New(sha256.New, e.digestKey)
+	h.Write([]byte(identity))
+	return hex.EncodeToString(h.Sum(nil)[:8])
 }

@@ -2,6 +2,7 @@ package rules
 
 import (
 	"encoding/json"
+	"fmt"
 	"strings"
 	"time"
 )
@@ -80,12 +81,11 @@ func formatPer(d time.Duration) string {
 // key as the file, the way an EtcdSource reports them.
 func ParseRuleAt(data []byte, key string) (*Rule, error) { return parseRule(data, key) }
 
-// EtcdSet is the set an EtcdSource compiles from the values under prefix (key → value)
-// over base (nil: none): base rules first, an etcd rule replacing the base rule of its id,
-// the other etcd rules after in key order; a rule without an id takes the key's name after
-// the prefix. Every value that does not parse is an error (all listed, like a rejected
-// set); Compile the result to check the whole set. It backs the balancer's admin API, so a
-// change is checked the way every enforcer will check it.
+// EtcdSet is the set the values under prefix (key → value) make over base (nil: none)
+// when every one is good: base rules first, an etcd rule replacing the base rule of its
+// id, the other etcd rules after in key order; a rule without an id takes the key's name
+// after the prefix. Every value that does not parse is an error (all listed). An
+// EtcdSource refuses bad keys alone instead; CheckEtcd checks values its way.
 func EtcdSet(prefix string, kvs map[string][]byte, base *Set) (*Set, error) {
 	return layer(base, sortedKeys(kvs), func(k string) (*Rule, error) {
 		r, err := parseRule(kvs[k], k)
@@ -94,6 +94,47 @@ func EtcdSet(prefix string, kvs map[string][]byte, base *Set) (*Set, error) {
 		}
 		return r, err
 	})
+}
+
+// CheckEtcd checks the values under prefix (key → value) the way every EtcdSource does:
+// each key's rule alone (parsed, validated and compiled for opt as a set of one), a key
+// repeating the id of a key before it in key order refused too, then the good rules
+// layered over base (as EtcdSet) and compiled whole. It returns the error of each refused
+// key (an enforcer refuses those alone and applies the rest) and the error of the whole
+// set, which only a set-wide limit (MaxRules) or a bad base can cause. The balancer's
+// admin API refuses a change that would leave a key it writes refused, or the whole set
+// bad, while a bad key it does not touch (written with etcdctl) blocks nothing.
+func CheckEtcd(prefix string, kvs map[string][]byte, base *Set, opt CompileOptions) (refused map[string]error, err error) {
+	refused = map[string]error{}
+	ids := map[string]string{} // rule id → key holding it
+	good := map[string]*Rule{}
+	var keys []string
+	for _, k := range sortedKeys(kvs) {
+		r, err := parseRule(kvs[k], k)
+		if err == nil && r.ID == "" {
+			r.ID = strings.TrimPrefix(strings.TrimPrefix(k, prefix), "/")
+		}
+		if err == nil {
+			_, err = Compile(&Set{Rules: []Rule{*r}}, opt)
+		}
+		if err == nil {
+			if other, dup := ids[r.ID]; dup {
+				err = &Error{File: k, Rule: r.ID, Field: "id", Msg: fmt.Sprintf("%q is also the id of the rule at %s; ids must be unique", r.ID, other)}
+			}
+		}
+		if err != nil {
+			refused[k] = err
+			continue
+		}
+		ids[r.ID] = k
+		good[k] = r
+		keys = append(keys, k)
+	}
+	set, err := layer(base, keys, func(k string) (*Rule, error) { return good[k], nil })
+	if err == nil {
+		_, err = Compile(set, opt)
+	}
+	return refused, err
 }
 
 // layer is base's rules, then each key's rule in keys order, an etcd rule replacing the

@@ -93,3 +93,14 @@ func (l *errList) err() error {
 	}
 	return errors.Join(errs...)
 }
+
+// Describe says, for a log line, what an error a source passed to OnError means: rules
+// refused (errors.Is(err, ErrInvalid): a bad rule file, a bad etcd rule, refused alone) or
+// a source that could not be read (etcd unreachable, a file gone) — not "rejected" for
+// both. Either way the rules in force keep serving.
+func Describe(err error) string {
+	if errors.Is(err, ErrInvalid) {
+		return "rules refused; the rules in force keep serving"
+	}
+	return "rules source unreachable; the rules in force keep serving"
+}

@@ -24,10 +24,24 @@ import (
 // serving the last good snapshot. While watching it probes etcd every interval, so Status
 // shows an outage even when the client is quietly reconnecting.
 //
-// A bad rule rejects the whole new set: the error (naming the key, rule, field and line)
-// is logged, counted and passed to OnError, and the previous snapshot stays until a later
-// change makes the set good again. With WithBase the snapshot is the base set with etcd
-// rules layered over it (an etcd rule replaces the base rule of the same id).
+// A bad rule is refused alone: each key's rule is checked by itself (parsed, validated
+// and compiled as a set of one, as Compile would), and a key whose rule fails — or
+// repeats the id of a key before it in key order — keeps the last good version this
+// source saw under that key (one started after the bad write reads it from etcd's
+// history, up to maxLookBack versions back, unless compacted away), or is left out if it
+// never had one. The other keys' rules apply as usual, so one broken key does not hold
+// every later change hostage. Each refusal (naming the key, rule, field and line) is
+// logged once per revision of the key and passed to OnError, and Status().Refused lists
+// the keys refused now (the enforcer's /readyz and its allot_rules_refused gauge show
+// them); Status().Failures counts rejected sets and etcd errors, not refused rules. Only
+// an error of the combined set (more than MaxRules) rejects the whole new set: the
+// previous snapshot then stays until a later change makes it good again.
+//
+// With WithBase the snapshot is the base set with etcd rules layered over it: an etcd
+// rule replaces the base (file) rule of the same id wherever that rule sat, and the other
+// etcd rules are added after the base's. A replacement is legitimate (an operator moving a
+// file rule into etcd) but easy to do by accident, so each one is logged at warn, once per
+// revision of the key.
 //
 // The snapshot's Version is the content hash, so enforcers that hold the same rules report
 // the same version however they got there. Safe for concurrent use. The zero value is not
@@ -54,7 +68,12 @@ type EtcdSource struct {
 type etcdEntry struct {
 	modRev int64
 	rule   *Rule
-	err    error
+	err    error // rule failed to parse, validate or compile alone
+	// good is the rule to apply: rule when err is nil, else the last good rule seen under
+	// the key (nil if none).
+	good *Rule
+	// refusedLogged, shadowLogged: this revision's refusal / shadowing was announced.
+	refusedLogged, shadowLogged bool
 }
 
 // NewEtcdSource returns a source for the rules under prefix. It does no I/O: call Load to
@@ -102,41 +121,152 @@ func (e *EtcdSource) list(ctx context.Context) error {
 		return fmt.Errorf("rules: while listing %s in etcd: %w", e.prefix, err)
 	}
 	e.mu.Lock()
-	defer e.mu.Unlock()
 	if e.listed && resp.Header.Revision < e.rev {
+		e.mu.Unlock()
 		return nil // a watch already brought us further
 	}
 	old := e.kvs
 	e.kvs = make(map[string]*etcdEntry, len(resp.Kvs))
+	var lookBack []*etcdEntry // refused, with no good version known here, but with older versions in etcd
+	var lookKeys []string
 	for _, kv := range resp.Kvs {
 		k := string(kv.Key)
 		if o, ok := old[k]; ok && o.modRev == kv.ModRevision {
 			e.kvs[k] = o // unchanged: keep the parsed rule
 			continue
 		}
-		e.kvs[k] = e.parse(k, kv.Value, kv.ModRevision)
+		en := e.parse(k, kv.Value, kv.ModRevision, old[k])
+		e.kvs[k] = en
+		if en.err != nil && en.good == nil && kv.Version > 1 {
+			lookBack, lookKeys = append(lookBack, en), append(lookKeys, k)
+		}
 	}
 	e.rev, e.listed = resp.Header.Revision, true
 	e.st.setRevision(e.rev)
+	e.mu.Unlock()
+	// A process that starts after a good rule was made bad never saw the good version; the
+	// others keep it. Read it from etcd's history (unless compacted away) so every enforcer
+	// keeps the same previous version. Outside the lock: it is I/O.
+	for i, en := range lookBack {
+		if r := e.previousGood(ctx, lookKeys[i], en.modRev); r != nil {
+			e.mu.Lock()
+			if en.good == nil {
+				en.good = r
+			}
+			e.mu.Unlock()
+		}
+	}
 	return nil
 }
 
-func (e *EtcdSource) parse(key string, value []byte, modRev int64) *etcdEntry {
+// maxLookBack bounds how many older versions of a refused key previousGood reads.
+const maxLookBack = 5
+
+// previousGood returns the newest good rule key held before revision modRev (at most
+// maxLookBack versions back), or nil: none, compacted, or etcd unreachable.
+func (e *EtcdSource) previousGood(ctx context.Context, key string, modRev int64) *Rule {
+	rev := modRev - 1
+	for range maxLookBack {
+		if rev <= 0 {
+			return nil
+		}
+		gctx, cancel := context.WithTimeout(ctx, e.cfg.timeout)
+		resp, err := e.cli.Get(gctx, key, clientv3.WithRev(rev))
+		cancel()
+		if err != nil || len(resp.Kvs) == 0 {
+			return nil // compacted, deleted then, or unreachable
+		}
+		kv := resp.Kvs[0]
+		if en := e.parse(key, kv.Value, kv.ModRevision, nil); en.err == nil {
+			return en.rule
+		}
+		rev = kv.ModRevision - 1
+	}
+	return nil
+}
+
+// parse parses and checks one key's rule alone; prev is the key's previous entry (nil if
+// none), whose good rule a bad one keeps.
+func (e *EtcdSource) parse(key string, value []byte, modRev int64, prev *etcdEntry) *etcdEntry {
 	r, err := parseRule(value, key)
 	if err == nil && r.ID == "" {
 		r.ID = strings.TrimPrefix(key, e.prefix)
 		r.ID = strings.TrimPrefix(r.ID, "/")
 	}
-	return &etcdEntry{modRev: modRev, rule: r, err: err}
+	if err == nil {
+		opt := e.opt
+		opt.Now = e.cfg.clock.Now()
+		_, err = Compile(&Set{Rules: []Rule{*r}}, opt)
+	}
+	en := &etcdEntry{modRev: modRev, rule: r, err: err}
+	switch {
+	case err == nil:
+		en.good = r
+	case prev != nil:
+		en.good = prev.good
+	}
+	return en
+}
+
+// RefusedRule is one etcd key whose rule is refused (see EtcdSource).
+type RefusedRule struct {
+	Key string
+	Err error
+	// Kept is true when the key's previous good rule still applies (false: none does).
+	Kept bool
+}
+
+// pick chooses each key's rule (its own, or its last good one when refused) in key order,
+// and lists the refused keys.
+func (e *EtcdSource) pick() (keys []string, rules map[string]*Rule, refused []RefusedRule) {
+	rules = make(map[string]*Rule, len(e.kvs))
+	ids := make(map[string]string, len(e.kvs)) // rule id → key that holds it
+	for _, k := range sortedKeys(e.kvs) {      // key order: the same on every enforcer
+		en := e.kvs[k]
+		err, r := en.err, en.rule
+		if err == nil {
+			if other, dup := ids[r.ID]; dup {
+				err = &Error{File: k, Rule: r.ID, Field: "id", Msg: fmt.Sprintf("%q is also the id of the rule at %s; ids must be unique", r.ID, other)}
+			}
+		}
+		if err != nil {
+			r = en.good
+			if r != nil {
+				if _, dup := ids[r.ID]; dup {
+					r = nil
+				}
+			}
+			refused = append(refused, RefusedRule{Key: k, Err: err, Kept: r != nil})
+			if !en.refusedLogged { // logged once per revision; counted by Status().Refused, not Failures
+				en.refusedLogged = true
+				e.cfg.logger.Warn("etcd rule refused; the other rules apply", "key", k, "kept-previous-version", r != nil, "error", err)
+				if e.cfg.onError != nil {
+					e.cfg.onError(err)
+				}
+			}
+			if r == nil {
+				continue
+			}
+		}
+		ids[r.ID] = k
+		rules[k] = r
+		keys = append(keys, k)
+		if e.cfg.base != nil && !en.shadowLogged && r == en.rule {
+			en.shadowLogged = true
+			if hasID(e.cfg.base, r.ID) {
+				e.cfg.logger.Warn("etcd rule replaces the file rule of the same id", "key", k, "rule", r.ID)
+			}
+		}
+	}
+	return keys, rules, refused
 }
 
 // rebuildLocked compiles base + etcd rules and stores the snapshot if it is good and new.
 // Caller holds e.mu (compiling is CPU only; the hooks it calls must not call back).
 func (e *EtcdSource) rebuildLocked() error {
-	set, err := layer(e.cfg.base, sortedKeys(e.kvs), func(k string) (*Rule, error) { // key order: the same on every enforcer
-		en := e.kvs[k]
-		return en.rule, en.err
-	})
+	keys, rules, refused := e.pick()
+	e.st.setRefused(refused)
+	set, err := layer(e.cfg.base, keys, func(k string) (*Rule, error) { return rules[k], nil })
 	var snap *Snapshot
 	if err == nil {
 		opt := e.opt
@@ -152,7 +282,12 @@ func (e *EtcdSource) rebuildLocked() error {
 		return nil
 	}
 	e.lastVer = snap.Version()
-	e.cfg.store(&e.st, e.h, snap, "rules loaded from etcd", "prefix", e.prefix, "revision", e.rev)
+	fromFile := 0
+	if e.cfg.base != nil {
+		fromFile = len(set.Rules) - len(keys) // base rules not replaced by an etcd rule
+	}
+	e.cfg.store(&e.st, e.h, snap, "rules loaded", "prefix", e.prefix, "revision", e.rev,
+		"from-etcd", len(keys), "from-file", fromFile, "refused", len(refused))
 	return nil
 }
 
@@ -332,7 +467,7 @@ func (e *EtcdSource) apply(wr clientv3.WatchResponse) {
 		k := string(ev.Kv.Key)
 		switch ev.Type {
 		case mvccpb.PUT:
-			e.kvs[k] = e.parse(k, ev.Kv.Value, ev.Kv.ModRevision)
+			e.kvs[k] = e.parse(k, ev.Kv.Value, ev.Kv.ModRevision, e.kvs[k])
 		case mvccpb.DELETE:
 			delete(e.kvs, k)
 		}
@@ -360,4 +495,13 @@ func (e *EtcdSource) Close() error {
 		<-e.done
 	}
 	return nil
+}
+
+func hasID(s *Set, id string) bool {
+	for i := range s.Rules {
+		if s.Rules[i].ID == id {
+			return true
+		}
+	}
+	return false
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -89,23 +90,24 @@ func TestEtcdSource(t *testing.T) {
 			t.Fatalf("matched %s", ids(m))
 		}
 
-		// A bad rule rejects the whole new set; the old one keeps serving; the error names
-		// the key, rule, field and line.
+		// A bad rule is refused alone; the error names the key, rule, field and line; the
+		// snapshot (which never held it) is unchanged.
 		before := h.Current()
 		put(t, cli, p+"bad", "id: bad\nlimits:\n  - {name: s, rate: -1, per: 1s}\n")
 		eventually(t, 2*time.Second, "bad rule reported", func() bool { return rec.count() > 0 })
-		err := src.Status().LastError
-		if err == nil || !strings.Contains(err.Error(), p+`bad:3: rule "bad": limits[0].rate: -1`) {
-			t.Fatalf("error %v", err)
+		st := src.Status()
+		if len(st.Refused) != 1 || st.Refused[0].Key != p+"bad" || st.Refused[0].Kept ||
+			!strings.Contains(st.Refused[0].Err.Error(), p+`bad:3: rule "bad": limits[0].rate: -1`) {
+			t.Fatalf("refused %+v", st.Refused)
 		}
-		if h.Current() != before {
-			t.Fatal("bad set replaced the snapshot")
+		if h.Current().Version() != before.Version() || limitOf(h, "bad") != -1 {
+			t.Fatal("a refused rule changed the snapshot")
 		}
-		// A fix makes the set good again.
+		// A fix makes it apply.
 		put(t, cli, p+"bad", "id: bad\nlimits:\n  - {name: s, rate: 7, per: 1s}\n")
 		eventually(t, time.Second, "fixed rule", func() bool { return limitOf(h, "bad") == 7 })
-		if src.Status().LastError != nil {
-			t.Fatalf("error not cleared: %v", src.Status().LastError)
+		if st := src.Status(); st.LastError != nil || len(st.Refused) != 0 {
+			t.Fatalf("error not cleared: %v %+v", st.LastError, st.Refused)
 		}
 
 		// Deleting a rule removes it; deleting an etcd override brings the base rule back.
@@ -241,4 +243,112 @@ func TestSetBaseBeforeEtcdAnswers(t *testing.T) {
 	if err := src.SetBase(&Set{Rules: []Rule{{ID: "x"}}}); err == nil || limitOf(h, "default") != 5 {
 		t.Fatalf("bad base: %v, default %v", err, limitOf(h, "default"))
 	}
+}
+
+// TestEtcdBadRuleRefusedAlone (issue 28, item 4): an override written without expires_at
+// (the README's etcdctl example, less a line) used to reject the whole set, so every later
+// change stayed unapplied behind it. Now it is refused alone: a valid rule written after
+// it applies, a good rule made bad keeps its previous version, Status lists the refused
+// keys until they are fixed or deleted, and an etcd rule replacing a file rule of the same
+// id is logged at warn.
+func TestEtcdBadRuleRefusedAlone(t *testing.T) {
+	e := testenv.Etcd(t, 1)
+	cli := e.Client(t)
+	const p = "/allot/rules/"
+	base := mustParse(t, "rules:\n  - id: default\n    limits: [{name: s, rate: 20, per: 1s}]\n  - id: acme-launch\n    match: {api_key: k_acme}\n    expires_at: 2099-01-01T00:00:00Z\n    limits: [{name: s, rate: 100, per: 1s}]\n")
+	var logs strings.Builder
+	var logMu sync.Mutex
+	logger := hclog.New(&hclog.LoggerOptions{Name: "rules", Level: hclog.Info, Output: lockedWriter{&logMu, &logs, t}})
+	h := NewHolder(nil)
+	src, _ := startSource(t, cli, p, h, WithBase(base), WithLogger(logger))
+	put(t, cli, p+"pro", `{"match":{"plan":"pro"},"limits":[{"name":"s","rate":50,"per":"1s"}]}`)
+	eventually(t, 5*time.Second, "pro", func() bool { return limitOf(h, "pro") == 50 })
+
+	// An override without expires_at: refused alone.
+	put(t, cli, p+"k1", `{"match":{"api_key":"k1"},"limits":[{"name":"s","rate":500,"per":"1s"}]}`)
+	eventually(t, 2*time.Second, "k1 refused", func() bool { return len(src.Status().Refused) == 1 })
+	if r := src.Status().Refused[0]; r.Key != p+"k1" || r.Kept || !strings.Contains(r.Err.Error(), "expires_at") {
+		t.Fatalf("refused %+v, want k1 for its expires_at", r)
+	}
+	// A valid rule written after it applies (it did not, before).
+	put(t, cli, p+"enterprise", `{"match":{"plan":"enterprise"},"limits":[{"name":"s","rate":900,"per":"1s"}]}`)
+	eventually(t, 2*time.Second, "a later good rule applies", func() bool { return limitOf(h, "enterprise") == 900 })
+	if limitOf(h, "k1") != -1 || limitOf(h, "pro") != 50 || limitOf(h, "default") != 20 {
+		t.Fatalf("k1 %v pro %v default %v", limitOf(h, "k1"), limitOf(h, "pro"), limitOf(h, "default"))
+	}
+
+	// A good rule made bad keeps its previous version.
+	put(t, cli, p+"pro", `{"match":{"plan":"pro"},"limits":[{"name":"s","rate":0,"per":"1s"}]}`)
+	eventually(t, 2*time.Second, "pro refused", func() bool { return len(src.Status().Refused) == 2 })
+	for _, r := range src.Status().Refused {
+		if r.Key == p+"pro" && (!r.Kept || !strings.Contains(r.Err.Error(), "limits[0].rate")) {
+			t.Fatalf("pro refused %+v, want its previous version kept", r)
+		}
+	}
+	if limitOf(h, "pro") != 50 {
+		t.Fatalf("pro %v, want its previous 50", limitOf(h, "pro"))
+	}
+	// An enforcer started now never saw pro's good version: it reads it from etcd's
+	// history, so it serves what the others serve.
+	h2 := NewHolder(nil)
+	fresh, _ := startSource(t, cli, p, h2, WithBase(base))
+	eventually(t, 5*time.Second, "a fresh source's rules", func() bool { return limitOf(h2, "enterprise") == 900 })
+	if limitOf(h2, "pro") != 50 || h2.Current().Version() != h.Current().Version() {
+		t.Fatalf("fresh source: pro %v (want the previous 50 from etcd's history), version %s vs %s",
+			limitOf(h2, "pro"), h2.Current().Version(), h.Current().Version())
+	}
+	if r := fresh.Status().Refused; len(r) != 2 {
+		t.Fatalf("fresh source refused %+v, want k1 and pro", r)
+	}
+	// Two keys with one id: the later key (in key order) is refused.
+	put(t, cli, p+"zz-dup", `{"id":"enterprise","match":{"plan":"enterprise"},"limits":[{"name":"s","rate":1,"per":"1s"}]}`)
+	eventually(t, 2*time.Second, "duplicate id refused", func() bool { return len(src.Status().Refused) == 3 })
+	if limitOf(h, "enterprise") != 900 {
+		t.Fatalf("enterprise %v, want the first key's 900", limitOf(h, "enterprise"))
+	}
+
+	// Fixed or deleted, nothing is refused any more.
+	put(t, cli, p+"k1", `{"match":{"api_key":"k1"},"expires_at":"2099-01-01T00:00:00Z","limits":[{"name":"s","rate":500,"per":"1s"}]}`)
+	put(t, cli, p+"pro", `{"match":{"plan":"pro"},"limits":[{"name":"s","rate":60,"per":"1s"}]}`)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := cli.Delete(ctx, p+"zz-dup"); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 2*time.Second, "all applied", func() bool {
+		return limitOf(h, "k1") == 500 && limitOf(h, "pro") == 60 && len(src.Status().Refused) == 0
+	})
+
+	// The README's etcdctl example shadows the file's rule of the same id: it applies, and
+	// says so at warn.
+	put(t, cli, p+"acme-launch", `{"match":{"api_key":"k_acme"},"limits":[{"name":"second","rate":500,"per":"1s","burst":1000}],"expires_at":"2030-01-01T00:00:00Z","reason":"launch week"}`)
+	eventually(t, 2*time.Second, "etcd rule replaces the file rule", func() bool { return limitOf(h, "acme-launch") == 500 })
+	logMu.Lock()
+	out := logs.String()
+	logMu.Unlock()
+	for _, want := range []string{"etcd rule replaces the file rule of the same id: key=/allot/rules/acme-launch rule=acme-launch",
+		// item 9: the load line says where the rules came from (it said "from etcd" for all)
+		"from-etcd=1 from-file=2 refused=0",
+		"from-etcd=4 from-file=1 refused=0", // acme-launch replaced the file's
+		"etcd rule refused; the other rules apply: key=/allot/rules/k1"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("log lacks %q:\n%s", want, out)
+		}
+	}
+	if strings.Count(out, "etcd rule refused; the other rules apply: key=/allot/rules/k1") != 1 {
+		t.Errorf("k1's refusal logged more than once per revision:\n%s", out)
+	}
+}
+
+type lockedWriter struct {
+	mu *sync.Mutex
+	b  *strings.Builder
+	t  *testing.T
+}
+
+func (w lockedWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.t.Log(strings.TrimRight(string(p), "\n"))
+	return w.b.Write(p)
 }

@@ -25,8 +25,9 @@
 // # Errors
 //
 // Parsing is strict (unknown fields, wrong types and unknown words are errors) and every
-// error names the rule, the field and, for YAML, the file and line: see Error. A set with
-// any error is rejected whole; the sources keep serving the previous snapshot.
+// error names the rule, the field and, for YAML, the file and line: see Error. A rules file
+// with any error is rejected whole and the source keeps serving the previous snapshot; an
+// etcd rule is checked alone and refused alone (see EtcdSource).
 //
 // # Sources
 //

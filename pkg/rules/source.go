@@ -113,6 +113,9 @@ type Status struct {
 	Loads, Failures uint64
 	// Revision is the etcd revision the rules are known at (EtcdSource only).
 	Revision int64
+	// Refused lists the etcd keys whose rule is refused now (EtcdSource only; see it):
+	// each is serving its previous good version, or nothing.
+	Refused []RefusedRule
 }
 
 // status is the part of a source that Status reads; safe for concurrent use.
@@ -145,6 +148,12 @@ func (s *status) ok() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.st.LastError = nil
+}
+
+func (s *status) setRefused(r []RefusedRule) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.st.Refused = r
 }
 
 func (s *status) setRevision(rev int64) {

@@ -244,16 +244,24 @@ func TestBrokenSetRefusedWhole(t *testing.T) {
 	if resp, _ := r.etcd.Get(ctx, "/allot/", clientv3.WithPrefix(), clientv3.WithCountOnly()); resp.Count != 0 {
 		t.Fatalf("%d keys written by a refused set", resp.Count)
 	}
-	// A change whose set is bad only with what etcd already holds (two keys holding one
-	// id, written behind the API's back) is refused as a whole too, naming the rule.
+	// Bad rules already in etcd, written behind the API's back (two keys holding one id,
+	// an override without expires_at), are refused by the enforcers alone (issue 28): they
+	// do not block a change that does not touch them, as they used to.
 	for _, k := range []string{"a", "b"} {
 		if _, err := r.etcd.Put(ctx, admin.DefaultRulesPrefix+k, `{"id": "dup", "limits": [{"name": "s", "rate": 1, "per": "1s"}]}`); err != nil {
 			t.Fatal(err)
 		}
 	}
-	_, err = r.cli.Apply(ctx, admin.ApplyRequest{Reason: "x", YAML: goodFile})
-	if !errors.As(err, &e) || e.Status != http.StatusBadRequest || !strings.Contains(err.Error(), `rule "dup": id: "dup" is also the id of rule #`) {
-		t.Fatalf("set with a duplicate in etcd: %v", err)
+	if _, err := r.etcd.Put(ctx, admin.DefaultRulesPrefix+"k1", `{"match": {"api_key": "k1"}, "limits": [{"name": "s", "rate": 1, "per": "1s"}]}`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err = r.cli.Apply(ctx, admin.ApplyRequest{Reason: "x", YAML: goodFile}); err != nil {
+		t.Fatalf("a good change beside bad rules it does not touch: %v, want it applied", err)
+	}
+	// A change that writes a rule the enforcers would refuse is refused, naming it.
+	_, err = r.cli.Apply(ctx, admin.ApplyRequest{Reason: "x", File: "bad.yaml", YAML: bad})
+	if !errors.As(err, &e) || e.Status != http.StatusBadRequest || !strings.Contains(err.Error(), `rule "broken": limits[0].rate`) {
+		t.Fatalf("a change writing a bad rule beside bad rules in etcd: %v", err)
 	}
 }
 

@@ -104,10 +104,25 @@ func (s *Server) askOne(ctx context.Context, e *EnforcerExplain, auth, query str
 	case err != nil:
 		e.Error = err.Error()
 	case resp.StatusCode != http.StatusOK:
-		e.Error = strings.TrimSpace(string(body))
+		e.Error = answerError(resp.StatusCode, body)
 	case !json.Valid(body):
 		e.Error = "the answer is not JSON"
 	default:
 		e.Explain = body
 	}
+}
+
+// answerError is an enforcer's refusal as one line: its JSON {"error": ...} (an enforcer
+// with explain off names what to turn on), or its text; a bare 404 (an enforcer too old to
+// say) is said to be explain being off.
+func answerError(status int, body []byte) string {
+	var er ErrorResponse
+	if json.Unmarshal(body, &er) == nil && er.Error != "" {
+		return fmt.Sprintf("%d: %s", status, er.Error)
+	}
+	text := strings.TrimSpace(string(body))
+	if status == http.StatusNotFound {
+		return "404: no /v1/explain here: explain is off on this enforcer (explain.enabled in its config, or -explain)"
+	}
+	return fmt.Sprintf("%d: %s", status, text)
 }

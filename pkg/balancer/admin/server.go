@@ -311,8 +311,8 @@ type RuleEntry struct {
 	Key         string          `json:"key"`
 	ModRevision int64           `json:"mod_revision"`
 	Rule        json.RawMessage `json:"rule,omitempty"`
-	// Error is set instead of Rule for a value that does not parse (the enforcers reject
-	// the whole set until it is fixed or deleted).
+	// Error is set instead of Rule for a value that does not parse (the enforcers refuse
+	// that rule alone until it is fixed or deleted; see rules.EtcdSource).
 	Error string `json:"error,omitempty"`
 }
 

@@ -90,11 +90,12 @@ type Result struct {
 	Audit string `json:"audit,omitempty"`
 }
 
-// apply checks the change against the rules in etcd — the whole resulting set, parsed
-// and compiled the way every enforcer will (rules.EtcdSet over the base, rules.Compile) —
-// and writes it in one transaction compared on c.rev: it lands only if nothing under the
-// rules prefix and no admin change landed after c.rev. The audit record goes in the same
-// transaction. Nothing is written on any error.
+// apply checks the change against the rules in etcd the way every enforcer will
+// (rules.CheckEtcd: each rule alone, then the whole set over the base): a rule it writes
+// that an enforcer would refuse, or a bad whole set, refuses it; a bad rule already in etcd
+// that it does not write does not. It writes the change in one transaction compared on
+// c.rev: it lands only if nothing under the rules prefix and no admin change landed after
+// c.rev. The audit record goes in the same transaction. Nothing is written on any error.
 func (s *Server) apply(ctx context.Context, c *change) (Result, error) {
 	if strings.TrimSpace(c.reason) == "" {
 		return Result{}, fmt.Errorf("%w: reason is missing: say why (it is kept in the audit record)", ErrBadRequest)
@@ -144,14 +145,22 @@ func (s *Server) apply(ctx context.Context, c *change) (Result, error) {
 		ops = append(ops, clientv3.OpPut(k, string(v)))
 		changed = append(changed, r.ID)
 	}
-	set, err := rules.EtcdSet(s.cfg.RulesPrefix, next, s.base())
-	if err == nil {
-		opt := s.cfg.Compile
-		opt.Now = s.cfg.Clock.Now()
-		_, err = rules.Compile(set, opt)
-	}
+	opt := s.cfg.Compile
+	opt.Now = s.cfg.Clock.Now()
+	refused, err := rules.CheckEtcd(s.cfg.RulesPrefix, next, s.base(), opt)
 	if err != nil {
 		return Result{}, &InvalidError{Err: err}
+	}
+	// A key this change writes must not be refused; a bad key it does not touch (written
+	// past the admin API) is refused by the enforcers alone and blocks nothing here.
+	var bad []error
+	for _, op := range ops {
+		if k := string(op.KeyBytes()); op.IsPut() && refused[k] != nil {
+			bad = append(bad, refused[k])
+		}
+	}
+	if len(bad) > 0 {
+		return Result{}, &InvalidError{Err: errors.Join(bad...)}
 	}
 	res := Result{Changed: changed, DryRun: c.dryRun}
 	if c.dryRun || len(ops) == 0 {

@@ -2,6 +2,7 @@ package app
 
 import (
 	"crypto/tls"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"time"
@@ -68,11 +69,22 @@ func (ac AdminConfig) validate(c *Config) []error {
 	return errs
 }
 
+// AdminOff is the error /v1/admin/ answers (404) on a balancer with the admin API off:
+// what to turn on, so the CLI can say it rather than "404 page not found".
+const AdminOff = "the admin API is off on this balancer: start it with admin.enabled: true and " +
+	"admin.tokens_file (name:secret lines) in its config, or -admin -admin-tokens-file FILE " +
+	"(or $ALLOT_ADMIN_TOKENS=name:secret); it also needs rules.etcd_prefix"
+
 // buildAdmin registers the admin API on the HTTP mux and, with admin.tls, puts TLS on the
-// HTTP listener.
+// HTTP listener. With the admin API off, /v1/admin/ answers 404 with AdminOff.
 func (a *App) buildAdmin() error {
 	ac := a.cfg.Admin
 	if !ac.Enabled {
+		a.mux.HandleFunc("/v1/admin/", func(w http.ResponseWriter, _ *http.Request) {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusNotFound)
+			_ = json.NewEncoder(w).Encode(admin.ErrorResponse{Error: AdminOff})
+		})
 		return nil
 	}
 	tokens, err := adminauth.Load(ac.TokensFile, ac.TokensEnv, nil)

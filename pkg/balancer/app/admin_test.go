@@ -8,11 +8,13 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/json"
 	"encoding/pem"
 	"io"
 	"math/big"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -106,4 +108,40 @@ func selfSigned(t *testing.T, dir string) (certFile, keyFile string, pool *x509.
 	pool = x509.NewCertPool()
 	pool.AddCert(c)
 	return certFile, keyFile, pool
+}
+
+// TestAdminOffSaysWhatToTurnOn (issue 28, item 3): with the admin API off (the default),
+// every /v1/admin/ path answers 404 with an error naming admin.enabled, -admin and the
+// tokens, which the CLI prints, rather than "404 page not found". No etcd is needed: New
+// does not dial.
+func TestAdminOffSaysWhatToTurnOn(t *testing.T) {
+	cfg, err := Parse([]string{"-config", configFile, "-grpc-addr", "127.0.0.1:0", "-http-addr", "127.0.0.1:0",
+		"-etcd-endpoints", "http://127.0.0.1:1", "-rules-file", rulesFile, "-rules-etcd-prefix", ""}, env(nil), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := New(cfg, hclog.NewNullLogger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	srv := httptest.NewServer(a.mux)
+	defer srv.Close()
+	for _, path := range []string{"/v1/admin/rules", "/v1/admin/check", "/v1/admin/explain"} {
+		resp, err := http.Get(srv.URL + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var er admin.ErrorResponse
+		err = json.NewDecoder(resp.Body).Decode(&er)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusNotFound || err != nil || er.Error != AdminOff {
+			t.Fatalf("%s: %d %+v (%v), want 404 with %q", path, resp.StatusCode, er, err, AdminOff)
+		}
+	}
+	for _, want := range []string{"admin.enabled: true", "-admin", "admin.tokens_file"} {
+		if !strings.Contains(AdminOff, want) {
+			t.Errorf("AdminOff lacks %q", want)
+		}
+	}
 }

@@ -109,6 +109,15 @@ func New(cfg Config, log hclog.Logger) (_ *App, err error) {
 	if sc.Advertise == "" {
 		sc.Advertise = a.GRPCAddr()
 	}
+	if h := a.cfg.Listen.DashboardURL; h != "" {
+		sc.Dashboard = h
+	} else if h := a.HTTPAddr(); h != "" {
+		scheme := "http"
+		if a.cfg.Admin.TLS.Enabled {
+			scheme = "https"
+		}
+		sc.Dashboard = scheme + "://" + h + "/dashboard/"
+	}
 	if a.svc, err = balancer.NewService(sc); err != nil {
 		return nil, err
 	}
@@ -140,7 +149,7 @@ func (a *App) buildRules() error {
 		}
 	}
 	opts := []rules.Option{rules.WithInterval(rc.PollInterval), rules.WithLogger(a.log.Named("rules")),
-		rules.WithOnError(func(err error) { a.log.Error("rules rejected; the previous rules keep serving", "error", err) })}
+		rules.WithOnError(func(err error) { a.log.Error(rules.Describe(err), "error", err) })}
 	h := rules.NewHolder(nil)
 	a.rules, a.base = h, base
 	a.table = balancer.NewRuleTable(h, a.cfg.Regions)

@@ -50,6 +50,9 @@ type ListenConfig struct {
 	// Advertise is the report address enforcers are redirected to (the campaign value).
 	// Default: the bound gRPC address.
 	Advertise string `yaml:"advertise"`
+	// DashboardURL is this replica's dashboard as a viewer reaches it, which standbys'
+	// dashboards link to while it leads. Default: http(s)://<bound HTTP address>/dashboard/.
+	DashboardURL string `yaml:"dashboard_url"`
 	// TLS for the report API (server side).
 	TLS ServerTLSConfig `yaml:"tls"`
 }

@@ -41,6 +41,7 @@ var overrides = slices.Concat([]cliconf.Override[Config]{
 	{Name: "grpc-addr", Usage: "report API (gRPC) listen address", Apply: cliconf.Str(func(c *Config) *string { return &c.Listen.GRPC })},
 	{Name: "http-addr", Usage: "HTTP listen address (/metrics, /healthz, /readyz)", Apply: cliconf.Str(func(c *Config) *string { return &c.Listen.HTTP })},
 	{Name: "advertise-addr", Usage: "report address standbys redirect enforcers to (default the gRPC address)", Apply: cliconf.Str(func(c *Config) *string { return &c.Listen.Advertise })},
+	{Name: "dashboard-url", Usage: "this replica's dashboard URL as viewers reach it (standbys link to the leader's; default from the HTTP address)", Apply: cliconf.Str(func(c *Config) *string { return &c.Listen.DashboardURL })},
 	{Name: "tls", Usage: "serve the report API over TLS", IsBool: true, Apply: cliconf.Bool(func(c *Config) *bool { return &c.Listen.TLS.Enabled })},
 	{Name: "tls-cert", Usage: "report API certificate", Apply: cliconf.Str(func(c *Config) *string { return &c.Listen.TLS.CertFile })},
 	{Name: "tls-key", Usage: "report API key", Apply: cliconf.Str(func(c *Config) *string { return &c.Listen.TLS.KeyFile })},

@@ -29,6 +29,12 @@ func get(t *testing.T, h http.Handler, path string) (*http.Response, string) {
 	return res, string(b)
 }
 
+func get2(t *testing.T, h http.Handler, path string) string {
+	t.Helper()
+	_, page := get(t, h, path)
+	return page
+}
+
 func mustContain(t *testing.T, page string, want ...string) {
 	t.Helper()
 	for _, w := range want {
@@ -93,6 +99,10 @@ func TestIdentityPage(t *testing.T) {
 	mustContain(t, page, `id="not-tracked"`, "default split")
 	_, page = get(t, d, "/dashboard/identity?identity=key:k_globex&rule=pro")
 	mustContain(t, page, `id="not-tracked"`, "under rule <b>pro</b>")
+	// Issue 28, item 7: a key whose traffic stopped is forgotten by the balancer after
+	// key_ttl, but the page still shows the history the dashboard kept of it.
+	_, page = get(t, d, "/dashboard/identity?identity=key:k_gone")
+	mustContain(t, page, `id="not-tracked"`, `id="history-kept"`, `id="share"`, `id="tokens"`, `id="refused"`, "global limit 100/s")
 	// Tracked but never in the top: its state, and no history.
 	_, page = get(t, d, "/dashboard/identity?identity=key:tail-29&rule=default")
 	mustContain(t, page, "No history", "Per region")
@@ -121,6 +131,9 @@ func TestStandbyPointsToTheLeader(t *testing.T) {
 			t.Errorf("%s: a standby shows data", path)
 		}
 	}
+	mustContain(t, get2(t, d, "/dashboard/"), "open the dashboard on that host")
+	src.dash = "http://10.0.0.7:9091/dashboard/" // the leader published it (issue 28, item 7)
+	mustContain(t, get2(t, d, "/dashboard/"), `its dashboard is <a id="leader-dashboard" href="http://10.0.0.7:9091/dashboard/">`)
 	src.leader = ""
 	_, page := get(t, d, "/dashboard/")
 	mustContain(t, page, "No leader is known")

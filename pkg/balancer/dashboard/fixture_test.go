@@ -29,6 +29,7 @@ type fakeSource struct {
 	core   *balancer.Core
 	leader string
 	term   int64
+	dash   string // the leader's dashboard URL ("" unknown)
 }
 
 func (f *fakeSource) Core() *balancer.Core {
@@ -38,6 +39,8 @@ func (f *fakeSource) Core() *balancer.Core {
 }
 
 func (f *fakeSource) Leader(context.Context) (string, int64) { return f.leader, f.term }
+
+func (f *fakeSource) LeaderDashboard(context.Context) string { return f.dash }
 
 func (f *fakeSource) setCore(c *balancer.Core) {
 	f.mu.Lock()
@@ -68,6 +71,13 @@ func scenarios(run time.Duration) []scenario {
 		{"default", "key:k_initech", func(time.Duration) [3]float64 { return [3]float64{40, 40, 40} }}, // over its limit
 		{"default", evilScript, func(time.Duration) [3]float64 { return [3]float64{2, 30, 2} }},
 		{"default", evilImg, func(time.Duration) [3]float64 { return [3]float64{25, 1, 1} }},
+		// busy for the first third, then gone: no longer reported, forgotten after key_ttl
+		{"default", "key:k_gone", func(t time.Duration) [3]float64 {
+			if t < run/3 {
+				return [3]float64{50, 10, 0}
+			}
+			return [3]float64{}
+		}},
 	}
 	for i := range 30 {
 		s = append(s, scenario{"default", fmt.Sprintf("key:tail-%02d", i), func(time.Duration) [3]float64 {
@@ -126,6 +136,9 @@ func run(t testing.TB, dur time.Duration, mod func(*Config)) (*Dashboard, *fakeS
 					ShareLeaderRev: cc.LeaderRev, ShareVersion: applied}
 				for _, sc := range scs {
 					want := sc.demand(s)[r] * 10
+					if want == 0 {
+						continue // an enforcer reports only identities it saw
+					}
 					allow := math.Inf(1)
 					if st, ok := core.Identity(sc.rule, sc.identity); ok {
 						allow = st.Published[r] * st.Rate * 10

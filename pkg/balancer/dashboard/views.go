@@ -20,6 +20,7 @@ type common struct {
 	Now        string
 	Leading    bool
 	LeaderAddr string
+	LeaderDash string // the leader's dashboard URL, when its source knows it
 	Term       int64
 	Version    uint64
 	Landed     uint64
@@ -108,11 +109,19 @@ func (d *Dashboard) common(ctx context.Context, title string, core *balancer.Cor
 	}
 	if core == nil {
 		c.LeaderAddr, c.Term = d.src.Leader(ctx)
+		if ld, ok := d.src.(leaderDashboard); ok && c.LeaderAddr != "" {
+			c.LeaderDash = ld.LeaderDashboard(ctx)
+		}
 		return c
 	}
 	c.Leading, c.Term, c.Version, c.Landed, c.Learning = true, st.LeaderRev, st.Version, st.Landed, st.Learning
 	c.Tracked, c.Listed, c.Pending = st.Tracked, st.Listed, st.Pending
 	return c
+}
+
+// leaderDashboard is a Source that knows the leader's dashboard URL (balancer.Service).
+type leaderDashboard interface {
+	LeaderDashboard(ctx context.Context) string
 }
 
 func regionClass(i int) string { return "r" + string(rune('0'+i%len(palette))) }
@@ -301,7 +310,7 @@ func (d *Dashboard) identity(ctx context.Context, rule, identity string) identit
 		}
 		slices.Sort(cands)
 		for _, r := range slices.Compact(cands) {
-			if _, ok := core.Identity(r, identity); ok {
+			if _, ok := core.Identity(r, identity); ok || lastSample(ss, idKey{r, identity}) != nil {
 				v.Matches = append(v.Matches, idCard{Rule: r, Identity: identity, Href: d.href(r, identity)})
 			}
 		}
@@ -311,16 +320,19 @@ func (d *Dashboard) identity(ctx context.Context, rule, identity string) identit
 		rule = v.Matches[0].Rule
 		v.Rule, v.Matches = rule, nil
 	}
+	last := lastSample(ss, idKey{rule, identity})
 	is, ok := core.Identity(rule, identity)
 	if !ok {
+		// No longer tracked (its demand stopped key_ttl ago): the default split applies,
+		// but the hour of history the dashboard kept for it is still worth showing.
+		if last != nil {
+			v.Limit = rate(last.rate)
+			d.idCharts(&v, ss, idKey{rule, identity}, now)
+		}
 		return v
 	}
 	n := len(d.cfg.Regions)
 	v.Found, v.Limit, v.IDPending, v.IDVersion = true, rate(is.Rate), is.Pending, is.Version
-	var last *idSample
-	for i := len(ss) - 1; i >= 0 && last == nil; i-- {
-		last = ss[i].find(idKey{rule, identity})
-	}
 	demF := fractions(pad(is.Smoothed, n))
 	v.ShareBar = stackedBar(300, 18, d.cfg.Regions, is.Published)
 	v.DemandBar = stackedBar(300, 18, d.cfg.Regions, demF)
@@ -340,6 +352,24 @@ func (d *Dashboard) identity(ctx context.Context, rule, identity string) identit
 	if last == nil {
 		return v
 	}
+	d.idCharts(&v, ss, idKey{rule, identity}, now)
+	return v
+}
+
+// lastSample is k's newest sample in ss, nil if it has none.
+func lastSample(ss []sample, k idKey) *idSample {
+	for i := len(ss) - 1; i >= 0; i-- {
+		if x := ss[i].find(k); x != nil {
+			return x
+		}
+	}
+	return nil
+}
+
+// idCharts fills v's history charts for identity k from the samples ss.
+func (d *Dashboard) idCharts(v *identityView, ss []sample, k idKey, now time.Time) {
+	rule, identity := k.rule, k.identity
+	n := len(d.cfg.Regions)
 	v.HasHistory = true
 	from, to := d.window(ss, now)
 	share, frac := d.idSeries(idKey{rule, identity}, ss)
@@ -363,7 +393,6 @@ func (d *Dashboard) identity(ctx context.Context, rule, identity string) identit
 	v.TokensChart = timeChart("tokens", 760, 170, from, to, d.gap(), 0, tick, tokens)
 	v.RefusedChart = timeChart("refused", 760, 120, from, to, d.gap(), 0, tick, refused)
 	v.RefusedChart.EmptyMessage = "no refusal counts yet"
-	return v
 }
 
 // pad returns v with n values (NaN for missing ones).

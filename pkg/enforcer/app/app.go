@@ -214,7 +214,7 @@ func (a *App) compileOptions() rules.CompileOptions {
 }
 
 func (a *App) onRulesError(err error) {
-	a.log.Error("rules rejected; the previous rules keep serving", "error", err)
+	a.log.Error(rules.Describe(err), "error", err)
 }
 
 func (a *App) onRulesLoad(s *rules.Snapshot) {

@@ -191,6 +191,13 @@ type CheckConfig struct {
 	ResetJitterMax   time.Duration `yaml:"reset_jitter_max"`
 	DecisionLogEvery uint64        `yaml:"decision_log_every"`
 	RefusalLogEvery  uint64        `yaml:"refusal_log_every"`
+	// IdentityDigestKey keys the identity digest of the sampled refusal logs (see
+	// enforcer.Config.IdentityDigestKey): the same secret on every enforcer makes digests
+	// match across the fleet; prefer $ALLOT_IDENTITY_DIGEST_KEY to the file. Empty: a
+	// random key per process.
+	IdentityDigestKey string `yaml:"identity_digest_key"`
+	// LogIdentities adds the identity itself (API key, IP) to the sampled refusal logs.
+	LogIdentities bool `yaml:"log_identities"`
 }
 
 // AuthConfig names the forward-auth headers; empty fields keep httpapi's defaults.
@@ -315,6 +322,10 @@ func (c *Config) enforcerConfig() enforcer.Config {
 	overrideIfSet(&ec.ResetJitterMax, ch.ResetJitterMax)
 	overrideIfSet(&ec.DecisionLogEvery, ch.DecisionLogEvery)
 	overrideIfSet(&ec.RefusalLogEvery, ch.RefusalLogEvery)
+	if ch.IdentityDigestKey != "" {
+		ec.IdentityDigestKey = []byte(ch.IdentityDigestKey)
+	}
+	ec.LogIdentities = ch.LogIdentities
 	ec.Region = c.Region
 	return ec
 }

@@ -1,6 +1,7 @@
 package app
 
 import (
+	"encoding/json"
 	"fmt"
 	"net/http"
 
@@ -28,11 +29,25 @@ type ExplainConfig struct {
 	Customers bool `yaml:"customers"`
 }
 
-// withExplain adds GET /v1/explain in front of h when explain is enabled.
+// ExplainOff is the body of /v1/explain on an enforcer with explain off: what to turn on.
+const ExplainOff = "explain is off on this enforcer: set explain.enabled: true and explain.tokens_file " +
+	"(name:secret lines, the balancer's admin tokens) in its config, or -explain and -explain-tokens-file " +
+	"(or $ALLOT_ADMIN_TOKENS), and restart it"
+
+// withExplain adds GET /v1/explain in front of h when explain is enabled; when it is not,
+// /v1/explain answers 404 with ExplainOff (JSON {"error": ...}, as the balancer's admin
+// API answers), so a caller learns what to turn on rather than "404 page not found".
 func (a *App) withExplain(h http.Handler) (http.Handler, error) {
 	ec := a.cfg.Explain
+	mux := http.NewServeMux()
+	mux.Handle("/", h)
 	if !ec.Enabled {
-		return h, nil
+		mux.HandleFunc("/v1/explain", func(w http.ResponseWriter, _ *http.Request) {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusNotFound)
+			_ = json.NewEncoder(w).Encode(map[string]string{"error": ExplainOff})
+		})
+		return mux, nil
 	}
 	env := ec.TokensEnv
 	if env == "" {
@@ -42,8 +57,6 @@ func (a *App) withExplain(h http.Handler) (http.Handler, error) {
 	if err != nil {
 		return nil, fmt.Errorf("app: explain: %w", err)
 	}
-	mux := http.NewServeMux()
-	mux.Handle("/", h)
 	mux.Handle("GET /v1/explain", httpapi.ExplainHandler(a.enf, httpapi.ExplainConfig{
 		Tokens: tokens, Customers: ec.Customers, APIKeyHeader: a.cfg.authConfig().APIKeyHeader}))
 	return mux, nil

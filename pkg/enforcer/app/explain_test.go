@@ -84,3 +84,32 @@ func TestExplainOverRedis(t *testing.T) {
 		t.Fatalf("recent %+v", re.Recent)
 	}
 }
+
+// TestExplainOffSaysWhatToTurnOn (issue 28, item 3): with explain off (the default),
+// /v1/explain answers 404 naming the config field and the flag that turn it on, not "404
+// page not found"; -explain and -explain-tokens-file turn it on.
+func TestExplainOffSaysWhatToTurnOn(t *testing.T) {
+	a, _ := memoryApp(t, fileRules)
+	resp, err := http.Get("http://" + a.HTTPAddr() + "/v1/explain?api_key=k1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusNotFound || !strings.Contains(string(body), "explain.enabled: true") || !strings.Contains(string(body), "-explain") {
+		t.Fatalf("explain off: %d %s, want 404 naming explain.enabled and -explain", resp.StatusCode, body)
+	}
+	cfg, err := Parse([]string{"-region", "r", "-rules-file", "r", "-explain", "-explain-tokens-file", "/etc/tokens"}, env(nil), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !cfg.Explain.Enabled || cfg.Explain.TokensFile != "/etc/tokens" {
+		t.Fatalf("-explain -explain-tokens-file: %+v", cfg.Explain)
+	}
+	for _, r := range []string{"us-east", "eu-west", "ap-south"} {
+		cfg, err := Parse([]string{"-config", "../../../configs/regions/" + r + ".yaml", "-explain", "-explain-tokens-file", "/etc/tokens"}, env(nil), io.Discard)
+		if err != nil || !cfg.Explain.Enabled {
+			t.Fatalf("%s with -explain: %v %+v", r, err, cfg.Explain)
+		}
+	}
+}

@@ -283,9 +283,9 @@ func TestIntegration(t *testing.T) {
 		a.mu.Lock()
 		src := a.etcdSrc
 		a.mu.Unlock()
-		if !poll(5*time.Second, func() bool {
+		if !poll(5*time.Second, func() bool { // refused alone (issue 28): listed, not LastError
 			st := src.Status()
-			return st.LastError != nil && strings.Contains(st.LastError.Error(), "broken")
+			return len(st.Refused) == 1 && strings.Contains(st.Refused[0].Err.Error(), "broken")
 		}) {
 			t.Fatalf("bad rule not reported: %+v", src.Status())
 		}
@@ -298,8 +298,8 @@ func TestIntegration(t *testing.T) {
 		if _, err := s.cli.Delete(ctx, "/"+s.tag+"/rules/broken"); err != nil {
 			t.Fatal(err)
 		}
-		if !poll(5*time.Second, func() bool { return src.Status().LastError == nil }) {
-			t.Fatalf("still failing after the bad rule was deleted: %v", src.Status().LastError)
+		if !poll(5*time.Second, func() bool { st := src.Status(); return st.LastError == nil && len(st.Refused) == 0 }) {
+			t.Fatalf("still failing after the bad rule was deleted: %+v", src.Status())
 		}
 	})
 

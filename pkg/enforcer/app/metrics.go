@@ -183,12 +183,15 @@ var (
 	rulesLoadsDesc = prometheus.NewDesc("allot_rules_loads_total",
 		"Rule snapshots a source stored (file or etcd).", []string{"source"}, nil)
 	rulesFailuresDesc = prometheus.NewDesc("allot_rules_failures_total",
-		"Rule sets a source rejected, or etcd errors; the previous rules kept serving.", []string{"source"}, nil)
+		"Rule sets a source rejected, or etcd errors; the previous rules kept serving (a refused etcd rule is allot_rules_refused).", []string{"source"}, nil)
+	rulesRefusedDesc = prometheus.NewDesc("allot_rules_refused",
+		"etcd rules refused now (each serves its previous version, or nothing; /readyz names them); the other rules apply.", []string{"source"}, nil)
 )
 
 func (r rulesSourceCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- rulesLoadsDesc
 	ch <- rulesFailuresDesc
+	ch <- rulesRefusedDesc
 }
 
 func (r rulesSourceCollector) Collect(ch chan<- prometheus.Metric) {
@@ -204,5 +207,6 @@ func (r rulesSourceCollector) Collect(ch chan<- prometheus.Metric) {
 		st := src.Status()
 		ch <- prometheus.MustNewConstMetric(rulesLoadsDesc, prometheus.CounterValue, float64(st.Loads), "etcd")
 		ch <- prometheus.MustNewConstMetric(rulesFailuresDesc, prometheus.CounterValue, float64(st.Failures), "etcd")
+		ch <- prometheus.MustNewConstMetric(rulesRefusedDesc, prometheus.GaugeValue, float64(len(st.Refused)), "etcd")
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/allot-dev/allot/pkg/enforcer/httpapi"
@@ -125,6 +126,23 @@ func loadBase(path string) (*rules.Set, error) {
 	return set, nil
 }
 
+// refusedErr names the etcd rules refused now (each serving its previous version, or
+// nothing): a degraded part /readyz shows, as allot_rules_refused does.
+func refusedErr(refused []rules.RefusedRule) error {
+	if len(refused) == 0 {
+		return nil
+	}
+	parts := make([]string, 0, len(refused))
+	for _, r := range refused {
+		kept := "not applied"
+		if r.Kept {
+			kept = "its previous version applies"
+		}
+		parts = append(parts, fmt.Sprintf("%s (%s): %v", r.Key, kept, r.Err))
+	}
+	return fmt.Errorf("rules: %d etcd rule(s) refused, the others apply: %s", len(refused), strings.Join(parts, "; "))
+}
+
 // readyTimeout bounds the store ping /readyz makes.
 const readyTimeout = 250 * time.Millisecond
 
@@ -150,9 +168,14 @@ func (a *App) Ready() error {
 	if a.shares != nil && !a.shares.Loaded() {
 		errs = append(errs, errors.New("shares: not loaded from etcd yet; every identity enforces min(default share, shares.floor)"))
 	}
+	if src != nil {
+		if err := refusedErr(src.Status().Refused); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	if a.registry != nil {
 		if err := a.registry.Healthy(); err != nil {
-			errs = append(errs, fmt.Errorf("registry: %w", err))
+			errs = append(errs, err) // its errors say "registry: …" already
 		}
 	}
 	if a.redis != nil {

@@ -1,0 +1,135 @@
+package e2e
+
+import (
+	"io"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/allot-dev/allot/e2e/stack"
+	balancerapp "github.com/allot-dev/allot/pkg/balancer/app"
+	enforcerapp "github.com/allot-dev/allot/pkg/enforcer/app"
+)
+
+// shBlocks returns the ```sh blocks of the README section that starts with heading, each
+// as its command lines: continuation lines joined, comments and blank lines dropped.
+func shBlocks(t *testing.T, readme, heading string) [][]string {
+	t.Helper()
+	i := strings.Index(readme, heading)
+	if i < 0 {
+		t.Fatalf("README has no %q", heading)
+	}
+	sec := readme[i+len(heading):]
+	if j := strings.Index(sec, "\n## "); j >= 0 {
+		sec = sec[:j]
+	}
+	var blocks [][]string
+	for _, m := range regexp.MustCompile("(?s)```sh\n(.*?)```").FindAllStringSubmatch(sec, -1) {
+		var lines []string
+		joined := strings.ReplaceAll(m[1], "\\\n", " ")
+		for _, l := range strings.Split(joined, "\n") {
+			if k := strings.Index(l, " #"); k >= 0 {
+				l = l[:k]
+			}
+			if l = strings.TrimSpace(l); l != "" && !strings.HasPrefix(l, "#") {
+				lines = append(lines, l)
+			}
+		}
+		blocks = append(blocks, lines)
+	}
+	return blocks
+}
+
+// TestREADMEWalkthrough (issue 28, items 2 and 3) reads the README's walk-through as a
+// user pastes it: every enforcer and balancer it starts parses (flags and config files
+// valid), the admin/explain block's commands parse too, and the teardown stops what the
+// walk-through started — every background process (they left six running) and every
+// region's Redis Cluster and the etcd (they left eu-west's). It runs nothing: the blocks
+// use fixed ports, which the test machines share.
+func TestREADMEWalkthrough(t *testing.T) {
+	root := stack.RepoRoot(t)
+	raw, err := os.ReadFile(filepath.Join(root, "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Chdir(root)
+	readme := string(raw)
+	walk := shBlocks(t, readme, "## One enforcer stack per region")
+	admin := shBlocks(t, readme, "## Changing limits: the admin CLI")
+	if len(walk) == 0 || len(admin) == 0 {
+		t.Fatalf("README: %d walk-through blocks, %d admin blocks", len(walk), len(admin))
+	}
+	started, lastStart, killAt := 0, -1, -1
+	up := map[string]bool{}
+	etcdUp, downAll := false, false
+	for n, l := range walk[0] {
+		args := strings.Fields(strings.TrimSuffix(l, "&"))
+		switch {
+		case len(args) > 0 && (args[0] == "bin/enforcer" || args[0] == "bin/balancer"):
+			parseStart(t, args)
+			if strings.HasSuffix(l, "&") {
+				started++
+				lastStart = n
+			}
+		case strings.HasPrefix(l, "scripts/region.sh"):
+			for _, cmd := range strings.Split(l, ";") {
+				f := strings.Fields(cmd)
+				switch {
+				case len(f) >= 2 && f[1] == "etcd-up":
+					etcdUp = true
+				case len(f) >= 3 && f[1] == "up":
+					up[f[2]] = true
+				case len(f) >= 3 && f[1] == "down" && f[2] == "all":
+					downAll = true
+				case len(f) >= 3 && f[1] == "down":
+					delete(up, f[2])
+				case len(f) >= 2 && f[1] == "etcd-down":
+					etcdUp = false
+				}
+			}
+		case strings.HasPrefix(l, "kill $(jobs -p)"):
+			killAt = n
+		}
+	}
+	if started == 0 {
+		t.Fatal("the walk-through starts no process")
+	}
+	if killAt < lastStart {
+		t.Errorf("the walk-through starts %d processes in the background and its teardown does not stop them (kill $(jobs -p) after the last)", started)
+	}
+	if !downAll && (len(up) > 0 || etcdUp) {
+		t.Errorf("the walk-through's teardown leaves regions %v (and etcd: %v) running", up, etcdUp)
+	}
+	adminStarts := 0
+	for _, l := range admin[0] {
+		if args := strings.Fields(strings.TrimSuffix(l, "&")); len(args) > 0 && (args[0] == "bin/enforcer" || args[0] == "bin/balancer") {
+			parseStart(t, args)
+			adminStarts++
+			if !strings.Contains(l, "-admin ") && !strings.Contains(l, "-explain ") {
+				t.Errorf("the admin block starts %q without -admin or -explain", l)
+			}
+		}
+	}
+	if adminStarts < 2 {
+		t.Errorf("the admin block shows how to start %d processes with the admin API or explain on, want the balancer and an enforcer", adminStarts)
+	}
+}
+
+// parseStart parses a README command line that starts an enforcer or a balancer, as the
+// binary would (config file, flags; no environment).
+func parseStart(t *testing.T, args []string) {
+	t.Helper()
+	none := func(string) string { return "" }
+	var err error
+	switch args[0] {
+	case "bin/enforcer":
+		_, err = enforcerapp.Parse(args[1:], none, io.Discard)
+	case "bin/balancer":
+		_, err = balancerapp.Parse(args[1:], none, io.Discard)
+	}
+	if err != nil {
+		t.Errorf("README: %s: %v", strings.Join(args, " "), err)
+	}
+}
