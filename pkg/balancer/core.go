@@ -80,6 +80,18 @@ type enforcerState struct {
 	appliedRev int64
 	appliedVer uint64
 	window     uint64 // the window it last reported in
+	lastEndMs  int64  // the end of its last report's interval (Ingest counts seconds from it)
+}
+
+// dup reports whether seq was seen before, changing nothing.
+func (e *enforcerState) dup(seq uint64) bool {
+	switch {
+	case e.bits == 0 || seq >= e.maxSeq+64 || seq > e.maxSeq:
+		return false
+	case e.maxSeq-seq < 64:
+		return e.bits&(uint64(1)<<(e.maxSeq-seq)) != 0
+	}
+	return false
 }
 
 // seen records seq and reports whether it was seen before. A seq more than 64 below the
@@ -338,6 +350,33 @@ func (c *Core) validate(r *allotv1.ReportRequest) (int, error) {
 
 func count(v float64) bool { return v >= 0 && !math.IsInf(v, 0) } // false for NaN too
 
+// ClockSkew is how far ahead of the balancer's clock a report's interval may end (the
+// enforcer's clock may run ahead of it).
+const ClockSkew = 5 * time.Second
+
+// claims checks what a valid report says against what can be true (issue 27): a share
+// version this leader never published (only acknowledgements let increases out), a newer
+// leader's set, and an interval that ends in the future (claimed seconds that did not pass
+// would shrink the region's measured demand for every key; Ingest also counts an interval
+// only from the end of the enforcer's last one). Called with c.mu held; e is nil for an
+// enforcer not heard yet. Which way it errs: a report from a live enforcer whose clock
+// jumped ahead is refused (its next one is taken), never believed.
+func (c *Core) claims(now time.Time, r *allotv1.ReportRequest, e *enforcerState) error {
+	bad := func(format string, a ...any) error {
+		return fmt.Errorf("%w: "+format, append([]any{ErrInvalidReport}, a...)...)
+	}
+	switch {
+	case r.ShareLeaderRev == c.cfg.LeaderRev && r.ShareVersion > c.version:
+		return bad("share_version %d: this leader (rev %d) has published up to %d", r.ShareVersion, c.cfg.LeaderRev, c.version)
+	case r.ShareLeaderRev > c.cfg.LeaderRev:
+		return bad("share_leader_rev %d is newer than this leader's %d", r.ShareLeaderRev, c.cfg.LeaderRev)
+	}
+	if end := time.UnixMilli(r.IntervalEndMs); end.After(now.Add(ClockSkew)) {
+		return bad("interval ends %v after the balancer's clock (more than the %v skew allowed)", end.Sub(now).Round(time.Millisecond), ClockSkew)
+	}
+	return nil
+}
+
 // Ingest records one enforcer's report. A malformed report (unknown region, empty
 // enforcer id, a negative or non-finite count, more than MaxEntries entries, an empty
 // interval) is refused whole with an error wrapping ErrInvalidReport and changes nothing;
@@ -354,6 +393,14 @@ func (c *Core) Ingest(now time.Time, r *allotv1.ReportRequest) error {
 	c.begin(now)
 	rs := &c.regions[ri]
 	e := rs.enforcers[r.EnforcerId]
+	if e != nil && e.dup(r.Seq) {
+		c.stats.duplicates++
+		return nil
+	}
+	if err := c.claims(now, r, e); err != nil {
+		c.stats.invalid++
+		return err
+	}
 	if e == nil {
 		if len(rs.enforcers) >= c.cfg.MaxEnforcers {
 			c.stats.invalid++
@@ -362,17 +409,24 @@ func (c *Core) Ingest(now time.Time, r *allotv1.ReportRequest) error {
 		e = &enforcerState{}
 		rs.enforcers[r.EnforcerId] = e
 	}
-	if e.seen(r.Seq) {
-		c.stats.duplicates++
-		return nil
-	}
+	e.seen(r.Seq)
 	e.lastHeard, e.appliedRev, e.appliedVer = now, r.ShareLeaderRev, r.ShareVersion
 	if e.window != c.window+1 { // window numbers are offset by one so 0 means never
 		e.window = c.window + 1
 		rs.winEnfs++
 	}
-	secs := float64(r.IntervalEndMs-r.IntervalStartMs) / 1000
-	rs.winSecs += min(max(secs, 0.1), 10*c.cfg.Interval.Seconds())
+	// The seconds it covers, counted from the end of the enforcer's last report at the
+	// earliest: an enforcer's intervals follow each other (each starts where the last
+	// report's table was drained), so with ends no later than the balancer's clock (see
+	// claims) its reports add up to at most the wall time — claimed seconds that did not
+	// pass would shrink the region's measured demand for every key.
+	start := r.IntervalStartMs
+	if e.lastEndMs > start {
+		start = e.lastEndMs
+	}
+	secs := float64(r.IntervalEndMs-start) / 1000
+	rs.winSecs += min(max(secs, 0.1), 2*c.cfg.Interval.Seconds()) // a table is drained every Interval
+	e.lastEndMs = max(e.lastEndMs, r.IntervalEndMs)
 	rs.lastHeard, rs.heard = now, true
 	rs.reports++
 	rs.winReports++

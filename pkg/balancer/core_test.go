@@ -64,7 +64,7 @@ func TestCoreConfigValidate(t *testing.T) {
 
 func TestIngestRefusesBadReports(t *testing.T) {
 	c := newTestCore(t, func(c *CoreConfig) { c.MaxEntries = 2 })
-	end := t0.Add(10 * time.Second)
+	end := t0
 	ok := func() *allotv1.ReportRequest { return report("us-east", "e1", 1, end, use("key:a", 5, 0)) }
 	for name, mod := range map[string]func(r *allotv1.ReportRequest){
 		"unknown region":   func(r *allotv1.ReportRequest) { r.Region = "mars" },

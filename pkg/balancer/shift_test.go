@@ -122,8 +122,10 @@ func TestRecentNoiseIsNotAShift(t *testing.T) {
 			rate := []float64{60, 20, 0}[r]
 			for e := range 3 {
 				seq++
+				// Each enforcer reports every 3 s, over the 3 s since its last report.
 				rep := recentReport(name, name+string(rune('0'+e)), seq, now, c.Stats(now).Version,
-					useRecent("key:a", rate*10/3, 0, poisson(rate/3)))
+					useRecent("key:a", rate, 0, poisson(rate/3)))
+				rep.IntervalStartMs = now.Add(-3 * time.Second).UnixMilli()
 				_ = c.Ingest(now, rep)
 				c.mu.Lock()
 				if c.shiftPending {

@@ -1,0 +1,79 @@
+package balancer
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	allotv1 "github.com/allot-dev/allot/proto/allot/v1"
+)
+
+// Claims a valid-looking report makes are checked against what can be true (issue 27 §1).
+
+// A forged acknowledgement of a version this leader never published is refused and
+// acknowledges nothing (only acknowledgements let increases out: believing it could break
+// Σ ≤ 1).
+func TestForgedAcknowledgementRefused(t *testing.T) {
+	c := newTestCore(t, nil)
+	now := t0.Add(time.Second)
+	c.Published(c.Tick(now), now)
+	r := report("us-east", "e1", 1, now, use("key:a", 10, 0))
+	r.ShareLeaderRev, r.ShareVersion = 7, 1_000_000
+	if err := c.Ingest(now, r); !errors.Is(err, ErrInvalidReport) {
+		t.Fatalf("a claim of version 1,000,000: %v, want ErrInvalidReport", err)
+	}
+	r.ShareLeaderRev, r.ShareVersion = 8, 1
+	if err := c.Ingest(now, r); !errors.Is(err, ErrInvalidReport) {
+		t.Fatalf("a claim of a newer leader's set: %v, want ErrInvalidReport", err)
+	}
+	if st := c.Stats(now); st.Regions[0].Acked != 0 || st.Regions[0].Reports != 0 {
+		t.Fatalf("after forged acknowledgements: acked %d reports %d, want 0, 0", st.Regions[0].Acked, st.Regions[0].Reports)
+	}
+}
+
+// An interval that ends in the future is refused.
+func TestFutureIntervalRefused(t *testing.T) {
+	c := newTestCore(t, nil)
+	r := report("us-east", "e1", 1, t0.Add(time.Minute), use("key:a", 10, 0))
+	if err := c.Ingest(t0, r); !errors.Is(err, ErrInvalidReport) {
+		t.Fatalf("an interval ending a minute ahead: %v, want ErrInvalidReport", err)
+	}
+}
+
+// A fake enforcer that floods reports claiming 100 s intervals and no usage does not
+// shrink a region's measured demand for the keys its real enforcer reports: an enforcer's
+// seconds are counted from the end of its last report (at most the wall time), and the
+// region's rate is the mean per enforcer-second times its enforcers.
+func TestLongClaimedIntervalsDoNotShrinkDemand(t *testing.T) {
+	c := newTestCore(t, func(c *CoreConfig) { c.KeyTTL = time.Hour })
+	now := t0
+	seq := uint64(0)
+	for i := 1; i <= 600; i++ { // 60 s in steps of 100 ms
+		now = now.Add(100 * time.Millisecond)
+		seq++
+		fake := &allotv1.ReportRequest{Region: "us-east", EnforcerId: "fake", Seq: seq,
+			IntervalStartMs: now.Add(-100 * time.Second).UnixMilli(), IntervalEndMs: now.UnixMilli()}
+		if err := c.Ingest(now, fake); err != nil {
+			t.Fatal(err)
+		}
+		if i%100 == 0 { // the real enforcer: 50/s of the victim every 10 s
+			for r, name := range regions3 {
+				var u []*allotv1.IdentityUsage
+				if r == 0 {
+					u = append(u, use("key:victim", 500, 0))
+				}
+				if err := c.Ingest(now, report(name, "real", uint64(i), now, u...)); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		if p := c.Tick(now); p != nil {
+			c.Published(p, now)
+		}
+	}
+	s, ok := c.Identity("default", "key:victim")
+	if !ok || s.Smoothed[0] < 40 {
+		t.Fatalf("us-east's smoothed demand %v with a fake enforcer flooding long intervals, want ≥ 40/s of its 50/s", s.Smoothed)
+	}
+	t.Logf("smoothed demand %v", s.Smoothed)
+}
