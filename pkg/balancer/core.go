@@ -473,7 +473,8 @@ func (c *Core) Ingest(now time.Time, r *allotv1.ReportRequest) error {
 // above its published share by more than the dead-band (traffic arrived, and is refused),
 // or at most half of it and below by more than a quarter dead-band (traffic left) — each
 // beyond the noise of one second of Poisson arrivals at that enforcer (3 standard
-// deviations of the estimate, √(enfs × smoothed), and 2 tokens an enforcer). Such a
+// deviations of the estimate, √(enfs × smoothed), and 10 tokens a second an enforcer: a
+// key of a few a second is left to the interval's average). Such a
 // report asks for a recompute at once (ShiftGap) whatever else it says — an
 // acknowledgement of a decrease carries the region's new, lower rate — and that recompute
 // reads the identity's demand from the recent rates (see recompute). A partial change
@@ -491,7 +492,7 @@ func (c *Core) shifted(id *ident, r int, recent float64, enfs int) bool {
 	}
 	n := float64(enfs)
 	est := recent * n
-	noise := 3*math.Sqrt(n*max(sm, 1)) + 2*n
+	noise := 3*math.Sqrt(n*max(sm, 1)) + 10*n
 	db := c.cfg.Share.DeadBand
 	switch {
 	case est >= 2*sm+noise: // arrived

@@ -98,8 +98,9 @@ const (
 
 // recentRate is the pair's tokens per second over the last recentSlots slots up to now
 // (the current one partly), or since it was inserted if later: about the last second.
-// Which way it errs: the window is 0.75–1 s long, so a rate that changed within it is
-// averaged over that much; never a count the pair did not have.
+// Which way it errs: the window is 0.5–1 s long, so a rate that changed within it is
+// averaged over that much (under, for a key that arrived less than 0.5 s ago); never a
+// count the pair did not have.
 func (e *entry) recentRate(now int64) float64 {
 	cur := now / int64(RecentSlot)
 	from := max((cur-recentSlots+1)*int64(RecentSlot), e.first)
@@ -109,7 +110,9 @@ func (e *entry) recentRate(now int64) float64 {
 			sum += sl.tokens
 		}
 	}
-	length := max(now-from, int64(50*time.Millisecond)) // a pair seen a moment ago: no division by ~0
+	// A pair first seen a moment ago is measured over at least two slots: one request
+	// 10 ms after the last report is not a rate of 100/s.
+	length := max(now-from, int64(2*RecentSlot))
 	return float64(sum) / (float64(length) / 1e9)
 }
 
