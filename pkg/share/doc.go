@@ -159,8 +159,9 @@
 //
 //  1. next, done := Step(mayApply, target); publish next as a new version.
 //  2. For every region, mayApply[r] = max(mayApply[r], next[r]) until all of r's
-//     enforcers acknowledged that version (or a bounded delay ≥ the measured propagation
-//     time passed); then mayApply[r] = next[r].
+//     enforcers acknowledged that version — only their reports acknowledge, never time: a
+//     write that landed says nothing about an enforcer cut off from it; then
+//     mayApply[r] = next[r].
 //  3. If not done, call Step again with the new mayApply when the acknowledgements come
 //     in (a new target from Allocate simply replaces the old one: Step is stateless).
 //
