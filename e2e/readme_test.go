@@ -62,7 +62,7 @@ func TestREADMEWalkthrough(t *testing.T) {
 		t.Fatalf("README: %d walk-through blocks, %d admin blocks", len(walk), len(admin))
 	}
 	started, lastStart, killAt := 0, -1, -1
-	up := map[string]bool{}
+	up, ever := map[string]bool{}, map[string]bool{}
 	etcdUp, downAll := false, false
 	for n, l := range walk[0] {
 		args := strings.Fields(strings.TrimSuffix(l, "&"))
@@ -80,7 +80,7 @@ func TestREADMEWalkthrough(t *testing.T) {
 				case len(f) >= 2 && f[1] == "etcd-up":
 					etcdUp = true
 				case len(f) >= 3 && f[1] == "up":
-					up[f[2]] = true
+					up[f[2]], ever[f[2]] = true, true
 				case len(f) >= 3 && f[1] == "down" && f[2] == "all":
 					downAll = true
 				case len(f) >= 3 && f[1] == "down":
@@ -98,6 +98,13 @@ func TestREADMEWalkthrough(t *testing.T) {
 	}
 	if killAt < lastStart {
 		t.Errorf("the walk-through starts %d processes in the background and its teardown does not stop them (kill $(jobs -p) after the last)", started)
+	}
+	// Every region the configs list is started: a listed region that never reports keeps
+	// its default split of every limit (issue 28 item 1).
+	for _, r := range []string{"us-east", "eu-west", "ap-south"} {
+		if !ever[r] {
+			t.Errorf("the walk-through does not start %s, which every configs/regions/*.yaml lists under regions:", r)
+		}
 	}
 	if !downAll && (len(up) > 0 || etcdUp) {
 		t.Errorf("the walk-through's teardown leaves regions %v (and etcd: %v) running", up, etcdUp)
