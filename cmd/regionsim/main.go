@@ -99,7 +99,8 @@ func runCmd(args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintln(stderr, "regionsim run: -targets is for -mode live")
 			return 2
 		}
-		res, err = sim.Run(sc, sim.Options{Policy: *policy})
+		// Without -out nothing reads the per-second detail: keep only what the summary needs.
+		res, err = sim.Run(sc, sim.Options{Policy: *policy, SummaryOnly: *out == ""})
 	case "live":
 		tg, perr := sim.ParseTargets(*targets)
 		if perr != nil {

@@ -114,7 +114,10 @@ func RunLive(ctx context.Context, sc *scenario.Scenario, opt LiveOptions) (*Resu
 
 	secs := int(sc.Duration / time.Second)
 	R := len(sc.Regions)
-	keys := newKeyStates(sc, secs)
+	keys := newKeyStates(sc, secs, true)
+	for k := range keys {
+		keys[k].counts = nil // live mode counts in the cells
+	}
 	var mu sync.Mutex              // mu guards keys' cells and counters, written by the workers
 	dropped := make([]int, secs+1) // per second: due while every check was in flight
 

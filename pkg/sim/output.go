@@ -3,12 +3,16 @@ package sim
 import (
 	"bufio"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"strconv"
 	"strings"
 	"text/tabwriter"
 )
+
+// ErrNoDetail: the run kept no per-second detail (Options.SummaryOnly).
+var ErrNoDetail = errors.New("sim: the run kept no per-second detail (Options.SummaryOnly): no CSV or plots")
 
 // WriteJSON writes the summary as indented JSON, exactly the fields of Summary.
 func (res *Result) WriteJSON(w io.Writer) error {
@@ -78,6 +82,9 @@ var CSVHeader = "t,key,region,offered,admitted,share,regional_rate," + strings.J
 // the key, the region, requests offered and admitted, the share in force at the second's
 // end and the regional rate it gives (per second), and the answers by source.
 func (res *Result) WriteCSV(w io.Writer) error {
+	if res.Keys == nil && len(res.Scenario.Keys) > 0 {
+		return ErrNoDetail
+	}
 	bw := bufio.NewWriter(w)
 	bw.WriteString(CSVHeader)
 	bw.WriteByte('\n')

@@ -31,6 +31,9 @@ func lighter(c color.RGBA) color.RGBA {
 // region stacked, against the global limit, with each region's offered traffic dashed)
 // and <dir>/<key>-shares.{svg,png} (each region's share over time). It creates dir.
 func (res *Result) WritePlots(dir string) error {
+	if res.Keys == nil && len(res.Scenario.Keys) > 0 {
+		return ErrNoDetail
+	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("sim: while creating %s: %w", dir, err)
 	}
