@@ -124,10 +124,13 @@ type regionState struct {
 	winEnfs    int
 	winReports int // reports this window (recent rates are summed over them)
 	winRecent  int // of which measured recent rates (an older enforcer's do not)
-	reports    uint64
-	lag        time.Duration
-	driftSum   float64
-	driftMax   float64
+	// fencedUntil: an enforcer of the region fenced itself (see acks) and may enforce up
+	// to its default split until then; the region keeps that much reserved.
+	fencedUntil time.Time
+	reports     uint64
+	lag         time.Duration
+	driftSum    float64
+	driftMax    float64
 }
 
 type verEntry struct {
@@ -185,8 +188,8 @@ type Core struct {
 	// gone[r]: region r has been silent for Stale + AckTimeout (see acks): whatever it
 	// enforces is at most min(its share, the default split).
 	gone []bool
-	// fenced[r]: an enforcer of region r has fenced itself (silent for Stale + AckTimeout)
-	// while others of r report; it enforces at most its default split (see acks).
+	// fenced[r]: an enforcer of region r fenced itself (silent for Stale + AckTimeout) less
+	// than Stale ago while others of r report; it enforces at most its default split.
 	fenced []bool
 	// rankBuf is capPublished's and capTracked's scratch (one recompute at a time).
 	rankBuf []ranked
@@ -402,6 +405,9 @@ func (c *Core) Ingest(now time.Time, r *allotv1.ReportRequest) error {
 		return err
 	}
 	if e == nil {
+		if len(rs.enforcers) >= c.cfg.MaxEnforcers {
+			c.acks(now) // drops the enforcers that fenced themselves
+		}
 		if len(rs.enforcers) >= c.cfg.MaxEnforcers {
 			c.stats.invalid++
 			return fmt.Errorf("%w: %s has %d", ErrTooManyEnforcers, rs.name, len(rs.enforcers))

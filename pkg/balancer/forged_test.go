@@ -77,3 +77,28 @@ func TestLongClaimedIntervalsDoNotShrinkDemand(t *testing.T) {
 	}
 	t.Logf("smoothed demand %v", s.Smoothed)
 }
+
+// An enforcer that has fenced itself (silent for Stale + AckTimeout) leaves the table, its
+// region keeping its default share reserved for another Stale: a table filled by ids that
+// went silent (restarts, or ids a flood invented) takes new enforcers again once they have.
+func TestFencedEnforcersLeaveTheTable(t *testing.T) {
+	c := newTestCore(t, func(c *CoreConfig) { c.MaxEnforcers = 2 })
+	for i, id := range []string{"e1", "e2"} {
+		if err := c.Ingest(t0, report("us-east", id, uint64(i+1), t0)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := c.Ingest(t0, report("us-east", "e3", 1, t0)); !errors.Is(err, ErrTooManyEnforcers) {
+		t.Fatalf("a third enforcer: %v, want ErrTooManyEnforcers", err)
+	}
+	now := t0.Add(c.cfg.Stale + c.cfg.AckTimeout)
+	if err := c.Ingest(now, report("us-east", "e3", 1, now)); err != nil {
+		t.Fatalf("a new enforcer once the others fenced themselves: %v", err)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.acks(now)
+	if n := len(c.regions[0].enforcers); n != 1 || !c.fenced[0] {
+		t.Fatalf("%d enforcers tracked, fenced %v; want 1 and the region's default share reserved", n, c.fenced[0])
+	}
+}

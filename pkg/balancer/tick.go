@@ -100,10 +100,13 @@ func (c *Core) acks(now time.Time) []uint64 {
 		rs := &c.regions[r]
 		var byReport uint64
 		any := false
-		fenced := false
-		for _, e := range rs.enforcers {
+		for name, e := range rs.enforcers {
 			if now.Sub(e.lastHeard) >= fence {
-				fenced = true
+				// It has fenced itself: it enforces at most its default split. Its region
+				// keeps that reserved for another Stale (fencedUntil) and the record goes,
+				// so the table holds only enforcers that may still enforce more.
+				rs.fencedUntil = later(rs.fencedUntil, e.lastHeard.Add(2*c.cfg.Stale+c.cfg.AckTimeout))
+				delete(rs.enforcers, name)
 				continue
 			}
 			v := c.mapApplied(e)
@@ -117,7 +120,7 @@ func (c *Core) acks(now time.Time) []uint64 {
 			last = c.start
 		}
 		c.gone[r] = !any && now.Sub(last) >= fence
-		c.fenced[r] = any && fenced
+		c.fenced[r] = any && now.Before(rs.fencedUntil)
 		out[r] = byReport
 		if c.gone[r] {
 			out[r] = c.version
@@ -331,13 +334,7 @@ func (c *Core) recompute(now time.Time) {
 		silent[r] = !rs.heard || now.Sub(last) > c.cfg.SilentAfter
 		stale[r] = now.Sub(last) >= c.cfg.Stale
 		rs.driftSum, rs.driftMax = 0, 0
-		for name, e := range rs.enforcers {
-			// Fenced (see acks) and then remembered for another Stale: while remembered,
-			// its region's default share stays reserved for it.
-			if now.Sub(e.lastHeard) >= 2*c.cfg.Stale+c.cfg.AckTimeout {
-				delete(rs.enforcers, name)
-			}
-		}
+
 	}
 	demand := make([]float64, n)
 	noise := make([]float64, n)
@@ -661,4 +658,12 @@ func (c *Core) Stats(now time.Time) Stats {
 		})
 	}
 	return s
+}
+
+// later is the later of a and b.
+func later(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
 }
