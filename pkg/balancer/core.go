@@ -46,6 +46,7 @@ type ident struct {
 	k        key
 	idx      int // in Core.all
 	rate     float64
+	requests float64   // Limits.Requests
 	def      []float64 // shared, never modified
 	st       share.State
 	vals     []float64
@@ -243,7 +244,8 @@ func (c *Core) Restore(head shareset.Head, entries []shareset.Entry) error {
 
 // newIdent builds an identity at the default split; ok is false for an unknown rule.
 func (c *Core) newIdent(rule, identity string) (*ident, bool) {
-	rate, def, ok := c.cfg.Limits(rule, identity)
+	l, ok := c.cfg.Limits(rule, identity)
+	rate, def := l.Rate, l.Default
 	if !ok || !(rate > 0) || math.IsInf(rate, 0) || (def != nil && len(def) != c.n) {
 		c.stats.unknownRule++
 		return nil, false
@@ -264,7 +266,7 @@ func (c *Core) newIdent(rule, identity string) (*ident, bool) {
 		id.vals = c.slabVal[: 3*c.n : 3*c.n]
 		c.slab, c.slabVal = c.slab[1:], c.slabVal[3*c.n:]
 	}
-	id.k, id.rate, id.def, id.idx = key{rule, identity}, rate, def, len(c.all)
+	id.k, id.rate, id.requests, id.def, id.idx = key{rule, identity}, rate, l.Requests, def, len(c.all)
 	copy(id.published(c.n), def)
 	copy(id.target(c.n), def)
 	c.ids[id.k] = id

@@ -11,11 +11,11 @@ import (
 
 var regions3 = []string{"us-east", "eu-west", "ap-south"}
 
-func equalSplit(rule, identity string) (float64, []float64, bool) {
+func equalSplit(rule, identity string) (Limits, bool) {
 	if rule == "unknown" {
-		return 0, nil, false
+		return Limits{}, false
 	}
-	return 100, nil, true
+	return Limits{Rate: 100, Requests: 200}, true
 }
 
 func testConfig() CoreConfig {
@@ -79,7 +79,8 @@ func (w *world) shareOf(ver uint64, rev int64, k key, r int) float64 {
 			return s[r]
 		}
 	}
-	_, def, _ := w.c.cfg.Limits(k.rule, k.identity)
+	l, _ := w.c.cfg.Limits(k.rule, k.identity)
+	def := l.Default
 	if def == nil {
 		def = w.c.cfg.weightSplit()
 	}

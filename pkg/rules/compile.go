@@ -149,6 +149,10 @@ func (c *Compiled) LimitsFor(share float64, dst []bucket.Limit) []bucket.Limit {
 	return dst
 }
 
+// MaxCost is the rule's largest cost per request (at least 1): a region holds none of a
+// limit's burst when its part of it is under MaxCost.
+func (c *Compiled) MaxCost() float64 { return c.maxCost }
+
 // NoTokens reports whether limits (from LimitsFor) hold no tokens in this region: one of
 // them has a burst under one token, so every request of the rule must be refused here
 // without a store call.
