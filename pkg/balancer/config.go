@@ -186,6 +186,10 @@ func (c *CoreConfig) Validate() error {
 	}
 	if err := c.Share.Validate(); err != nil {
 		errs = append(errs, fmt.Errorf("balancer: CoreConfig.Share: %w", err))
+	} else if n := len(c.Regions); n > 0 && c.Share.Floor*float64(n) > 1 {
+		// share.AllocateChecked refuses this per identity; a config that can never
+		// allocate is refused at start instead.
+		bad("Share.Floor %g × %d regions = %g, must be <= 1: the floors cannot fit", c.Share.Floor, n, c.Share.Floor*float64(n))
 	}
 	if c.Limits == nil {
 		bad("Limits is nil")

@@ -2,6 +2,7 @@ package balancer
 
 import (
 	"math"
+	"strings"
 	"testing"
 	"time"
 )
@@ -104,5 +105,20 @@ func TestCoreSmallBurstMovesWholeTokens(t *testing.T) {
 	}
 	if p := w.published(k); p[0] != 1 || p[1] != 0 || p[2] != 0 {
 		t.Fatalf("after the shift: shares %v, want the whole token in us-east", p)
+	}
+}
+
+// floor × regions ≤ 1 is the balancer's configuration's to check, not only
+// share.AllocateChecked's (issue 21 §4).
+func TestCoreConfigFloorFitsRegions(t *testing.T) {
+	cfg := testConfig()
+	cfg.Share.Floor = 0.4
+	err := cfg.Validate()
+	if err == nil || !strings.Contains(err.Error(), "CoreConfig.Share.Floor 0.4 × 3 regions = 1.2") {
+		t.Fatalf("floor 0.4 over 3 regions: %v", err)
+	}
+	cfg.Share.Floor = 1.0 / 3
+	if err := cfg.Validate(); err != nil {
+		t.Fatalf("floor 1/3 over 3 regions: %v", err)
 	}
 }
