@@ -102,7 +102,8 @@ type CoreConfig struct {
 	// more are refused. Default 4,096.
 	MaxEnforcers int
 
-	// Share configures the policy (pkg/share).
+	// Share configures the policy (pkg/share). Share.Floor × len(Regions) must be ≤ 1;
+	// the core uses min(Share.Floor, ReserveTotal / (regions − 1)).
 	Share share.Config
 	// Limits gives each identity's binding global rate, burst in requests and default
 	// split. Required.

@@ -1,6 +1,7 @@
 package balancer
 
 import (
+	"fmt"
 	"math"
 	"strings"
 	"testing"
@@ -120,5 +121,22 @@ func TestCoreConfigFloorFitsRegions(t *testing.T) {
 	cfg.Share.Floor = 1.0 / 3
 	if err := cfg.Validate(); err != nil {
 		t.Fatalf("floor 1/3 over 3 regions: %v", err)
+	}
+}
+
+// Ten regions with a 1% floor each held a busy key to 91% of its limit; the idle regions'
+// reserve is now ReserveTotal (2%) in all, so the busy region gets 98% (issue 21 §4).
+func TestReserveScalesWithRegions(t *testing.T) {
+	var ten []string
+	for i := range 10 {
+		ten = append(ten, fmt.Sprintf("r%d", i))
+	}
+	c := newTestCore(t, func(cfg *CoreConfig) { cfg.Regions = ten })
+	w := newWorld(t, c, 1)
+	k := key{"default", "key:busy"}
+	w.demand = hotDemand(k, 150, func(time.Time) int { return 0 })
+	w.step(2 * time.Minute)
+	if s := w.published(k); s[0] < 0.98-1e-9 || s[1] < 0.02/9-1e-9 {
+		t.Fatalf("ten regions, one busy: shares %v, want ≥ 0.98 busy and 0.02/9 each idle", s)
 	}
 }
