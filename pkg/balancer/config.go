@@ -10,14 +10,29 @@ import (
 	"github.com/allot-dev/allot/pkg/share"
 )
 
-// LimitsFunc tells the core one limited identity's global rate (tokens/s of its rule's
-// first limit, > 0) and default split (one share per region in CoreConfig.Regions order,
-// summing to ≤ 1; nil means the split from CoreConfig.Weights). ok is false when the rule
-// is unknown: the identity is ignored (and counted, Stats.UnknownRule). The core keeps the
-// returned slice and never modifies it, so one slice per rule may be shared by every
+// Limits is what a core needs to know of one limited identity's rule.
+type Limits struct {
+	// Rate is the rule's binding global rate in tokens/s (> 0): demand is judged against
+	// it. Every limit of a rule takes the same tokens per request and a share scales them
+	// all, so the limit that binds a steady demand is the one with the smallest rate
+	// (per second: a per-minute limit's Rate/Per) — RuleTable gives that one.
+	Rate float64
+	// Requests is how many requests of the rule's largest cost its global burst holds
+	// (the smallest burst ÷ the largest cost); 0: unknown. Below SmallBurst the core hands
+	// the identity's shares out in whole requests of the burst (see quantise), since an
+	// enforcer holds none of a burst it has less than one request of.
+	Requests float64
+	// Default is the default split, one share per region in CoreConfig.Regions order,
+	// summing to ≤ 1; nil means the split from CoreConfig.Weights.
+	Default []float64
+}
+
+// LimitsFunc tells the core one limited identity's Limits. ok is false when the rule is
+// unknown: the identity is ignored (and counted, Stats.UnknownRule). The core keeps the
+// returned Default and never modifies it, so one slice per rule may be shared by every
 // identity of that rule; the function must not modify it afterwards either. It is called
 // with the core's mutex held: it must not call back into the Core.
-type LimitsFunc func(rule, identity string) (rate float64, def []float64, ok bool)
+type LimitsFunc func(rule, identity string) (l Limits, ok bool)
 
 // CoreConfig configures a Core. The zero value is not valid: start from DefaultCoreConfig
 // and set Regions and Limits.
@@ -93,9 +108,11 @@ type CoreConfig struct {
 	// more are refused. Default 4,096.
 	MaxEnforcers int
 
-	// Share configures the policy (pkg/share).
+	// Share configures the policy (pkg/share). Share.Floor × len(Regions) must be ≤ 1;
+	// the core uses min(Share.Floor, ReserveTotal / (regions − 1)).
 	Share share.Config
-	// Limits gives each identity's global rate and default split. Required.
+	// Limits gives each identity's binding global rate, burst in requests and default
+	// split. Required.
 	Limits LimitsFunc
 }
 
@@ -177,6 +194,10 @@ func (c *CoreConfig) Validate() error {
 	}
 	if err := c.Share.Validate(); err != nil {
 		errs = append(errs, fmt.Errorf("balancer: CoreConfig.Share: %w", err))
+	} else if n := len(c.Regions); n > 0 && c.Share.Floor*float64(n) > 1 {
+		// share.AllocateChecked refuses this per identity; a config that can never
+		// allocate is refused at start instead.
+		bad("Share.Floor %g × %d regions = %g, must be <= 1: the floors cannot fit", c.Share.Floor, n, c.Share.Floor*float64(n))
 	}
 	if c.Limits == nil {
 		bad("Limits is nil")

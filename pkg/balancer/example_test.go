@@ -13,8 +13,8 @@ import (
 func ExampleCore() {
 	cfg := balancer.DefaultCoreConfig()
 	cfg.Regions = []string{"us-east", "eu-west", "ap-south"}
-	cfg.Limits = func(rule, identity string) (float64, []float64, bool) {
-		return 100, nil, rule == "default" // 100 tokens/s, split by region weights
+	cfg.Limits = func(rule, identity string) (balancer.Limits, bool) {
+		return balancer.Limits{Rate: 100, Requests: 200}, rule == "default" // 100 tokens/s, burst 200, split by region weights
 	}
 	core, err := balancer.NewCore(cfg)
 	if err != nil {

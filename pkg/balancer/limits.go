@@ -2,6 +2,7 @@ package balancer
 
 import (
 	"fmt"
+	"math"
 	"sync"
 
 	"github.com/allot-dev/allot/pkg/rules"
@@ -9,12 +10,15 @@ import (
 
 // RuleTable answers a Core's LimitsFunc from the rules the enforcers load, compiled for
 // no region with the deployment's region weights (CompileOptionsFor). An identity's rate
-// is its rule's first global limit in tokens/s; its default split is the rule's
-// Compiled.Split — computed by rules.DefaultShare, the same function every enforcer
-// compiles its own default share with, so the balancer and the enforcers agree on what
-// "the default split" is (the rule's shares: where it names a region, the rest divided
-// by weight among the regions it leaves out). The result per rule is cached until the
-// holder's snapshot changes.
+// is the binding one of its rule's global limits: the smallest in tokens/s (a per-minute
+// limit's rate/60), since every limit takes the same tokens per request and one share
+// scales them all, so that is the limit a steady demand runs into first and the one its
+// demand must be judged against; Requests is the smallest burst in requests of the
+// rule's largest cost. Its default split is the rule's Compiled.Split — computed by
+// rules.DefaultShare, the same function every enforcer compiles its own default share
+// with, so the balancer and the enforcers agree on what "the default split" is (the
+// rule's shares: where it names a region, the rest divided by weight among the regions
+// it leaves out). The result per rule is cached until the holder's snapshot changes.
 //
 // Safe for concurrent use (its own mutex; it never calls a Core). Build it with
 // NewRuleTable.
@@ -28,9 +32,8 @@ type RuleTable struct {
 }
 
 type ruleLimits struct {
-	rate float64
-	def  []float64
-	ok   bool
+	l  Limits
+	ok bool
 }
 
 // CompileOptionsFor returns the options the balancer compiles its rules with: no region
@@ -59,7 +62,7 @@ func NewRuleTable(h *rules.Holder, regions []string) *RuleTable {
 }
 
 // Limits is a LimitsFunc.
-func (t *RuleTable) Limits(rule, _ string) (float64, []float64, bool) {
+func (t *RuleTable) Limits(rule, _ string) (Limits, bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if cur := t.holder.Current(); cur != t.snap {
@@ -67,14 +70,14 @@ func (t *RuleTable) Limits(rule, _ string) (float64, []float64, bool) {
 		clear(t.cache)
 	}
 	if t.snap == nil {
-		return 0, nil, false
+		return Limits{}, false
 	}
 	if l, ok := t.cache[rule]; ok {
-		return l.rate, l.def, l.ok
+		return l.l, l.ok
 	}
 	l := t.compute(rule)
 	t.cache[rule] = l
-	return l.rate, l.def, l.ok
+	return l.l, l.ok
 }
 
 // Rules returns the ids of the rules in force (for tools that look an identity up under
@@ -94,7 +97,14 @@ func (t *RuleTable) Rules() []string {
 
 func (t *RuleTable) compute(rule string) ruleLimits {
 	g := t.snap.Rule(rule)
-	if g == nil || len(g.Global) == 0 || !(g.Global[0].Rate > 0) {
+	if g == nil || len(g.Global) == 0 {
+		return ruleLimits{}
+	}
+	rate, burst := math.Inf(1), math.Inf(1)
+	for _, l := range g.Global {
+		rate, burst = min(rate, l.Rate), min(burst, l.Burst)
+	}
+	if !(rate > 0) || math.IsInf(rate, 0) {
 		return ruleLimits{}
 	}
 	def := make([]float64, len(t.regions))
@@ -105,5 +115,5 @@ func (t *RuleTable) compute(rule string) ruleLimits {
 		}
 		def[i] = s
 	}
-	return ruleLimits{rate: g.Global[0].Rate, def: def, ok: true}
+	return ruleLimits{l: Limits{Rate: rate, Requests: burst / g.MaxCost(), Default: def}, ok: true}
 }

@@ -11,11 +11,11 @@ import (
 
 var regions3 = []string{"us-east", "eu-west", "ap-south"}
 
-func equalSplit(rule, identity string) (float64, []float64, bool) {
+func equalSplit(rule, identity string) (Limits, bool) {
 	if rule == "unknown" {
-		return 0, nil, false
+		return Limits{}, false
 	}
-	return 100, nil, true
+	return Limits{Rate: 100, Requests: 200}, true
 }
 
 func testConfig() CoreConfig {
@@ -89,7 +89,8 @@ func newWorld(t *testing.T, c *Core, perRegion int) *world {
 
 // shareOf is what an enforcer applying (rev, ver) enforces for k in region r.
 func (w *world) shareOf(ver uint64, rev int64, k key, r int) float64 {
-	_, def, _ := w.c.cfg.Limits(k.rule, k.identity)
+	l, _ := w.c.cfg.Limits(k.rule, k.identity)
+	def := l.Default
 	if def == nil {
 		def = w.c.cfg.weightSplit()
 	}
@@ -111,7 +112,8 @@ func (w *world) enforces(e *fakeEnf, k key, r int) float64 {
 	}
 	s := w.shareOf(e.ver, e.rev, k, r)
 	if e.cut && w.now.Sub(e.heard) >= w.c.cfg.Stale {
-		_, def, _ := w.c.cfg.Limits(k.rule, k.identity)
+		l, _ := w.c.cfg.Limits(k.rule, k.identity)
+		def := l.Default
 		if def == nil {
 			def = w.c.cfg.weightSplit()
 		}

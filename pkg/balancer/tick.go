@@ -342,11 +342,12 @@ func (c *Core) recompute(now time.Time) {
 	nonDefault := 0
 	for _, id := range c.all {
 		tok := id.tokens(n)
-		if rate, def, ok := c.cfg.Limits(id.k.rule, id.k.identity); ok && rate > 0 && (def == nil || len(def) == n) {
+		if l, ok := c.cfg.Limits(id.k.rule, id.k.identity); ok && l.Rate > 0 && !math.IsInf(l.Rate, 0) && (l.Default == nil || len(l.Default) == n) {
+			def := l.Default
 			if def == nil {
 				def = c.weights
 			}
-			id.rate, id.def = rate, def
+			id.rate, id.requests, id.def = l.Rate, l.Requests, def
 		} else {
 			id.evict = true // the rule is gone: back to the default split, then forget it
 		}
@@ -372,8 +373,11 @@ func (c *Core) recompute(now time.Time) {
 			demand[r] = tok[r] / perEnf[r] // NaN when not heard
 			// The window's tokens are Poisson counts: the rate's standard deviation.
 			noise[r] = math.Sqrt(max(tok[r], 1)) / perEnf[r]
-			if id.shift {
-				noise[r] = 0 // a move: the policy's fast path, whatever the noise
+			if id.shift || (id.requests > 0 && id.requests < SmallBurst) {
+				// A move: the policy's fast path, whatever the noise. A small burst is
+				// handed out in whole requests (quantise), which has its own hysteresis:
+				// a few requests a minute are all noise next to a second's Poisson floor.
+				noise[r] = 0
 			}
 			if id.shift && !math.IsNaN(perRep[r]) {
 				// Its traffic moved: the region's rate over about the last second (the mean
@@ -395,6 +399,9 @@ func (c *Core) recompute(now time.Time) {
 		// In place: id.st is this identity's alone, and its Shares are copied out below.
 		id.st, _ = share.AllocateInto(id.st, c.cfg.Share, id.st, share.Input{Limit: id.rate, Demand: demand, Default: id.def, Held: held, Noise: noise})
 		copy(tgt, id.st.Shares)
+		if id.requests > 0 && id.requests < SmallBurst {
+			quantise(tgt, held, id.st.Smoothed, pub, id.requests)
+		}
 		if !equal(tgt, id.def) {
 			nonDefault++
 		}

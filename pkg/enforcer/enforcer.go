@@ -203,11 +203,21 @@ func (e *Enforcer) Check(ctx context.Context, req *Request) (Decision, error) {
 		var res bucket.Result
 		want, ok := tokens(m.Cost, hits)
 		lim := e.limitsOf(sc, m, now)
+		empty := ok && rules.NoTokens(lim.l)
 		var err error
-		if ok {
+		if ok && !empty {
 			err = e.take(ctx, sc, m, lim, want, &res)
 		}
 		switch {
+		case empty:
+			// This region holds none of the burst for the identity (its share of it is under
+			// one request's cost, DESIGN §9): refused from memory, and observed as refused
+			// demand so the region reports it and the balancer moves a token here.
+			retry := noTokensRetry(m.Rule, want)
+			e.fill(&d, m, limits{m.Rule.Global, lim.share}, 0, &bucket.Result{Reset: retry, RetryAfter: retry})
+			d.Allowed, d.Source, d.Remaining, d.Quota = false, SourceRefusalCache, 0, 0
+			e.observeUsage(m, want, false, SourceRefusalCache, now)
+			continue
 		case !ok || errors.Is(err, bucket.ErrInvalid):
 			// Only the cost can make a compiled rule's request invalid: it can never fit.
 			e.fill(&d, m, lim, 0, &bucket.Result{})
@@ -282,6 +292,19 @@ func (e *Enforcer) limitsOf(sc *scratch, m *rules.Matched, now time.Time) limits
 	return limits{m.Rule.LimitsFor(s, sc.limits[:0]), s}
 }
 
+// noTokensRetry is the Retry-After of a refusal by a region that holds none of a rule's
+// burst: how long the global limit takes to refill want tokens (its slowest limit), at
+// least a second — about when a token can have been moved here.
+func noTokensRetry(rule *rules.Compiled, want int64) time.Duration {
+	secs := 1.0
+	for _, g := range rule.Global {
+		if g.Rate > 0 {
+			secs = max(secs, float64(want)/g.Rate)
+		}
+	}
+	return time.Duration(min(secs, 86400) * float64(time.Second))
+}
+
 // take asks the store for want tokens from every limit in lim (m's rule's limits for
 // this identity), all or nothing.
 func (e *Enforcer) take(ctx context.Context, sc *scratch, m *rules.Matched, lim limits, want int64, res *bucket.Result) error {
@@ -303,10 +326,16 @@ func (e *Enforcer) shadow(ctx context.Context, sc *scratch, m *rules.Matched, hi
 	want, ok := tokens(m.Cost, hits)
 	var res bucket.Result
 	var err error
-	if ok {
-		err = e.take(ctx, sc, m, e.limitsOf(sc, m, now), want, &res)
+	lim := e.limitsOf(sc, m, now)
+	empty := ok && rules.NoTokens(lim.l)
+	if ok && !empty {
+		err = e.take(ctx, sc, m, lim, want, &res)
 	}
 	switch {
+	case empty:
+		e.metrics.shadow[shadowRefuse].Inc()
+		d.addShadow(m.Rule.ID)
+		return
 	case ok && err != nil && !errors.Is(err, bucket.ErrInvalid):
 		e.metrics.shadow[shadowError].Inc()
 		return

@@ -147,7 +147,11 @@ func (e *Enforcer) Explain(ctx context.Context, req *Request, admin bool) (Expla
 			x.Rules = append(x.Rules, re)
 			continue
 		}
-		if peek == nil {
+		if rules.NoTokens(lim.l) {
+			for j := range re.Limits {
+				re.Limits[j].LevelError = "this region holds none of the burst: its share is under one request's cost, so it refuses until the balancer moves a token here"
+			}
+		} else if peek == nil {
 			for j := range re.Limits {
 				re.Limits[j].LevelError = "the store cannot be read without taking"
 			}

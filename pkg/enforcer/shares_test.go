@@ -264,3 +264,56 @@ func BenchmarkShareCheck(b *testing.B) {
 		})
 	}
 }
+
+// callCounter counts the takes that reach the store below it.
+type callCounter struct {
+	bucket.Store
+	mu sync.Mutex // mu guards n
+	n  int
+}
+
+func (c *callCounter) Take(ctx context.Context, r *bucket.Request) (bucket.Result, error) {
+	c.mu.Lock()
+	c.n++
+	c.mu.Unlock()
+	return c.Store.Take(ctx, r)
+}
+
+// Small limits (DESIGN §9, issue 21 §1c): a region whose share of a 1-a-minute, burst-1
+// rule is under one token holds none: it refuses from memory, without a store call, and
+// counts the refusal as demand so its report asks the balancer for a token. With the
+// whole token it admits exactly one.
+func TestShareUnderOneTokenRefuses(t *testing.T) {
+	const small = `
+rules:
+  - id: reset
+    limits: [{name: minute, rate: 1, per: 1m, burst: 1}]
+`
+	sh := &mapShares{}
+	sh.set("key:a", 0.5)
+	sh.set("key:b", 1)
+	u := &usageLog{}
+	var store *callCounter
+	r := newRig(t, small, func(c clock.Clock) bucket.Store {
+		store = &callCounter{Store: bucket.NewMemory(c, 0)}
+		return store
+	}, func(c *Config) { c.Shares, c.Usage = sh, u })
+	d := r.check(t, rules.Attrs{APIKey: "a"})
+	if d.Allowed || d.Source != SourceRefusalCache || d.Rule != "reset" || d.Quota != 0 || d.Share != 0.5 || d.RetryAfter != time.Minute {
+		t.Fatalf("half a token: %+v", d)
+	}
+	if store.n != 0 {
+		t.Fatalf("%d store calls for a region holding no tokens", store.n)
+	}
+	if len(u.takes) != 1 || u.takes[0] != "reset key:a refused refusal-cache 1" {
+		t.Fatalf("usage %q", u.takes)
+	}
+	if n, _ := r.admitted(t, 5, rules.Attrs{APIKey: "b"}); n != 1 {
+		t.Fatalf("the whole token: %d admitted, want 1", n)
+	}
+	// Shadow rules holding no tokens would refuse, and never call the store either.
+	r2 := newRig(t, small+"    mode: shadow\n", nil, func(c *Config) { c.Shares = sh })
+	if d := r2.check(t, rules.Attrs{APIKey: "a"}); !d.Allowed || d.shadowN != 1 {
+		t.Fatalf("shadow: %+v", d)
+	}
+}

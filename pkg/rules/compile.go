@@ -127,12 +127,21 @@ type Compiled struct {
 	maxCost float64 // max(1, the largest cost): the burst clamp
 }
 
-// LimitsFor appends to dst the rule's limits scaled by share (in [0, 1]) with the clamps
-// described on Compiled, and returns the extended slice: LimitsFor(c.Share, nil) equals
-// c.Limits. It allocates nothing when dst has room for len(c.Global) limits.
+// LimitsFor appends to dst the rule's limits scaled by share (in [0, 1]) as described on
+// Compiled, and returns the extended slice: LimitsFor(c.Share, nil) equals c.Limits. It
+// allocates nothing when dst has room for len(c.Global) limits. For share < 1:
 //
-//	rate_i  = max(global rate_i × share, burst_i / MaxRefill)
-//	burst_i = max(global burst_i × share, max cost)
+//	burst_i = floor(global burst_i × share + 1e-9)   (whole tokens; ε absorbs float error)
+//	burst_i = 0, rate_i = 0                          if that is under the largest cost
+//	rate_i  = global rate_i × share                  otherwise
+//
+// A limit with burst 0 holds no tokens: it is not a valid bucket.Limit, and a caller must
+// refuse the rule's requests without asking a store (NoTokens says when). With a whole
+// burst the refill time burst_i / rate_i ≤ global burst_i / global rate_i ≤ MaxRefill, so
+// no rate is ever raised: the region admits at most its share of the rate as well. Over
+// any window T the regions together admit at most Σ burst_r + rate × Σ s_r × T ≤ global
+// burst + rate × T when Σ s_r ≤ 1 (the ε can add 1e-9 a region to a burst that is not a
+// whole number).
 func (c *Compiled) LimitsFor(share float64, dst []bucket.Limit) []bucket.Limit {
 	for _, g := range c.Global {
 		dst = append(dst, scaleLimit(g, share, c.maxCost))
@@ -140,10 +149,39 @@ func (c *Compiled) LimitsFor(share float64, dst []bucket.Limit) []bucket.Limit {
 	return dst
 }
 
+// MaxCost is the rule's largest cost per request (at least 1): a region holds none of a
+// limit's burst when its part of it is under MaxCost.
+func (c *Compiled) MaxCost() float64 { return c.maxCost }
+
+// NoTokens reports whether limits (from LimitsFor) hold no tokens in this region: one of
+// them has a burst under one token, so every request of the rule must be refused here
+// without a store call.
+func NoTokens(limits []bucket.Limit) bool {
+	for i := range limits {
+		if limits[i].Burst < 1 {
+			return true
+		}
+	}
+	return false
+}
+
+// burstEpsilon absorbs float error in global burst × share (3 × 1/3 is 0.999…).
+const burstEpsilon = 1e-9
+
 func scaleLimit(g bucket.Limit, share, maxCost float64) bucket.Limit {
-	burst := math.Max(g.Burst*share, maxCost)
-	rate := math.Max(g.Rate*share, burst/MaxRefill.Seconds())
-	return bucket.Limit{Name: g.Name, Rate: rate, Burst: burst}
+	if share >= 1 {
+		// The global limit: Validate keeps burst ≥ the largest cost and the refill time
+		// within MaxRefill, so neither clamp bites on a valid rule.
+		burst := math.Max(g.Burst, maxCost)
+		return bucket.Limit{Name: g.Name, Rate: math.Max(g.Rate, burst/MaxRefill.Seconds()), Burst: burst}
+	}
+	burst := math.Floor(g.Burst*share + burstEpsilon)
+	if burst < maxCost || !(share > 0) {
+		return bucket.Limit{Name: g.Name}
+	}
+	// burst ≤ global burst × share (+ε), so burst/MaxRefill ≤ global rate × share: the max
+	// only keeps float error from making the rate 0 or the refill a hair too long.
+	return bucket.Limit{Name: g.Name, Rate: math.Max(g.Rate*share, burst/MaxRefill.Seconds()), Burst: burst}
 }
 
 // crule is a compiled rule with its matching data.
@@ -212,8 +250,14 @@ func Compile(s *Set, opt CompileOptions) (*Snapshot, error) {
 		cr := &snap.rules[i]
 		compileRule(r, i, opt, cr)
 		snap.byID[r.ID] = &cr.c
-		// Last line of defence: every compiled rule must be a request a store accepts.
-		req := bucket.Request{Identity: "check", Limits: cr.c.Limits, Want: 1}
+		// Last line of defence: every compiled rule must be a request a store accepts, at
+		// its default share unless that holds no tokens (then no store is asked), and at
+		// share 1.
+		lims := cr.c.Limits
+		if NoTokens(lims) {
+			lims = cr.c.Global
+		}
+		req := bucket.Request{Identity: "check", Limits: lims, Want: 1}
 		if err := req.Validate(); err != nil {
 			return nil, ruleErr(r, i, s.file, "limits", "after scaling by share %g: %v", cr.c.Share, err)
 		}

@@ -39,8 +39,12 @@ func FuzzParseYAML(f *testing.F) {
 				}
 				return
 			}
-			// Every compiled rule is a request a store accepts, at its largest cost too.
+			// Every compiled rule is a request a store accepts, at its largest cost too,
+			// unless its limits hold no tokens in this region (no store is asked then).
 			for _, c := range snap.Rules() {
+				if NoTokens(c.Limits) {
+					continue
+				}
 				req := bucket.Request{Identity: "key:x", Limits: c.Limits, Want: 1}
 				for _, r := range s.Rules {
 					if r.ID == c.ID {
@@ -77,6 +81,18 @@ func FuzzParseYAML(f *testing.F) {
 			for i, l := range c.LimitsFor(c.Share, nil) {
 				if l != c.Limits[i] {
 					t.Fatalf("rule %s: LimitsFor(Share) %+v, Limits %+v", c.ID, l, c.Limits[i])
+				}
+			}
+			// The regions' bursts and rates sum to at most the global ones (DESIGN §9).
+			for i, g := range c.Global {
+				burst, rate := 0.0, 0.0
+				for _, v := range c.Split {
+					l := c.LimitsFor(v, nil)[i]
+					burst += l.Burst
+					rate += l.Rate
+				}
+				if burst > g.Burst+1e-6 || rate > g.Rate*(1+1e-9) {
+					t.Fatalf("rule %s limit %d: split %v gives bursts summing to %g, rates to %g, global %+v", c.ID, i, c.Split, burst, rate, g)
 				}
 			}
 		}

@@ -208,9 +208,9 @@ rules:
 	if c.Share != 1 || c.Limits[0].Rate != 100 || c.Limits[0].Burst != 200 {
 		t.Fatalf("single region: %+v", c)
 	}
-	// Share 0 clamps to a valid, nearly closed bucket that still fits the largest cost.
+	// Share 0 holds no tokens: the region refuses (no store is asked).
 	c = mustCompile(t, in, CompileOptions{Region: "eu-west"}).Rule("r")
-	if l := c.Limits[0]; l.Burst != 10 || l.Rate <= 0 || l.Rate > 1e-5 {
+	if l := c.Limits[0]; l.Burst != 0 || l.Rate != 0 || !NoTokens(c.Limits) {
 		t.Fatalf("share 0: %+v", l)
 	}
 	if m := snap.Match(&Attrs{APIKey: "k", Endpoint: "POST /big"}, t0, nil); m[0].Cost != 10 {

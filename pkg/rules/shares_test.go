@@ -150,13 +150,81 @@ rules:
 	if half[0].Rate != 50 || half[0].Burst != 100 || half[0].Name != "r/second" {
 		t.Fatalf("half: %+v", half[0])
 	}
-	// Near zero the same clamps as Compile: burst fits the largest cost, refill bounded.
-	zero := c.LimitsFor(0, nil)
-	if zero[0].Burst != 10 || zero[0].Rate != 10/MaxRefill.Seconds() {
-		t.Fatalf("zero: %+v", zero[0])
+	// Under one request's largest cost (10 tokens) a region holds none of the burst.
+	for _, s := range []float64{0, 0.01, 0.049} {
+		if l := c.LimitsFor(s, nil); l[0].Burst != 0 || l[0].Rate != 0 || !NoTokens(l) {
+			t.Fatalf("share %g: %+v", s, l)
+		}
+	}
+	if l := c.LimitsFor(0.05, nil); l[0].Burst != 10 || l[0].Rate != 5 || NoTokens(l) {
+		t.Fatalf("share 0.05: %+v", l)
 	}
 	dst := make([]bucket.Limit, 0, bucket.MaxLimits)
 	if n := testing.AllocsPerRun(100, func() { dst = c.LimitsFor(0.25, dst[:0]) }); n != 0 {
 		t.Fatalf("LimitsFor allocates %v times with room in dst", n)
+	}
+}
+
+// Small limits (DESIGN §9, issue 21 §1c): the regions' bursts sum to at most the global
+// burst in whole tokens. Rounding a region's part of the burst up to one request let a
+// 1-a-minute, burst-1 rule admit one request in each of five regions at once.
+func TestSmallLimitsNeverOver(t *testing.T) {
+	in := `
+rules:
+  - id: reset
+    limits:
+      - {name: minute, rate: 1, per: 1m, burst: 1}
+  - id: otp
+    limits:
+      - {name: minute, rate: 6, per: 1m, burst: 1}
+  - id: login
+    limits:
+      - {name: minute, rate: 10, per: 1m, burst: 5}
+    cost: {"POST /sms": 2}
+`
+	five := map[string]float64{"us-east": 1, "eu-west": 1, "ap-south": 1, "sa-east": 1, "af-south": 1}
+	for _, id := range []string{"reset", "otp", "login"} {
+		global := mustCompile(t, in, CompileOptions{Regions: five}).Rule(id).Global[0]
+		burst, rate := 0.0, 0.0
+		for r := range five {
+			c := mustCompile(t, in, CompileOptions{Region: r, Regions: five}).Rule(id)
+			l := c.Limits[0]
+			if l.Burst != math.Floor(l.Burst) {
+				t.Fatalf("%s in %s: burst %g is not whole tokens", id, r, l.Burst)
+			}
+			burst += l.Burst
+			rate += l.Rate
+		}
+		if burst > global.Burst || rate > global.Rate*(1+1e-12) {
+			t.Fatalf("%s: five regions hold bursts %g and rates %g/s of a global %g, %g/s", id, burst, rate, global.Burst, global.Rate)
+		}
+	}
+	// The default split of burst 1 over five regions is 0.2 each: nobody holds a token
+	// until the balancer moves one (under, never over).
+	c := mustCompile(t, in, CompileOptions{Region: "eu-west", Regions: five}).Rule("reset")
+	if !NoTokens(c.Limits) {
+		t.Fatalf("reset at 1/5: %+v", c.Limits)
+	}
+	// login, burst 5 and a cost of 2: 5/5 = 1 token is under one request of cost 2.
+	if c := mustCompile(t, in, CompileOptions{Region: "eu-west", Regions: five}).Rule("login"); !NoTokens(c.Limits) {
+		t.Fatalf("login at 1/5: %+v", c.Limits)
+	}
+	// Shares the balancer quantised to whole tokens give whole tokens: 3 × 1/3 of a
+	// burst of 3 is one each, float error or not.
+	c = mustCompile(t, in, CompileOptions{Region: "eu-west", Regions: five}).Rule("otp")
+	for _, tc := range []struct{ share, burst, rate float64 }{
+		{1, 1, 0.1}, {0.999, 0, 0}, {0.5, 0, 0}, {0, 0, 0},
+	} {
+		if l := c.LimitsFor(tc.share, nil)[0]; l.Burst != tc.burst || math.Abs(l.Rate-tc.rate) > 1e-12 {
+			t.Errorf("otp at share %g: %+v, want burst %g rate %g", tc.share, l, tc.burst, tc.rate)
+		}
+	}
+	three := mustCompile(t, "rules:\n  - id: r\n    limits: [{name: s, rate: 3, per: 1s, burst: 3}]\n", CompileOptions{Region: "eu-west", Regions: threeRegions}).Rule("r")
+	if l := three.Limits[0]; l.Burst != 1 || math.Abs(l.Rate-1) > 1e-12 {
+		t.Fatalf("burst 3 over three regions: %+v", l)
+	}
+	// One region (no balancer): the global limit as written, as before.
+	if l := mustCompile(t, in, CompileOptions{Region: "eu-west"}).Rule("reset").Limits[0]; l.Burst != 1 || l.Rate != 1.0/60 {
+		t.Fatalf("one region: %+v", l)
 	}
 }

@@ -126,12 +126,13 @@ func newBalancerPlane(sc *scenario.Scenario) (*balancerPlane, error) {
 	cfg.Interval = sc.Interval
 	cfg.Learning = 2 * sc.Interval
 	cfg.SilentAfter = 2 * sc.Interval
-	cfg.Limits = func(rule, _ string) (float64, []float64, bool) {
+	cfg.Limits = func(rule, _ string) (balancer.Limits, bool) {
 		k, ok := idx[rule]
 		if !ok {
-			return 0, nil, false
+			return balancer.Limits{}, false
 		}
-		return sc.Keys[k].Limit.PerSecond(), def, true
+		l := sc.Keys[k].Limit
+		return balancer.Limits{Rate: l.PerSecond(), Requests: l.Burst, Default: def}, true // every request costs 1
 	}
 	core, err := balancer.NewCore(cfg)
 	if err != nil {

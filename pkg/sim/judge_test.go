@@ -173,3 +173,61 @@ func TestJudgeShortRun(t *testing.T) {
 		t.Fatalf("%+v", v)
 	}
 }
+
+// A per-minute key that keeps 1.5× its rate up: its burst (a minute's worth) hides that
+// from 10 s windows (1,500 / (1,000 + 6,000) = 0.21) and 60 s ones (9,000 / 12,000 =
+// 0.75); only 300 s windows see it (45,000 / 36,000 = 1.25), and they fail the key.
+func TestJudgeLongWindows(t *testing.T) {
+	k := &KeySeries{Key: "umbrella", Rate: 100, Burst: 6000, Offered: flat(400, 150), Admitted: flat(400, 150), Phases: []int{0}}
+	v := Judge(k, nil, defaults)
+	for _, c := range []struct {
+		name      string
+		got, want float64
+	}{{"10s", v.MaxWindowRatio, 1500.0 / 7000}, {"60s", v.MaxWindowRatio60s, 9000.0 / 12000}, {"300s", v.MaxWindowRatio300s, 45000.0 / 36000}} {
+		if math.Abs(c.got-c.want) > 1e-12 {
+			t.Errorf("%s windows: ratio %g, want %g", c.name, c.got, c.want)
+		}
+	}
+	if !v.WindowFailed || len(v.Failures) != 1 || !strings.Contains(v.Failures[0], "max_window_ratio_300s 1.2500 above 1.01") ||
+		!strings.Contains(v.Failures[0], "0s–300s") {
+		t.Fatalf("failures %q", v.Failures)
+	}
+	// Held to its rate, it passes at every length.
+	k.Admitted = flat(400, 100)
+	if v := Judge(k, nil, defaults); v.WindowFailed || v.MaxWindowRatio300s > 1 {
+		t.Fatalf("held to the rate: %+v", v)
+	}
+	// One failure line per key, naming every window length that failed.
+	k = &KeySeries{Key: "k", Rate: 1.0 / 60, Burst: 1, Offered: flat(600, 1), Admitted: make([]float64, 600), Phases: []int{0}}
+	for s := 0; s < 600; s += 60 {
+		k.Admitted[s] = 3 // three regions, one token each, every minute
+	}
+	v = Judge(k, nil, defaults)
+	if len(v.Failures) != 1 || !strings.Contains(v.Failures[0], "max_window_ratio 2.5714") ||
+		!strings.Contains(v.Failures[0], "also max_window_ratio_60s 1.5000 in 0s–60s, max_window_ratio_300s") {
+		t.Fatalf("failures %q", v.Failures)
+	}
+	// A run shorter than a window is judged on one window of its length, as for 10 s.
+	k = &KeySeries{Key: "k", Rate: 10, Burst: 20, Offered: flat(30, 30), Admitted: flat(30, 10), Phases: []int{0}}
+	if v := Judge(k, nil, defaults); v.MaxWindowRatio60s != 300.0/320 || v.MaxWindowRatio300s != 300.0/320 {
+		t.Fatalf("short run: %g %g", v.MaxWindowRatio60s, v.MaxWindowRatio300s)
+	}
+}
+
+// Windows that overlap a fault never count as a recovery, even when the fault lets the
+// key through (here at its full rate during a 10 s fault, as local limits may): phase 1
+// from 20 s recovers at 60 s, not at the fault's 30 s — 20 s after the fault ended at 40 s,
+// which is where its recovery is counted from.
+func TestJudgeRecoveryNotCountedThroughAFault(t *testing.T) {
+	adm := flat(120, 100)
+	for s := 20; s < 60; s++ {
+		if s < 30 || s >= 40 {
+			adm[s] = 10
+		}
+	}
+	k := &KeySeries{Key: "k", Rate: 100, Burst: 100, Offered: flat(120, 100), Admitted: adm, Phases: []int{0, 20}}
+	v := Judge(k, []Span{{30, 40}}, Expect{1.01, 0, 60})
+	if v.RecoveryS[1] != 20 {
+		t.Fatalf("recovery %v, want phase 1 20 s after the fault ended", v.RecoveryS)
+	}
+}

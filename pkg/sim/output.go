@@ -37,7 +37,7 @@ func (res *Result) WriteTable(w io.Writer) error {
 	fmt.Fprintf(bw, "scenario %s  policy %s  %ds  %d regions  %d keys  %s\n\n",
 		sc.Name, res.Policy, res.Seconds, len(sc.Regions), len(sc.Keys), verdict)
 	tw := tabwriter.NewWriter(bw, 2, 8, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintf(tw, "key\toffered\tadmitted\tlimit/s\tmax_window_ratio\t(≤ %g)\tsteady_ratio\t(≥ %g)\trecovery_s max\t(≤ %g)\tcalls/req\t\n",
+	fmt.Fprintf(tw, "key\toffered\tadmitted\tlimit/s\tmax_window_ratio 10s\t60s\t300s\t(≤ %g)\tsteady_ratio\t(≥ %g)\trecovery_s max\t(≤ %g)\tcalls/req\t\n",
 		sc.Expect.MaxWindowRatio, sc.Expect.SteadyRatio, sc.Expect.RecoveryS)
 	mark := func(ok bool) string {
 		if ok {
@@ -54,9 +54,9 @@ func (res *Result) WriteTable(w io.Writer) error {
 		if res.StoreCallsSeen {
 			calls = fmt.Sprintf("%.4f", v.StoreCallsPerRequest)
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%g\t%.4f\t%s\t%.4f\t%s\t%g\t%s\t%s\t\n",
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%g\t%.4f\t%.4f\t%.4f\t%s\t%.4f\t%s\t%g\t%s\t%s\t\n",
 			v.Key, v.Offered, v.Admitted, res.Summary.Keys[i].Rate,
-			v.MaxWindowRatio, mark(!v.WindowFailed),
+			v.MaxWindowRatio, v.MaxWindowRatio60s, v.MaxWindowRatio300s, mark(!v.WindowFailed),
 			v.SteadyRatio, mark(!v.SteadyFailed),
 			rec, mark(!v.RecoveryFailed),
 			calls)

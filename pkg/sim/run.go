@@ -195,6 +195,8 @@ func rounded(k KeyResult) KeyResult {
 	r6 := func(f float64) float64 { return math.Round(f*1e6) / 1e6 }
 	k.Rate = r6(k.Rate)
 	k.MaxWindowRatio = r6(k.MaxWindowRatio)
+	k.MaxWindowRatio60s = r6(k.MaxWindowRatio60s)
+	k.MaxWindowRatio300s = r6(k.MaxWindowRatio300s)
 	k.SteadyRatio = r6(k.SteadyRatio)
 	k.StoreCallsPerRequest = r6(k.StoreCallsPerRequest)
 	rec := make([]float64, len(k.RecoveryS))

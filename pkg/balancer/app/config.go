@@ -208,7 +208,7 @@ func (c *Config) Validate() error {
 	errs = append(errs, c.Admin.validate(c)...)
 	sc := c.serviceConfig()
 	// What New fills in is not the file's to get wrong: stand-ins for the checks.
-	sc.Core.Limits = func(string, string) (float64, []float64, bool) { return 0, nil, false }
+	sc.Core.Limits = func(string, string) (balancer.Limits, bool) { return balancer.Limits{}, false }
 	sc.Etcd = new(clientv3.Client)
 	if sc.Advertise == "" {
 		sc.Advertise = "bound-grpc-address"

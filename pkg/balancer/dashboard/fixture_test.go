@@ -87,14 +87,14 @@ func scenarios(run time.Duration) []scenario {
 	return s
 }
 
-func limits(rule, _ string) (float64, []float64, bool) {
+func limits(rule, _ string) (balancer.Limits, bool) {
 	switch rule {
 	case "pro":
-		return 500, nil, true
+		return balancer.Limits{Rate: 500, Requests: 1000}, true
 	case "default":
-		return 100, nil, true
+		return balancer.Limits{Rate: 100, Requests: 200}, true
 	}
-	return 0, nil, false
+	return balancer.Limits{}, false
 }
 
 // run is a short virtual run: one enforcer per region reporting every 10 s what it
@@ -142,8 +142,8 @@ func run(t testing.TB, dur time.Duration, mod func(*Config)) (*Dashboard, *fakeS
 					allow := math.Inf(1)
 					if st, ok := core.Identity(sc.rule, sc.identity); ok {
 						allow = st.Published[r] * st.Rate * 10
-					} else if lim, _, ok := limits(sc.rule, sc.identity); ok {
-						allow = lim / 3 * 10
+					} else if lim, ok := limits(sc.rule, sc.identity); ok {
+						allow = lim.Rate / 3 * 10
 					}
 					adm := math.Min(want, allow)
 					req.Usage = append(req.Usage, &allotv1.IdentityUsage{Rule: sc.rule, Identity: sc.identity,

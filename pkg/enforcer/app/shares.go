@@ -101,7 +101,8 @@ type SharesConfig struct {
 	// Floor is the share each identity enforces after a start until the share set has
 	// been read from etcd (an enforcer restarted while etcd is unreachable does not know
 	// what the balancer gave this region): min(default share, floor). Keep it at most the
-	// balancer's share.floor. Default 0.01; in [0, 1].
+	// balancer's share.floor. Default the balancer's default: min(0.01, 0.02 / (regions −
+	// 1)); in [0, 1].
 	Floor *float64 `yaml:"floor"`
 }
 
@@ -144,6 +145,11 @@ func (a *App) buildShares() error {
 	hc.Region, hc.Stale, hc.Clock, hc.Logger = a.cfg.Region, a.cfg.Shares.StaleAfter, a.clock, a.log
 	hc.Reports = a.cfg.Balancer.Enabled && len(a.cfg.Etcd.Endpoints) > 0
 	hc.WaitForSet = a.cfg.watchShares()
+	if n := len(a.cfg.Regions); n > 1 {
+		// The least the balancer leaves a region: its floor, at most 2% of the limit over
+		// the other regions together (pkg/balancer.ReserveTotal).
+		hc.Floor = min(hc.Floor, 0.02/float64(n-1))
+	}
 	if a.cfg.Shares.Floor != nil {
 		hc.Floor = *a.cfg.Shares.Floor
 	}

@@ -1,0 +1,106 @@
+package balancer
+
+import (
+	"cmp"
+	"math"
+	"slices"
+)
+
+// SmallBurst is the burst, in requests of a rule's largest cost, below which an
+// identity's target shares are handed out in whole requests (quantise). Above it the
+// enforcers' rounding of each region's burst down to whole tokens costs at most one
+// token a region — under 1% of the burst per region, nothing of the rate — and shares
+// are left as the policy computed them.
+const SmallBurst = 100
+
+// quantEps absorbs float error in share ÷ unit (3 × 1/3 is 0.999…).
+const quantEps = 1e-9
+
+// quantise rounds the targets of the free regions (held[r] NaN) to whole requests of a
+// burst that holds `requests` requests, in place, keeping their sum at most what it was.
+//
+// An enforcer holds floor(burst × share) tokens of an identity's burst, and none when that
+// is under one request (rules.Compiled.LimitsFor), so a share that is not a whole number
+// of requests of the burst wastes the fraction: 1/3 of a burst of 1 holds nothing in any
+// of three regions. With u = 1/requests, the share of one request:
+//
+//	A   = floor(Σ_free target_r / u)             requests to hand out
+//	m_r = floor(target_r / u)                    each region's whole requests
+//	the A − Σ m_r left go one each to the regions with the largest remainder
+//	target_r / u − m_r (a region that holds that request now, pub_r ≥ (m_r + 1) u,
+//	ranks 0.25 higher so noise does not move a token back and forth; ties: the larger
+//	smoothed demand, then the first region), and
+//	target_r = m_r × u, plus the fraction Σ_free target − A × u (under one request) to
+//	the region holding the most (so the rate is not lost).
+//
+// Example: burst 1, targets (0.98, 0.01, 0.01): A = 1, m = (0, 0, 0), the request goes
+// to the first region: (1, 0, 0). Targets (0.5, 0.25, 0.25) of a burst of 4: A = 4,
+// m = (2, 1, 1): unchanged.
+//
+// Which way it errs: under, never over. The sum does not grow, so share.Step's invariant
+// (Σ ≤ 1 at every instant) holds as before, and a region whose part rounds to nothing
+// refuses until a request is moved to it; its traffic still counts as demand (its
+// refusals are reported), so the request moves to where it is asked for. Held regions
+// keep their targets.
+func quantise(tgt, held, smoothed, pub []float64, requests float64) {
+	u := 1 / requests
+	var free []int
+	sum := 0.0
+	for r := range tgt {
+		if math.IsNaN(held[r]) {
+			free = append(free, r)
+			sum += tgt[r]
+		}
+	}
+	a := math.Floor(sum/u + quantEps)
+	if a < 1 || len(free) == 0 {
+		return // not one request to hand out: every free region holds none whatever
+	}
+	m := make([]float64, len(tgt))
+	rank := make([]float64, len(tgt))
+	given := 0.0
+	for _, r := range free {
+		x := tgt[r] / u
+		m[r] = math.Floor(x + quantEps)
+		rank[r] = max(x-m[r], 0)
+		if r < len(pub) && pub[r]/u >= m[r]+1-quantEps {
+			rank[r] += 0.25
+		}
+		given += m[r]
+	}
+	for given > a { // float error only: Σ m_r can pass A by n × quantEps
+		low := -1
+		for _, r := range free {
+			if m[r] > 0 && (low < 0 || rank[r] < rank[low]) {
+				low = r
+			}
+		}
+		m[low]--
+		given--
+	}
+	dem := func(r int) float64 {
+		if r < len(smoothed) && !math.IsNaN(smoothed[r]) {
+			return smoothed[r]
+		}
+		return 0
+	}
+	order := slices.Clone(free)
+	slices.SortStableFunc(order, func(p, q int) int {
+		return cmp.Or(cmp.Compare(rank[q], rank[p]), cmp.Compare(dem(q), dem(p)))
+	})
+	for _, r := range order {
+		if given >= a {
+			break
+		}
+		m[r]++
+		given++
+	}
+	top := free[0]
+	for _, r := range free {
+		tgt[r] = m[r] * u
+		if m[r] > m[top] || m[r] == m[top] && dem(r) > dem(top) {
+			top = r
+		}
+	}
+	tgt[top] += max(sum-a*u, 0)
+}
