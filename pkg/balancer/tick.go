@@ -373,10 +373,11 @@ func (c *Core) recompute(now time.Time) {
 			demand[r] = tok[r] / perEnf[r] // NaN when not heard
 			// The window's tokens are Poisson counts: the rate's standard deviation.
 			noise[r] = math.Sqrt(max(tok[r], 1)) / perEnf[r]
-			if id.shift || (id.requests > 0 && id.requests < SmallBurst) {
-				// A move: the policy's fast path, whatever the noise. A small burst is
-				// handed out in whole requests (quantise), which has its own hysteresis:
-				// a few requests a minute are all noise next to a second's Poisson floor.
+			if id.shift || id.rate*c.cfg.Interval.Seconds() < 10 {
+				// A move: the policy's fast path, whatever the noise. A limit of fewer than
+				// ten requests an interval (a few a minute) is all noise next to a
+				// second's Poisson floor; its burst is handed out in whole requests
+				// (quantise), which has its own hysteresis.
 				noise[r] = 0
 			}
 			if id.shift && !math.IsNaN(perRep[r]) {
