@@ -71,26 +71,13 @@ func TestLeaderChangeMidPlanNeverOver(t *testing.T) {
 // keeps serving its old share while its region-mate reports; the traffic moves to
 // us-east. The silent enforcer's share is held until it has fenced itself.
 func TestOneEnforcerCutOffNeverOver(t *testing.T) {
-	c := newTestCore(t, func(c *CoreConfig) { c.KeyTTL = time.Hour })
-	w := newWorld(t, c, 2)
-	k := key{"default", "key:a"}
-	moved := false
-	w.demand = func(_ time.Time, r int) map[key]float64 {
-		if (r == 1 && !moved) || (r == 0 && moved) {
-			return map[key]float64{k: 150}
-		}
-		return nil
-	}
-	w.step(time.Minute)
-	if s := w.published(k); s[1] < 0.95 {
-		t.Fatalf("eu-west share %v before the shift, want ≈ 0.98", s)
-	}
+	c, w, k, moved := euWestKey(t)
 	for _, e := range w.enfs {
 		if e.id == "eu-west-0" {
 			e.cut, e.cutAt = true, w.now
 		}
 	}
-	moved = true
+	*moved = true
 	w.step(4 * time.Minute) // longer than SilentAfter, shorter than Stale
 	if got := w.published(k); got[0] > 0.05 {
 		t.Fatalf("shares %v while eu-west-0 (cut off) may enforce 0.98", got)
@@ -105,17 +92,7 @@ func TestOneEnforcerCutOffNeverOver(t *testing.T) {
 // A final report (a graceful shutdown) releases its enforcer at once: its region-mates'
 // acknowledgements are enough, with no wait for its fence.
 func TestFinalReportReleasesEnforcer(t *testing.T) {
-	c := newTestCore(t, func(c *CoreConfig) { c.KeyTTL = time.Hour })
-	w := newWorld(t, c, 2)
-	k := key{"default", "key:a"}
-	moved := false
-	w.demand = func(_ time.Time, r int) map[key]float64 {
-		if (r == 1 && !moved) || (r == 0 && moved) {
-			return map[key]float64{k: 150}
-		}
-		return nil
-	}
-	w.step(time.Minute)
+	c, w, k, moved := euWestKey(t)
 	for _, e := range w.enfs {
 		if e.id == "eu-west-0" {
 			r := report("eu-west", e.id, e.seq+1, w.now)
@@ -126,9 +103,30 @@ func TestFinalReportReleasesEnforcer(t *testing.T) {
 			e.left = true
 		}
 	}
-	moved = true
+	*moved = true
 	w.step(time.Minute)
 	if got := w.published(k); got[0] < 0.9 {
 		t.Fatalf("shares %v a minute after eu-west-0 left, want us-east ≥ 0.9", got)
 	}
+}
+
+// euWestKey is a world of two enforcers a region whose key has been all in eu-west for a
+// minute (150/s against 100/s: share ≈ 0.98); *moved = true moves it to us-east.
+func euWestKey(t *testing.T) (*Core, *world, key, *bool) {
+	t.Helper()
+	c := newTestCore(t, func(c *CoreConfig) { c.KeyTTL = time.Hour })
+	w := newWorld(t, c, 2)
+	k := key{"default", "key:a"}
+	moved := new(bool)
+	w.demand = func(_ time.Time, r int) map[key]float64 {
+		if (r == 1 && !*moved) || (r == 0 && *moved) {
+			return map[key]float64{k: 150}
+		}
+		return nil
+	}
+	w.step(time.Minute)
+	if s := w.published(k); s[1] < 0.95 {
+		t.Fatalf("eu-west share %v before the shift, want ≈ 0.98", s)
+	}
+	return c, w, k, moved
 }

@@ -19,13 +19,7 @@ import (
 // split. (The app once built the table before setting its RegionalRate hook: NewTable
 // copies the config, so production judged every key against its default share.)
 func TestUsageJudgesTheBalancersShare(t *testing.T) {
-	dir := t.TempDir()
-	path := filepath.Join(dir, "rules.yaml")
-	os.WriteFile(path, []byte("rules:\n  - id: default\n    limits: [{name: second, rate: 100, per: 1s}]\n"), 0o644)
-	cfg := DefaultConfig()
-	cfg.Region, cfg.Rules.File = "us-east", path
-	cfg.Regions = Regions{"us-east": 1, "eu-west": 1}
-	cfg.Listen.GRPC, cfg.Listen.HTTP = "127.0.0.1:0", "127.0.0.1:0"
+	cfg := twoRegions(t)
 	cfg.Balancer.Enabled, cfg.Balancer.Addrs = true, []string{"127.0.0.1:1"} // never reached: no Run
 	a, err := New(cfg, nil)
 	if err != nil {
@@ -53,13 +47,7 @@ func TestUsageJudgesTheBalancersShare(t *testing.T) {
 // balancer gave its region: it enforces min(default share, shares.floor) until the set is
 // read, and /readyz says so while staying in rotation (200, degraded).
 func TestSharesNotLoadedEnforceTheFloor(t *testing.T) {
-	dir := t.TempDir()
-	path := filepath.Join(dir, "rules.yaml")
-	os.WriteFile(path, []byte("rules:\n  - id: default\n    limits: [{name: second, rate: 100, per: 1s}]\n"), 0o644)
-	cfg := DefaultConfig()
-	cfg.Region, cfg.Rules.File = "us-east", path
-	cfg.Regions = Regions{"us-east": 1, "eu-west": 1}
-	cfg.Listen.GRPC, cfg.Listen.HTTP = "127.0.0.1:0", "127.0.0.1:0"
+	cfg := twoRegions(t)
 	cfg.Etcd.Endpoints = []string{"127.0.0.1:1"} // nothing listens there
 	cfg.Etcd.StartTimeout, cfg.Etcd.DialTimeout = 200*time.Millisecond, 200*time.Millisecond
 	a, err := New(cfg, nil)
@@ -75,4 +63,19 @@ func TestSharesNotLoadedEnforceTheFloor(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "shares: not loaded") || !errors.Is(err, httpapi.ErrDegraded) {
 		t.Fatalf("Ready: %v, want degraded naming the shares", err)
 	}
+}
+
+// twoRegions is a us-east enforcer's config of two equal regions, one rule of 100/s, on
+// loopback ports of its own.
+func twoRegions(t *testing.T) Config {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "rules.yaml")
+	if err := os.WriteFile(path, []byte("rules:\n  - id: default\n    limits: [{name: second, rate: 100, per: 1s}]\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cfg := DefaultConfig()
+	cfg.Region, cfg.Rules.File = "us-east", path
+	cfg.Regions = Regions{"us-east": 1, "eu-west": 1}
+	cfg.Listen.GRPC, cfg.Listen.HTTP = "127.0.0.1:0", "127.0.0.1:0"
+	return cfg
 }
