@@ -309,3 +309,25 @@ func FuzzHandlers(f *testing.F) {
 		}
 	})
 }
+
+// TestForwardAuthPathSpellings: every spelling of a route counts against the route's rule
+// (issue 27: "/v1/login/", "//v1/login", "/v1/./login", "/V1/login", "/v1/%6cogin" and
+// "/v1/login;x" each had a fresh bucket).
+func TestForwardAuthPathSpellings(t *testing.T) {
+	_, srv := server(t, Config{RefuseStatus: 403}, nil)
+	h := map[string]string{"X-Forwarded-Method": "GET", "X-Forwarded-Uri": "/v1/ip-limited", "X-Forwarded-For": "198.51.100.4"}
+	if resp := auth(t, srv.URL, h); resp.StatusCode != 200 {
+		t.Fatalf("first: %d", resp.StatusCode)
+	}
+	for _, uri := range []string{"/v1/ip-limited/", "//v1/ip-limited", "/v1/./ip-limited", "/V1/ip-limited",
+		"/v1/ip-%6cimited", "/v1/ip-limited;x", "/v1/x/../ip-limited", "/v1/ip-limited?x=1"} {
+		h["X-Forwarded-Uri"], h["X-Api-Key"] = uri, "k"+uri // a fresh key: the default rule stays quiet
+		if resp := auth(t, srv.URL, h); resp.StatusCode != 403 || resp.Header.Get("X-RateLimit-Rule") != "per-ip" {
+			t.Errorf("%s: %d by %q, want 403 by per-ip", uri, resp.StatusCode, resp.Header.Get("X-RateLimit-Rule"))
+		}
+	}
+	// The JSON check normalises the same way.
+	if resp, b := post(t, srv.URL, `{"api_key":"kj","endpoint":"get //V1/ip-limited/","ip":"198.51.100.4"}`); resp.StatusCode != 429 {
+		t.Errorf("JSON spelling: %d %s, want 429", resp.StatusCode, b)
+	}
+}
