@@ -91,6 +91,18 @@ func TestCheckJSONInvalid(t *testing.T) {
 		{`{"api_key":"` + strings.Repeat("a", 300) + `"}`, "api_key is 300 bytes"},
 		{`{} {}`, "more than one JSON value"},
 		{`{"api_key":"` + strings.Repeat("a", MaxBodyBytes) + `"}`, "request body too large"},
+		// Issue 27: each of these was accepted, some into another request's bucket.
+		{`null`, "body is null, want a JSON object"},
+		{` null `, "body is null, want a JSON object"},
+		{`{"api_key":"a","api_key":"b"}`, `key "api_key" given twice`},
+		{`{"API_KEY":"a"}`, `key "API_KEY": keys are case-sensitive, write "api_key"`},
+		{`{"Api_Key":"a","api_key":"b"}`, `keys are case-sensitive`},
+		{`{"api\u005fkey":"a"}`, `written with escapes`},
+		{`{"api_key":"a"}` + strings.Repeat(" ", MaxBodyBytes-40) + `x`, "more than one JSON value"},
+		{"{\"api_key\":\"a\xff\"}", "body is not valid UTF-8"},
+		{`{"api_key":"\ud800"}`, `lone surrogate \uD800`},
+		{`{"api_key":"\udc00x"}`, `lone surrogate \uDC00`},
+		{`{"api_key":"\ud800\u0041"}`, `lone surrogate \uD800`},
 	} {
 		resp, b := post(t, srv.URL, tc.body)
 		var e ErrorResponse
