@@ -99,6 +99,7 @@ func TestCheckJSONInvalid(t *testing.T) {
 		{`{"Api_Key":"a","api_key":"b"}`, `keys are case-sensitive`},
 		{`{"api\u005fkey":"a"}`, `written with escapes`},
 		{`{"api_key":"a"}` + strings.Repeat(" ", MaxBodyBytes-40) + `x`, "more than one JSON value"},
+		{`{"api_key":"a"}` + strings.Repeat(" ", MaxBodyBytes) + `x`, "request body too large"},
 		{"{\"api_key\":\"a\xff\"}", "body is not valid UTF-8"},
 		{`{"api_key":"\ud800"}`, `lone surrogate \uD800`},
 		{`{"api_key":"\udc00x"}`, `lone surrogate \uDC00`},
