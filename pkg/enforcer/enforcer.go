@@ -140,7 +140,8 @@ func (e *Enforcer) CountInvalid(api API) {
 }
 
 // Validate checks req against the input limits; the error wraps ErrInvalid and names the
-// field. Check calls it; front ends may call it earlier.
+// field, and puts the endpoint in the form rules match (rules.NormalizeEndpoint). Check
+// calls it; front ends may call it earlier.
 func (e *Enforcer) Validate(req *Request) error {
 	l := &e.cfg.Limits
 	a := &req.Attrs
@@ -155,6 +156,9 @@ func (e *Enforcer) Validate(req *Request) error {
 	if req.Hits < 0 || req.Hits > l.MaxHits {
 		return fmt.Errorf("%w: hits %d, must be in [0, %d]", ErrInvalid, req.Hits, l.MaxHits)
 	}
+	// One route, one spelling: "/v1/login/", "//v1/login", "/V1/%6cogin;x" all match rules
+	// written for "/v1/login" (rules.NormalizeEndpoint says how).
+	a.Endpoint = rules.NormalizeEndpoint(a.Endpoint)
 	return nil
 }
 

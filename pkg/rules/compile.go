@@ -289,7 +289,7 @@ func compileRule(r *Rule, order int, opt CompileOptions, cr *crule) {
 			ExpiresAt: r.ExpiresAt, Reason: r.Reason, Policy: r.ID, Share: share, Split: split, Match: r.Match,
 			maxCost: float64(maxCost),
 		},
-		m:     r.Match,
+		m:     normalMatch(r.Match),
 		cost:  maps.Clone(r.Cost), // the snapshot must not change if the Set does
 		score: r.Match.Specificity(),
 		order: order,
@@ -399,4 +399,10 @@ func (s *Snapshot) buildLanes() {
 			s.dims = append(s.dims, By(by))
 		}
 	}
+}
+
+// normalMatch is m with its endpoint in the form requests' endpoints are matched in.
+func normalMatch(m Match) Match {
+	m.Endpoint = NormalizeEndpoint(m.Endpoint)
+	return m
 }

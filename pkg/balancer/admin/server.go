@@ -226,6 +226,9 @@ func (s *Server) wrap(h func(w http.ResponseWriter, r *http.Request, who string)
 		who, err := s.cfg.Tokens.Authenticate(r)
 		if err != nil {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="allot-admin"`)
+			// The body is never read: closing the connection after the answer keeps net/http
+			// from draining it (a slow body would hold the connection until the read timeout).
+			w.Header().Set("Connection", "close")
 			writeJSON(w, http.StatusUnauthorized, ErrorResponse{Error: err.Error()})
 			return
 		}

@@ -214,7 +214,7 @@ func (a *App) listen() (err error) {
 		fmt.Fprintln(w, "ready:", role)
 	})
 	a.serveDashboard(mux)
-	a.http = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second, WriteTimeout: 30 * time.Second}
+	a.http = newHTTPServer(mux, defaultHTTPLimits)
 	if a.cfg.Listen.HTTP != "" {
 		if a.httpL, err = net.Listen("tcp", a.cfg.Listen.HTTP); err != nil {
 			return fmt.Errorf("app: http listen %s: %w", a.cfg.Listen.HTTP, err)
@@ -375,4 +375,24 @@ func (a *App) drain(serving bool) {
 			}
 		}
 	}
+}
+
+// httpLimits bound what one HTTP client can hold: a connection that sends its headers
+// slower than ReadHeader, or its whole request slower than Read, is closed; an idle
+// keep-alive connection is closed after Idle; headers over MaxHeaderBytes get 431. They are
+// the enforcer's numbers (pkg/enforcer/app), so 250 clients holding a body they never send
+// cannot exhaust the process's files and take /healthz and the report API with them.
+type httpLimits struct {
+	ReadHeader, Read, Write, Idle time.Duration
+	MaxHeaderBytes                int
+}
+
+// defaultHTTPLimits: Write is longer than the enforcer's because an admin apply writes to
+// etcd (bounded by etcd.write_timeout, 5 s by default) before it answers.
+var defaultHTTPLimits = httpLimits{ReadHeader: 5 * time.Second, Read: 10 * time.Second,
+	Write: 30 * time.Second, Idle: 2 * time.Minute, MaxHeaderBytes: 64 << 10}
+
+func newHTTPServer(h http.Handler, l httpLimits) *http.Server {
+	return &http.Server{Handler: h, ReadHeaderTimeout: l.ReadHeader, ReadTimeout: l.Read,
+		WriteTimeout: l.Write, IdleTimeout: l.Idle, MaxHeaderBytes: l.MaxHeaderBytes}
 }

@@ -79,20 +79,34 @@ func (p *bufPool) Put(b *[]byte) {
 func (c codec) Unmarshal(data mem.BufferSlice, v any) error {
 	var m *rlsv3.RateLimitRequest
 	var g *oneDesc // room for the descriptors, if the message has some
+	var bad *error // where a malformed message is reported instead of failing (wire.go)
 	switch v := v.(type) {
 	case *wireRequest: // the wire path's pooled request (wire.go)
-		m, g, v.ours = &v.req, &v.graph, true
+		m, g, v.ours, bad = &v.req, &v.graph, true, &v.bad
 	case *rlsv3.RateLimitRequest:
 		m = v
+	case *lenient:
+		if r, ok := v.msg.(*rlsv3.RateLimitRequest); ok {
+			m, bad = r, &v.err
+			break
+		}
+		v.err = c.proto.Unmarshal(data, v.msg)
+		return nil
 	default:
 		return c.proto.Unmarshal(data, v)
 	}
+	var err error
 	if len(data) == 1 { // the usual case: one buffer, read in place
-		return unmarshalRequest(data[0].ReadOnlyData(), m, g)
+		err = unmarshalRequest(data[0].ReadOnlyData(), m, g)
+	} else {
+		buf := data.MaterializeToBuffer(mem.DefaultBufferPool())
+		err = unmarshalRequest(buf.ReadOnlyData(), m, g)
+		buf.Free()
 	}
-	buf := data.MaterializeToBuffer(mem.DefaultBufferPool())
-	defer buf.Free()
-	return unmarshalRequest(buf.ReadOnlyData(), m, g)
+	if err != nil && bad != nil {
+		*bad, err = err, nil
+	}
+	return err
 }
 
 // errWire is the request parser's one error: the message is not a well-formed

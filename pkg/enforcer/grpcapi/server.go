@@ -57,8 +57,8 @@ func New(e *enforcer.Enforcer, cfg Config) *Server {
 
 // Register registers both services on s.
 func (s *Server) Register(g grpc.ServiceRegistrar) {
-	g.RegisterService(s.rlsServiceDesc(), s) // the generated service, with pooled messages (wire.go)
-	allotv1.RegisterAllotServer(g, s)
+	g.RegisterService(s.rlsServiceDesc(), s)   // the generated service, with pooled messages (wire.go)
+	g.RegisterService(s.allotServiceDesc(), s) // allotv1.RegisterAllotServer, malformed messages InvalidArgument
 }
 
 // ShouldRateLimit implements Envoy's rate limit service: one check per descriptor, a

@@ -4,8 +4,13 @@ import (
 	"context"
 	"sync"
 
+	"github.com/allot-dev/allot/pkg/enforcer"
+	allotv1 "github.com/allot-dev/allot/proto/allot/v1"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 )
 
@@ -40,6 +45,7 @@ type wireRequest struct {
 	req    rlsv3.RateLimitRequest
 	graph  oneDesc
 	ours   bool
+	bad    error // what Codec found wrong with the message, if anything
 	handle grpc.UnaryHandler
 }
 
@@ -48,7 +54,7 @@ func (w *wireRequest) ProtoReflect() protoreflect.Message { return w.req.ProtoRe
 
 // reset empties w for its next call, keeping its handler.
 func (w *wireRequest) reset() {
-	w.req, w.graph, w.ours = rlsv3.RateLimitRequest{}, oneDesc{}, false
+	w.req, w.graph, w.ours, w.bad = rlsv3.RateLimitRequest{}, oneDesc{}, false, nil
 }
 
 func (s *Server) newWireRequest() any {
@@ -67,6 +73,9 @@ func (s *Server) handleShouldRateLimit(_ any, ctx context.Context, dec func(any)
 	}()
 	if err := dec(w); err != nil {
 		return nil, err
+	}
+	if w.bad != nil {
+		return nil, s.malformed(enforcer.APIEnvoyRLS, w.bad)
 	}
 	if interceptor == nil {
 		return s.answer(ctx, &w.req, w.ours)
@@ -97,4 +106,50 @@ func (r *reply) ProtoReflect() protoreflect.Message { return r.resp.ProtoReflect
 func (r *reply) release() {
 	*r = reply{}
 	replyPool.Put(r)
+}
+
+// malformed answers a request whose message did not parse: the client's fault, so
+// InvalidArgument and counted as invalid. gRPC itself would answer Internal (a codec's
+// error is Internal, before the handler runs), so Codec does not fail on a malformed
+// message given in a wireRequest or a lenient: it says so in the message's err field.
+func (s *Server) malformed(api enforcer.API, err error) error {
+	s.e.CountInvalid(api)
+	return status.Error(codes.InvalidArgument, "malformed request: "+err.Error())
+}
+
+// lenient carries a message to Codec, which parses it and puts a parse error in err
+// instead of failing the call. To another codec it is just the message.
+type lenient struct {
+	msg proto.Message
+	err error
+}
+
+// ProtoReflect makes a lenient its message to gRPC's protobuf codec.
+func (l *lenient) ProtoReflect() protoreflect.Message { return l.msg.ProtoReflect() }
+
+// allotServiceDesc is allot.v1.Allot's generated service with each method's malformed
+// messages answered by malformed.
+func (s *Server) allotServiceDesc() *grpc.ServiceDesc {
+	d := allotv1.Allot_ServiceDesc
+	d.Methods = append([]grpc.MethodDesc(nil), d.Methods...)
+	for i := range d.Methods {
+		h := d.Methods[i].Handler
+		d.Methods[i].Handler = func(srv any, ctx context.Context, dec func(any) error, ic grpc.UnaryServerInterceptor) (any, error) {
+			return h(srv, ctx, func(v any) error {
+				m, ok := v.(proto.Message)
+				if !ok {
+					return dec(v)
+				}
+				l := &lenient{msg: m}
+				if err := dec(l); err != nil {
+					return err
+				}
+				if l.err != nil {
+					return s.malformed(enforcer.APIAllot, l.err)
+				}
+				return nil
+			}, ic)
+		}
+	}
+	return &d
 }

@@ -13,6 +13,7 @@
 package httpapi
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -197,14 +198,22 @@ type ErrorResponse struct {
 
 // DecodeCheck parses a POST /v1/check body into a check. Errors wrap enforcer.ErrInvalid.
 func DecodeCheck(body io.Reader, r *enforcer.Request) error {
-	dec := json.NewDecoder(body)
+	var buf [512]byte // the usual body fits: no allocation to read it
+	b, err := readBody(body, buf[:0])
+	if err != nil {
+		return fmt.Errorf("%w: body: %v", enforcer.ErrInvalid, err)
+	}
+	if err := strictBody(b); err != nil {
+		return fmt.Errorf("%w: body: %v", enforcer.ErrInvalid, err)
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.DisallowUnknownFields()
 	var in CheckRequest
 	if err := dec.Decode(&in); err != nil {
 		return fmt.Errorf("%w: body: %v", enforcer.ErrInvalid, err)
 	}
-	if dec.More() {
-		return fmt.Errorf("%w: body: more than one JSON value", enforcer.ErrInvalid)
+	if rest := bytes.TrimSpace(b[dec.InputOffset():]); len(rest) > 0 {
+		return fmt.Errorf("%w: body: more than one JSON value (%.32q follows the object)", enforcer.ErrInvalid, rest)
 	}
 	*r = enforcer.Request{Hits: in.Hits}
 	r.Attrs.APIKey, r.Attrs.Plan, r.Attrs.Org, r.Attrs.Endpoint = in.APIKey, in.Plan, in.Org, in.Endpoint
@@ -388,4 +397,25 @@ func recoverer(next http.Handler, log hclog.Logger) http.Handler {
 		}()
 		next.ServeHTTP(w, r)
 	})
+}
+
+// readBody reads a whole body (at most MaxBodyBytes, as the caller's reader bounds it)
+// into dst.
+func readBody(body io.Reader, dst []byte) ([]byte, error) {
+	for {
+		if len(dst) == cap(dst) {
+			dst = append(dst, 0)[:len(dst)]
+		}
+		n, err := body.Read(dst[len(dst):cap(dst)])
+		dst = dst[:len(dst)+n]
+		if err == io.EOF {
+			return dst, nil
+		}
+		if err != nil {
+			return dst, err
+		}
+		if len(dst) > MaxBodyBytes {
+			return dst, fmt.Errorf("more than %d bytes", MaxBodyBytes)
+		}
+	}
 }

@@ -91,6 +91,19 @@ func TestCheckJSONInvalid(t *testing.T) {
 		{`{"api_key":"` + strings.Repeat("a", 300) + `"}`, "api_key is 300 bytes"},
 		{`{} {}`, "more than one JSON value"},
 		{`{"api_key":"` + strings.Repeat("a", MaxBodyBytes) + `"}`, "request body too large"},
+		// Issue 27: each of these was accepted, some into another request's bucket.
+		{`null`, "body is null, want a JSON object"},
+		{` null `, "body is null, want a JSON object"},
+		{`{"api_key":"a","api_key":"b"}`, `key "api_key" given twice`},
+		{`{"API_KEY":"a"}`, `key "API_KEY": keys are case-sensitive, write "api_key"`},
+		{`{"Api_Key":"a","api_key":"b"}`, `keys are case-sensitive`},
+		{`{"api\u005fkey":"a"}`, `written with escapes`},
+		{`{"api_key":"a"}` + strings.Repeat(" ", MaxBodyBytes-40) + `x`, "more than one JSON value"},
+		{`{"api_key":"a"}` + strings.Repeat(" ", MaxBodyBytes) + `x`, "request body too large"},
+		{"{\"api_key\":\"a\xff\"}", "body is not valid UTF-8"},
+		{`{"api_key":"\ud800"}`, `lone surrogate \uD800`},
+		{`{"api_key":"\udc00x"}`, `lone surrogate \uDC00`},
+		{`{"api_key":"\ud800\u0041"}`, `lone surrogate \uD800`},
 	} {
 		resp, b := post(t, srv.URL, tc.body)
 		var e ErrorResponse
@@ -308,4 +321,26 @@ func FuzzHandlers(f *testing.F) {
 			t.Fatalf("/v1/auth: %d %s", c, rec.Body)
 		}
 	})
+}
+
+// TestForwardAuthPathSpellings: every spelling of a route counts against the route's rule
+// (issue 27: "/v1/login/", "//v1/login", "/v1/./login", "/V1/login", "/v1/%6cogin" and
+// "/v1/login;x" each had a fresh bucket).
+func TestForwardAuthPathSpellings(t *testing.T) {
+	_, srv := server(t, Config{RefuseStatus: 403}, nil)
+	h := map[string]string{"X-Forwarded-Method": "GET", "X-Forwarded-Uri": "/v1/ip-limited", "X-Forwarded-For": "198.51.100.4"}
+	if resp := auth(t, srv.URL, h); resp.StatusCode != 200 {
+		t.Fatalf("first: %d", resp.StatusCode)
+	}
+	for _, uri := range []string{"/v1/ip-limited/", "//v1/ip-limited", "/v1/./ip-limited", "/V1/ip-limited",
+		"/v1/ip-%6cimited", "/v1/ip-limited;x", "/v1/x/../ip-limited", "/v1/ip-limited?x=1"} {
+		h["X-Forwarded-Uri"], h["X-Api-Key"] = uri, "k"+uri // a fresh key: the default rule stays quiet
+		if resp := auth(t, srv.URL, h); resp.StatusCode != 403 || resp.Header.Get("X-RateLimit-Rule") != "per-ip" {
+			t.Errorf("%s: %d by %q, want 403 by per-ip", uri, resp.StatusCode, resp.Header.Get("X-RateLimit-Rule"))
+		}
+	}
+	// The JSON check normalises the same way.
+	if resp, b := post(t, srv.URL, `{"api_key":"kj","endpoint":"get //V1/ip-limited/","ip":"198.51.100.4"}`); resp.StatusCode != 429 {
+		t.Errorf("JSON spelling: %d %s, want 429", resp.StatusCode, b)
+	}
 }
