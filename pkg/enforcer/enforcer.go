@@ -158,7 +158,11 @@ func (e *Enforcer) Validate(req *Request) error {
 	}
 	// One route, one spelling: "/v1/login/", "//v1/login", "/V1/%6cogin;x" all match rules
 	// written for "/v1/login" (rules.NormalizeEndpoint says how).
-	a.Endpoint = rules.NormalizeEndpoint(a.Endpoint)
+	// Written only when it changes: a request already normal (most are, and a shared
+	// template such as regionsim's) is not written to at all.
+	if n := rules.NormalizeEndpoint(a.Endpoint); n != a.Endpoint {
+		a.Endpoint = n
+	}
 	return nil
 }
 
