@@ -374,10 +374,10 @@ const ClockSkew = 5 * time.Second
 // version this leader never published (only acknowledgements let increases out), a newer
 // leader's set, and an interval that ends in the future (claimed seconds that did not pass
 // would shrink the region's measured demand for every key; Ingest also counts an interval
-// only from the end of the enforcer's last one). Called with c.mu held; e is nil for an
-// enforcer not heard yet. Which way it errs: a report from a live enforcer whose clock
-// jumped ahead is refused (its next one is taken), never believed.
-func (c *Core) claims(now time.Time, r *allotv1.ReportRequest, e *enforcerState) error {
+// only from the end of the enforcer's last one). Called with c.mu held. Which way it
+// errs: a report from a live enforcer whose clock jumped ahead is refused (its next one is
+// taken), never believed.
+func (c *Core) claims(now time.Time, r *allotv1.ReportRequest) error {
 	bad := func(format string, a ...any) error {
 		return fmt.Errorf("%w: "+format, append([]any{ErrInvalidReport}, a...)...)
 	}
@@ -413,7 +413,7 @@ func (c *Core) Ingest(now time.Time, r *allotv1.ReportRequest) error {
 		c.stats.duplicates++
 		return nil
 	}
-	if err := c.claims(now, r, e); err != nil {
+	if err := c.claims(now, r); err != nil {
 		c.stats.invalid++
 		return err
 	}

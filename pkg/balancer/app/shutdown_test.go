@@ -10,6 +10,7 @@ import (
 
 	"github.com/allot-dev/allot/pkg/testenv"
 	"github.com/hashicorp/go-hclog"
+	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // TestShutdownBoundedWithEtcdGone (issue 28, item 2): a leader and a standby (the standby
@@ -48,7 +49,14 @@ func TestShutdownBoundedWithEtcdGone(t *testing.T) {
 			t.Cleanup(cancel)
 			go apps[1].Run(ctx) //nolint:errcheck // Close below
 			poll(t, 10*time.Second, "the standby ready", func() bool { return apps[1].Ready() == nil })
-			time.Sleep(500 * time.Millisecond) // let it enter Campaign's wait
+			// It waits in Campaign once its own election key stands behind the leader's.
+			cli := e.Client(t)
+			poll(t, 10*time.Second, "the standby campaigning", func() bool {
+				ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+				defer cancel()
+				resp, err := cli.Get(ctx, apps[1].cfg.Etcd.ElectionPrefix+"/", clientv3.WithPrefix(), clientv3.WithCountOnly())
+				return err == nil && resp.Count >= 2
+			})
 			// Item 7: the standby's dashboard links to the leader's, not only its report address.
 			leaderDash := "http://" + apps[0].HTTPAddr() + "/dashboard/"
 			poll(t, 5*time.Second, "the standby's dashboard linking the leader's", func() bool {
