@@ -63,15 +63,15 @@ func AllocateChecked(cfg Config, st State, in Input) (State, error) {
 func AllocateInto(dst State, cfg Config, st State, in Input) (next State, changed bool) {
 	cfg = cfg.clamped()
 	n := len(in.Demand)
-	var stack [7 * maxStack]float64
+	var stack [8 * maxStack]float64
 	var sc []float64
 	if n <= maxStack {
-		sc = stack[:7*n]
+		sc = stack[:8*n]
 	} else {
-		sc = make([]float64, 7*n)
+		sc = make([]float64, 8*n)
 	}
 	raw, prev, sm, held := sc[:n], sc[n:2*n], sc[2*n:3*n], sc[3*n:4*n]
-	def, w, t := sc[4*n:5*n], sc[5*n:6*n], sc[6*n:]
+	def, w, t, vr := sc[4*n:5*n], sc[5*n:6*n], sc[6*n:7*n], sc[7*n:]
 
 	// Inputs, sanitized (package doc, # Bad input).
 	limitOK := in.Limit > 0 && !math.IsInf(in.Limit, 1)
@@ -106,12 +106,19 @@ func AllocateInto(dst State, cfg Config, st State, in Input) (next State, change
 	}
 	havePrevSmoothed := len(st.Smoothed) == n
 
-	// The previous smoothed demand (NaN: none usable).
+	// The previous smoothed demand (NaN: none usable) and its variance (0: none known).
+	havePrevVar := len(st.Var) == n
 	for r := 0; r < n; r++ {
 		sm[r] = math.NaN()
 		if havePrevSmoothed {
 			if v := st.Smoothed[r]; v >= 0 && !math.IsInf(v, 1) {
 				sm[r] = v
+			}
+		}
+		vr[r] = 0
+		if havePrevVar {
+			if v := st.Var[r]; v > 0 && !math.IsInf(v, 1) {
+				vr[r] = v
 			}
 		}
 	}
@@ -120,23 +127,29 @@ func AllocateInto(dst State, cfg Config, st State, in Input) (next State, change
 	// DeadBand over its share), or one is refused at all while another's demand
 	// collapsed (fell to half its smoothed demand or less, releasing ≥ DeadBand/4).
 	// With Input.Noise the demand must also have moved from the smoothed demand by more
-	// than twice its noise: a key steadily over its limit is short at every interval, and
+	// than three standard deviations of the difference (the demand's noise and the
+	// smoothed demand's): a key steadily over its limit is short at every interval, and
 	// its noisy demand would otherwise replace the smoothed one each time.
-	fast := false
-	var noiseSq float64 // Σ_r noise_r², tokens²/s²
-	if limitOK {
+	fast := in.Fast && limitOK
+	if limitOK && !fast {
 		wanting, collapsed := false, false
 		for r := 0; r < n; r++ {
-			nz := noiseOf(in.Noise, r)
-			noiseSq += nz * nz
 			if !math.IsNaN(held[r]) || math.IsNaN(raw[r]) {
 				continue
 			}
+			nz := noiseOf(in.Noise, r)
+			sd := 3 * math.Sqrt(nz*nz+vr[r])
 			w := raw[r] * perLimit
-			moved := math.IsNaN(sm[r]) || math.Abs(raw[r]-sm[r]) > 2*nz
+			moved := math.IsNaN(sm[r]) || math.Abs(raw[r]-sm[r]) > sd
 			fast = fast || (w > prev[r]+cfg.DeadBand && moved)
 			wanting = wanting || w > prev[r]
-			if s := sm[r]; raw[r] <= s/2 && (s-raw[r])*perLimit >= cfg.DeadBand/4 && s-raw[r] > 2*nz {
+			// Another region's demand collapsed (fell to half its smoothed demand or less,
+			// releasing ≥ DeadBand/4) or, where the noise is known, moved either way by
+			// more than three standard deviations and DeadBand/4 of the limit: the smoothed
+			// demand it would leave a wanting region is stale (a swap of 240/s and 60/s
+			// took 30 s of halvings). Without a noise estimate only a collapse is evidence.
+			if s := sm[r]; !math.IsNaN(s) && math.Abs(s-raw[r])*perLimit >= cfg.DeadBand/4 && math.Abs(s-raw[r]) > sd &&
+				(raw[r] <= s/2 || sd > 0) {
 				collapsed = true
 			}
 		}
@@ -145,8 +158,11 @@ func AllocateInto(dst State, cfg Config, st State, in Input) (next State, change
 
 	// Smoothed demand: s' = s + α(d − s), or d itself on the fast path, on the first
 	// interval, or within `settle` of d; a region not heard keeps s.
+	// Its variance follows: v' = (1−α)² v + α² noise², noise² when the demand replaces
+	// it, unchanged when the region was not heard.
 	for r := 0; r < n; r++ {
 		s, d := sm[r], raw[r]
+		nz := noiseOf(in.Noise, r)
 		switch {
 		case math.IsNaN(d):
 			if math.IsNaN(s) {
@@ -154,8 +170,10 @@ func AllocateInto(dst State, cfg Config, st State, in Input) (next State, change
 			}
 		case math.IsNaN(s) || fast:
 			s = d
+			vr[r] = nz * nz
 		default:
 			s += cfg.Alpha * (d - s)
+			vr[r] = (1-cfg.Alpha)*(1-cfg.Alpha)*vr[r] + cfg.Alpha*cfg.Alpha*nz*nz
 			if math.Abs(d-s) <= settle*max(d, s) {
 				s = d
 			}
@@ -225,11 +243,22 @@ func AllocateInto(dst State, cfg Config, st State, in Input) (next State, change
 	// it has would gain DeadBand/4.
 	keep := prevValid(prev, held, floor)
 	band, gain := max(cfg.DeadBand, minMove), max(cfg.DeadBand/4, minMove)
-	if noiseSq > 0 && limitOK {
-		// Twice the noise of the smoothed demands (an EWMA keeps α/(2−α) of the variance):
-		// a target moved by less is noise, not a move. Which way it errs: a region may be
-		// held that much below its max-min fair share.
-		tol := 2 * math.Sqrt(noiseSq*cfg.Alpha/(2-cfg.Alpha)) * perLimit
+	// Only the regions whose claim was met carry their noise into the targets: a region
+	// that asks for more than the level gets the level, whatever its demand's noise (a
+	// key over its limit in one region and under in another was held 30 s off its fair
+	// split by the big region's noise).
+	var varSum float64
+	for r := 0; r < n; r++ {
+		if math.IsNaN(held[r]) && w[r] <= t[r]+minMove {
+			varSum += vr[r]
+		}
+	}
+	if varSum > 0 && limitOK && !fast {
+		// Three standard deviations of the met regions' smoothed demands: a target moved
+		// by less is noise, not a move. Which way it errs: a region may be held that much
+		// below its max-min fair share. Not on the fast path: the demand moved by more
+		// than its noise, and the move is what the targets follow.
+		tol := 3 * math.Sqrt(varSum) * perLimit
 		band, gain = max(band, tol), max(gain, tol)
 	}
 	for r := 0; keep && r < n; r++ {
@@ -250,6 +279,7 @@ func AllocateInto(dst State, cfg Config, st State, in Input) (next State, change
 
 	next.Smoothed = append(dst.Smoothed[:0], sm...)
 	next.Shares = append(dst.Shares[:0], t...)
+	next.Var = append(dst.Var[:0], vr...)
 	return next, changed
 }
 

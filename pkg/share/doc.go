@@ -178,14 +178,27 @@
 // steady in its reports: 15/s counted over 10 s is 15 ± 1.2. A key over its limit is short
 // at every interval, and its fast path would replace the smoothed demand with each noisy
 // count and push the change (TestNoiseIsNotRepublished: 160 of 190 intervals
-// republished). Input.Noise gives each region's standard deviation σ_r (√tokens / T): the
-// fast path then also needs |d_r − s_r| > 2σ_r (the demand moved, not only exceeds the
-// share), a collapse needs s_r − d_r > 2σ_r, and the dead-band widens to twice the noise of
-// the smoothed demands, 2·√(Σ σ_r² · α/(2 − α)) / L (3 of 190 republished). Which way it
-// errs: a region may be held that much below its max-min fair share (in the test, the
-// 15/s region at 0.26 instead of 0.30 of a 50/s limit; for keys of hundreds a second the
-// widening is under the dead-band and changes nothing). nil Noise is the policy above,
-// unchanged.
+// republished). Input.Noise gives each region's standard deviation σ_r (√tokens / T), and
+// State.Var carries the variance v_r of each smoothed demand as an estimate: σ_r² when the
+// demand replaces it, (1 − α)²·v_r + α²·σ_r² after an EWMA step, unchanged when the region
+// was not heard. Then:
+//   - the fast path also needs |d_r − s_r| > 3·√(σ_r² + v_r) (the demand moved, not only
+//     exceeds the share);
+//   - a collapse is any free region's demand moving either way by more than that and
+//     DeadBand/4 of the limit (without Noise, only a fall to half or less counts): the
+//     smoothed demand it would leave a wanting region is stale;
+//   - the dead-band widens to 3·√(Σ v_r) / L over the regions whose claim is met (w_r ≤
+//     t_r): a region asking for more than the level gets the level whatever its noise.
+//     Not on the fast path: the demand moved by more than its noise.
+//
+// Input.Fast takes the fast path whatever the noise: the caller (the balancer's shift
+// detection) knows the traffic moved and gives the rate since it did.
+//
+// In the test, 0 of 190 intervals republished, the 15/s region at 0.297 of a 50/s limit
+// (max-min fair: 0.30). Which way it errs: a region may be held up to the widened
+// dead-band below its max-min fair share until its demand moves by more than three
+// standard deviations; for keys of hundreds a second the widening is under the dead-band
+// and changes nothing. nil Noise is the policy above, unchanged.
 //
 // # Bad input
 //

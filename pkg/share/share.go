@@ -79,6 +79,10 @@ type State struct {
 	Smoothed []float64
 	// Shares is the target last computed (after the dead-band); nil before.
 	Shares []float64
+	// Var is the variance of each Smoothed demand as an estimate, tokens²/s² (from
+	// Input.Noise, carried through the smoothing: see the package doc, # Noise); nil
+	// before the first Allocate or when no Noise was ever given.
+	Var []float64
 }
 
 // Input is one identity's reports for one interval. Every slice is indexed by region and
@@ -104,9 +108,14 @@ type Input struct {
 	// Noise, if not nil, is the standard deviation of each region's Demand as an estimate
 	// (tokens/s; for Poisson arrivals counted over T seconds, √(tokens)/T), so that noise is
 	// not taken for a move: the fast path needs the demand to have moved from its smoothed
-	// value by more than twice it (beyond the dead-band), and the dead-band widens to twice
-	// the noise of the smoothed demands (see the package doc, # Noise). nil or NaN: 0.
+	// value by more than three standard deviations of the difference (beyond the
+	// dead-band), and the dead-band widens to three standard deviations of the smoothed
+	// demands of the regions whose claim is met (see the package doc, # Noise). nil or
+	// NaN: 0.
 	Noise []float64
+	// Fast takes the fast path whatever the noise: the caller knows the traffic moved
+	// (the balancer's shift detection) and Demand is the rate since it did.
+	Fast bool
 }
 
 // check reports the first problem with in (and st) for cfg, naming the field and value.
