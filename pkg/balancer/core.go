@@ -56,6 +56,7 @@ type ident struct {
 	pending  bool        // in Core.pending
 	evict    bool        // forget it once it is back at the default split
 	shift    bool        // a report this window showed its traffic moved (Core.shifted)
+	moved    uint64      // the regions whose reports showed it (bit min(r, 63))
 }
 
 type histEntry struct {
@@ -465,7 +466,13 @@ func (c *Core) Ingest(now time.Time, r *allotv1.ReportRequest) error {
 	for _, u := range r.Usage {
 		k := key{u.Rule, u.Identity}
 		id := c.ids[k]
+		// A quiet entry (no tokens: its traffic stopped since the enforcer's last report)
+		// says only that its recent rate fell: it tracks nothing new and keeps nothing alive.
+		quiet := u.Admitted == 0 && u.Refused == 0
 		if id == nil {
+			if quiet {
+				continue
+			}
 			if len(c.ids) >= hardCap {
 				c.stats.dropped++
 				continue
@@ -477,10 +484,13 @@ func (c *Core) Ingest(now time.Time, r *allotv1.ReportRequest) error {
 		}
 		id.tokens(c.n)[ri] += u.Admitted + u.Refused
 		id.recent(c.n)[ri] += u.RecentRate
-		id.lastSeen = now
-		id.evict = false
+		if !quiet {
+			id.lastSeen = now
+			id.evict = false
+		}
 		if r.RecentWindowMs > 0 && c.shifted(id, ri, u.RecentRate, max(1, len(rs.enforcers))) {
 			id.shift, c.shiftPending = true, true
+			id.moved |= regionBit(ri)
 		}
 	}
 	return nil
@@ -502,11 +512,10 @@ func (c *Core) shifted(id *ident, r int, recent float64, enfs int) bool {
 	if !(id.rate > 0) || !(recent >= 0) || math.IsInf(recent, 0) {
 		return false
 	}
-	if r >= len(id.st.Smoothed) {
-		return false // not recomputed yet: nothing to have moved from
-	}
+	// Not recomputed yet (a key the balancer first hears of): its demand was nothing, and
+	// traffic that arrived above its default share is a move like any other.
 	sm := 0.0
-	if !math.IsNaN(id.st.Smoothed[r]) {
+	if r < len(id.st.Smoothed) && !math.IsNaN(id.st.Smoothed[r]) {
 		sm = id.st.Smoothed[r]
 	}
 	n := float64(enfs)
@@ -656,3 +665,6 @@ func (c *Core) Top(n int) []TopIdentity {
 	}
 	return out
 }
+
+// regionBit is region r's bit in ident.moved; regions past 63 share the last one.
+func regionBit(r int) uint64 { return 1 << min(r, 63) }

@@ -40,7 +40,7 @@ func (c *Core) Tick(now time.Time) *Publication {
 	since := now.Sub(c.lastCompute)
 	if !c.learning && (!now.Before(c.nextDue) || (c.earlyPending && since >= c.cfg.EarlyGap) ||
 		(c.shiftPending && since >= c.cfg.ShiftGap)) {
-		shift = c.shiftPending && now.Before(c.nextDue)
+		shift = c.shiftPending
 		c.recompute(now)
 		recomputed = true
 	}
@@ -361,7 +361,7 @@ func (c *Core) recompute(now time.Time) {
 			copy(tgt, id.def)
 			clear(tok)
 			clear(id.recent(n))
-			id.shift = false
+			id.shift, id.moved = false, 0
 			continue
 		}
 		// A silent region is held at its last published share (the others' targets get
@@ -371,20 +371,24 @@ func (c *Core) recompute(now time.Time) {
 		rec := id.recent(n)
 		for r := range n {
 			demand[r] = tok[r] / perEnf[r] // NaN when not heard
-			// The window's tokens are Poisson counts: the rate's standard deviation.
+			// The window's tokens are Poisson counts: the rate's standard deviation (the
+			// policy carries it through the smoothing; a region not heard keeps both).
 			noise[r] = math.Sqrt(max(tok[r], 1)) / perEnf[r]
-			if id.shift || id.rate*c.cfg.Interval.Seconds() < 10 {
-				// A move: the policy's fast path, whatever the noise. A limit of fewer than
-				// ten requests an interval (a few a minute) is all noise next to a
-				// second's Poisson floor; its burst is handed out in whole requests
-				// (quantise), which has its own hysteresis.
-				noise[r] = 0
-			}
-			if id.shift && !math.IsNaN(perRep[r]) {
-				// Its traffic moved: the region's rate over about the last second (the mean
-				// of this window's reports times its enforcers), not the window's average,
-				// which still holds the traffic that left or a part of what arrived.
+			if id.moved&regionBit(r) != 0 && !math.IsNaN(perRep[r]) {
+				// Its traffic moved here: the region's rate over about the last second (the
+				// mean of this window's reports times its enforcers), not the window's
+				// average, which still holds the traffic that left or a part of what
+				// arrived. The other regions keep the window's average: a second of a
+				// region whose traffic did not move is only noisier (a key first heard of
+				// was given a 2σ-high second in one region and kept it for 18 s).
 				demand[r] = rec[r] * perRep[r]
+				noise[r] = math.Sqrt(max(demand[r], 1)) // about one second of arrivals
+			}
+			if id.rate*c.cfg.Interval.Seconds() < 10 {
+				// A limit of fewer than ten requests an interval (a few a minute) is all
+				// noise next to a second's Poisson floor; its burst is handed out in whole
+				// requests (quantise), which has its own hysteresis.
+				noise[r] = 0
 			}
 			held[r] = math.NaN()
 			if silent[r] {
@@ -396,9 +400,17 @@ func (c *Core) recompute(now time.Time) {
 		}
 		clear(tok)
 		clear(rec)
+		// A move takes the policy's fast path whatever the noise. The regions it showed in
+		// stay read by their recent rates while the moves go on (a recompute a moment
+		// later, on the acknowledgements, has a window that still holds the time before
+		// the traffic arrived); the first recompute without a move reads window averages.
+		fast := id.shift
+		if !fast {
+			id.moved = 0
+		}
 		id.shift = false
 		// In place: id.st is this identity's alone, and its Shares are copied out below.
-		id.st, _ = share.AllocateInto(id.st, c.cfg.Share, id.st, share.Input{Limit: id.rate, Demand: demand, Default: id.def, Held: held, Noise: noise})
+		id.st, _ = share.AllocateInto(id.st, c.cfg.Share, id.st, share.Input{Limit: id.rate, Demand: demand, Default: id.def, Held: held, Noise: noise, Fast: fast})
 		copy(tgt, id.st.Shares)
 		if id.requests > 0 && id.requests < SmallBurst {
 			quantise(tgt, held, id.st.Smoothed, pub, id.requests)

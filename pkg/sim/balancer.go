@@ -211,15 +211,10 @@ func (p *balancerPlane) start(w *world) {
 		clk := w.regions[r].clk
 		for e, rep := range rs {
 			rep := rep
-			// Like usage.Reporter: a report when the table's interval is over (its Start +
-			// Interval, so an early report restarts the interval) or when WantEarly.
+			// Like usage.Reporter: a report every Interval at the enforcer's phase (early
+			// and acknowledging reports in between do not move it), and when WantEarly.
 			var regular func()
 			regular = func() {
-				due := rep.table.Start().Add(p.sc.Interval)
-				if now := clk.Now(); now.Before(due) { // an early report moved the interval
-					clk.at(due.Sub(Epoch), regular)
-					return
-				}
 				p.report(rep, false, false)
 				clk.after(p.sc.Interval, regular)
 			}

@@ -52,19 +52,35 @@ func (t *Table) Report(now time.Time) *allotv1.ReportRequest {
 	// against; a very short interval is taken as EarlyGap long, so the scale stays <=
 	// Interval/EarlyGap.
 	scale := float64(t.cfg.Interval) / float64(max(length, t.cfg.EarlyGap))
-	var items []drained
+	var items, quiet []drained
 	var total, evicted int64
+	cur := now.UnixNano() / int64(RecentSlot)
 	for i := range t.stripes {
 		s := &t.stripes[i]
 		s.mu.Lock()
 		old := s.cur
 		s.cur = s.spare
+		last := s.prev // the previous report's pairs (read-only once published)
 		s.mu.Unlock()
+
+		// Quiet pairs: had tokens in the second before the last report, none since. Their
+		// entry (no counts, the recent rate of what is left of that second) tells the
+		// balancer the traffic left this region now, not an interval later: a key that
+		// moved elsewhere is released in the first round trip (issue 21 §2).
+		for k, st := range last {
+			if st.first == 0 || st.rule == nil {
+				continue
+			}
+			if _, ok := old.m[k]; ok {
+				continue
+			}
+			e := entry{key: k, rule: st.rule, first: st.first, slots: st.slots}
+			quiet = append(quiet, drained{e: e})
+		}
 
 		total += old.total
 		evicted += old.evicted
 		var prev map[pair]prevState
-		cur := now.UnixNano() / int64(RecentSlot)
 		for _, e := range old.heap {
 			items = append(items, drained{e: *e})
 			var st prevState
@@ -73,7 +89,7 @@ func (t *Table) Report(now time.Time) *allotv1.ReportRequest {
 			}
 			for _, sl := range e.slots {
 				if sl.id > cur-recentSlots && sl.tokens > 0 { // tokens in the last second
-					st.first, st.slots = e.first, e.slots
+					st.first, st.slots, st.rule = e.first, e.slots, e.rule
 					break
 				}
 			}
@@ -112,10 +128,18 @@ func (t *Table) Report(now time.Time) *allotv1.ReportRequest {
 		return cmp.Compare(a.e.key.identity, b.e.key.identity)
 	})
 	n := min(len(items), t.cfg.MaxIdentities)
+	// Quiet entries fill what room is left, in a fixed order (regionsim replays byte for
+	// byte); a pair left out is heard of at the next interval's average instead.
+	nq := min(len(quiet), t.cfg.MaxIdentities-n)
+	if nq < len(quiet) {
+		slices.SortFunc(quiet, func(a, b drained) int {
+			return cmp.Or(cmp.Compare(a.e.key.rule, b.e.key.rule), cmp.Compare(a.e.key.identity, b.e.key.identity))
+		})
+	}
 	req := &allotv1.ReportRequest{
 		IntervalStartMs: start.UnixMilli(),
 		IntervalEndMs:   now.UnixMilli(),
-		Usage:           make([]*allotv1.IdentityUsage, n),
+		Usage:           make([]*allotv1.IdentityUsage, n+nq),
 		RecentWindowMs:  uint32(recentSlots * RecentSlot / time.Millisecond),
 	}
 	var reported int64
@@ -125,6 +149,12 @@ func (t *Table) Report(now time.Time) *allotv1.ReportRequest {
 			Rule: d.e.key.rule, Identity: d.e.key.identity,
 			Admitted: float64(d.e.admitted), Refused: float64(d.e.refused),
 			RegionalRate: d.rate, Error: float64(d.e.err), RecentRate: d.e.recentRate(now.UnixNano()),
+		}
+	}
+	for i, d := range quiet[:nq] {
+		req.Usage[n+i] = &allotv1.IdentityUsage{
+			Rule: d.e.key.rule, Identity: d.e.key.identity,
+			RegionalRate: t.rate(d.e.rule, d.e.key.identity), RecentRate: d.e.recentRate(now.UnixNano()),
 		}
 	}
 	req.OmittedIdentities = uint64(len(items)-n) + uint64(evicted)

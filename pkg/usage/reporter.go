@@ -218,20 +218,30 @@ func (r *Reporter) leave() {
 	r.m.sent.Inc()
 }
 
-// run reports when the interval is over (Table.Start() + Interval) or an early report is
-// wanted, and otherwise sleeps on the clock until the sooner of those two can be true.
+// run reports every Interval on a fixed cadence (from the table's first start) and in
+// between when an early report is wanted or a new share set is to be acknowledged, and
+// otherwise sleeps on the clock until the soonest of those can be true. The cadence does
+// not move for the reports in between: every enforcer's regular reports stay spread over
+// the interval as they started, so the balancer's interval recompute reads about a whole
+// interval of every enforcer's traffic, not the second or so since the acknowledgements
+// that a share change makes every enforcer send at once (which realigned them all, and
+// left the next recompute a window of a few enforcer-seconds).
 func (r *Reporter) run() {
 	defer close(r.done)
 	t := r.cfg.Table
 	ack := false // a new share set was applied and not reported yet
+	due := t.Start().Add(t.cfg.Interval)
 	for {
 		now := r.clock.Now()
 		start := t.Start()
-		due := start.Add(t.cfg.Interval)
 		ackDue := ack && !now.Before(start.Add(r.cfg.AckGap))
 		if early := t.WantEarly(now); early || ackDue || !now.Before(due) {
 			ack = false
-			r.report(now, early && now.Before(due), ackDue && now.Before(due))
+			regular := !now.Before(due)
+			r.report(now, early && !regular, ackDue && !regular)
+			for regular && !due.After(now) {
+				due = due.Add(t.cfg.Interval)
+			}
 			select {
 			case <-r.stop:
 				return

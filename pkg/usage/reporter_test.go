@@ -312,10 +312,12 @@ func TestReporterEarly(t *testing.T) {
 	if !r.Early || r.IntervalEndMs != t0.Add(2*time.Second).UnixMilli() || len(r.Usage) != 1 {
 		t.Fatalf("early %v end %d usage %v", r.Early, r.IntervalEndMs-t0.UnixMilli(), r.Usage)
 	}
-	// The regular schedule restarts from the early report.
-	g.tick(t, 10*time.Second)
+	// The regular schedule does not move for the early report: the next regular report
+	// is at t0+10s, as it would have been (every enforcer keeps its phase).
+	poll(t, "the reporter to park until t0+10s", func() bool { return g.clk.Waiting(t0.Add(10 * time.Second)) })
+	g.clk.Advance(8 * time.Second)
 	poll(t, "the regular report", func() bool { return len(lead.reports()) == 2 })
-	if r2 := lead.reports()[1]; r2.Early || r2.IntervalEndMs != t0.Add(12*time.Second).UnixMilli() {
+	if r2 := lead.reports()[1]; r2.Early || r2.IntervalEndMs != t0.Add(10*time.Second).UnixMilli() {
 		t.Fatalf("second report early %v end %d", r2.Early, r2.IntervalEndMs-t0.UnixMilli())
 	}
 	poll(t, "counters", func() bool { return counter(t, g, "allot_usage_reports_sent_total") == 2 })

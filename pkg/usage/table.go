@@ -88,6 +88,7 @@ type prevState struct {
 	refused int64
 	first   int64
 	slots   [recentSlots]slot
+	rule    *rules.Compiled // for the quiet entry, when the pair has no traffic now
 }
 
 // The recent rate: tokens over about the last second, by slots of RecentSlot.

@@ -424,3 +424,57 @@ func TestRecentRate(t *testing.T) {
 		t.Errorf("arrived: recent rate %g, want ≈ 1500/s (the interval's average is 150/s)", x)
 	}
 }
+
+// A pair whose traffic stopped just before a report is in the next report as a quiet
+// entry (no tokens, the recent rate of what is left of its last second), so the balancer
+// hears that the traffic left at once; a pair quiet for longer, or never busy, is not.
+func TestQuietEntry(t *testing.T) {
+	tb := newTable(t, nil)
+	a := rule("default", 1e6)
+	for i := range 10 { // 9–10 s: 100 tokens every 100 ms
+		tb.ObserveTake(a, "left", 100, true, 0, t0.Add(9*time.Second+time.Duration(i)*100*time.Millisecond))
+	}
+	tb.ObserveTake(a, "stays", 1, true, 0, t0.Add(9*time.Second))
+	if r := tb.Report(t0.Add(10 * time.Second)); len(r.Usage) != 2 {
+		t.Fatalf("first report: %d entries, want 2", len(r.Usage))
+	}
+	tb.ObserveTake(a, "stays", 1, true, 0, t0.Add(10*time.Second+500*time.Millisecond))
+	r := tb.Report(t0.Add(10*time.Second + 600*time.Millisecond))
+	got := byKey(r)
+	q := got["default|left"]
+	if q == nil {
+		t.Fatalf("no quiet entry for the pair whose traffic stopped: %v", r.Usage)
+	}
+	if q.Admitted != 0 || q.Refused != 0 || q.RegionalRate != 1e6 {
+		t.Errorf("quiet entry %v, want no tokens and the rule's regional rate", q)
+	}
+	// Part of its last second (1,000/s) is left in the recent window, by whole slots.
+	if q.RecentRate < 100 || q.RecentRate >= 1000 {
+		t.Errorf("quiet entry recent rate %g, want in (100, 1000): what is left of its last second", q.RecentRate)
+	}
+	if r.OmittedIdentities != 0 || r.OmittedTokens != 0 {
+		t.Errorf("a quiet entry is not an omission: %d identities, %g tokens", r.OmittedIdentities, r.OmittedTokens)
+	}
+	// A report later: the pair had no tokens at the last report either, so no entry.
+	if r := tb.Report(t0.Add(20 * time.Second)); byKey(r)["default|left"] != nil {
+		t.Errorf("a pair quiet for two reports is still reported: %v", r.Usage)
+	}
+}
+
+// Quiet entries only fill the room the busy ones leave: MaxIdentities bounds the report.
+func TestQuietEntriesBounded(t *testing.T) {
+	tb := newTable(t, func(c *Config) { c.MaxIdentities = 3 })
+	a := rule("default", 1e6)
+	for k := range 3 {
+		tb.ObserveTake(a, fmt.Sprint("old", k), 10, true, 0, t0.Add(9500*time.Millisecond))
+	}
+	tb.Report(t0.Add(10 * time.Second))
+	for k := range 2 {
+		tb.ObserveTake(a, fmt.Sprint("new", k), 10, true, 0, t0.Add(10100*time.Millisecond))
+	}
+	r := tb.Report(t0.Add(10200 * time.Millisecond))
+	got := byKey(r)
+	if len(r.Usage) != 3 || got["default|new0"] == nil || got["default|new1"] == nil || got["default|old0"] == nil {
+		t.Fatalf("report %v, want new0, new1 and the first quiet pair (old0)", r.Usage)
+	}
+}
