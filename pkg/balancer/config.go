@@ -72,8 +72,10 @@ type CoreConfig struct {
 	// time. Default 5s.
 	AckTimeout time.Duration
 	// MinVersionGap is the least time between two new versions (a retried write aside).
-	// Every version rewrites every chunk, so with it the bytes written per Interval are at
-	// most (Interval/MinVersionGap + 1) × MaxPublished × ~150 B; plan steps (an increase
+	// A version rewrites the chunks whose entries changed (every chunk at worst), so with
+	// it the bytes written per Interval are at most (Interval/MinVersionGap + 1) ×
+	// MaxPublished × ~150 B, and about the changed entries' chunks × 16 KiB when few
+	// change (shareset.Chunker); plan steps (an increase
 	// after its decreases were acknowledged) wait up to this long for their version.
 	// Default 2s.
 	MinVersionGap time.Duration

@@ -16,10 +16,13 @@ import (
 // term's election key: If(CreateRevision(key) == rev), so once the key is gone (lease
 // expired, resigned) or belongs to a newer campaign, etcd refuses the write (ErrFenced).
 //
-// A changed version is written as its chunks (one Txn each, each ≤ maxBytes: within
-// etcd's request limit), then one Txn deleting the chunk keys past the new count, then the
-// head. Writes per version are thus ⌈listed entries × ~150 B / maxBytes⌉ + 2 whatever the
-// key count, and Core.MaxPublished bounds the listed entries. A head refresh is one Txn.
+// A changed version is written as the chunks whose entries changed (shareset.Chunker:
+// one Txn each, each ≤ maxBytes: within etcd's request limit), then one Txn deleting the
+// chunk keys past the new count, then the head, which lists each chunk's version. Writes
+// per version are thus the changed chunks + 2, at most ⌈listed entries × ~150 B /
+// (maxBytes/2)⌉ + 2 whatever the key count, and Core.MaxPublished bounds the listed
+// entries. A head refresh is one Txn. A failed write makes the next version write every
+// chunk (what is in etcd is then not known).
 type publisher struct {
 	cli      *clientv3.Client
 	prefix   string
@@ -28,7 +31,9 @@ type publisher struct {
 	maxBytes int
 	timeout  time.Duration
 	m        *metrics
-	chunks   int // chunk keys that may exist in etcd: [0, chunks)
+	chunks   int      // chunk keys that may exist in etcd: [0, chunks)
+	versions []uint64 // each chunk's version, for the head
+	layout   *shareset.Chunker
 }
 
 func (p *publisher) txn(ctx context.Context, kind string, ops ...clientv3.Op) error {
@@ -47,20 +52,28 @@ func (p *publisher) txn(ctx context.Context, kind string, ops ...clientv3.Op) er
 	return nil
 }
 
-// write publishes pub (chunks then head when Changed; the head alone otherwise).
-func (p *publisher) write(ctx context.Context, pub *Publication) error {
+// write publishes pub (changed chunks then head when Changed; the head alone otherwise).
+func (p *publisher) write(ctx context.Context, pub *Publication) (err error) {
+	if p.layout == nil {
+		p.layout = shareset.NewChunker(p.maxBytes)
+	}
+	defer func() {
+		if err != nil {
+			p.layout.Reset()
+		}
+	}()
 	head := pub.Head
 	if pub.Changed {
-		chunks := shareset.Split(pub.Entries, head.LeaderRev, head.Version, p.maxBytes)
-		for i, b := range chunks {
-			if err := p.txn(ctx, "chunk", clientv3.OpPut(shareset.ChunkKey(p.prefix, i), string(b))); err != nil {
+		writes, versions := p.layout.Next(pub.Entries, head.LeaderRev, head.Version)
+		for _, w := range writes {
+			if err := p.txn(ctx, "chunk", clientv3.OpPut(shareset.ChunkKey(p.prefix, w.Index), string(w.Data))); err != nil {
 				return err
 			}
-			p.m.writeBytes.WithLabelValues("chunk").Add(float64(len(b)))
+			p.m.writeBytes.WithLabelValues("chunk").Add(float64(len(w.Data)))
 		}
 		// Stale chunks past the new count: readers ignore them (Head.Chunks), delete them so
 		// etcd does not keep them. At most 64 deletes a Txn (etcd's default max-txn-ops 128).
-		for lo := len(chunks); lo < p.chunks; lo += 64 {
+		for lo := len(versions); lo < p.chunks; lo += 64 {
 			var ops []clientv3.Op
 			for i := lo; i < min(lo+64, p.chunks); i++ {
 				ops = append(ops, clientv3.OpDelete(shareset.ChunkKey(p.prefix, i)))
@@ -69,7 +82,15 @@ func (p *publisher) write(ctx context.Context, pub *Publication) error {
 				return err
 			}
 		}
-		p.chunks = len(chunks)
+		p.chunks, p.versions = len(versions), versions
+	}
+	// Every chunk at the head's version: no list (a reader that predates it reads the set).
+	head.ChunkVersions = nil
+	for _, v := range p.versions {
+		if v != head.Version {
+			head.ChunkVersions = p.versions
+			break
+		}
 	}
 	head.Chunks = p.chunks
 	b, err := json.Marshal(head)

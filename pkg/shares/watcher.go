@@ -65,8 +65,8 @@ func (c *WatcherConfig) Validate() error {
 //
 // It lists the prefix, then watches it from the next revision, and keeps a mirror of the
 // head and the decoded chunks. After every change it offers the Holder a set only when the
-// head is newer than the set in force and every chunk the head names carries the head's
-// (LeaderRev, Version) and together they hold Head.Entries entries; a head whose chunks do
+// head is newer than the set in force and every chunk i the head names carries the head's
+// LeaderRev and Head.ChunkVersion(i) and together they hold Head.Entries entries; a head whose chunks do
 // not match (not all written yet, or left by a failed publication) is not applied — the
 // Watcher waits for the chunks or the next head. A head that names the set in force only
 // refreshes it (Holder.Apply). The watch delivers a head within milliseconds of its write,
@@ -363,7 +363,7 @@ func (w *Watcher) offerLocked() {
 	n := 0
 	for i := range h.Chunks {
 		c := w.chunks[i]
-		if c == nil || c.bad || c.leaderRev != h.LeaderRev || c.version != h.Version {
+		if c == nil || c.bad || c.leaderRev != h.LeaderRev || c.version != h.ChunkVersion(i) {
 			w.log.Debug("share head waits for its chunks", "leader-rev", h.LeaderRev, "version", h.Version, "chunk", i)
 			return
 		}
@@ -378,9 +378,6 @@ func (w *Watcher) offerLocked() {
 	for i := range h.Chunks {
 		entries = append(entries, w.chunks[i].entries...)
 	}
-	if w.h.Apply(*h, entries, now) {
-		for i := range h.Chunks {
-			delete(w.chunks, i) // in the Holder now; a later version rewrites them
-		}
-	}
+	// The chunks stay mirrored: a later version rewrites only those that changed.
+	w.h.Apply(*h, entries, now)
 }

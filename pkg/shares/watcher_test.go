@@ -223,6 +223,42 @@ func TestWatcher(t *testing.T) {
 		}
 	})
 
+	t.Run("a version that rewrote only its changed chunks", func(t *testing.T) {
+		r := newWrig(t, cli, "changed")
+		if err := r.w.Start(); err != nil {
+			t.Fatal(err)
+		}
+		c := shareset.NewChunker(600) // a few entries a chunk: many chunks
+		pub := func(es []shareset.Entry, ver uint64) (writes int) {
+			ws, vs := c.Next(es, 4, ver)
+			for _, w := range ws {
+				r.put(t, shareset.ChunkKey(r.prefix, w.Index), w.Data)
+			}
+			hd := head(4, ver, r.fc.Now())
+			hd.Chunks, hd.Entries, hd.ChunkVersions = len(vs), len(es), vs
+			b, err := json.Marshal(hd)
+			if err != nil {
+				t.Fatal(err)
+			}
+			r.put(t, shareset.HeadKey(r.prefix), b)
+			return len(ws)
+		}
+		es := entries(40, 0.5)
+		all := pub(es, 1)
+		r.waitApplied(t, 4, 1, time.Now())
+		es[7] = entry("key:k7", 0.9, 0.05, 0.05)
+		if n := pub(es, 2); n != 1 || all < 8 {
+			t.Fatalf("one entry changed: %d chunks written (of %d), want 1", n, all)
+		}
+		r.waitApplied(t, 4, 2, time.Now())
+		if s := r.h.Share(rule, "key:k7", r.fc.Now()); !near(s, 0.9) {
+			t.Fatalf("the changed entry: share %g, want 0.9", s)
+		}
+		if s := r.h.Share(rule, "key:k30", r.fc.Now()); !near(s, 0.5) || r.h.Len() != 40 {
+			t.Fatalf("an unchanged entry: share %g (len %d), want 0.5 of 40 entries", s, r.h.Len())
+		}
+	})
+
 	t.Run("lists again after compaction", func(t *testing.T) {
 		r := newWrig(t, cli, "compacted")
 		ctx := context.Background()

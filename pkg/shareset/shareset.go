@@ -16,7 +16,9 @@
 //
 // A new version is written chunk by chunk, each chunk in its own etcd transaction within
 // etcd's request size limit (MaxChunkBytes), and the head last, so a reader that sees a
-// head can fetch every chunk it names. Every transaction is fenced: it compares the
+// head can fetch every chunk it names. Only the chunks whose entries changed are written
+// (Chunker): an entry's chunk is fixed by a hash of its rule and identity, and the head
+// lists the version at which each chunk was last written (Head.ChunkVersions). Every transaction is fenced: it compares the
 // leader's election key's create revision (Head.LeaderRev) and fails at etcd when the
 // writer is no longer the leader. The head is rewritten every interval even when nothing
 // changed (Head.PublishedAt moves), so enforcers can tell a live balancer from a lost one.
@@ -25,8 +27,10 @@
 //
 // An enforcer takes a set only when it is newer (Newer) than the one it holds: a set from
 // an older leader (a lower LeaderRev) is ignored whatever its version. It reads the head,
-// then each chunk, and swaps in a snapshot only when every chunk carries the head's
-// (LeaderRev, Version); otherwise it waits for the next head.
+// then each chunk, and swaps in a snapshot only when every chunk i carries the head's
+// LeaderRev and Head.ChunkVersion(i); otherwise it waits for the chunks or the next head.
+// A reader that predates ChunkVersions wants every chunk at Version: it waits, keeping its
+// last set until that set goes stale, so upgrade the enforcers before the balancers.
 package shareset
 
 import (
@@ -69,6 +73,18 @@ type Head struct {
 	// decreases applied, increases held back until every region acknowledged it) or a
 	// whole target ("target"). For logs and dashboards; readers treat both alike.
 	Phase string `json:"phase,omitempty"`
+	// ChunkVersions, when set (one per chunk), is the Version at which each chunk was last
+	// written by this leader: a version rewrites only the chunks whose entries changed
+	// (Chunker). Absent, every chunk carries Version.
+	ChunkVersions []uint64 `json:"chunk_versions,omitempty"`
+}
+
+// ChunkVersion is the Version chunk i of this set must carry (with LeaderRev).
+func (h *Head) ChunkVersion(i int) uint64 {
+	if i >= 0 && i < len(h.ChunkVersions) {
+		return h.ChunkVersions[i]
+	}
+	return h.Version
 }
 
 // Chunk is one piece of a set.
@@ -136,6 +152,14 @@ func DecodeHead(b []byte) (Head, error) {
 	}
 	if h.Chunks < 0 || h.Entries < 0 || h.LeaderRev < 0 {
 		return Head{}, fmt.Errorf("%w: head: negative count (chunks %d, entries %d, leader_rev %d)", ErrInvalid, h.Chunks, h.Entries, h.LeaderRev)
+	}
+	if len(h.ChunkVersions) != 0 && len(h.ChunkVersions) != h.Chunks {
+		return Head{}, fmt.Errorf("%w: head: %d chunk_versions for %d chunks", ErrInvalid, len(h.ChunkVersions), h.Chunks)
+	}
+	for i, v := range h.ChunkVersions {
+		if v > h.Version {
+			return Head{}, fmt.Errorf("%w: head: chunk %d at version %d, after the head's %d", ErrInvalid, i, v, h.Version)
+		}
 	}
 	return h, nil
 }

@@ -104,11 +104,12 @@ type balancerPlane struct {
 	// what was written: versions (and when), bytes, recomputes of every core
 	versionsAt []time.Duration
 	bytes      int64
+	layout     *shareset.Chunker // which chunks each version rewrites, as the publisher does
 	recomputes uint64
 }
 
 func newBalancerPlane(sc *scenario.Scenario) (*balancerPlane, error) {
-	p := &balancerPlane{sc: sc, isolated: make([]bool, len(sc.Regions)), reps: make([][]*reporter, len(sc.Regions)),
+	p := &balancerPlane{sc: sc, layout: shareset.NewChunker(0), isolated: make([]bool, len(sc.Regions)), reps: make([][]*reporter, len(sc.Regions)),
 		outbox: make([][]sent, len(sc.Regions)), restarting: make([]bool, len(sc.Regions)),
 		cutEnf: make([][]bool, len(sc.Regions)), holders: make([][]*holderRef, len(sc.Regions))}
 	for r, reg := range sc.Regions {
@@ -305,8 +306,9 @@ func (p *balancerPlane) tick() {
 	p.core.Published(pub, now)
 	if pub.Changed {
 		p.versionsAt = append(p.versionsAt, p.w.clk.elapsed())
-		for _, c := range shareset.Split(pub.Entries, pub.Head.LeaderRev, pub.Head.Version, 0) {
-			p.bytes += int64(len(c))
+		writes, _ := p.layout.Next(pub.Entries, pub.Head.LeaderRev, pub.Head.Version)
+		for _, w := range writes { // what the balancer's publisher writes: the changed chunks
+			p.bytes += int64(len(w.Data))
 		}
 	}
 	if b, err := json.Marshal(pub.Head); err == nil {

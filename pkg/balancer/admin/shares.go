@@ -128,7 +128,7 @@ func globalRate(c *rules.Compiled) float64 {
 }
 
 // readPublished reads the published set (head and chunks) and returns identity's entries
-// by rule. Chunks of another version than the head's are skipped, as enforcers do.
+// by rule. Chunks of another version than the head names are skipped, as enforcers do.
 func (s *Server) readPublished(ctx context.Context, identity string, resp *SharesResponse) (map[string]shareset.Entry, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
 	defer cancel()
@@ -158,7 +158,7 @@ func (s *Server) readPublished(ctx context.Context, identity string, resp *Share
 	}
 	out := map[string]shareset.Entry{}
 	for _, c := range chunks {
-		if c.LeaderRev != head.LeaderRev || c.Version != head.Version {
+		if c.LeaderRev != head.LeaderRev || c.Version != head.ChunkVersion(c.Index) {
 			continue
 		}
 		for _, e := range c.Entries {

@@ -1,0 +1,153 @@
+package shareset
+
+import (
+	"bytes"
+	"cmp"
+	"encoding/json"
+	"hash/fnv"
+	"math/bits"
+	"slices"
+)
+
+// Chunker lays one leader's successive sets out in chunks so that a new version rewrites
+// only the chunks whose entries changed (issue 21 §3: a version rewrote every chunk, 20 MB
+// for a set of 50,000 entries, however few of them moved).
+//
+// An entry's chunk is a hash of its rule and identity modulo a power-of-two chunk count,
+// and a chunk's entries are in (rule, identity) order, so an unchanged chunk encodes to
+// the same bytes. The count is the least power of two that keeps every chunk within
+// maxBytes with room to spare (half of it on average); it changes only when the set
+// outgrows it or shrinks to a quarter of it, and then every chunk is written, as on the
+// first layout, after Reset, and when the leader (rev) changes.
+//
+// The zero value is not usable: call NewChunker. Not safe for concurrent use.
+type Chunker struct {
+	maxBytes int
+	rev      int64
+	fresh    bool     // the next layout writes every chunk
+	bodies   [][]byte // each chunk's entries as last laid out (the JSON array)
+	versions []uint64 // each chunk's version as last laid out
+}
+
+// ChunkWrite is one chunk to write: its index and its encoding (a Chunk).
+type ChunkWrite struct {
+	Index int
+	Data  []byte
+}
+
+// NewChunker returns a Chunker for chunks of at most maxBytes (MaxChunkBytes when ≤ 0).
+func NewChunker(maxBytes int) *Chunker {
+	if maxBytes <= 0 {
+		maxBytes = MaxChunkBytes
+	}
+	return &Chunker{maxBytes: maxBytes, fresh: true}
+}
+
+// Reset makes the next layout write every chunk: call it when a write failed, so what is
+// in etcd is not known.
+func (c *Chunker) Reset() { c.fresh = true }
+
+// Next lays entries out as version ver of leader rev. It returns the chunks to write and
+// every chunk's version for Head.ChunkVersions (len(versions) is Head.Chunks). An entry
+// alone larger than maxBytes still gets a chunk (the caller's bounds on identity length
+// keep entries small).
+func (c *Chunker) Next(entries []Entry, rev int64, ver uint64) (writes []ChunkWrite, versions []uint64) {
+	enc := make([][]byte, len(entries))
+	total := 0
+	for i := range entries {
+		enc[i], _ = json.Marshal(&entries[i])
+		total += len(enc[i]) + 1
+	}
+	const overhead = 96 // a chunk's own fields
+	target := min(c.maxBytes/2, TargetChunkBytes)
+	fresh := c.fresh || rev != c.rev
+	n := len(c.bodies)
+	need := 0
+	if len(entries) > 0 {
+		need = pow2((total + target - 1) / target)
+	}
+	if fresh || need > n || need*4 <= n {
+		n = need
+	}
+	order := make([]int, len(entries))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortFunc(order, func(a, b int) int {
+		return cmp.Or(cmp.Compare(entries[a].Rule, entries[b].Rule), cmp.Compare(entries[a].Identity, entries[b].Identity))
+	})
+	var groups [][]int
+	for {
+		groups = make([][]int, n)
+		size := make([]int, n)
+		over := false
+		for _, i := range order {
+			g := bucket(entries[i], n)
+			groups[g] = append(groups[g], i)
+			size[g] += len(enc[i]) + 1
+			over = over || (size[g]+overhead > c.maxBytes && len(groups[g]) > 1)
+		}
+		if !over || n >= len(entries) {
+			break
+		}
+		n *= 2 // a skewed hash: spread further
+	}
+	if n != len(c.bodies) {
+		fresh = true
+	}
+	bodies := make([][]byte, n)
+	versions = make([]uint64, n)
+	for g := range groups {
+		var b bytes.Buffer
+		b.WriteByte('[')
+		for j, i := range groups[g] {
+			if j > 0 {
+				b.WriteByte(',')
+			}
+			b.Write(enc[i])
+		}
+		b.WriteByte(']')
+		bodies[g] = b.Bytes()
+		if !fresh && bytes.Equal(bodies[g], c.bodies[g]) {
+			versions[g] = c.versions[g]
+			continue
+		}
+		versions[g] = ver
+		data, _ := json.Marshal(rawChunk{LeaderRev: rev, Version: ver, Index: g, Entries: bodies[g]})
+		writes = append(writes, ChunkWrite{Index: g, Data: data})
+	}
+	c.rev, c.fresh, c.bodies, c.versions = rev, false, bodies, slices.Clone(versions)
+	return writes, versions
+}
+
+// rawChunk encodes as a Chunk with its entries already encoded.
+type rawChunk struct {
+	LeaderRev int64           `json:"leader_rev"`
+	Version   uint64          `json:"version"`
+	Index     int             `json:"index"`
+	Entries   json.RawMessage `json:"entries"`
+}
+
+// bucket is e's chunk among n (a power of two).
+func bucket(e Entry, n int) int {
+	h := fnv.New64a()
+	h.Write([]byte(e.Rule))
+	h.Write([]byte{0})
+	h.Write([]byte(e.Identity))
+	return int(h.Sum64() & uint64(n-1))
+}
+
+// pow2 is the least power of two ≥ max(n, 1).
+func pow2(n int) int {
+	if n <= 1 {
+		return 1
+	}
+	return 1 << bits.Len(uint(n-1))
+}
+
+// TargetChunkBytes is the size a chunk is laid out for on average (at most half of
+// maxBytes): small enough that a version rewrites little more than what changed, large
+// enough that a whole set of the balancer's 50,000 entries at most is a few hundred etcd
+// transactions. BenchmarkChunkerTenThousand: 20 of 10,000 entries changed, 0.20 MB written
+// a version instead of 0.81 (0.11 at 8 KiB, 0.34 at 32 KiB).
+const TargetChunkBytes = 16 << 10
