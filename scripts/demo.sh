@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# make demo — one region (us-east) for real: the shared etcd, a 3-master Redis Cluster and
-# two enforcers, then a burst of checks, a live rule change through etcd and a Redis
-# master outage. Everything runs on 127.0.0.1 and is removed at the end.
-# (The three-region regionsim demo arrives with milestone 2: the balancer and regionsim.)
+# make demo-region — one region (us-east) for real: the shared etcd, a 3-master Redis
+# Cluster and two enforcers, then a burst of checks, a live rule change through etcd and a
+# Redis master outage. Everything runs on 127.0.0.1 and is removed at the end. (`make demo`
+# is the three-region demo: regionsim, the balancer and its dashboard, in one process.)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 work=$(mktemp -d /tmp/allot-demo.XXXXXX)
@@ -28,8 +28,8 @@ burst() {
     | awk '{printf "   %5d  %s  (source: %s)\n", $1, ($2=="true"?"allowed":"refused"), $3}'
 }
 
-echo "allot demo: one region (us-east) for real. The three-region regionsim demo, with the"
-echo "balancer moving shares between regions, arrives with milestone 2 and does not exist yet."
+echo "allot demo-region: one region (us-east) for real. For three regions and the balancer"
+echo "moving shares between them, run make demo."
 
 say "building the images (once per machine) and the enforcer"
 bash scripts/images.sh
