@@ -7,6 +7,7 @@
 //	regionsim run -scenario FILE -mode live -targets us-east=HOST:PORT,eu-west=HOST:PORT
 //	regionsim rules -scenario FILE
 //	regionsim demo [-scenario configs/scenarios/demo.yaml] [-out bin/demo] [-redis ...]
+//	regionsim population [-keys 10000] [-seed 26] ... > configs/scenarios/long-tail.yaml
 //
 // Exit status: 0 when every key met its expectations, 1 when one did not, 2 for a bad
 // scenario or bad flags.
@@ -41,6 +42,9 @@ const usage = `usage:
   regionsim rules -scenario FILE    print the rules enforcers need for a live run
   regionsim demo [-scenario FILE] [-out DIR] [-redis region=host:port|...,...]
                  a whole three-region deployment in this process, replayed in real time
+  regionsim population [-keys 10000] [-busy 20] [-middle 1000] [-seed 26] [-duration 10m]
+                 [-regions us-east=3,eu-west=3,ap-south=3]
+                 write a scenario of a realistic key population (configs/scenarios/long-tail.yaml)
 `
 
 func run(args []string, stdout, stderr io.Writer) int {
@@ -55,6 +59,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return rulesCmd(args[1:], stdout, stderr)
 	case "demo":
 		return demoCmd(args[1:], stdout, stderr)
+	case "population":
+		return populationCmd(args[1:], stdout, stderr)
 	case "-h", "-help", "--help", "help":
 		fmt.Fprint(stdout, usage)
 		return 0
