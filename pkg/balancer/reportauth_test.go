@@ -20,7 +20,9 @@ import (
 )
 
 // gate answers a report as Service.Report's first step does: peerMayReport, then accepted.
-type gate struct{ allotv1.UnimplementedBalancerServer }
+type gate struct {
+	allotv1.UnimplementedBalancerServer
+}
 
 func (gate) Report(ctx context.Context, r *allotv1.ReportRequest) (*allotv1.ReportResponse, error) {
 	if err := peerMayReport(ctx, r.GetRegion()); err != nil {
