@@ -10,6 +10,7 @@ import (
 
 	bapp "github.com/allot-dev/allot/pkg/balancer/app"
 	"github.com/allot-dev/allot/pkg/enforcer/app"
+	"github.com/allot-dev/allot/pkg/testenv"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	"go.uber.org/goleak"
@@ -115,6 +116,8 @@ func vectorType(t *testing.T, r *prometheus.Registry, d *prometheus.Desc) dto.Me
 func processes(t *testing.T) catalogue {
 	t.Helper()
 	c := catalogue{}
+	// The report API's mutual TLS, as the shipped configs have it (issue 27 §1).
+	f := testenv.Certs(t, "", "us-east")
 	for _, tc := range []struct {
 		name  string
 		store app.StoreConfig
@@ -137,6 +140,7 @@ func processes(t *testing.T) catalogue {
 			cfg.Rules.EtcdPrefix = "/allot/rules/"
 			cfg.Etcd.DialTimeout, cfg.Etcd.StartTimeout = 100*time.Millisecond, 200*time.Millisecond
 			cfg.Balancer.Enabled = true
+			cfg.Balancer.TLS = app.TLSConfig{Enabled: true, CAFile: f.CA(), CertFile: f.Enforcer("us-east"), KeyFile: f.EnforcerKey("us-east")}
 		}
 		a, err := app.New(cfg, nil)
 		if err != nil {
@@ -152,6 +156,7 @@ func processes(t *testing.T) catalogue {
 	bc.Etcd.Endpoints, bc.Etcd.DialTimeout = []string{"127.0.0.1:1"}, 100*time.Millisecond
 	bc.Rules.File = "rules/example.yaml"
 	bc.Listen.GRPC, bc.Listen.HTTP = "127.0.0.1:0", "127.0.0.1:0"
+	bc.Listen.TLS = bapp.ServerTLSConfig{Enabled: true, CertFile: f.Balancer(), KeyFile: f.BalancerKey(), ClientCAFile: f.CA()}
 	b, err := bapp.New(bc, nil)
 	if err != nil {
 		t.Fatalf("balancer: %v", err)

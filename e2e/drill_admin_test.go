@@ -12,10 +12,13 @@ import (
 
 	"github.com/allot-dev/allot/e2e/stack"
 	"github.com/allot-dev/allot/pkg/balancer/admin"
+	"github.com/allot-dev/allot/pkg/certs"
+	"github.com/allot-dev/allot/pkg/testenv"
 	allotv1 "github.com/allot-dev/allot/proto/allot/v1"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 )
@@ -243,16 +246,25 @@ func maxRev(m map[string]int64) int64 {
 	return r
 }
 
-// drillReportUnknownRegion: a usage report from a region the balancer does not know
-// (allot.v1.Balancer/Report on the leader) is InvalidArgument with a message naming it;
-// the leader keeps leading and keeps accepting the real enforcers' reports.
+// drillReportUnknownRegion: reports are authenticated (issue 27 §1): a plaintext
+// report is refused, and one for eu-west over us-east's certificate is PermissionDenied
+// and counted as forbidden. A usage report from a region the balancer does not know, with
+// a certificate the stack's CA issued for it (allot.v1.Balancer/Report on the leader), is
+// InvalidArgument with a message naming it; the leader keeps leading and keeps accepting
+// the real enforcers' reports.
 func drillReportUnknownRegion(t *testing.T, s *stack.Stack) {
 	leader := s.Leader(t, 15*time.Second)
-	conn, err := grpc.NewClient(leader.GRPC, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
+	if _, err := certs.Generate(s.Certs.Dir, certs.Options{Regions: []string{"mars-1"}, Now: time.Now()}); err != nil {
 		t.Fatal(err)
 	}
-	defer conn.Close()
+	client := func(creds credentials.TransportCredentials) allotv1.BalancerClient {
+		conn, err := grpc.NewClient(leader.GRPC, grpc.WithTransportCredentials(creds))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { conn.Close() })
+		return allotv1.NewBalancerClient(conn)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	m0, err := leader.Metrics(ctx)
@@ -260,11 +272,26 @@ func drillReportUnknownRegion(t *testing.T, s *stack.Stack) {
 		t.Fatal(err)
 	}
 	now := time.Now()
-	_, err = allotv1.NewBalancerClient(conn).Report(ctx, &allotv1.ReportRequest{
-		Region: "mars-1", EnforcerId: "drill-probe", Seq: 1,
-		IntervalStartMs: now.Add(-2 * time.Second).UnixMilli(), IntervalEndMs: now.UnixMilli(),
-		Usage: []*allotv1.IdentityUsage{{Rule: "drill", Identity: "key:probe", Admitted: 10, RegionalRate: 5}},
-	})
+	probe := func(region string) *allotv1.ReportRequest {
+		return &allotv1.ReportRequest{
+			Region: region, EnforcerId: "drill-probe", Seq: 1,
+			IntervalStartMs: now.Add(-2 * time.Second).UnixMilli(), IntervalEndMs: now.UnixMilli(),
+			Usage: []*allotv1.IdentityUsage{{Rule: "drill", Identity: "key:probe", Admitted: 10, RegionalRate: 5}},
+		}
+	}
+	first, second := s.Regions[0].Name, s.Regions[len(s.Regions)-1].Name
+	if _, err := client(insecure.NewCredentials()).Report(ctx, probe(first)); err == nil {
+		t.Errorf("a plaintext report for %s was accepted", first)
+	}
+	_, err = client(credentials.NewTLS(testenv.EnforcerTLS(t, s.Certs, first))).Report(ctx, probe(second))
+	t.Logf("report for %s over %s's certificate: %v", second, first, err)
+	if status.Code(err) != codes.PermissionDenied {
+		t.Errorf("a report for %s over %s's certificate: %v, want PermissionDenied", second, first, err)
+	}
+	if m, err := leader.Metrics(ctx); err != nil || m.Labels("allot_balancer_reports_total", "region", `result="forbidden"`)[second] < 1 {
+		t.Errorf("the forbidden report is not counted (%v)", err)
+	}
+	_, err = client(credentials.NewTLS(testenv.EnforcerTLS(t, s.Certs, "mars-1"))).Report(ctx, probe("mars-1"))
 	st, _ := status.FromError(err)
 	t.Logf("report from region mars-1: %v %q", st.Code(), st.Message())
 	if st.Code() != codes.InvalidArgument || !strings.Contains(st.Message(), "mars-1") {

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"flag"
 	"io"
 	"os"
 	"path/filepath"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/allot-dev/allot/e2e/stack"
 	balancerapp "github.com/allot-dev/allot/pkg/balancer/app"
+	"github.com/allot-dev/allot/pkg/certs"
 	enforcerapp "github.com/allot-dev/allot/pkg/enforcer/app"
 )
 
@@ -64,11 +66,19 @@ func TestREADMEWalkthrough(t *testing.T) {
 	started, lastStart, killAt := 0, -1, -1
 	up, ever := map[string]bool{}, map[string]bool{}
 	etcdUp, downAll := false, false
+	var certs *certsLine // the walk-through's `bin/balancer certs` (issue 27 §1)
 	for n, l := range walk[0] {
 		args := strings.Fields(strings.TrimSuffix(l, "&"))
 		switch {
+		case len(args) > 1 && args[0] == "bin/balancer" && args[1] == "certs":
+			certs = parseCerts(t, args[2:])
 		case len(args) > 0 && (args[0] == "bin/enforcer" || args[0] == "bin/balancer"):
-			parseStart(t, args)
+			files := parseStart(t, args)
+			if certs == nil {
+				t.Errorf("README: %s starts before `bin/balancer certs` made the certificates it names (%v)", l, files)
+			} else {
+				certs.check(t, l, files)
+			}
 			if strings.HasSuffix(l, "&") {
 				started++
 				lastStart = n
@@ -112,7 +122,9 @@ func TestREADMEWalkthrough(t *testing.T) {
 	adminStarts := 0
 	for _, l := range admin[0] {
 		if args := strings.Fields(strings.TrimSuffix(l, "&")); len(args) > 0 && (args[0] == "bin/enforcer" || args[0] == "bin/balancer") {
-			parseStart(t, args)
+			if files := parseStart(t, args); certs != nil {
+				certs.check(t, l, files)
+			}
 			adminStarts++
 			if !strings.Contains(l, "-admin ") && !strings.Contains(l, "-explain ") {
 				t.Errorf("the admin block starts %q without -admin or -explain", l)
@@ -125,18 +137,59 @@ func TestREADMEWalkthrough(t *testing.T) {
 }
 
 // parseStart parses a README command line that starts an enforcer or a balancer, as the
-// binary would (config file, flags; no environment).
-func parseStart(t *testing.T, args []string) {
+// binary would (config file, flags; no environment), and returns the report API's
+// certificate files it names.
+func parseStart(t *testing.T, args []string) []string {
 	t.Helper()
 	none := func(string) string { return "" }
 	var err error
+	var files []string
 	switch args[0] {
 	case "bin/enforcer":
-		_, err = enforcerapp.Parse(args[1:], none, io.Discard)
+		var c enforcerapp.Config
+		c, err = enforcerapp.Parse(args[1:], none, io.Discard)
+		files = []string{c.Balancer.TLS.CAFile, c.Balancer.TLS.CertFile, c.Balancer.TLS.KeyFile}
 	case "bin/balancer":
-		_, err = balancerapp.Parse(args[1:], none, io.Discard)
+		var c balancerapp.Config
+		c, err = balancerapp.Parse(args[1:], none, io.Discard)
+		files = []string{c.Listen.TLS.CertFile, c.Listen.TLS.KeyFile, c.Listen.TLS.ClientCAFile}
 	}
 	if err != nil {
 		t.Errorf("README: %s: %v", strings.Join(args, " "), err)
+	}
+	return files
+}
+
+// certsLine is what a README `bin/balancer certs` line writes.
+type certsLine struct {
+	files map[string]bool
+}
+
+func parseCerts(t *testing.T, args []string) *certsLine {
+	t.Helper()
+	fs := flag.NewFlagSet("certs", flag.ContinueOnError)
+	dir := fs.String("dir", "bin/certs", "")
+	regions := fs.String("regions", "us-east,eu-west,ap-south", "")
+	fs.String("hosts", "", "")
+	fs.Duration("validity", 0, "")
+	fs.Bool("force", false, "")
+	if err := fs.Parse(args); err != nil {
+		t.Fatalf("README: bin/balancer certs %v: %v", args, err)
+	}
+	f := certs.Files{Dir: *dir}
+	c := &certsLine{files: map[string]bool{f.CA(): true, f.Balancer(): true, f.BalancerKey(): true}}
+	for _, r := range strings.Split(*regions, ",") {
+		c.files[f.Enforcer(r)], c.files[f.EnforcerKey(r)] = true, true
+	}
+	return c
+}
+
+// check fails t unless every file is one the certs line wrote.
+func (c *certsLine) check(t *testing.T, line string, files []string) {
+	t.Helper()
+	for _, f := range files {
+		if !c.files[filepath.Clean(f)] {
+			t.Errorf("README: %s names %q, which `bin/balancer certs` in the walk-through does not write", line, f)
+		}
 	}
 }

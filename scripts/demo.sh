@@ -33,7 +33,10 @@ echo "moving shares between them, run make demo."
 
 say "building the images (once per machine) and the enforcer"
 bash scripts/images.sh
-go build -o bin/ ./cmd/enforcer
+go build -o bin/ ./cmd/enforcer ./cmd/balancer
+# The region config reports to the balancer over mutual TLS (none runs here: reports are
+# dropped), with the certificates it names under bin/certs.
+bin/balancer certs -dir bin/certs >/dev/null
 
 say "starting etcd and us-east's Redis Cluster"
 bash scripts/region.sh etcd-up

@@ -34,9 +34,11 @@ func TestCLI(t *testing.T) {
 	dir := t.TempDir()
 	tokens := filepath.Join(dir, "tokens")
 	write(t, tokens, "alice:"+secret+"\n")
+	f := testenv.Certs(t, filepath.Join(dir, "certs"), "us-east")
 	cfg, err := app.Parse([]string{"-config", "../../configs/balancer.yaml", "-grpc-addr", "127.0.0.1:0", "-http-addr", "127.0.0.1:0",
 		"-etcd-endpoints", strings.Join(e.Endpoints(), ","), "-rules-file", "", "-rules-etcd-prefix", "/allot/rules/",
-		"-admin", "-admin-tokens-file", tokens, "-session-ttl", "2s"}, func(string) string { return "" }, io.Discard)
+		"-admin", "-admin-tokens-file", tokens, "-session-ttl", "2s",
+		"-tls-cert", f.Balancer(), "-tls-key", f.BalancerKey(), "-tls-client-ca", f.CA()}, func(string) string { return "" }, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,6 +6,7 @@
 //
 //	balancer -config configs/balancer.yaml [flags]
 //	balancer rules|override|shares|explain|audit ...   (the admin API's CLI: cli.go)
+//	balancer certs [-dir bin/certs] [-regions ...]      (report mTLS certificates: certs.go)
 //
 // SIGINT/SIGTERM shut down gracefully: leadership is resigned so a standby takes over at
 // once.
@@ -18,12 +19,16 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"github.com/allot-dev/allot/pkg/balancer/app"
 	"github.com/hashicorp/go-hclog"
 )
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == "certs" {
+		os.Exit(certsCmd(os.Args[2:], cliEnv{getenv: os.Getenv, stdout: os.Stdout, stderr: os.Stderr}, time.Now))
+	}
 	if isCLI(os.Args[1:]) { // balancer rules|override|shares|explain|audit (cli.go)
 		os.Exit(cli(os.Args[1:], cliEnv{getenv: os.Getenv, stdout: os.Stdout, stderr: os.Stderr}))
 	}

@@ -84,6 +84,7 @@ func demoCmd(args []string, stdout, stderr io.Writer) int {
 	dash := "http://" + st.BalancerHTTP() + "/dashboard/"
 	fmt.Fprintf(stderr, "\n  balancer dashboard: %s\n", dash)
 	fmt.Fprintf(stderr, "  balancer metrics:   http://%s/metrics\n", st.BalancerHTTP())
+	fmt.Fprintf(stderr, "  usage reports:      mutual TLS, each region with its own certificate (%s)\n", st.Certs().Dir)
 	targets := st.Targets()
 	for _, r := range sc.Regions {
 		fmt.Fprintf(stderr, "  %-9s enforcers (gRPC): %s\n", r.Name, strings.Join(targets[r.Name], ", "))

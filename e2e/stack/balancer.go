@@ -41,6 +41,9 @@ func balancerConfig(t testing.TB, s *Stack, regions []string, opt Options) strin
 			"ack_timeout": "3s", "min_version_gap": "1s", "silent_after": (4 * opt.BalanceInterval).String(),
 			"stale": opt.ShareStale.String(), "key_ttl": "1m", "tick_every": "500ms",
 		},
+		// Reports need mutual TLS and the region's certificate (configs/balancer.yaml).
+		"listen": map[string]any{"tls": map[string]any{"enabled": true, "cert_file": s.Certs.Balancer(),
+			"key_file": s.Certs.BalancerKey(), "client_ca_file": s.Certs.CA()}},
 		"drain_timeout": "5s",
 		"log_level":     "info",
 	}

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/allot-dev/allot/pkg/certs"
 	"github.com/allot-dev/allot/pkg/testenv"
 	allotv1 "github.com/allot-dev/allot/proto/allot/v1"
 	"google.golang.org/grpc"
@@ -33,7 +34,7 @@ type Enforcer struct {
 // stack's addresses; every region of the stack enforces the global limits with equal
 // weight (a third each of three). refuse403 is the README's nginx setting (auth_request takes only
 // 2xx/401/403). extra is YAML merged over it.
-func enforcerConfig(t testing.TB, r *Region, regions []string, rulesFile string, refuse403 bool, opt Options) string {
+func enforcerConfig(t testing.TB, r *Region, regions []string, rulesFile string, cf certs.Files, refuse403 bool, opt Options) string {
 	t.Helper()
 	status := 429
 	if refuse403 {
@@ -54,8 +55,10 @@ func enforcerConfig(t testing.TB, r *Region, regions []string, rulesFile string,
 		"shares": map[string]any{"etcd_prefix": "/allot/shares/", "stale_after": opt.ShareStale.String()},
 		// Usage reports go to the balancer's leader once one runs; until then they are
 		// dropped, which costs checks nothing (configs/regions/*.yaml).
-		"balancer": map[string]any{"enabled": true, "election_prefix": "/allot/balancer/election", "interval": opt.BalanceInterval.String()},
-		"lease":    map[string]any{"ttl": "1s", "window": "100ms", "busy_hits": 3, "max_keys": 65536},
+		// Over mutual TLS with the region's own certificate (configs/regions/*.yaml).
+		"balancer": map[string]any{"enabled": true, "election_prefix": "/allot/balancer/election", "interval": opt.BalanceInterval.String(),
+			"tls": map[string]any{"enabled": true, "ca_file": cf.CA(), "cert_file": cf.Enforcer(r.Name), "key_file": cf.EnforcerKey(r.Name)}},
+		"lease": map[string]any{"ttl": "1s", "window": "100ms", "busy_hits": 3, "max_keys": 65536},
 		"fallback": map[string]any{
 			"timeout": opt.FallbackTimeout.String(), "reply_timeout": "100ms", "probe_timeout": "100ms",
 			"trip_after": 5, "open_for": "2s", "max_in_flight": 256, "slack": 2, "max_local_keys": 100000,

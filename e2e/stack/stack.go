@@ -32,6 +32,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/allot-dev/allot/pkg/certs"
 	"github.com/allot-dev/allot/pkg/testenv"
 	"gopkg.in/yaml.v3"
 )
@@ -125,6 +126,10 @@ type Stack struct {
 	Balancers []*Balancer
 	Dir       string // configs and rules files, bind-mounted at the same path
 	Image     string // the stack image
+	// Certs are the report API's mutual TLS (under Dir/certs): the balancers serve with
+	// them and each region's enforcers report with their region's certificate, as the
+	// shipped configs do.
+	Certs certs.Files
 
 	RulesFile string
 }
@@ -213,9 +218,10 @@ func Start(t testing.TB, opt Options) *Stack {
 	for _, r := range s.Regions {
 		names = append(names, r.Name)
 	}
+	s.Certs = testenv.Certs(t, filepath.Join(s.Dir, "certs"), names...)
 	for i, r := range s.Regions {
 		r.config = filepath.Join(s.Dir, r.Name+".yaml")
-		writeFile(t, r.config, enforcerConfig(t, r, names, s.RulesFile, i == 0 && opt.Gateway, opt))
+		writeFile(t, r.config, enforcerConfig(t, r, names, s.RulesFile, s.Certs, i == 0 && opt.Gateway, opt))
 	}
 	if opt.Balancers > 0 {
 		if opt.AdminToken != "" {

@@ -92,6 +92,10 @@ func describe(s *stack.Stack) string {
 	}
 	if len(s.Balancers) > 0 {
 		fmt.Println()
+		fmt.Printf("\nusage reports: mutual TLS; the CA and each region's enforcer certificate are in %s\n", s.Certs.Dir)
+		fmt.Printf("  (an enforcer of your own: -balancer-tls -balancer-tls-ca %s -balancer-tls-cert %s -balancer-tls-key %s)\n",
+			s.Certs.CA(), s.Certs.Enforcer(s.Regions[0].Name), s.Certs.EnforcerKey(s.Regions[0].Name))
+		fmt.Fprintf(&vars, "ALLOT_STACK_CERTS=%s\n", s.Certs.Dir)
 	}
 	first := s.Regions[0].Enforcers[0]
 	fmt.Printf("\nnginx gateway (README auth_request snippet) in front of us-east: http://%s/\n", s.Gateway.Addr)

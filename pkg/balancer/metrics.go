@@ -26,7 +26,7 @@ func newMetrics(reg prometheus.Registerer, s *Service) *metrics {
 		term: prometheus.NewGauge(prometheus.GaugeOpts{Name: "allot_balancer_election_term",
 			Help: "The election revision (fencing token) of this replica's current term as leader; 0 while standing by."}),
 		reports: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "allot_balancer_reports_total",
-			Help: "Usage reports received, by region and result: accepted, invalid, redirected (answered by a standby)."}, []string{"region", "result"}),
+			Help: "Usage reports received, by region and result: accepted, invalid, redirected (answered by a standby), forbidden (no client certificate naming the report's region)."}, []string{"region", "result"}),
 		lag: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "allot_balancer_report_lag_seconds",
 			Help:    "Arrival of an accepted report minus the end of the interval it covers, by region.",
 			Buckets: []float64{0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30}}, []string{"region"}),

@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/allot-dev/allot/pkg/certs"
 	"github.com/allot-dev/allot/pkg/clock"
 	"github.com/allot-dev/allot/pkg/shareset"
 	allotv1 "github.com/allot-dev/allot/proto/allot/v1"
@@ -15,6 +16,8 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 )
 
@@ -66,6 +69,13 @@ type ServiceConfig struct {
 	// MaxChunkBytes bounds each chunk's encoding (each chunk is one Txn). Default
 	// shareset.MaxChunkBytes.
 	MaxChunkBytes int
+	// RegionFromPeer, when true, takes a report only over mutual TLS and only for the
+	// region the client certificate names (certs.RegionOf: the URI SAN
+	// spiffe://allot/region/<region>/enforcer); any other report is refused
+	// (PermissionDenied) and counted as allot_balancer_reports_total{result="forbidden"}.
+	// Set it whenever the report server verifies client certificates (pkg/balancer/app
+	// does with listen.tls.client_ca_file).
+	RegionFromPeer bool
 	// Clock, Logger, Registerer: defaults the wall clock, a null logger, a new registry.
 	Clock      clock.Clock
 	Logger     hclog.Logger
@@ -448,6 +458,12 @@ func (s *Service) leader(ctx context.Context) (string, int64) {
 // Report is allot.v1.Balancer/Report: the leader ingests, a standby redirects.
 func (s *Service) Report(ctx context.Context, req *allotv1.ReportRequest) (*allotv1.ReportResponse, error) {
 	region := s.regionLabel(req.GetRegion())
+	if s.cfg.RegionFromPeer {
+		if err := peerMayReport(ctx, req.GetRegion()); err != nil {
+			s.m.reports.WithLabelValues(region, "forbidden").Inc()
+			return nil, err
+		}
+	}
 	s.mu.Lock()
 	core, rev := s.core, s.rev
 	s.mu.Unlock()
@@ -476,6 +492,27 @@ func (s *Service) Report(ctx context.Context, req *allotv1.ReportRequest) (*allo
 		}
 	}
 	return &allotv1.ReportResponse{Accepted: true, LeaderAddr: s.cfg.Advertise, LeaderRev: rev}, nil
+}
+
+// peerMayReport refuses (PermissionDenied) a report for region unless the connection's
+// verified client certificate names that region (certs.RegionOf).
+func peerMayReport(ctx context.Context, region string) error {
+	p, ok := peer.FromContext(ctx)
+	if !ok {
+		return status.Error(codes.PermissionDenied, "balancer: report refused: no peer (reports need mutual TLS)")
+	}
+	ti, ok := p.AuthInfo.(credentials.TLSInfo)
+	if !ok {
+		return status.Errorf(codes.PermissionDenied, "balancer: report for region %q refused: the connection from %v is not TLS (reports need an enforcer client certificate)", region, p.Addr)
+	}
+	got, err := certs.RegionOfState(ti.State)
+	if err != nil {
+		return status.Errorf(codes.PermissionDenied, "balancer: report for region %q refused: %v", region, err)
+	}
+	if got != region {
+		return status.Errorf(codes.PermissionDenied, "balancer: report for region %q refused: the client certificate is region %q's (%s)", region, got, certs.EnforcerURI(got))
+	}
+	return nil
 }
 
 func (s *Service) regionLabel(r string) string {

@@ -2,9 +2,10 @@
 // loopback: an embedded etcd (go.etcd.io/etcd/server/v3/embed), one or more quota
 // balancer replicas, and for every region a set of enforcers that share one in-memory
 // bucket store standing for that region's Redis Cluster. Every part talks to the others
-// as in production — real gRPC usage reports, a real etcd election, real share sets
-// published in etcd and watched by the enforcers — so what runs here is the same code a
-// deployment runs, minus Redis. It is what `regionsim demo` starts, and what tests use to
+// as in production — real gRPC usage reports over mutual TLS (a CA and certificates made
+// under Dir/certs, each region's enforcers with their own), a real etcd election, real
+// share sets published in etcd and watched by the enforcers — so what runs here is the
+// same code a deployment runs, minus Redis. It is what `regionsim demo` starts, and what tests use to
 // exercise the regions together without Docker.
 //
 // Which way it errs against a real deployment: the in-memory store is exact and has no
@@ -28,6 +29,7 @@ import (
 
 	balancerapp "github.com/allot-dev/allot/pkg/balancer/app"
 	"github.com/allot-dev/allot/pkg/bucket"
+	"github.com/allot-dev/allot/pkg/certs"
 	"github.com/allot-dev/allot/pkg/clock"
 	enforcerapp "github.com/allot-dev/allot/pkg/enforcer/app"
 	"github.com/hashicorp/go-hclog"
@@ -113,6 +115,7 @@ type Stack struct {
 	cfg     Config
 	dir     string
 	tempDir bool
+	certs   certs.Files // the report API's mutual TLS
 	etcd    *embed.Etcd
 	etcdURL string
 
@@ -158,8 +161,15 @@ func Start(cfg Config) (_ *Stack, err error) {
 	for i, r := range cfg.Regions {
 		weights[r.Name], names[i] = 1, r.Name
 	}
+	// Reports are authenticated as in production (issue 27 §1): mutual TLS, each region's
+	// enforcers with their own certificate, made under Dir/certs.
+	s.certs = certs.Files{Dir: filepath.Join(s.dir, "certs")}
+	if _, err := certs.Generate(s.certs.Dir, certs.Options{Regions: names, Now: time.Now()}); err != nil {
+		return nil, fmt.Errorf("localstack: %w", err)
+	}
 	for i := range cfg.Balancers {
 		bc := balancerapp.DefaultConfig()
+		bc.Listen.TLS = balancerapp.ServerTLSConfig{Enabled: true, CertFile: s.certs.Balancer(), KeyFile: s.certs.BalancerKey(), ClientCAFile: s.certs.CA()}
 		bc.Regions, bc.ID = names, fmt.Sprintf("balancer-%d", i+1)
 		bc.Listen.GRPC, bc.Listen.HTTP = "127.0.0.1:0", "127.0.0.1:0"
 		bc.Etcd.Endpoints = []string{s.etcdURL}
@@ -192,6 +202,8 @@ func Start(cfg Config) (_ *Stack, err error) {
 			ec.Listen.GRPC, ec.Listen.HTTP = "127.0.0.1:0", "127.0.0.1:0"
 			ec.Shares.StaleAfter = cfg.Stale
 			ec.Balancer.Enabled, ec.Balancer.Interval = true, cfg.Interval
+			ec.Balancer.TLS = enforcerapp.TLSConfig{Enabled: true, CAFile: s.certs.CA(),
+				CertFile: s.certs.Enforcer(r.Name), KeyFile: s.certs.EnforcerKey(r.Name)}
 			var e *enforcerapp.App
 			var err error
 			if store != nil {
@@ -293,6 +305,9 @@ func (s *Stack) HTTPTargets() map[string][]string {
 
 // Enforcers returns region's enforcers.
 func (s *Stack) Enforcers(region string) []*enforcerapp.App { return s.enforcers[region] }
+
+// Certs are the report API's certificates (a CA, the balancers', one per region).
+func (s *Stack) Certs() certs.Files { return s.certs }
 
 // Balancers returns the balancer replicas.
 func (s *Stack) Balancers() []*balancerapp.App { return s.balancers }

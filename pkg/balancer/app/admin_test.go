@@ -54,8 +54,8 @@ func TestAdminOverTLS(t *testing.T) {
 	if err := os.WriteFile(tokens, []byte("ci:ci-secret-0123456789ab\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	cfg, err := Parse([]string{"-config", configFile, "-grpc-addr", "127.0.0.1:0", "-http-addr", "127.0.0.1:0",
-		"-etcd-endpoints", strings.Join(e.Endpoints(), ","), "-rules-file", "", "-admin", "-admin-tokens-file", tokens}, env(nil), io.Discard)
+	cfg, err := Parse(append([]string{"-config", configFile, "-grpc-addr", "127.0.0.1:0", "-http-addr", "127.0.0.1:0",
+		"-etcd-endpoints", strings.Join(e.Endpoints(), ","), "-rules-file", "", "-admin", "-admin-tokens-file", tokens}, tlsArgs(testenv.Certs(t, "", "us-east"))...), env(nil), io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -115,8 +115,8 @@ func selfSigned(t *testing.T, dir string) (certFile, keyFile string, pool *x509.
 // tokens, which the CLI prints, rather than "404 page not found". No etcd is needed: New
 // does not dial.
 func TestAdminOffSaysWhatToTurnOn(t *testing.T) {
-	cfg, err := Parse([]string{"-config", configFile, "-grpc-addr", "127.0.0.1:0", "-http-addr", "127.0.0.1:0",
-		"-etcd-endpoints", "http://127.0.0.1:1", "-rules-file", rulesFile, "-rules-etcd-prefix", ""}, env(nil), io.Discard)
+	cfg, err := Parse(append([]string{"-config", configFile, "-grpc-addr", "127.0.0.1:0", "-http-addr", "127.0.0.1:0",
+		"-etcd-endpoints", "http://127.0.0.1:1", "-rules-file", rulesFile, "-rules-etcd-prefix", ""}, tlsArgs(testenv.Certs(t, "", "us-east"))...), env(nil), io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -106,6 +106,7 @@ func New(cfg Config, log hclog.Logger) (_ *App, err error) {
 	sc := cfg.serviceConfig()
 	sc.Core.Limits = a.table.Limits
 	sc.Etcd, sc.Logger, sc.Registerer = a.etcd, log.Named("balancer"), a.reg
+	sc.RegionFromPeer = cfg.Listen.mutualTLS()
 	if sc.Advertise == "" {
 		sc.Advertise = a.GRPCAddr()
 	}
@@ -187,7 +188,11 @@ func (a *App) listen() (err error) {
 	var opts []grpc.ServerOption
 	srvTLS, err := a.cfg.Listen.TLS.Build()
 	if err != nil {
-		return fmt.Errorf("app: listen.tls: %w", err)
+		return fmt.Errorf("app: listen.tls (the report API's certificates): %w; %s", err, certsHint)
+	}
+	if !a.cfg.Listen.mutualTLS() {
+		a.log.Warn("REPORTS ARE NOT AUTHENTICATED: listen.insecure_reports is set and listen.tls.client_ca_file is not; anyone who reaches "+
+			a.cfg.Listen.GRPC+" can forge any region's usage and move its shares. Use mutual TLS outside a test.", "certs", certsHint)
 	}
 	if srvTLS != nil {
 		opts = append(opts, grpc.Creds(credentials.NewTLS(srvTLS)))

@@ -10,13 +10,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/allot-dev/allot/pkg/certs"
 	"github.com/allot-dev/allot/pkg/shareset"
 	"github.com/allot-dev/allot/pkg/testenv"
 	allotv1 "github.com/allot-dev/allot/proto/allot/v1"
 	"github.com/hashicorp/go-hclog"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/credentials"
 )
 
 var configFile = filepath.Join("..", "..", "..", "configs", "balancer.yaml")
@@ -66,9 +67,10 @@ func TestParseNamesBadValues(t *testing.T) {
 // Close.
 func TestAppLeadsPublishesAndResigns(t *testing.T) {
 	e := testenv.Etcd(t, 1)
-	cfg, err := Parse([]string{"-config", configFile, "-grpc-addr", "127.0.0.1:0", "-http-addr", "127.0.0.1:0",
+	f := testenv.Certs(t, "", "us-east", "eu-west", "ap-south")
+	cfg, err := Parse(append([]string{"-config", configFile, "-grpc-addr", "127.0.0.1:0", "-http-addr", "127.0.0.1:0",
 		"-etcd-endpoints", strings.Join(e.Endpoints(), ","), "-rules-file", rulesFile, "-rules-etcd-prefix", "",
-		"-interval", "1s", "-learning", "1s", "-session-ttl", "2s"}, env(nil), io.Discard)
+		"-interval", "1s", "-learning", "1s", "-session-ttl", "2s"}, tlsArgs(f)...), env(nil), io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -82,12 +84,11 @@ func TestAppLeadsPublishesAndResigns(t *testing.T) {
 	defer func() { cancel(); <-done }()
 	poll(t, 10*time.Second, "leading", func() bool { ok, _ := a.Service().Leading(); return ok })
 
-	cc, err := grpc.NewClient(a.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
+	// Each region reports with its own enforcers' certificate.
+	bcs := map[string]allotv1.BalancerClient{}
+	for _, region := range cfg.Regions {
+		bcs[region] = reportClient(t, a.GRPCAddr(), grpc.WithTransportCredentials(credentials.NewTLS(testenv.EnforcerTLS(t, f, region))))
 	}
-	defer cc.Close()
-	bc := allotv1.NewBalancerClient(cc)
 	cli := e.Client(t)
 	var head shareset.Head
 	seq := uint64(0)
@@ -101,7 +102,7 @@ func TestAppLeadsPublishesAndResigns(t *testing.T) {
 			}
 			rq := &allotv1.ReportRequest{Region: region, EnforcerId: "e1", Seq: seq, IntervalStartMs: now.Add(-time.Second).UnixMilli(),
 				IntervalEndMs: now.UnixMilli(), Usage: []*allotv1.IdentityUsage{{Rule: "default", Identity: "key:k1", Admitted: rate}}}
-			resp, err := bc.Report(context.Background(), rq)
+			resp, err := bcs[region].Report(context.Background(), rq)
 			if err != nil || !resp.Accepted {
 				t.Fatalf("report: %v %v", resp, err)
 			}
@@ -134,6 +135,23 @@ func TestAppLeadsPublishesAndResigns(t *testing.T) {
 	if err != nil || len(r.Kvs) != 0 {
 		t.Fatalf("after Close: election keys %v (%v), want none (resigned)", r.Kvs, err)
 	}
+}
+
+// tlsArgs are the flags giving a replica the report API's mutual TLS with f's
+// certificates (configs/balancer.yaml names bin/certs, which tests do not make).
+func tlsArgs(f certs.Files) []string {
+	return []string{"-tls", "-tls-cert", f.Balancer(), "-tls-key", f.BalancerKey(), "-tls-client-ca", f.CA()}
+}
+
+// reportClient is a Balancer client of addr, closed at the test's end.
+func reportClient(t *testing.T, addr string, creds grpc.DialOption) allotv1.BalancerClient {
+	t.Helper()
+	cc, err := grpc.NewClient(addr, creds)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cc.Close() })
+	return allotv1.NewBalancerClient(cc)
 }
 
 func poll(t *testing.T, within time.Duration, what string, cond func() bool) {

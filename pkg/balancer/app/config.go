@@ -7,6 +7,7 @@ package app
 import (
 	"errors"
 	"fmt"
+	"net"
 	"strings"
 	"time"
 
@@ -53,8 +54,34 @@ type ListenConfig struct {
 	// DashboardURL is this replica's dashboard as a viewer reaches it, which standbys'
 	// dashboards link to while it leads. Default: http(s)://<bound HTTP address>/dashboard/.
 	DashboardURL string `yaml:"dashboard_url"`
-	// TLS for the report API (server side).
+	// TLS for the report API (server side). With ClientCAFile (mutual TLS), a report is
+	// taken only for the region its client certificate names (pkg/certs). Required
+	// unless InsecureReports.
 	TLS ServerTLSConfig `yaml:"tls"`
+	// InsecureReports is the explicit opt-out: the report API without mutual TLS, which
+	// believes any report from anyone who reaches it. Refused on a non-loopback address
+	// unless InsecureReportsBeyondLoopback too; New logs a warning either way.
+	InsecureReports               bool `yaml:"insecure_reports"`
+	InsecureReportsBeyondLoopback bool `yaml:"insecure_reports_beyond_loopback"`
+}
+
+// mutualTLS reports whether the report API verifies enforcers' client certificates.
+func (l ListenConfig) mutualTLS() bool { return l.TLS.Enabled && l.TLS.ClientCAFile != "" }
+
+// certsHint says how to make the report API's certificates.
+const certsHint = "`balancer certs -dir bin/certs -regions <regions>` makes a CA, the balancer's certificate and one per region (configs/balancer.yaml names them)"
+
+// isLoopback reports whether addr ("host:port") listens on loopback only.
+func isLoopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }
 
 // ServerTLSConfig is the report API's TLS. With ClientCAFile set, enforcers must present
@@ -188,6 +215,13 @@ func (c *Config) Validate() error {
 	}
 	if t := c.Listen.TLS; t.Enabled && (t.CertFile == "" || t.KeyFile == "") {
 		bad("listen.tls.enabled needs cert_file and key_file")
+	}
+	switch l := c.Listen; {
+	case l.mutualTLS():
+	case !l.InsecureReports:
+		bad("reports would not be authenticated: set listen.tls.enabled, cert_file, key_file and client_ca_file (mutual TLS; %s), or set listen.insecure_reports: true (-insecure-reports) to believe anyone's reports on loopback", certsHint)
+	case !isLoopback(l.GRPC) && !l.InsecureReportsBeyondLoopback:
+		bad("listen.insecure_reports with listen.grpc %q, not a loopback address: anyone who reaches it could forge reports; use mutual TLS (listen.tls.client_ca_file), listen on 127.0.0.1, or set listen.insecure_reports_beyond_loopback: true as well", l.GRPC)
 	}
 	if c.DrainTimeout <= 0 {
 		bad("drain_timeout %v, must be > 0", c.DrainTimeout)

@@ -46,6 +46,8 @@ var overrides = slices.Concat([]cliconf.Override[Config]{
 	{Name: "tls-cert", Usage: "report API certificate", Apply: cliconf.Str(func(c *Config) *string { return &c.Listen.TLS.CertFile })},
 	{Name: "tls-key", Usage: "report API key", Apply: cliconf.Str(func(c *Config) *string { return &c.Listen.TLS.KeyFile })},
 	{Name: "tls-client-ca", Usage: "CA enforcers' client certificates must chain to (mutual TLS)", Apply: cliconf.Str(func(c *Config) *string { return &c.Listen.TLS.ClientCAFile })},
+	{Name: "insecure-reports", Usage: "accept reports without mutual TLS (anyone's; loopback only unless -insecure-reports-beyond-loopback)", IsBool: true, Apply: cliconf.Bool(func(c *Config) *bool { return &c.Listen.InsecureReports })},
+	{Name: "insecure-reports-beyond-loopback", Usage: "allow -insecure-reports on a non-loopback address", IsBool: true, Apply: cliconf.Bool(func(c *Config) *bool { return &c.Listen.InsecureReportsBeyondLoopback })},
 	{Name: "etcd-endpoints", Usage: "comma-separated etcd client URLs", Apply: cliconf.List(func(c *Config) *[]string { return &c.Etcd.Endpoints })},
 	{Name: "etcd-username", Usage: "etcd user", Apply: cliconf.Str(func(c *Config) *string { return &c.Etcd.Username })},
 	{Name: "etcd-password", Usage: "etcd password (prefer the environment variable)", Apply: cliconf.Str(func(c *Config) *string { return &c.Etcd.Password })},

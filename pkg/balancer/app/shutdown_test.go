@@ -27,7 +27,8 @@ func TestShutdownBoundedWithEtcdGone(t *testing.T) {
 			for i, id := range []string{"balancer-1", "balancer-2"} {
 				cfg, err := Parse([]string{"-config", configFile, "-id", id, "-grpc-addr", "127.0.0.1:0", "-http-addr", "127.0.0.1:0",
 					"-etcd-endpoints", strings.Join(e.Endpoints(), ","), "-rules-file", rulesFile,
-					"-interval", "1s", "-learning", "1s", "-session-ttl", "2s", "-drain-timeout", "1s"}, env(nil), io.Discard)
+					"-interval", "1s", "-learning", "1s", "-session-ttl", "2s", "-drain-timeout", "1s", "-insecure-reports"}, env(nil), io.Discard)
+				cfg.Listen.TLS = ServerTLSConfig{} // no reports are sent: the explicit opt-out, on loopback
 				if err != nil {
 					t.Fatal(err)
 				}

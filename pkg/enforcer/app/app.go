@@ -179,7 +179,10 @@ func newApp(cfg Config, log hclog.Logger, store bucket.Store) (_ *App, err error
 	if a.usage != nil {
 		tlsCfg, err := cfg.Balancer.TLS.Build()
 		if err != nil {
-			return nil, fmt.Errorf("app: balancer tls: %w", err)
+			return nil, fmt.Errorf("app: balancer.tls (this region's report certificate): %w; `balancer certs -dir bin/certs` makes them", err)
+		}
+		if tlsCfg == nil || len(tlsCfg.Certificates) == 0 {
+			log.Warn("USAGE REPORTS ARE NOT AUTHENTICATED: balancer.insecure is set; only a balancer that believes anyone's reports (listen.insecure_reports) takes them. Use mutual TLS outside a test.")
 		}
 		rc := usage.DefaultReporterConfig()
 		rc.Table, rc.Region, rc.EnforcerID = a.usage, a.cfg.Region, a.cfg.ID

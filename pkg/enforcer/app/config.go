@@ -266,6 +266,9 @@ func (c *Config) Validate() error {
 	if c.Balancer.Enabled && len(c.Etcd.Endpoints) == 0 && len(c.Balancer.Addrs) == 0 {
 		bad("balancer.enabled needs etcd.endpoints (the leader is found there) or balancer.addrs")
 	}
+	if b := c.Balancer; b.Enabled && !b.Insecure && (!b.TLS.Enabled || b.TLS.CertFile == "") {
+		bad("balancer: reports would not be authenticated: set balancer.tls.enabled with cert_file and key_file (this region's client certificate) and ca_file (`balancer certs -dir bin/certs` makes them), or balancer.insecure: true (-balancer-insecure) for a balancer that takes unauthenticated reports")
+	}
 	if len(c.Balancer.Addrs) > 0 && !c.Balancer.Enabled {
 		bad("balancer.addrs is set but balancer.enabled is false: no reports would be sent")
 	}
@@ -361,6 +364,12 @@ type BalancerConfig struct {
 	MaxIdentities int `yaml:"max_identities"`
 	// SendTimeout bounds each report RPC. Default 2s.
 	SendTimeout time.Duration `yaml:"send_timeout"`
-	// TLS for the report API.
+	// TLS for the report API: required (with CertFile and KeyFile, this region's client
+	// certificate from `balancer certs`, and CAFile verifying the balancer) unless
+	// Insecure.
 	TLS TLSConfig `yaml:"tls"`
+	// Insecure is the explicit opt-out: reports in plaintext, without a client
+	// certificate (only a balancer with listen.insecure_reports takes them). Logged as a
+	// warning at start.
+	Insecure bool `yaml:"insecure"`
 }

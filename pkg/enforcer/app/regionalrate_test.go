@@ -12,6 +12,7 @@ import (
 	"github.com/allot-dev/allot/pkg/enforcer"
 	"github.com/allot-dev/allot/pkg/enforcer/httpapi"
 	"github.com/allot-dev/allot/pkg/shareset"
+	"github.com/allot-dev/allot/pkg/testenv"
 )
 
 // TestUsageJudgesTheBalancersShare: the usage table's pressure test and the reports'
@@ -21,6 +22,7 @@ import (
 func TestUsageJudgesTheBalancersShare(t *testing.T) {
 	cfg := twoRegions(t)
 	cfg.Balancer.Enabled, cfg.Balancer.Addrs = true, []string{"127.0.0.1:1"} // never reached: no Run
+	cfg.Balancer.TLS = reportTLS(testenv.Certs(t, "", cfg.Region), cfg.Region)
 	a, err := New(cfg, nil)
 	if err != nil {
 		t.Fatal(err)

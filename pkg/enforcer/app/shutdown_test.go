@@ -34,6 +34,7 @@ func TestShutdownBoundedWithEtcdGone(t *testing.T) {
 			cfg.Rules.File = filepath.Join(dir, "rules.yaml")
 			cfg.Rules.EtcdPrefix = "/allot/rules/"
 			cfg.Balancer.Enabled = true
+			cfg.Balancer.TLS = reportTLS(testenv.Certs(t, "", "us-east"), "us-east")
 			cfg.Listen.GRPC, cfg.Listen.HTTP = "127.0.0.1:0", "127.0.0.1:0"
 			cfg.DrainTimeout = time.Second
 			a, err := New(cfg, hclog.New(&hclog.LoggerOptions{Output: tWriter{t}, Level: hclog.Info}))

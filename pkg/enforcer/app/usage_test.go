@@ -9,13 +9,19 @@ import (
 	"testing"
 	"time"
 
+	"github.com/allot-dev/allot/pkg/certs"
 	"github.com/allot-dev/allot/pkg/enforcer"
 	"github.com/allot-dev/allot/pkg/rules"
 	"github.com/allot-dev/allot/pkg/testenv"
+	"github.com/allot-dev/allot/pkg/tlsfiles"
 	allotv1 "github.com/allot-dev/allot/proto/allot/v1"
 	"github.com/hashicorp/go-hclog"
 	"go.etcd.io/etcd/client/v3/concurrency"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
 )
 
 // leaderStub is a balancer leader that keeps the reports it is sent.
@@ -27,21 +33,40 @@ type leaderStub struct {
 }
 
 // serveStub serves a leaderStub on a loopback port until the test ends.
-func serveStub(t *testing.T) (*leaderStub, string) {
+func serveStub(t *testing.T, f certs.Files) (*leaderStub, string) {
 	t.Helper()
 	stub := &leaderStub{more: make(chan struct{}, 1)}
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := grpc.NewServer()
+	tc, err := tlsfiles.Server{Enabled: true, CertFile: f.Balancer(), KeyFile: f.BalancerKey(), ClientCAFile: f.CA()}.Build()
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer(grpc.Creds(credentials.NewTLS(tc)))
 	allotv1.RegisterBalancerServer(srv, stub)
 	go func() { _ = srv.Serve(lis) }()
 	t.Cleanup(srv.Stop)
 	return stub, lis.Addr().String()
 }
 
-func (l *leaderStub) Report(_ context.Context, r *allotv1.ReportRequest) (*allotv1.ReportResponse, error) {
+// reportTLS is the enforcer's balancer.tls with region's certificate under f.
+func reportTLS(f certs.Files, region string) TLSConfig {
+	return TLSConfig{Enabled: true, CAFile: f.CA(), CertFile: f.Enforcer(region), KeyFile: f.EnforcerKey(region)}
+}
+
+// Report takes what comes over mutual TLS from a certificate naming the report's region
+// (as the balancer does), and refuses the rest.
+func (l *leaderStub) Report(ctx context.Context, r *allotv1.ReportRequest) (*allotv1.ReportResponse, error) {
+	p, _ := peer.FromContext(ctx)
+	ti, ok := p.AuthInfo.(credentials.TLSInfo)
+	if !ok {
+		return nil, status.Error(codes.PermissionDenied, "stub: not TLS")
+	}
+	if region, err := certs.RegionOfState(ti.State); err != nil || region != r.GetRegion() {
+		return nil, status.Errorf(codes.PermissionDenied, "stub: certificate region %q (%v), report region %q", region, err, r.GetRegion())
+	}
 	l.mu.Lock()
 	l.got = append(l.got, r)
 	l.mu.Unlock()
@@ -84,7 +109,8 @@ func TestUsageReportsReachTheLeader(t *testing.T) {
 	etcd := testenv.Etcd(t, 1)
 	cli := etcd.Client(t)
 
-	stub, addr := serveStub(t)
+	f := testenv.Certs(t, "", "us-east")
+	stub, addr := serveStub(t, f)
 
 	const prefix = "/usage-test/election"
 	sess, err := concurrency.NewSession(cli, concurrency.WithTTL(5))
@@ -109,6 +135,7 @@ func TestUsageReportsReachTheLeader(t *testing.T) {
 	}
 	cfg.Listen.GRPC, cfg.Listen.HTTP = "127.0.0.1:0", "127.0.0.1:0"
 	cfg.Balancer.Enabled, cfg.Balancer.ElectionPrefix, cfg.Balancer.Interval = true, prefix, time.Second
+	cfg.Balancer.TLS = reportTLS(f, "us-east")
 	a, err := New(cfg, hclog.New(&hclog.LoggerOptions{Output: tWriter{t}, Level: hclog.Warn}))
 	if err != nil {
 		t.Fatal(err)
@@ -134,7 +161,8 @@ func TestUsageReportsReachTheLeader(t *testing.T) {
 // TestUsageReportsToBalancerAddrs: with balancer.addrs the enforcer needs no etcd to find
 // the balancer: its reports go to the listed replica that accepts (past a dead one).
 func TestUsageReportsToBalancerAddrs(t *testing.T) {
-	stub, addr := serveStub(t)
+	f := testenv.Certs(t, "", "eu-west")
+	stub, addr := serveStub(t, f)
 	deadLis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -151,6 +179,7 @@ func TestUsageReportsToBalancerAddrs(t *testing.T) {
 	cfg.Listen.GRPC, cfg.Listen.HTTP = "127.0.0.1:0", "127.0.0.1:0"
 	cfg.Balancer.Enabled, cfg.Balancer.Interval = true, time.Second
 	cfg.Balancer.Addrs = []string{dead, addr}
+	cfg.Balancer.TLS = reportTLS(f, "eu-west")
 	a, err := New(cfg, hclog.New(&hclog.LoggerOptions{Output: tWriter{t}, Level: hclog.Warn}))
 	if err != nil {
 		t.Fatal(err)

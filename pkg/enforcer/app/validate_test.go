@@ -56,6 +56,7 @@ func TestConfigBalancerAddrs(t *testing.T) {
 		c.Region, c.Rules.File = "r", "rules.yaml"
 		c.Balancer.Enabled = true
 		c.Balancer.Addrs = []string{"balancer-1.eu-west.internal:7070", "127.0.0.1:7071"}
+		c.Balancer.TLS = TLSConfig{Enabled: true, CAFile: "ca.pem", CertFile: "enforcer-r.pem", KeyFile: "enforcer-r-key.pem"}
 		return c
 	}
 	if err := func() error { c := base(); return c.Validate() }(); err != nil {
@@ -71,6 +72,9 @@ func TestConfigBalancerAddrs(t *testing.T) {
 		{func(c *Config) { c.Balancer.Addrs[1] = "b:0" }, `balancer.addrs[1]: "b:0": port "0"`},
 		{func(c *Config) { c.Balancer.Enabled = false }, "balancer.addrs is set but balancer.enabled is false"},
 		{func(c *Config) { c.Balancer.Addrs = nil }, "balancer.enabled needs etcd.endpoints (the leader is found there) or balancer.addrs"},
+		// Reports are authenticated unless the opt-out says otherwise (issue 27 §1).
+		{func(c *Config) { c.Balancer.TLS = TLSConfig{} }, "set balancer.tls.enabled with cert_file and key_file"},
+		{func(c *Config) { c.Balancer.TLS.CertFile = "" }, "or balancer.insecure: true"},
 	} {
 		c := base()
 		tc.edit(&c)
@@ -83,10 +87,17 @@ func TestConfigBalancerAddrs(t *testing.T) {
 // -balancer-addrs and ALLOT_BALANCER_ADDRS are comma-separated lists; a bad entry is
 // refused by Parse with its index.
 func TestParseBalancerAddrs(t *testing.T) {
-	base := []string{"-region", "r", "-rules-file", "r", "-balancer"}
+	base := []string{"-region", "r", "-rules-file", "r", "-balancer",
+		"-balancer-tls", "-balancer-tls-ca", "ca.pem", "-balancer-tls-cert", "r.pem", "-balancer-tls-key", "r-key.pem"}
 	cfg, err := Parse(append(base, "-balancer-addrs", "b1:7070, b2:7070"), env(nil), io.Discard)
 	if err != nil || len(cfg.Balancer.Addrs) != 2 || cfg.Balancer.Addrs[1] != "b2:7070" {
 		t.Fatalf("-balancer-addrs: %v %v", cfg.Balancer.Addrs, err)
+	}
+	if b := cfg.Balancer.TLS; b.CertFile != "r.pem" || b.KeyFile != "r-key.pem" || b.CAFile != "ca.pem" {
+		t.Fatalf("-balancer-tls-*: %+v", b)
+	}
+	if _, err := Parse([]string{"-region", "r", "-rules-file", "r", "-balancer", "-balancer-addrs", "b1:7070", "-balancer-insecure"}, env(nil), io.Discard); err != nil {
+		t.Fatalf("-balancer-insecure, the explicit opt-out: %v", err)
 	}
 	cfg, err = Parse(base, env(map[string]string{"ALLOT_BALANCER_ADDRS": "b3:1,b4:2"}), io.Discard)
 	if err != nil || len(cfg.Balancer.Addrs) != 2 || cfg.Balancer.Addrs[0] != "b3:1" {
