@@ -63,15 +63,15 @@ func AllocateChecked(cfg Config, st State, in Input) (State, error) {
 func AllocateInto(dst State, cfg Config, st State, in Input) (next State, changed bool) {
 	cfg = cfg.clamped()
 	n := len(in.Demand)
-	var stack [8 * maxStack]float64
+	var stack [9 * maxStack]float64
 	var sc []float64
 	if n <= maxStack {
-		sc = stack[:8*n]
+		sc = stack[:9*n]
 	} else {
-		sc = make([]float64, 8*n)
+		sc = make([]float64, 9*n)
 	}
 	raw, prev, sm, held := sc[:n], sc[n:2*n], sc[2*n:3*n], sc[3*n:4*n]
-	def, w, t, vr := sc[4*n:5*n], sc[5*n:6*n], sc[6*n:7*n], sc[7*n:]
+	def, w, t, vr, hr := sc[4*n:5*n], sc[5*n:6*n], sc[6*n:7*n], sc[7*n:8*n], sc[8*n:]
 
 	// Inputs, sanitized (package doc, # Bad input).
 	limitOK := in.Limit > 0 && !math.IsInf(in.Limit, 1)
@@ -203,13 +203,15 @@ func AllocateInto(dst State, cfg Config, st State, in Input) (next State, change
 	// Demand of the free regions as a fraction of the limit (0 when the limit is
 	// unusable), and the default split over the free regions, normalized to sum 1 (equal
 	// if the default gives them nothing): the weights of the slack.
+	// hr: the headroom each free region's demand wants on top (step 4), a fraction.
 	var wSum, dSum float64
 	for r := 0; r < n; r++ {
-		w[r] = 0
+		w[r], hr[r] = 0, 0
 		if math.IsNaN(held[r]) {
 			if limitOK {
 				w[r] = min(sm[r]*perLimit, maxFraction)
 				wSum += w[r]
+				hr[r] = min(cfg.Headroom*math.Sqrt(sm[r])*perLimit, 1)
 			}
 			dSum += def[r]
 		}
@@ -230,7 +232,7 @@ func AllocateInto(dst State, cfg Config, st State, in Input) (next State, change
 	if m > 0 {
 		floor = min(cfg.Floor, free/float64(m))
 	}
-	waterFill(t, w, def, held, free, floor)
+	waterFill(t, w, def, hr, held, free, floor)
 	for r := 0; r < n; r++ {
 		if !math.IsNaN(held[r]) {
 			t[r] = held[r]
@@ -289,9 +291,11 @@ func AllocateInto(dst State, cfg Config, st State, in Input) (next State, change
 //
 //	visit the free regions by claim, smallest first; with C capacity left for k regions,
 //	the region gets min(c[r], C/k);
-//	any capacity left once every claim is met (slack) is added by the weights d[r]
-//	(the default split over the free regions, summing to 1).
-func waterFill(t, w, d, held []float64, capacity, floor float64) {
+//	any capacity left once every claim is met (slack) first tops each region up to
+//	w[r] + hr[r] (its headroom; in proportion to what each lacks when the slack is
+//	short), and the rest is added by the weights d[r] (the default split over the free
+//	regions, summing to 1).
+func waterFill(t, w, d, hr, held []float64, capacity, floor float64) {
 	n := len(t)
 	var stack [maxStack]int
 	var idx []int
@@ -335,6 +339,17 @@ func waterFill(t, w, d, held []float64, capacity, floor float64) {
 		break
 	}
 	if left > 0 {
+		var lack float64
+		for _, r := range idx {
+			lack += max(min(w[r]+hr[r], 1)-t[r], 0)
+		}
+		if lack > 0 {
+			give := min(left, lack)
+			for _, r := range idx {
+				t[r] += give * (max(min(w[r]+hr[r], 1)-t[r], 0) / lack)
+			}
+			left = max(left-give, 0)
+		}
 		for _, r := range idx {
 			t[r] += left * d[r]
 		}

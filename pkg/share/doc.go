@@ -50,25 +50,33 @@
 //     with lower bound f: there is a level λ with share_r = min(c_r, λ), and every region
 //     under the level gets all it claims.
 //
-//  4. Slack. When every claim is met (Σ c_r < F), the rest S = F − Σ c_r is handed out
-//     by the default split over the free regions: share_r = c_r + S × D_r, with
-//     D_r = Default_r / Σ_free Default (equal if the default gives the free regions
-//     nothing). So share_r = max(f, w_r) + S × D_r, w_r = s_r/L.
+//  4. Slack. When every claim is met (Σ c_r < F), the rest S = F − Σ c_r first tops
+//     each free region up to its demand plus its headroom, u_r = min(w_r + z·√s_r / L, 1)
+//     with z = Headroom: every region by what it lacks (u_r − c_r) when S covers it all,
+//     else in proportion to it. What is left, S', is handed out by the default split over
+//     the free regions: share_r = c_r + top-up_r + S' × D_r, with D_r = Default_r /
+//     Σ_free Default (equal if the default gives the free regions nothing).
 //
-//     Why the default split and not demand. Both keep every claim met, so steady-state
-//     admission is the same (all of the offered rate). They differ in where the headroom
-//     sits until the next recompute. By demand, the busiest region gets nearly all of it
-//     (one region at 90%: 98%, others at the 1% floor), and the split follows the ratio of
-//     the demands even when they are tiny: a key using 3% of its limit swings its whole
-//     slack from one region to another as two small demands decay, a publication each
-//     time, and an identity whose demand fell to zero stays pinned to where it last was.
-//     By the default split, the shares move only as much as the demand does (share_r −
-//     w_r is constant while nobody's claim binds), an idle identity drifts to its default
-//     split, and an idle region keeps a reserve in proportion to the slack (at 50% load
-//     all in region 0: (0.66, 0.17, 0.17) with an equal default), which absorbs traffic
-//     that moves there better than the 1% floor would. The busiest region still has
-//     S × D_r of headroom over its demand (90% load: 92.7%), and a region that outgrows
-//     its share is short and takes the fast path at the next recompute.
+//     Why headroom. A token bucket admits Poisson arrivals at rate λ only with room over
+//     λ: at a rate of 2/s and a burst of 2 it refuses an eighth of 1.5/s. √s_r tokens/s
+//     is one standard deviation of a second's arrivals, so z = 2 leaves a region about
+//     two of them. It matters for small keys: 1.5/s from one region under a 3/s limit got
+//     0.67 of the limit by the default split (2/s, a burst of 2: steady_ratio 0.88) and
+//     gets 0.98 now (1.03); a key of hundreds a second gets a few percent. A key over its
+//     limit has no slack, so nothing changes there.
+//
+//     Why the default split for the rest, and not demand. Both keep every claim met, so
+//     steady-state admission is the same. They differ in where the headroom sits until
+//     the next recompute. By demand, the busiest region gets nearly all of it (one region
+//     at 90%: 98%, others at the 1% floor), and the split follows the ratio of the demands
+//     even when they are tiny: a key using 3% of its limit swings its whole slack from one
+//     region to another as two small demands decay, a publication each time, and an
+//     identity whose demand fell to zero stays pinned to where it last was. By the default
+//     split, the shares move only as much as the demand does, an idle identity (no
+//     demand, no headroom) drifts to its default split, and an idle region keeps a reserve
+//     in proportion to the slack, which absorbs traffic that moves there better than the
+//     1% floor would. A region that outgrows its share is short and takes the fast path
+//     at the next recompute.
 //
 //  5. Held regions get exactly Held; a guard takes the last ulp off the largest free share
 //     if rounding left Σ above 1.
@@ -119,7 +127,10 @@
 //
 // # Worked example
 //
-// Limit 1000/s, three regions, DefaultConfig, Default (0.5, 0.3, 0.2), nothing Held.
+// Limit 1000/s, three regions, DefaultConfig with Headroom 0 (the slack by the default
+// split alone; with the default Headroom 2, interval 1's slack of 0.1 first tops the
+// regions up by 2√500, 2√300 and 2√100 of 1000 — 0.045, 0.035, 0.020 — and the last
+// 0.0007 goes by the default split), Default (0.5, 0.3, 0.2), nothing Held.
 //
 // Interval 1, fresh State (p = the default split), demand (500, 300, 100): nobody short
 // (0.5 < 0.5 + 0.02, ...), first interval so s = (500, 300, 100). Claims (0.5, 0.3, 0.1)

@@ -9,8 +9,11 @@ import (
 
 // The package doc's worked example: one identity limited to 1000/s globally, default
 // split (0.5, 0.3, 0.2), over five intervals; its traffic moves to region 2 in the fourth.
+// Headroom 0, so that the slack is handed out by the default split alone (the doc says
+// what the default Headroom changes).
 func Example() {
 	cfg := share.DefaultConfig()
+	cfg.Headroom = 0
 	nan := math.NaN()
 	var st share.State
 	for i, demand := range [][]float64{

@@ -32,10 +32,16 @@ type Config struct {
 	// by which a region's demand must exceed its share to count as short, and 1/4 of it
 	// the least a collapse must release (package doc, step 1). In [0, 1). Default 0.02.
 	DeadBand float64
+	// Headroom is how many standard deviations of a second's Poisson arrivals (√demand
+	// tokens/s) the slack tops each region up by before the rest goes by the default
+	// split (package doc, step 4): a bucket whose rate barely covers a key's average
+	// refuses its bursts, and a small key used from one region got two thirds of its
+	// limit's slack elsewhere. 0 is none. In [0, 10]. Default 2.
+	Headroom float64
 }
 
 // DefaultConfig returns the defaults above. Why these values is in the package doc.
-func DefaultConfig() Config { return Config{Floor: 0.01, Alpha: 0.5, DeadBand: 0.02} }
+func DefaultConfig() Config { return Config{Floor: 0.01, Alpha: 0.5, DeadBand: 0.02, Headroom: 2} }
 
 // Validate reports the first bad field, naming it and its value. NaN is never valid.
 func (c Config) Validate() error {
@@ -46,12 +52,14 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: Alpha %v, must be in (0, 1]", ErrConfig, c.Alpha)
 	case !(c.DeadBand >= 0 && c.DeadBand < 1):
 		return fmt.Errorf("%w: DeadBand %v, must be in [0, 1)", ErrConfig, c.DeadBand)
+	case !(c.Headroom >= 0 && c.Headroom <= 10):
+		return fmt.Errorf("%w: Headroom %v, must be in [0, 10]", ErrConfig, c.Headroom)
 	}
 	return nil
 }
 
 // clamped is the Config Allocate uses when it was not validated: each field forced into
-// its range (NaN Floor and DeadBand to 0, a bad Alpha to 1, i.e. no smoothing).
+// its range (NaN Floor, DeadBand and Headroom to 0, a bad Alpha to 1, i.e. no smoothing).
 func (c Config) clamped() Config {
 	if !(c.Floor >= 0) {
 		c.Floor = 0
@@ -64,6 +72,10 @@ func (c Config) clamped() Config {
 		c.DeadBand = 0
 	}
 	c.DeadBand = min(c.DeadBand, 1)
+	if !(c.Headroom >= 0) {
+		c.Headroom = 0
+	}
+	c.Headroom = min(c.Headroom, 10)
 	return c
 }
 

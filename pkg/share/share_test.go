@@ -169,6 +169,7 @@ func TestAllocateSequences(t *testing.T) {
 		}},
 	}
 	cfg := DefaultConfig()
+	cfg.Headroom = 0 // these sequences spell out the default split's arithmetic; see TestHeadroom
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			var st State
@@ -196,9 +197,66 @@ func TestAllocateSequences(t *testing.T) {
 	}
 }
 
-// TestWorkedExample holds the package doc's worked example to its numbers.
+// The slack first tops each region up to its demand + Headroom × √demand (a bucket whose
+// rate barely covers a key's average refuses its Poisson bursts), the rest by the default
+// split; an idle identity still drifts to the default split.
+func TestHeadroom(t *testing.T) {
+	cfg := DefaultConfig()
+	third := 1.0 / 3
+	free := []float64{nan, nan, nan}
+	def := []float64{third, third, third}
+	for _, c := range []struct {
+		name   string
+		limit  float64
+		demand []float64
+		want   []float64
+	}{
+		// A small key used from one region: 1.5/s wants 1.5 + 2√1.5 = 3.95 > 3, so the
+		// whole slack goes there (the default split gave it 0.67: refused a tenth).
+		{"a small key from one region", 3, []float64{1.5, 0, 0}, []float64{0.98, 0.01, 0.01}},
+		// A big key at half its limit: 500 + 2√500 = 544.7 of 1000, the rest by default.
+		{"a big key at half its limit", 1000, []float64{500, 0, 0}, nil},
+		// Two regions whose headroom the slack cannot cover: in proportion to what each
+		// lacks. 0.34/s and 0.68/s of 2/s want 1.51 and 2.33 (capped at the limit).
+		{"slack short of the headroom", 2, []float64{0.34, 0, 0.68}, nil},
+		// Idle: no headroom, the default split.
+		{"idle", 1000, []float64{0, 0, 0}, []float64{third, third, third}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			in := Input{Limit: c.limit, Demand: c.demand, Default: def, Held: free}
+			got := Allocate(cfg, State{}, in).Shares
+			checkShares(t, cfg, in, got)
+			switch c.name {
+			case "a big key at half its limit":
+				// Claims (.5, .01, .01); headroom 2√500/1000 = .0447 to region 0; the rest
+				// of the slack, .48 − .0447, by the default split.
+				h := 0.002 * math.Sqrt(500)
+				rest := (1 - 0.52 - h) / 3
+				if !near(got, []float64{0.5 + h + rest, 0.01 + rest, 0.01 + rest}) {
+					t.Fatalf("shares %v, want region 0 at demand + headroom, the rest by the default split", got)
+				}
+			case "slack short of the headroom":
+				// Claims (.17, .01, .34), slack .48; lacks: 2√.34/2 and min(.34 + 2√.68/2, 1) − .34.
+				lack0, lack2 := math.Sqrt(0.34), 1-0.34
+				slack := 1 - 0.17 - 0.34 - 0.01
+				want0 := 0.17 + slack*lack0/(lack0+lack2)
+				if math.Abs(got[0]-want0) > 1e-9 || math.Abs(got[1]-0.01) > 1e-9 || math.Abs(sum(got)-1) > 1e-9 {
+					t.Fatalf("shares %v, want region 0 at %.4f, region 1 at the floor, the sum 1", got, want0)
+				}
+			default:
+				if !near(got, c.want) {
+					t.Fatalf("shares %v, want %v", got, c.want)
+				}
+			}
+		})
+	}
+}
+
+// TestWorkedExample holds the package doc's worked example to its numbers (Headroom 0,
+// and interval 1 with the default Headroom).
 func TestWorkedExample(t *testing.T) {
 	cfg := DefaultConfig()
+	cfg.Headroom = 0
 	def := []float64{0.5, 0.3, 0.2}
 	free := []float64{nan, nan, nan}
 	in := func(d ...float64) Input { return Input{Limit: 1000, Demand: d, Default: def, Held: free} }
@@ -224,6 +282,11 @@ func TestWorkedExample(t *testing.T) {
 		if !near(c.got, c.want) {
 			t.Errorf("%s: %v, want %v", c.name, c.got, c.want)
 		}
+	}
+	h1, h2, h3 := 0.002*math.Sqrt(500), 0.002*math.Sqrt(300), 0.002*math.Sqrt(100)
+	left := 0.1 - h1 - h2 - h3 // what the headroom leaves of the slack, by the default split
+	if h := Allocate(DefaultConfig(), State{}, in(500, 300, 100)); !near(h.Shares, []float64{0.5 + h1 + 0.5*left, 0.3 + h2 + 0.3*left, 0.1 + h3 + 0.2*left}) {
+		t.Errorf("interval 1 with Headroom 2: %v, want each demand + 2√demand (the slack tops up headroom first)", h.Shares)
 	}
 	if changed3 || !changed4 || changed5 {
 		t.Errorf("changed: interval 3 %v, 4 %v, 5 %v; want false, true, false", changed3, changed4, changed5)

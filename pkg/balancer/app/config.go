@@ -140,6 +140,7 @@ type ShareConfig struct {
 	Floor    float64 `yaml:"floor"`
 	Alpha    float64 `yaml:"alpha"`
 	DeadBand float64 `yaml:"dead_band"`
+	Headroom float64 `yaml:"headroom"`
 }
 
 // DefaultConfig returns the defaults (balancer.DefaultCoreConfig's, DefaultServiceConfig's).
@@ -155,7 +156,7 @@ func DefaultConfig() Config {
 			MinVersionGap: cc.MinVersionGap,
 			SilentAfter:   cc.SilentAfter, Stale: cc.Stale, KeyTTL: cc.KeyTTL, TickEvery: sc.TickEvery,
 			MaxEntries: cc.MaxEntries, MaxIdentities: cc.MaxIdentities, MaxPublished: cc.MaxPublished, MaxEnforcers: cc.MaxEnforcers},
-		Share:        ShareConfig{Floor: cc.Share.Floor, Alpha: cc.Share.Alpha, DeadBand: cc.Share.DeadBand},
+		Share:        ShareConfig{Floor: cc.Share.Floor, Alpha: cc.Share.Alpha, DeadBand: cc.Share.DeadBand, Headroom: cc.Share.Headroom},
 		DrainTimeout: 10 * time.Second,
 		LogLevel:     "info",
 	}
@@ -184,7 +185,7 @@ func (c *Config) coreConfig() balancer.CoreConfig {
 	cc.Interval, cc.EarlyGap, cc.ShiftGap, cc.Learning, cc.AckTimeout = b.Interval, b.EarlyGap, b.ShiftGap, b.Learning, b.AckTimeout
 	cc.SilentAfter, cc.Stale, cc.KeyTTL, cc.MinVersionGap = b.SilentAfter, b.Stale, b.KeyTTL, b.MinVersionGap
 	cc.MaxEntries, cc.MaxIdentities, cc.MaxPublished, cc.MaxEnforcers = b.MaxEntries, b.MaxIdentities, b.MaxPublished, b.MaxEnforcers
-	cc.Share.Floor, cc.Share.Alpha, cc.Share.DeadBand = c.Share.Floor, c.Share.Alpha, c.Share.DeadBand
+	cc.Share.Floor, cc.Share.Alpha, cc.Share.DeadBand, cc.Share.Headroom = c.Share.Floor, c.Share.Alpha, c.Share.DeadBand, c.Share.Headroom
 	return cc
 }
 
