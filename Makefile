@@ -34,6 +34,14 @@ test-short:
 bench: images
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime $(BENCHTIME) -timeout $(TIMEOUT) $(PKGS)
 
+# The 10,000-key population (issue 26): a scale run of a few minutes in virtual mode, not
+# part of `make test`. Prints the distribution of each figure over the keys and the worst
+# keys; exits 1 while any key fails (BENCHMARKS.md has the latest figures).
+.PHONY: long-tail
+long-tail:
+	$(GO) build -o bin/regionsim ./cmd/regionsim
+	bash -c 'time bin/regionsim run -scenario configs/scenarios/long-tail.yaml -summary bin/long-tail.json'
+
 # The enforcer load benchmark (issues 4, 8): one enforcer process vs a 3-master Redis Cluster
 # over Envoy RLS gRPC, side by side with a null RLS server in the same run. Prints one table,
 # writes it as JSON to bin/bench-load.json, fails on any fallback answer. Not part of `make

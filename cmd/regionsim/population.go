@@ -113,7 +113,7 @@ regions:
 			rate := float64(200 + 50*rng.IntN(17))
 			fmt.Fprintf(w, "  - {name: %s, limit: {rate: %s, per: 1s}, phases: [", name, num(rate))
 			at, last := 0, ""
-			for ph := 0; at < secs-60; ph++ {
+			for ph := 0; ph == 0 || at < secs-60; ph++ {
 				if ph > 0 {
 					fmt.Fprint(w, ", ")
 				}

@@ -2,10 +2,12 @@ package sim
 
 import (
 	"bufio"
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -36,6 +38,17 @@ func (res *Result) WriteTable(w io.Writer) error {
 	bw := bufio.NewWriter(w)
 	fmt.Fprintf(bw, "scenario %s  policy %s  %ds  %d regions  %d keys  %s\n\n",
 		sc.Name, res.Policy, res.Seconds, len(sc.Regions), len(sc.Keys), verdict)
+	rows := make([]int, len(res.Verdicts))
+	for i := range rows {
+		rows[i] = i
+	}
+	if len(rows) > TableKeys {
+		// A population: the distribution of each figure over every key, how many keys fail
+		// each, and the worst keys (failing first, then by how far) instead of every row.
+		res.writeDistribution(bw)
+		rows = res.worst(TableKeys)
+		fmt.Fprintf(bw, "the %d worst of %d keys:\n", len(rows), len(res.Verdicts))
+	}
 	tw := tabwriter.NewWriter(bw, 2, 8, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintf(tw, "key\toffered\tadmitted\tlimit/s\tmax_window_ratio 10s\t60s\t300s\t(≤ %g)\tsteady_ratio\t(≥ %g)\trecovery_s max\t(≤ %g)\tcalls/req\t\n",
 		sc.Expect.MaxWindowRatio, sc.Expect.SteadyRatio, sc.Expect.RecoveryS)
@@ -45,11 +58,9 @@ func (res *Result) WriteTable(w io.Writer) error {
 		}
 		return "FAIL"
 	}
-	for i, v := range res.Verdicts {
-		rec := 0.0
-		for _, x := range v.RecoveryS {
-			rec = max(rec, x)
-		}
+	for _, i := range rows {
+		v := res.Verdicts[i]
+		rec := maxRecovery(v)
 		calls := "—" // live: the enforcers' store calls are not seen (their metrics are)
 		if res.StoreCallsSeen {
 			calls = fmt.Sprintf("%.4f", v.StoreCallsPerRequest)
@@ -68,11 +79,89 @@ func (res *Result) WriteTable(w io.Writer) error {
 	}
 	if len(res.Summary.Failures) > 0 {
 		fmt.Fprintln(bw, "\nfailures:")
-		for _, f := range res.Summary.Failures {
+		for j, f := range res.Summary.Failures {
+			if j == TableKeys && len(res.Summary.Failures) > TableKeys+1 {
+				fmt.Fprintf(bw, "  ... and %d more (-json or -summary has them all)\n", len(res.Summary.Failures)-j)
+				break
+			}
 			fmt.Fprintln(bw, "  "+f)
 		}
 	}
 	return bw.Flush()
+}
+
+// TableKeys is how many keys (and failures) the table lists; a scenario with more keys
+// gets the distribution of each figure and its worst keys instead.
+const TableKeys = 25
+
+func maxRecovery(v Verdict) float64 {
+	rec := 0.0
+	for _, x := range v.RecoveryS {
+		rec = max(rec, x)
+	}
+	return rec
+}
+
+// writeDistribution writes, per figure, how many keys fail it and its quantiles over all
+// keys.
+func (res *Result) writeDistribution(w io.Writer) {
+	n := len(res.Verdicts)
+	win, win60, steady, rec := make([]float64, n), make([]float64, n), make([]float64, n), make([]float64, n)
+	var fw, fs, fr int
+	for i, v := range res.Verdicts {
+		win[i], win60[i], steady[i], rec[i] = v.MaxWindowRatio, v.MaxWindowRatio60s, v.SteadyRatio, maxRecovery(v)
+		fw += b2i(v.WindowFailed)
+		fs += b2i(v.SteadyFailed)
+		fr += b2i(v.RecoveryFailed)
+	}
+	sc := res.Scenario.Expect
+	tw := tabwriter.NewWriter(w, 2, 8, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintf(tw, "over %d keys\tfail\tmin\t1%%\t10%%\tmedian\t90%%\t99%%\tmax\t\n", n)
+	for _, f := range []struct {
+		name string
+		fail int
+		v    []float64
+	}{
+		{fmt.Sprintf("max_window_ratio 10s (≤ %g)", sc.MaxWindowRatio), fw, win},
+		{"max_window_ratio 60s", -1, win60},
+		{fmt.Sprintf("steady_ratio (≥ %g)", sc.SteadyRatio), fs, steady},
+		{fmt.Sprintf("recovery_s max (≤ %g)", sc.RecoveryS), fr, rec},
+	} {
+		slices.Sort(f.v)
+		q := func(p float64) float64 { return f.v[min(n-1, int(p*float64(n)))] }
+		fail := "—"
+		if f.fail >= 0 {
+			fail = strconv.Itoa(f.fail)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%.4g\t%.4g\t%.4g\t%.4g\t%.4g\t%.4g\t%.4g\t\n",
+			f.name, fail, f.v[0], q(0.01), q(0.1), q(0.5), q(0.9), q(0.99), f.v[n-1])
+	}
+	tw.Flush()
+	fmt.Fprintln(w)
+}
+
+// worst returns the indexes of the k worst keys: those failing most figures first, then
+// the lowest steady_ratio, the highest max_window_ratio and the longest recovery.
+func (res *Result) worst(k int) []int {
+	idx := make([]int, len(res.Verdicts))
+	for i := range idx {
+		idx[i] = i
+	}
+	v := res.Verdicts
+	slices.SortStableFunc(idx, func(a, b int) int {
+		fa := b2i(v[a].WindowFailed) + b2i(v[a].SteadyFailed) + b2i(v[a].RecoveryFailed)
+		fb := b2i(v[b].WindowFailed) + b2i(v[b].SteadyFailed) + b2i(v[b].RecoveryFailed)
+		return cmp.Or(cmp.Compare(fb, fa), cmp.Compare(v[a].SteadyRatio, v[b].SteadyRatio),
+			cmp.Compare(v[b].MaxWindowRatio, v[a].MaxWindowRatio), cmp.Compare(maxRecovery(v[b]), maxRecovery(v[a])))
+	})
+	return idx[:min(k, len(idx))]
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // CSVHeader is the header of the per-second CSV.

@@ -2,6 +2,7 @@ package sim
 
 import (
 	"bytes"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -41,6 +42,10 @@ func TestShippedScenarios(t *testing.T) {
 		t.Run(strings.TrimSuffix(name, ".yaml"), func(t *testing.T) {
 			t.Parallel() // each run is one goroutine on its own virtual clock
 			sc := load(t, name)
+			if len(sc.Keys) > 1000 && os.Getenv("ALLOT_POPULATIONS") == "" {
+				// long-tail.yaml: a scale run of minutes, `make long-tail` (BENCHMARKS.md).
+				t.Skipf("%s is a population of %d keys: `make long-tail` runs it (or ALLOT_POPULATIONS=1)", name, len(sc.Keys))
+			}
 			if (testing.Short() || raceEnabled) && sc.Duration.Seconds()*float64(len(sc.Keys)) > 2000 {
 				t.Skipf("%s is long (%v × %d keys): it runs without -short and without -race", name, sc.Duration, len(sc.Keys))
 			}

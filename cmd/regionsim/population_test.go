@@ -1,0 +1,56 @@
+package main
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/allot-dev/allot/pkg/sim/scenario"
+)
+
+// The population is a valid scenario, the same bytes for the same flags, and its run's
+// table sums a population up (distributions, the worst keys) instead of listing every key.
+func TestPopulation(t *testing.T) {
+	args := []string{"population", "-keys", "120", "-busy", "3", "-middle", "20", "-duration", "6m"}
+	var a, b, errb bytes.Buffer
+	if rc := run(args, &a, &errb); rc != 0 {
+		t.Fatalf("rc %d: %s", rc, errb.String())
+	}
+	if rc := run(args, &b, &errb); rc != 0 || !bytes.Equal(a.Bytes(), b.Bytes()) {
+		t.Fatalf("two runs with the same flags differ (rc %d)", rc)
+	}
+	p := filepath.Join(t.TempDir(), "pop.yaml")
+	if err := os.WriteFile(p, a.Bytes(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	sc, err := scenario.Load(p)
+	if err != nil {
+		t.Fatalf("the population does not load: %v", err)
+	}
+	if len(sc.Keys) != 120 || len(sc.Regions) != 3 || len(sc.Keys[0].Phases) < 2 {
+		t.Fatalf("%d keys, %d regions, the first key's phases %d: want 120, 3 and a busy key that moves", len(sc.Keys), len(sc.Regions), len(sc.Keys[0].Phases))
+	}
+	var out bytes.Buffer
+	run([]string{"run", "-scenario", p}, &out, &errb)
+	for _, want := range []string{"over 120 keys", "steady_ratio (≥ 0.97)", "the 25 worst of 120 keys:"} {
+		if !strings.Contains(out.String(), want) {
+			t.Fatalf("the table lacks %q:\n%s", want, out.String())
+		}
+	}
+	if n := strings.Count(out.String(), "\n  k0"); n > 25+25 {
+		t.Fatalf("the table lists %d key lines, want at most the 25 worst (and 25 failures)", n)
+	}
+	for _, bad := range [][]string{
+		{"population", "-keys", "0"},
+		{"population", "-busy", "90", "-middle", "20", "-keys", "100"},
+		{"population", "-regions", "us-east"},
+		{"population", "-regions", "us-east=0,eu-west=2"},
+	} {
+		errb.Reset()
+		if rc := run(bad, &out, &errb); rc != 2 || !strings.Contains(errb.String(), "regionsim population: -") {
+			t.Errorf("%v: rc %d, stderr %q: want 2 and the flag named", bad, rc, errb.String())
+		}
+	}
+}
