@@ -81,8 +81,8 @@ func demoCmd(args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintf(stderr, "regionsim demo: while stopping the stack: %v\n", err)
 		}
 	}()
-	dash := "http://" + st.BalancerHTTP() + "/dashboard/"
-	fmt.Fprintf(stderr, "\n  balancer dashboard: %s\n", dash)
+	fmt.Fprintf(stderr, "\n  balancer dashboard: %s\n", st.DashboardURL())
+	fmt.Fprintf(stderr, "                      (a read-only token of this demo's: without it, customers' identities are masked)\n")
 	fmt.Fprintf(stderr, "  balancer metrics:   http://%s/metrics\n", st.BalancerHTTP())
 	fmt.Fprintf(stderr, "  usage reports:      mutual TLS, each region with its own certificate (%s)\n", st.Certs().Dir)
 	targets := st.Targets()

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"io"
 	"net/http"
+	"net/http/cookiejar"
 	"os"
 	"path/filepath"
 	"strings"
@@ -35,7 +36,8 @@ func TestDemo(t *testing.T) {
 		line := sc.Text()
 		log.WriteString(line + "\n")
 		if url, ok := strings.CutPrefix(strings.TrimSpace(line), "balancer dashboard: "); ok && !answered {
-			c := http.Client{Timeout: 5 * time.Second}
+			jar, _ := cookiejar.New(nil) // the ?token= sign-in answers with a cookie and a redirect
+			c := http.Client{Timeout: 5 * time.Second, Jar: jar}
 			resp, err := c.Get(url)
 			if err != nil {
 				t.Fatalf("the dashboard %s does not answer: %v", url, err)
@@ -44,6 +46,11 @@ func TestDemo(t *testing.T) {
 			resp.Body.Close()
 			if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), "us-east") {
 				t.Fatalf("the dashboard %s answered %d without the regions:\n%.400s", url, resp.StatusCode, body)
+			}
+			// The printed address carries the demo's read-only token: identities shown
+			// (issue 27 §4; without it they are masked).
+			if !strings.Contains(string(body), `id="viewer"`) || strings.Contains(string(body), `id="masked"`) {
+				t.Fatalf("the dashboard %s masks identities: the demo's address must carry its token", url)
 			}
 			answered = true
 		}

@@ -92,6 +92,7 @@ func describe(s *stack.Stack) string {
 	}
 	if len(s.Balancers) > 0 {
 		fmt.Println()
+		fmt.Printf("  (the dashboards mask customers' identities: a balancer's dashboard.tokens_file or admin tokens, opened with ?token=, show them)\n")
 		fmt.Printf("\nusage reports: mutual TLS; the CA and each region's enforcer certificate are in %s\n", s.Certs.Dir)
 		fmt.Printf("  (an enforcer of your own: -balancer-tls -balancer-tls-ca %s -balancer-tls-cert %s -balancer-tls-key %s)\n",
 			s.Certs.CA(), s.Certs.Enforcer(s.Regions[0].Name), s.Certs.EnforcerKey(s.Regions[0].Name))

@@ -18,6 +18,8 @@ package localstack
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
@@ -120,6 +122,7 @@ type Stack struct {
 	etcdURL string
 
 	balancers []*balancerapp.App
+	dashToken string // a read-only dashboard token (dashboard.tokens_file)
 	enforcers map[string][]*enforcerapp.App
 	stores    map[string]*bucket.Memory
 
@@ -167,8 +170,18 @@ func Start(cfg Config) (_ *Stack, err error) {
 	if _, err := certs.Generate(s.certs.Dir, certs.Options{Regions: names, Now: time.Now()}); err != nil {
 		return nil, fmt.Errorf("localstack: %w", err)
 	}
+	// The dashboard masks identities without a token (issue 27 §4): a read-only token of
+	// the demo's own, which DashboardURL carries.
+	tok := make([]byte, 16)
+	rand.Read(tok) // never fails (crypto/rand)
+	s.dashToken = hex.EncodeToString(tok)
+	dashTokens := filepath.Join(s.dir, "dashboard-tokens")
+	if err := os.WriteFile(dashTokens, []byte("demo:"+s.dashToken+"\n"), 0o600); err != nil {
+		return nil, fmt.Errorf("localstack: while writing the dashboard token: %w", err)
+	}
 	for i := range cfg.Balancers {
 		bc := balancerapp.DefaultConfig()
+		bc.Dashboard.TokensFile, bc.Dashboard.TokensEnv = dashTokens, ""
 		bc.Listen.TLS = balancerapp.ServerTLSConfig{Enabled: true, CertFile: s.certs.Balancer(), KeyFile: s.certs.BalancerKey(), ClientCAFile: s.certs.CA()}
 		bc.Regions, bc.ID = names, fmt.Sprintf("balancer-%d", i+1)
 		bc.Listen.GRPC, bc.Listen.HTTP = "127.0.0.1:0", "127.0.0.1:0"
@@ -320,6 +333,15 @@ func (s *Stack) Leader() *balancerapp.App {
 		}
 	}
 	return nil
+}
+
+// DashboardToken is a read-only dashboard token: with it the dashboard shows identities.
+func (s *Stack) DashboardToken() string { return s.dashToken }
+
+// DashboardURL is the leading replica's dashboard, signed in with DashboardToken (the
+// page sets a cookie and drops the token from the address bar).
+func (s *Stack) DashboardURL() string {
+	return "http://" + s.BalancerHTTP() + "/dashboard/?token=" + s.dashToken
 }
 
 // BalancerHTTP is the HTTP address (dashboard, /metrics) of the leading replica, or of the

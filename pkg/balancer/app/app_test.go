@@ -5,6 +5,7 @@ import (
 	"context"
 	"io"
 	"net/http"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -68,9 +69,14 @@ func TestParseNamesBadValues(t *testing.T) {
 func TestAppLeadsPublishesAndResigns(t *testing.T) {
 	e := testenv.Etcd(t, 1)
 	f := testenv.Certs(t, "", "us-east", "eu-west", "ap-south")
+	dashTokens := filepath.Join(t.TempDir(), "dashboard-tokens")
+	const dashSecret = "noc-secret-0123456789"
+	if err := os.WriteFile(dashTokens, []byte("noc:"+dashSecret+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	cfg, err := Parse(append([]string{"-config", configFile, "-grpc-addr", "127.0.0.1:0", "-http-addr", "127.0.0.1:0",
 		"-etcd-endpoints", strings.Join(e.Endpoints(), ","), "-rules-file", rulesFile, "-rules-etcd-prefix", "",
-		"-interval", "1s", "-learning", "1s", "-session-ttl", "2s"}, tlsArgs(f)...), env(nil), io.Discard)
+		"-interval", "1s", "-learning", "1s", "-session-ttl", "2s", "-dashboard-tokens-file", dashTokens}, tlsArgs(f)...), env(nil), io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -125,6 +131,31 @@ func TestAppLeadsPublishesAndResigns(t *testing.T) {
 		if resp.StatusCode != 200 || !strings.Contains(string(b), want) {
 			t.Fatalf("%s: %d %q, want %q", path, resp.StatusCode, b, want)
 		}
+	}
+	// Issue 27 §4: the dashboard names key:k1 only to a viewer token (dashboard.tokens_file).
+	dash := func(auth string) (int, string) {
+		req, _ := http.NewRequest("GET", "http://"+a.HTTPAddr()+"/dashboard/", nil)
+		if auth != "" {
+			req.Header.Set("Authorization", "Bearer "+auth)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	poll(t, 10*time.Second, "key:k1 on the dashboard, with the token", func() bool {
+		code, page := dash(dashSecret)
+		return code == 200 && strings.Contains(page, "key:k1")
+	})
+	if code, page := dash(""); code != 200 || strings.Contains(page, "key:k1") || !strings.Contains(page, "Identities are masked") {
+		t.Errorf("dashboard without a token: %d, shows key:k1 %v, says masked %v; want 200, masked", code,
+			strings.Contains(page, "key:k1"), strings.Contains(page, "Identities are masked"))
+	}
+	if code, _ := dash("wrong-secret-0123456789"); code != http.StatusUnauthorized {
+		t.Errorf("dashboard with a wrong token: %d, want 401", code)
 	}
 	cancel()
 	if err := <-done; err != nil {

@@ -35,6 +35,8 @@ type Config struct {
 	Balance BalanceConfig `yaml:"balance"`
 	Share   ShareConfig   `yaml:"share"`
 	Admin   AdminConfig   `yaml:"admin"`
+	// Dashboard: who sees customers' identities on /dashboard/ (dashboard.go).
+	Dashboard DashboardConfig `yaml:"dashboard"`
 
 	// DrainTimeout bounds graceful shutdown. Default 10s.
 	DrainTimeout time.Duration `yaml:"drain_timeout"`
@@ -147,8 +149,9 @@ type ShareConfig struct {
 func DefaultConfig() Config {
 	cc, sc := balancer.DefaultCoreConfig(), balancer.DefaultServiceConfig()
 	return Config{
-		Listen: ListenConfig{GRPC: "127.0.0.1:9090", HTTP: "127.0.0.1:9091"},
-		Admin:  defaultAdminConfig(),
+		Listen:    ListenConfig{GRPC: "127.0.0.1:9090", HTTP: "127.0.0.1:9091"},
+		Admin:     defaultAdminConfig(),
+		Dashboard: DashboardConfig{TokensEnv: "ALLOT_DASHBOARD_TOKENS"},
 		Etcd: EtcdConfig{DialTimeout: 2 * time.Second, ElectionPrefix: balancer.DefaultElectionPrefix,
 			SharesPrefix: shareset.DefaultPrefix, SessionTTL: sc.SessionTTL, WriteTimeout: sc.WriteTimeout},
 		Rules: RulesConfig{PollInterval: 2 * time.Second, IPv6Prefix: 64},

@@ -59,6 +59,8 @@ var overrides = slices.Concat([]cliconf.Override[Config]{
 	{Name: "rules-etcd-prefix", Usage: "etcd prefix holding one rule per key", Apply: cliconf.Str(func(c *Config) *string { return &c.Rules.EtcdPrefix })},
 	{Name: "admin", Usage: "serve the admin API on the HTTP address (needs admin tokens)", IsBool: true, Apply: cliconf.Bool(func(c *Config) *bool { return &c.Admin.Enabled })},
 	{Name: "admin-tokens-file", Usage: "admin API tokens, name:secret a line", Apply: cliconf.Str(func(c *Config) *string { return &c.Admin.TokensFile })},
+	{Name: "dashboard-tokens-file", Usage: "read-only dashboard tokens that see identities (name:secret a line; admin tokens see them too)", Apply: cliconf.Str(func(c *Config) *string { return &c.Dashboard.TokensFile })},
+	{Name: "dashboard-show-identities", Usage: "show identities on the dashboard to everyone, token or not (a balancer nobody else reaches)", IsBool: true, Apply: cliconf.Bool(func(c *Config) *bool { return &c.Dashboard.ShowIdentities })},
 	{Name: "interval", Usage: "balancing interval", Apply: cliconf.Dur(func(c *Config) *time.Duration { return &c.Balance.Interval })},
 	{Name: "learning", Usage: "a new leader's learning period", Apply: cliconf.Dur(func(c *Config) *time.Duration { return &c.Balance.Learning })},
 	{Name: "ack-timeout", Usage: "how long an increase waits for unacknowledged decreases (>= propagation)", Apply: cliconf.Dur(func(c *Config) *time.Duration { return &c.Balance.AckTimeout })},

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"time"
 
+	"github.com/allot-dev/allot/pkg/adminauth"
 	"github.com/allot-dev/allot/pkg/balancer"
 	"github.com/allot-dev/allot/pkg/clock"
 	allotv1 "github.com/allot-dev/allot/proto/allot/v1"
@@ -36,6 +37,15 @@ type Config struct {
 	Rules func() []string
 	// Clock: default the wall clock.
 	Clock clock.Clock
+	// Viewers are the tokens that see identities (API keys, addresses): the admin API's
+	// and read-only dashboard tokens. Without one of them, identities are masked (see
+	// viewer.go). Empty: masked for everyone, unless ShowIdentities.
+	Viewers []*adminauth.Tokens
+	// ShowIdentities shows identities to every viewer, token or not: only for a dashboard
+	// nobody else reaches (the demo on loopback).
+	ShowIdentities bool
+	// MaskKey keys the masked identities' hash. nil: a random key per process.
+	MaskKey []byte
 }
 
 // Bounds of Config.Samples and Config.Top: the history's memory is bounded by them (see
@@ -103,6 +113,9 @@ func New(cfg Config, src Source) (*Dashboard, error) {
 	if cfg.Clock == nil {
 		cfg.Clock = clock.Real()
 	}
+	if cfg.MaskKey == nil {
+		cfg.MaskKey = newMaskKey()
+	}
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -160,21 +173,34 @@ func (d *Dashboard) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "dashboard: GET only", http.StatusMethodNotAllowed)
 		return
 	}
+	if p := r.URL.Path; p != d.cfg.Prefix && p != d.cfg.Prefix+"/" && p != d.cfg.Prefix+"/identity" {
+		http.NotFound(w, r)
+		return
+	}
+	vw, token, redirect, err := d.viewerOf(r)
+	if err != nil {
+		d.clearTokenCookie(w)
+		unauthorized(w, err)
+		return
+	}
+	if redirect != "" { // ?token=: keep it in a cookie, not in the address bar
+		d.setTokenCookie(w, r, token)
+		w.Header().Set("Cache-Control", "no-store")
+		http.Redirect(w, r, redirect, http.StatusSeeOther)
+		return
+	}
 	var v interface{ csp() string }
 	var name string
 	switch r.URL.Path {
 	case d.cfg.Prefix, d.cfg.Prefix + "/":
-		v, name = d.overview(r.Context()), "overview"
-	case d.cfg.Prefix + "/identity":
+		v, name = d.overview(r.Context(), vw), "overview"
+	default:
 		q := r.URL.Query()
 		if q.Get("identity") == "" {
 			http.Redirect(w, r, d.cfg.Prefix+"/", http.StatusSeeOther)
 			return
 		}
-		v, name = d.identity(r.Context(), q.Get("rule"), q.Get("identity")), "identity"
-	default:
-		http.NotFound(w, r)
-		return
+		v, name = d.identity(r.Context(), vw, q.Get("rule"), q.Get("identity")), "identity"
 	}
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
 	w.Header().Set("Cache-Control", "no-store")

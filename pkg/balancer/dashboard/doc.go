@@ -14,6 +14,12 @@
 // pages say so and name the leader (its report address and term from the election)
 // instead of showing stale data as current.
 //
+// # Who sees identities
+//
+// Identities are customers' API keys and addresses: only a viewer with a token of
+// Config.Viewers (the admin tokens, read-only dashboard tokens) sees them; everyone else
+// sees each masked as its kind and a keyed hash, and a wrong token is 401 (viewer.go).
+//
 // # Where the data comes from
 //
 // What the balancer decides comes from the Core, copied out under its mutex and rendered

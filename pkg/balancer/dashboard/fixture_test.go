@@ -114,6 +114,9 @@ func run(t testing.TB, dur time.Duration, mod func(*Config)) (*Dashboard, *fakeS
 	cfg := DefaultConfig()
 	cfg.Regions, cfg.Clock = regions, clk
 	cfg.Rules = func() []string { return []string{"default", "pro"} }
+	// These tests are about what the pages show of identities: shown to everyone here;
+	// viewer_test.go is about who sees them.
+	cfg.ShowIdentities = true
 	if mod != nil {
 		mod(&cfg)
 	}

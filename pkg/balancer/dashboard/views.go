@@ -33,6 +33,8 @@ type common struct {
 	QueryRule  string
 	Window     string
 	Samples    int
+	Masked     bool   // identities are masked for this viewer
+	Viewer     string // the name of the viewer's token, if any
 }
 
 type legend struct{ Class, Name string }
@@ -100,10 +102,11 @@ type identityView struct {
 	Top            int
 }
 
-func (d *Dashboard) common(ctx context.Context, title string, core *balancer.Core, now time.Time, st *balancer.Stats) common {
+func (d *Dashboard) common(ctx context.Context, vw viewer, title string, core *balancer.Core, now time.Time, st *balancer.Stats) common {
 	c := common{Title: title, Prefix: d.cfg.Prefix, Nonce: nonce(), RefreshMs: d.cfg.Refresh.Milliseconds(),
 		RefreshS: int64(math.Ceil(d.cfg.Refresh.Seconds())), Now: now.UTC().Format("2006-01-02 15:04:05 UTC"),
-		Window: (time.Duration(d.cfg.Samples) * d.cfg.Every).String(), Samples: d.hist.Len()}
+		Window: (time.Duration(d.cfg.Samples) * d.cfg.Every).String(), Samples: d.hist.Len(),
+		Masked: !vw.show, Viewer: vw.name}
 	for i, r := range d.cfg.Regions {
 		c.Legend = append(c.Legend, legend{Class: regionClass(i), Name: r})
 	}
@@ -135,14 +138,14 @@ func (d *Dashboard) window(ss []sample, now time.Time) (time.Time, time.Time) {
 	return from, now
 }
 
-func (d *Dashboard) overview(ctx context.Context) overviewView {
+func (d *Dashboard) overview(ctx context.Context, vw viewer) overviewView {
 	now := d.cfg.Clock.Now()
 	core := d.src.Core()
 	if core == nil {
-		return overviewView{common: d.common(ctx, "standby", nil, now, nil)}
+		return overviewView{common: d.common(ctx, vw, "standby", nil, now, nil)}
 	}
 	st := core.Stats(now)
-	v := overviewView{common: d.common(ctx, "overview", core, now, &st)}
+	v := overviewView{common: d.common(ctx, vw, "overview", core, now, &st)}
 	ss := d.hist.samples()
 	var last *sample
 	if len(ss) > 0 {
@@ -187,7 +190,7 @@ func (d *Dashboard) overview(ctx context.Context) overviewView {
 	}
 	for i := range last.ids {
 		x := &last.ids[i]
-		card := d.card(x, ss, from, to, i < d.cfg.Cards)
+		card := d.card(vw, x, ss, from, to, i < d.cfg.Cards)
 		if i < d.cfg.Cards {
 			v.Cards = append(v.Cards, card)
 		} else {
@@ -211,9 +214,10 @@ func (d *Dashboard) href(rule, identity string) string {
 }
 
 // card is one identity of the overview, from its newest sample x and its history.
-func (d *Dashboard) card(x *idSample, ss []sample, from, to time.Time, chart bool) idCard {
+func (d *Dashboard) card(vw viewer, x *idSample, ss []sample, from, to time.Time, chart bool) idCard {
 	n := len(d.cfg.Regions)
-	c := idCard{Rule: x.k.rule, Identity: x.k.identity, Href: d.href(x.k.rule, x.k.identity), Limit: rate(x.rate),
+	shown := d.shown(vw, x.k.identity)
+	c := idCard{Rule: x.k.rule, Identity: shown, Href: d.href(x.k.rule, shown), Limit: rate(x.rate),
 		Demand: rate(x.demand), Admitted: rate(sum(x.admitted(n))), Refused: rate(sum(x.refused(n))), Pending: x.pending}
 	c.Refusing = sum(x.refused(n)) > 0
 	c.ShareBar = stackedBar(barW, 18, d.cfg.Regions, x.share(n))
@@ -284,18 +288,28 @@ func sum(v []float64) float64 {
 	return t
 }
 
-func (d *Dashboard) identity(ctx context.Context, rule, identity string) identityView {
+// identity is one identity's page. asked is the identity as the viewer names it: as
+// itself with a token, else masked (looked up among the history's identities).
+func (d *Dashboard) identity(ctx context.Context, vw viewer, rule, asked string) identityView {
 	now := d.cfg.Clock.Now()
 	core := d.src.Core()
 	if core == nil {
-		v := identityView{common: d.common(ctx, "standby", nil, now, nil), Rule: rule, Identity: identity}
-		v.Query, v.QueryRule = identity, rule
+		v := identityView{common: d.common(ctx, vw, "standby", nil, now, nil), Rule: rule, Identity: asked}
+		v.Query, v.QueryRule = asked, rule
 		return v
 	}
 	st := core.Stats(now)
-	v := identityView{common: d.common(ctx, "identity", core, now, &st), Rule: rule, Identity: identity, Top: d.cfg.Top}
-	v.Query, v.QueryRule = identity, rule
+	v := identityView{common: d.common(ctx, vw, "identity", core, now, &st), Rule: rule, Identity: asked, Top: d.cfg.Top}
+	v.Query, v.QueryRule = asked, rule
 	ss := d.hist.samples()
+	identity := asked
+	if !vw.show {
+		// A masked name is looked up among the identities the history holds; anything
+		// else finds nothing (a viewer without a token cannot probe for a key).
+		if identity = d.unmask(ss, asked); identity == "" {
+			return v
+		}
+	}
 	if rule == "" { // look it up under every rule we know of (overrides too: one lookup each)
 		var cands []string
 		if d.cfg.Rules != nil {
@@ -311,7 +325,7 @@ func (d *Dashboard) identity(ctx context.Context, rule, identity string) identit
 		slices.Sort(cands)
 		for _, r := range slices.Compact(cands) {
 			if _, ok := core.Identity(r, identity); ok || lastSample(ss, idKey{r, identity}) != nil {
-				v.Matches = append(v.Matches, idCard{Rule: r, Identity: identity, Href: d.href(r, identity)})
+				v.Matches = append(v.Matches, idCard{Rule: r, Identity: asked, Href: d.href(r, asked)})
 			}
 		}
 		if len(v.Matches) != 1 {

@@ -7,6 +7,7 @@ package app
 import (
 	"errors"
 	"fmt"
+	"net/netip"
 	"strings"
 	"time"
 
@@ -210,6 +211,13 @@ type AuthConfig struct {
 	ForwardedForHeader string `yaml:"forwarded_for_header"`
 	TrustedHops        int    `yaml:"trusted_hops"`
 	RefuseStatus       int    `yaml:"refuse_status"`
+	// TrustedProxies: the gateway's addresses (CIDR prefixes or single addresses) whose
+	// requests may set the gateway-only headers; absent: loopback only; []: none.
+	TrustedProxies []string `yaml:"trusted_proxies"`
+	// TrustedHeaders: the gateway-only headers believed from them; absent: what the
+	// README's snippets set (httpapi.DefaultTrustedHeaders). Add X-Endpoint, X-Plan,
+	// X-Org or X-RateLimit-Hits only for a gateway that sets or strips each one.
+	TrustedHeaders []string `yaml:"trusted_headers"`
 }
 
 // RLSConfig: Envoy RLS options.
@@ -305,7 +313,9 @@ func (c *Config) Validate() error {
 	}
 	bad("log_level %q, want trace, debug, info, warn or error", c.LogLevel)
 levelOK:
-	if err := c.authConfig().Validate(); err != nil {
+	if _, err := httpapi.ParseTrustedProxies(c.Auth.TrustedProxies); err != nil {
+		bad("forward_auth: %v", err)
+	} else if err := c.authConfig().Validate(); err != nil {
 		bad("forward_auth: %v", err)
 	}
 	c.validateShares(bad)
@@ -335,10 +345,15 @@ func (c *Config) enforcerConfig() enforcer.Config {
 
 func (c *Config) authConfig() httpapi.Config {
 	a := c.Auth
+	proxies, err := httpapi.ParseTrustedProxies(a.TrustedProxies)
+	if err != nil { // Validate says so; should it be skipped, trust no peer
+		proxies = []netip.Prefix{}
+	}
 	return httpapi.Config{
 		APIKeyHeader: a.APIKeyHeader, PlanHeader: a.PlanHeader, OrgHeader: a.OrgHeader,
 		EndpointHeader: a.EndpointHeader, RealIPHeader: a.RealIPHeader,
 		ForwardedForHeader: a.ForwardedForHeader, TrustedHops: a.TrustedHops, RefuseStatus: a.RefuseStatus,
+		TrustedProxies: proxies, TrustedHeaders: a.TrustedHeaders,
 	}
 }
 

@@ -21,6 +21,7 @@ import (
 	"net/http"
 	"net/netip"
 	"runtime/debug"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -55,13 +56,39 @@ type Config struct {
 	// appended; clients control the entries to its left). Default "X-Forwarded-For", 1.
 	ForwardedForHeader string
 	TrustedHops        int
-	// HitsHeader, when present, is the hits of the check. Default "X-RateLimit-Hits".
+	// HitsHeader, when present, is the hits of the check (1 to the enforcer's max_hits).
+	// Default "X-RateLimit-Hits".
 	HitsHeader string
+	// TrustedProxies are the peers (the address of the TCP connection) believed to be the
+	// gateway. Only their requests may set the gateway-only headers: the client address
+	// (RealIPHeader, ForwardedForHeader), the route (EndpointHeader, MethodHeaders,
+	// URIHeaders), PlanHeader, OrgHeader and HitsHeader. A request from any other peer is
+	// a client talking to the enforcer directly: every gateway-only header is ignored and
+	// its client address is the peer's. nil: loopback only (127.0.0.0/8, ::1), the
+	// gateway on the same host as in the README; an empty, non-nil list trusts no peer.
+	TrustedProxies []netip.Prefix
+	// TrustedHeaders are the gateway-only headers a trusted proxy is believed on; the
+	// others are ignored even from it, so a header the gateway passes on from the client
+	// unchanged cannot claim another address, route, plan or cost. nil:
+	// DefaultTrustedHeaders, what the README's nginx, Caddy and Traefik snippets set. Name
+	// the headers by their configured names (case does not matter).
+	TrustedHeaders []string
 	// RefuseStatus is the status of a refused forward-auth check. Default 429. nginx's
 	// auth_request accepts only 2xx, 401 and 403 from its subrequest: use 403 there and map
 	// it back to 429 with error_page (see README).
 	RefuseStatus int
 }
+
+// DefaultTrustedHeaders are the gateway-only headers believed by default: the ones the
+// README's gateway snippets set or overwrite on every request (nginx: X-Real-IP and
+// X-Original-Method/-URI; Caddy and Traefik: X-Forwarded-For, X-Forwarded-Method and
+// X-Forwarded-Uri, and Caddy X-Real-IP). X-Endpoint, X-Plan, X-Org and X-RateLimit-Hits
+// are believed only when named in Config.TrustedHeaders: a gateway that sets them must
+// say so, and must overwrite or strip what the client sent.
+var DefaultTrustedHeaders = []string{"X-Real-IP", "X-Forwarded-For", "X-Forwarded-Method", "X-Forwarded-Uri", "X-Original-Method", "X-Original-URI"}
+
+// DefaultTrustedProxies is loopback: the gateway on the enforcer's own host.
+var DefaultTrustedProxies = []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("::1/128")}
 
 // DefaultConfig returns the defaults described on Config's fields.
 func DefaultConfig() Config {
@@ -77,6 +104,8 @@ func DefaultConfig() Config {
 		TrustedHops:        1,
 		HitsHeader:         "X-RateLimit-Hits",
 		RefuseStatus:       http.StatusTooManyRequests,
+		TrustedProxies:     slices.Clone(DefaultTrustedProxies),
+		TrustedHeaders:     slices.Clone(DefaultTrustedHeaders),
 	}
 }
 
@@ -106,7 +135,20 @@ func (c Config) withDefaults() Config {
 	if c.RefuseStatus == 0 {
 		c.RefuseStatus = d.RefuseStatus
 	}
+	if c.TrustedProxies == nil {
+		c.TrustedProxies = d.TrustedProxies
+	}
+	if c.TrustedHeaders == nil {
+		c.TrustedHeaders = d.TrustedHeaders
+	}
 	return c
+}
+
+// gatewayOnly is every header name c reads that only the gateway may set.
+func (c Config) gatewayOnly() []string {
+	names := []string{c.PlanHeader, c.OrgHeader, c.EndpointHeader, c.RealIPHeader, c.ForwardedForHeader, c.HitsHeader}
+	names = append(names, c.MethodHeaders...)
+	return append(names, c.URIHeaders...)
 }
 
 // Validate names the first bad field.
@@ -117,7 +159,48 @@ func (c Config) Validate() error {
 	if c.TrustedHops < 0 || c.TrustedHops > 16 {
 		return fmt.Errorf("httpapi: trusted hops %d, must be in [0, 16]", c.TrustedHops)
 	}
+	for _, p := range c.TrustedProxies {
+		if !p.IsValid() {
+			return fmt.Errorf("httpapi: trusted proxies: an invalid prefix (%v)", p)
+		}
+	}
+	d := c.withDefaults()
+	gw := d.gatewayOnly()
+	for _, h := range c.TrustedHeaders {
+		switch {
+		case strings.EqualFold(h, d.APIKeyHeader):
+			return fmt.Errorf("httpapi: trusted headers: %s is the API key, which the client sends: it is read from anyone and needs no trust", h)
+		case !slices.ContainsFunc(gw, func(g string) bool { return strings.EqualFold(g, h) }):
+			return fmt.Errorf("httpapi: trusted headers: %.64q is not a header forward auth reads from the gateway (those are %s)", h, strings.Join(gw, ", "))
+		}
+	}
 	return nil
+}
+
+// ParseTrustedProxies reads CIDR prefixes or single addresses ("10.0.0.0/8",
+// "192.0.2.7", "::1"). Errors name the entry.
+func ParseTrustedProxies(list []string) ([]netip.Prefix, error) {
+	if list == nil {
+		return nil, nil
+	}
+	out := make([]netip.Prefix, 0, len(list))
+	for i, s := range list {
+		s = strings.TrimSpace(s)
+		if p, err := netip.ParsePrefix(s); err == nil {
+			if p.Addr().Is4In6() && p.Bits() >= 96 {
+				p = netip.PrefixFrom(p.Addr().Unmap(), p.Bits()-96)
+			}
+			out = append(out, p.Masked())
+			continue
+		}
+		a, err := netip.ParseAddr(s)
+		if err != nil {
+			return nil, fmt.Errorf("httpapi: trusted proxies[%d]: %.64q is neither a CIDR prefix nor an IP address", i, s)
+		}
+		a = a.Unmap()
+		out = append(out, netip.PrefixFrom(a, a.BitLen()))
+	}
+	return out, nil
 }
 
 // Handler serves the endpoints above. ready reports readiness for /readyz (nil: ready);
@@ -134,7 +217,10 @@ func Handler(e *enforcer.Enforcer, cfg Config, gatherer prometheus.Gatherer, rea
 	if log == nil {
 		log = hclog.NewNullLogger()
 	}
-	h := &handler{e: e, cfg: cfg, log: log}
+	h := &handler{e: e, cfg: cfg, log: log, trusted: map[string]bool{}}
+	for _, n := range cfg.TrustedHeaders {
+		h.trusted[http.CanonicalHeaderKey(n)] = true
+	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/check", h.check)
 	mux.HandleFunc("/v1/auth", h.auth)
@@ -161,9 +247,10 @@ func Handler(e *enforcer.Enforcer, cfg Config, gatherer prometheus.Gatherer, rea
 }
 
 type handler struct {
-	e   *enforcer.Enforcer
-	cfg Config
-	log hclog.Logger
+	e       *enforcer.Enforcer
+	cfg     Config
+	log     hclog.Logger
+	trusted map[string]bool // canonical names of Config.TrustedHeaders
 }
 
 // CheckRequest is the body of POST /v1/check. Unknown fields are an error.
@@ -261,7 +348,7 @@ func (h *handler) check(w http.ResponseWriter, req *http.Request) {
 
 func (h *handler) auth(w http.ResponseWriter, req *http.Request) {
 	var r enforcer.Request
-	err := h.authRequest(req.Header, &r)
+	err := h.authRequest(req.Header, peerAddr(req.RemoteAddr), &r)
 	if err == nil {
 		err = h.e.Validate(&r)
 	}
@@ -283,17 +370,29 @@ func (h *handler) auth(w http.ResponseWriter, req *http.Request) {
 	w.WriteHeader(h.cfg.RefuseStatus)
 }
 
-// authRequest reads a check from forward-auth request headers. Errors wrap
-// enforcer.ErrInvalid.
-func (h *handler) authRequest(hd http.Header, r *enforcer.Request) error {
+// authRequest reads a check from forward-auth request headers sent by peer (the
+// connection's address; invalid when unknown). Errors wrap enforcer.ErrInvalid.
+//
+// Trust: the API key is the client's, read from anyone. The gateway-only headers (client
+// address, route, plan, org, hits) are read only when peer is a trusted proxy and the
+// header is a trusted one; otherwise they are as if absent, and a peer that is not a
+// trusted proxy is itself the client address.
+func (h *handler) authRequest(hd http.Header, peer netip.Addr, r *enforcer.Request) error {
 	*r = enforcer.Request{}
+	fromGateway := peer.IsValid() && h.trustedPeer(peer)
+	get := func(name string) string {
+		if !fromGateway || !h.trusted[http.CanonicalHeaderKey(name)] {
+			return ""
+		}
+		return hd.Get(name)
+	}
 	r.Attrs.APIKey = hd.Get(h.cfg.APIKeyHeader)
-	r.Attrs.Plan = hd.Get(h.cfg.PlanHeader)
-	r.Attrs.Org = hd.Get(h.cfg.OrgHeader)
-	if ep := hd.Get(h.cfg.EndpointHeader); ep != "" {
+	r.Attrs.Plan = get(h.cfg.PlanHeader)
+	r.Attrs.Org = get(h.cfg.OrgHeader)
+	if ep := get(h.cfg.EndpointHeader); ep != "" {
 		r.Attrs.Endpoint = ep
 	} else {
-		method, uri := first(hd, h.cfg.MethodHeaders), first(hd, h.cfg.URIHeaders)
+		method, uri := first(get, h.cfg.MethodHeaders), first(get, h.cfg.URIHeaders)
 		if i := strings.IndexAny(uri, "?#"); i >= 0 {
 			uri = uri[:i]
 		}
@@ -307,25 +406,57 @@ func (h *handler) authRequest(hd http.Header, r *enforcer.Request) error {
 			r.Attrs.Endpoint = method + uri
 		}
 	}
-	ipText := hd.Get(h.cfg.RealIPHeader)
-	if ipText == "" {
-		ipText = fromRight(hd.Values(h.cfg.ForwardedForHeader), h.cfg.TrustedHops)
-	}
-	if ipText = strings.TrimSpace(ipText); ipText != "" {
-		ip, err := netip.ParseAddr(ipText)
-		if err != nil {
-			return fmt.Errorf("%w: client address %.64q is not an IP address", enforcer.ErrInvalid, ipText)
+	switch {
+	case !fromGateway:
+		if peer.IsValid() {
+			r.Attrs.IP = peer
 		}
-		r.Attrs.IP = ip.Unmap()
+	default:
+		ipText, from := get(h.cfg.RealIPHeader), h.cfg.RealIPHeader
+		if ipText == "" && h.trusted[http.CanonicalHeaderKey(h.cfg.ForwardedForHeader)] {
+			ipText, from = fromRight(hd.Values(h.cfg.ForwardedForHeader), h.cfg.TrustedHops), h.cfg.ForwardedForHeader
+		}
+		if ipText = strings.TrimSpace(ipText); ipText != "" {
+			ip, err := netip.ParseAddr(ipText)
+			if err != nil {
+				return fmt.Errorf("%w: client address %.64q (%s) is not an IP address", enforcer.ErrInvalid, ipText, from)
+			}
+			r.Attrs.IP = ip.Unmap()
+		}
 	}
-	if s := hd.Get(h.cfg.HitsHeader); s != "" {
+	if s := get(h.cfg.HitsHeader); s != "" {
 		n, err := strconv.ParseInt(s, 10, 64)
 		if err != nil {
 			return fmt.Errorf("%w: %s %.32q is not a whole number", enforcer.ErrInvalid, h.cfg.HitsHeader, s)
 		}
+		if n < 1 {
+			// 0 would mean "the default cost" in a JSON check; from a header it is a
+			// gateway bug or a client's claim, so refuse it rather than guess.
+			return fmt.Errorf("%w: %s %d, must be at least 1", enforcer.ErrInvalid, h.cfg.HitsHeader, n)
+		}
 		r.Hits = n
 	}
 	return nil
+}
+
+// trustedPeer: peer is one of the trusted proxies.
+func (h *handler) trustedPeer(peer netip.Addr) bool {
+	for _, p := range h.cfg.TrustedProxies {
+		if p.Contains(peer) {
+			return true
+		}
+	}
+	return false
+}
+
+// peerAddr is the address of a "host:port" RemoteAddr, unmapped; invalid when it is not
+// one (a Unix socket, a test's made-up request).
+func peerAddr(remote string) netip.Addr {
+	ap, err := netip.ParseAddrPort(remote)
+	if err != nil {
+		return netip.Addr{}
+	}
+	return ap.Addr().Unmap()
 }
 
 func (h *handler) checkError(w http.ResponseWriter, err error) {
@@ -337,9 +468,9 @@ func (h *handler) checkError(w http.ResponseWriter, err error) {
 	}
 }
 
-func first(hd http.Header, names []string) string {
+func first(get func(string) string, names []string) string {
 	for _, n := range names {
-		if v := hd.Get(n); v != "" {
+		if v := get(n); v != "" {
 			return v
 		}
 	}
