@@ -409,11 +409,14 @@ func TestExampleLimitsKeylessPerIP(t *testing.T) {
 		a    Attrs
 		want string
 	}{
-		{Attrs{IP: netip.MustParseAddr("192.0.2.1")}, "default@ip:192.0.2.1×1"},
-		{Attrs{IP: netip.MustParseAddr("2001:db8:7:8::1")}, "default@ip6:2001:db8:7:8::/64×1"},
+		{Attrs{IP: netip.MustParseAddr("192.0.2.1")}, "default@ip:192.0.2.1×1 per-ip-cap@ip:192.0.2.1×1"},
+		{Attrs{IP: netip.MustParseAddr("2001:db8:7:8::1")}, "default@ip6:2001:db8:7:8::/64×1 per-ip-cap@ip6:2001:db8:7:8::/64×1"},
+		// Invented keys from one address: each its own key bucket, all one per-IP cap.
+		{Attrs{APIKey: "k_made_up_1", IP: netip.MustParseAddr("192.0.2.1")}, "default@key:k_made_up_1×1 per-ip-cap@ip:192.0.2.1×1"},
+		{Attrs{APIKey: "k_made_up_2", IP: netip.MustParseAddr("192.0.2.1")}, "default@key:k_made_up_2×1 per-ip-cap@ip:192.0.2.1×1"},
 		{Attrs{IP: netip.MustParseAddr("192.0.2.1"), Endpoint: "POST /v1/login"}, "default@ip:192.0.2.1×1 login-per-ip@ip:192.0.2.1×1"},
 		{Attrs{Endpoint: "POST /v1/login"}, "default@anonymous×1 login-per-ip@anonymous×1"},
-		{Attrs{}, "default@anonymous×1"},
+		{Attrs{}, "default@anonymous×1 per-ip-cap@anonymous×1"},
 	} {
 		if got := ids(snap.Match(&tc.a, t0, nil)); got != tc.want {
 			t.Errorf("Match(%+v) = %s, want %s", tc.a, got, tc.want)

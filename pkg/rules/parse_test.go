@@ -18,7 +18,7 @@ func TestParseExampleFile(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if s.Version != "example-1" || len(s.Rules) != 6 {
+	if s.Version != "example-1" || len(s.Rules) != 7 {
 		t.Fatalf("version %q, %d rules", s.Version, len(s.Rules))
 	}
 	r := s.Rules[3]
