@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -74,21 +75,7 @@ func TestAppLeadsPublishesAndResigns(t *testing.T) {
 	if err := os.WriteFile(dashTokens, []byte("noc:"+dashSecret+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	cfg, err := Parse(append([]string{"-config", configFile, "-grpc-addr", "127.0.0.1:0", "-http-addr", "127.0.0.1:0",
-		"-etcd-endpoints", strings.Join(e.Endpoints(), ","), "-rules-file", rulesFile, "-rules-etcd-prefix", "",
-		"-interval", "1s", "-learning", "1s", "-session-ttl", "2s", "-dashboard-tokens-file", dashTokens}, tlsArgs(f)...), env(nil), io.Discard)
-	if err != nil {
-		t.Fatal(err)
-	}
-	a, err := New(cfg, hclog.New(&hclog.LoggerOptions{Level: hclog.Info, Output: testWriter{t}}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- a.Run(ctx) }()
-	defer func() { cancel(); <-done }()
-	poll(t, 10*time.Second, "leading", func() bool { ok, _ := a.Service().Leading(); return ok })
+	a, cfg, stop := startLeader(t, e.Endpoints(), f, "-dashboard-tokens-file", dashTokens)
 
 	// Each region reports with its own enforcers' certificate.
 	bcs := map[string]allotv1.BalancerClient{}
@@ -157,11 +144,9 @@ func TestAppLeadsPublishesAndResigns(t *testing.T) {
 	if code, _ := dash("wrong-secret-0123456789"); code != http.StatusUnauthorized {
 		t.Errorf("dashboard with a wrong token: %d, want 401", code)
 	}
-	cancel()
-	if err := <-done; err != nil {
+	if err := stop(); err != nil {
 		t.Fatal(err)
 	}
-	done <- nil
 	r, err := cli.Get(context.Background(), cfg.Etcd.ElectionPrefix+"/", clientv3.WithPrefix())
 	if err != nil || len(r.Kvs) != 0 {
 		t.Fatalf("after Close: election keys %v (%v), want none (resigned)", r.Kvs, err)
@@ -201,4 +186,31 @@ type testWriter struct{ t testing.TB }
 func (w testWriter) Write(p []byte) (int, error) {
 	w.t.Log(strings.TrimRight(string(p), "\n"))
 	return len(p), nil
+}
+
+// startLeader runs one replica with the test config on etcd endpoints and the certificates
+// f (and any further flags), returns it and its config once it leads, and a stop that
+// cancels it and returns Run's error (once; the test's end calls it too).
+func startLeader(t *testing.T, endpoints []string, f certs.Files, extra ...string) (_ *App, _ Config, stop func() error) {
+	t.Helper()
+	args := append([]string{"-config", configFile, "-grpc-addr", "127.0.0.1:0", "-http-addr", "127.0.0.1:0",
+		"-etcd-endpoints", strings.Join(endpoints, ","), "-rules-file", rulesFile, "-rules-etcd-prefix", "",
+		"-interval", "1s", "-learning", "1s", "-session-ttl", "2s"}, extra...)
+	cfg, err := Parse(append(args, tlsArgs(f)...), env(nil), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := New(cfg, hclog.New(&hclog.LoggerOptions{Level: hclog.Info, Output: testWriter{t}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	var once sync.Once
+	var runErr error
+	stop = func() error { once.Do(func() { cancel(); runErr = <-done }); return runErr }
+	t.Cleanup(func() { stop() })
+	poll(t, 10*time.Second, "leading", func() bool { ok, _ := a.Service().Leading(); return ok })
+	return a, cfg, stop
 }

@@ -28,21 +28,7 @@ import (
 func TestReportsNeedTheRegionsCertificate(t *testing.T) {
 	e := testenv.Etcd(t, 1)
 	f := testenv.Certs(t, "", "us-east", "eu-west")
-	cfg, err := Parse(append([]string{"-config", configFile, "-grpc-addr", "127.0.0.1:0", "-http-addr", "127.0.0.1:0",
-		"-etcd-endpoints", strings.Join(e.Endpoints(), ","), "-rules-file", rulesFile, "-rules-etcd-prefix", "",
-		"-interval", "1s", "-learning", "1s", "-session-ttl", "2s"}, tlsArgs(f)...), env(nil), io.Discard)
-	if err != nil {
-		t.Fatal(err)
-	}
-	a, err := New(cfg, hclog.New(&hclog.LoggerOptions{Level: hclog.Info, Output: testWriter{t}}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- a.Run(ctx) }()
-	defer func() { cancel(); <-done }()
-	poll(t, 10*time.Second, "leading", func() bool { ok, _ := a.Service().Leading(); return ok })
+	a, _, _ := startLeader(t, e.Endpoints(), f)
 
 	seq := uint64(0)
 	report := func(c allotv1.BalancerClient, region string) (*allotv1.ReportResponse, error) {
@@ -69,7 +55,7 @@ func TestReportsNeedTheRegionsCertificate(t *testing.T) {
 		}
 	}
 	us := reportClient(t, a.GRPCAddr(), grpc.WithTransportCredentials(credentials.NewTLS(usEast)))
-	_, err = report(us, "eu-west")
+	_, err := report(us, "eu-west")
 	if status.Code(err) != codes.PermissionDenied || !strings.Contains(err.Error(), `region "us-east"'s`) {
 		t.Fatalf("a us-east certificate claiming eu-west: %v, want PermissionDenied naming us-east", err)
 	}
