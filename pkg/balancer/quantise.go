@@ -58,15 +58,24 @@ func quantise(tgt, held, smoothed, pub []float64, requests float64) {
 	}
 	m := make([]float64, len(tgt))
 	rank := make([]float64, len(tgt))
+	holds := make([]bool, len(tgt)) // holds a leftover request now (pub)
 	given := 0.0
+	wanted := false // a region with demand that would hold no request at all
 	for _, r := range free {
 		x := tgt[r] / u
 		m[r] = math.Floor(x + quantEps)
 		rank[r] = max(x-m[r], 0)
-		if r < len(pub) && pub[r]/u >= m[r]+1-quantEps {
+		holds[r] = r < len(pub) && pub[r]/u >= m[r]+1-quantEps
+		wanted = wanted || (!holds[r] && m[r] == 0 && r < len(smoothed) && smoothed[r] > 0)
+		given += m[r]
+	}
+	for _, r := range free {
+		// Sticky to the holder, unless it has no demand while a region with demand would
+		// hold no request at all (a 2/s key's token stayed with an idle region while the
+		// region its traffic came from refused all of it).
+		if holds[r] && (!wanted || r < len(smoothed) && smoothed[r] > 0) {
 			rank[r] += 0.25
 		}
-		given += m[r]
 	}
 	for given > a { // float error only: Σ m_r can pass A by n × quantEps
 		low := -1

@@ -27,6 +27,10 @@ func TestQuantise(t *testing.T) {
 		{"tie by demand", 1, []float64{0.49, 0.49, 0.02}, free, []float64{1, 2, 0}, nil, []float64{0, 1, 0}},
 		// ... unless the other holds the token now: noise does not move it back and forth.
 		{"sticky", 1, []float64{0.45, 0.53, 0.02}, free, []float64{1, 2, 0}, []float64{1, 0, 0}, []float64{1, 0, 0}},
+		// ... but not when its holder has no demand and a region with demand would hold
+		// no request at all: burst 2 at the default split, us-east and eu-west holding
+		// the requests, eu-west idle, ap-south refused everything (a 2/s key at 0.27).
+		{"not sticky to an idle holder", 2, []float64{1.0 / 3, 1.0 / 3, 1.0 / 3}, free, []float64{0.37, 0, 0.7}, []float64{0.5, 0.5, 0}, []float64{0.5, 0, 0.5}},
 		// A held (silent) region keeps its target; the rest is handed out in requests and
 		// the fraction under one request goes to the region holding most.
 		{"held region", 2, []float64{0.3, 0.6, 0.1}, []float64{0.3, nan, nan}, []float64{0, 3, 1}, nil, []float64{0.3, 0.7, 0}},
