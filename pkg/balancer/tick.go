@@ -45,7 +45,8 @@ func (c *Core) Tick(now time.Time) *Publication {
 		recomputed = true
 	}
 	// A new version at most every MinVersionGap (the first of a term aside): each one
-	// rewrites every chunk, so this bounds the bytes written per interval. Two kinds go out
+	// writes its changed chunks (every chunk at worst), so this bounds the bytes written
+	// per interval. Two kinds go out
 	// as soon as they are due, so that a move costs one acknowledged round trip rather than
 	// waits for slots: a plan's continuation, while the last version held increases back
 	// (it needs a report round trip after the version before it), and the result of a
