@@ -46,11 +46,11 @@ func (c *Core) Tick(now time.Time) *Publication {
 	}
 	// A new version at most every MinVersionGap (the first of a term aside): each one
 	// writes its changed chunks (every chunk at worst), so this bounds the bytes written
-	// per interval. Two kinds go out
-	// as soon as they are due, so that a move costs one acknowledged round trip rather than
-	// waits for slots: a plan's continuation, while the last version held increases back
-	// (it needs a report round trip after the version before it), and the result of a
-	// recompute asked for by a shift (at most one per ShiftGap).
+	// per interval. Two kinds go out as soon as they are due, so that a move costs one
+	// acknowledged round trip rather than waits for slots: a plan's continuation, while
+	// the last version held increases back (it needs a report round trip after the
+	// version before it), and the result of a recompute asked for by a shift (at most one
+	// per ShiftGap).
 	changed := false
 	c.fullStep = c.fullStep || recomputed
 	c.shiftStep = c.shiftStep || shift
