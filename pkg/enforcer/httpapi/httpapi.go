@@ -217,10 +217,7 @@ func Handler(e *enforcer.Enforcer, cfg Config, gatherer prometheus.Gatherer, rea
 	if log == nil {
 		log = hclog.NewNullLogger()
 	}
-	h := &handler{e: e, cfg: cfg, log: log, trusted: map[string]bool{}}
-	for _, n := range cfg.TrustedHeaders {
-		h.trusted[http.CanonicalHeaderKey(n)] = true
-	}
+	h := &handler{e: e, cfg: cfg, log: log, gw: cfg.believed()}
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/check", h.check)
 	mux.HandleFunc("/v1/auth", h.auth)
@@ -247,10 +244,37 @@ func Handler(e *enforcer.Enforcer, cfg Config, gatherer prometheus.Gatherer, rea
 }
 
 type handler struct {
-	e       *enforcer.Enforcer
-	cfg     Config
-	log     hclog.Logger
-	trusted map[string]bool // canonical names of Config.TrustedHeaders
+	e   *enforcer.Enforcer
+	cfg Config
+	log hclog.Logger
+	gw  gatewayHeaders // what a trusted proxy is believed on, resolved once
+}
+
+// gatewayHeaders are the gateway-only header names a trusted proxy is believed on: ""
+// (or left out of method and uri) for one not in Config.TrustedHeaders. The zero value
+// believes none: a client's own request.
+type gatewayHeaders struct {
+	plan, org, endpoint, realIP, forwardedFor, hits string
+	method, uri                                     []string
+}
+
+// believed resolves Config.TrustedHeaders against the header names c reads.
+func (c Config) believed() gatewayHeaders {
+	trusted := func(name string) bool {
+		return slices.ContainsFunc(c.TrustedHeaders, func(t string) bool { return strings.EqualFold(t, name) })
+	}
+	name := func(n string) string {
+		if trusted(n) {
+			return n
+		}
+		return ""
+	}
+	keep := func(ns []string) []string {
+		return slices.DeleteFunc(slices.Clone(ns), func(n string) bool { return !trusted(n) })
+	}
+	return gatewayHeaders{plan: name(c.PlanHeader), org: name(c.OrgHeader), endpoint: name(c.EndpointHeader),
+		realIP: name(c.RealIPHeader), forwardedFor: name(c.ForwardedForHeader), hits: name(c.HitsHeader),
+		method: keep(c.MethodHeaders), uri: keep(c.URIHeaders)}
 }
 
 // CheckRequest is the body of POST /v1/check. Unknown fields are an error.
@@ -380,19 +404,23 @@ func (h *handler) auth(w http.ResponseWriter, req *http.Request) {
 func (h *handler) authRequest(hd http.Header, peer netip.Addr, r *enforcer.Request) error {
 	*r = enforcer.Request{}
 	fromGateway := peer.IsValid() && h.trustedPeer(peer)
+	var g gatewayHeaders // a client's own request: no gateway-only header believed
+	if fromGateway {
+		g = h.gw
+	}
 	get := func(name string) string {
-		if !fromGateway || !h.trusted[http.CanonicalHeaderKey(name)] {
+		if name == "" {
 			return ""
 		}
 		return hd.Get(name)
 	}
 	r.Attrs.APIKey = hd.Get(h.cfg.APIKeyHeader)
-	r.Attrs.Plan = get(h.cfg.PlanHeader)
-	r.Attrs.Org = get(h.cfg.OrgHeader)
-	if ep := get(h.cfg.EndpointHeader); ep != "" {
+	r.Attrs.Plan = get(g.plan)
+	r.Attrs.Org = get(g.org)
+	if ep := get(g.endpoint); ep != "" {
 		r.Attrs.Endpoint = ep
 	} else {
-		method, uri := first(get, h.cfg.MethodHeaders), first(get, h.cfg.URIHeaders)
+		method, uri := first(hd, g.method), first(hd, g.uri)
 		if i := strings.IndexAny(uri, "?#"); i >= 0 {
 			uri = uri[:i]
 		}
@@ -412,9 +440,9 @@ func (h *handler) authRequest(hd http.Header, peer netip.Addr, r *enforcer.Reque
 			r.Attrs.IP = peer
 		}
 	default:
-		ipText, from := get(h.cfg.RealIPHeader), h.cfg.RealIPHeader
-		if ipText == "" && h.trusted[http.CanonicalHeaderKey(h.cfg.ForwardedForHeader)] {
-			ipText, from = fromRight(hd.Values(h.cfg.ForwardedForHeader), h.cfg.TrustedHops), h.cfg.ForwardedForHeader
+		ipText, from := get(g.realIP), h.cfg.RealIPHeader
+		if ipText == "" && g.forwardedFor != "" {
+			ipText, from = fromRight(hd.Values(g.forwardedFor), h.cfg.TrustedHops), h.cfg.ForwardedForHeader
 		}
 		if ipText = strings.TrimSpace(ipText); ipText != "" {
 			ip, err := netip.ParseAddr(ipText)
@@ -424,7 +452,7 @@ func (h *handler) authRequest(hd http.Header, peer netip.Addr, r *enforcer.Reque
 			r.Attrs.IP = ip.Unmap()
 		}
 	}
-	if s := get(h.cfg.HitsHeader); s != "" {
+	if s := get(g.hits); s != "" {
 		n, err := strconv.ParseInt(s, 10, 64)
 		if err != nil {
 			return fmt.Errorf("%w: %s %.32q is not a whole number", enforcer.ErrInvalid, h.cfg.HitsHeader, s)
@@ -468,9 +496,9 @@ func (h *handler) checkError(w http.ResponseWriter, err error) {
 	}
 }
 
-func first(get func(string) string, names []string) string {
+func first(hd http.Header, names []string) string {
 	for _, n := range names {
-		if v := get(n); v != "" {
+		if v := hd.Get(n); v != "" {
 			return v
 		}
 	}
