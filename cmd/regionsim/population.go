@@ -8,7 +8,6 @@ import (
 	"io"
 	"math"
 	"math/rand/v2"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -112,17 +111,17 @@ regions:
 			// times at random moments (whole seconds, at least 90 s apart).
 			rate := float64(200 + 50*rng.IntN(17))
 			fmt.Fprintf(w, "  - {name: %s, limit: {rate: %s, per: 1s}, phases: [", name, num(rate))
-			at, last := 0, ""
+			at, last := 0, uint64(0)
 			for ph := 0; ph == 0 || at < secs-60; ph++ {
 				if ph > 0 {
 					fmt.Fprint(w, ", ")
 				}
-				off := p.spread(rng, 1.5*rate, 1+rng.IntN(2))
-				for try := 0; try < 8 && regionsOf(off) == regionsOf(last); try++ {
-					off = p.spread(rng, 1.5*rate, 1+rng.IntN(2)) // a move: other regions
+				off, set := p.spread(rng, 1.5*rate, 1+rng.IntN(2))
+				for try := 0; try < 8 && set == last; try++ {
+					off, set = p.spread(rng, 1.5*rate, 1+rng.IntN(2)) // a move: other regions
 				}
 				fmt.Fprintf(w, "{at: %ds, offered: {%s}}", at, off)
-				at, last = at+90+rng.IntN(150), off
+				at, last = at+90+rng.IntN(150), set
 			}
 			fmt.Fprintln(w, "]}")
 		case k < p.busy+p.middle:
@@ -132,13 +131,13 @@ regions:
 			rate := math.Round(100 * math.Pow(0.1, rank))
 			offered := rate * (0.5 + 0.4*rng.Float64())
 			fmt.Fprintf(w, "  - {name: %s, limit: {rate: %s, per: 1s}, phases: [{at: 0s, offered: {%s}}]}\n",
-				name, num(rate), p.spread(rng, offered, p.regionCount(rng)))
+				name, num(rate), p.spreadText(rng, offered, p.regionCount(rng)))
 		default:
 			// The tail: 2–10/s, offered about half (40–60%), mostly from one region.
 			rate := float64(2 + rng.IntN(9))
 			offered := rate * (0.4 + 0.2*rng.Float64())
 			fmt.Fprintf(w, "  - {name: %s, limit: {rate: %s, per: 1s}, phases: [{at: 0s, offered: {%s}}]}\n",
-				name, num(rate), p.spread(rng, offered, p.regionCount(rng)))
+				name, num(rate), p.spreadText(rng, offered, p.regionCount(rng)))
 		}
 	}
 }
@@ -155,9 +154,14 @@ func (p *population) regionCount(rng *rand.Rand) int {
 	}
 }
 
-// spread splits total over n distinct random regions, unevenly (each part 1–3 units).
-func (p *population) spread(rng *rand.Rand, total float64, n int) string {
+// spread splits total over n distinct random regions, unevenly (each part 1–3 units): the
+// offered map's text, and the set of regions it names (bit r for region r; MaxRegions is
+// 64).
+func (p *population) spread(rng *rand.Rand, total float64, n int) (text string, set uint64) {
 	idx := rng.Perm(len(p.regions))[:n]
+	for _, r := range idx {
+		set |= 1 << r
+	}
 	weights := make([]float64, n)
 	sum := 0.0
 	for i := range weights {
@@ -168,7 +172,12 @@ func (p *population) spread(rng *rand.Rand, total float64, n int) string {
 	for i, r := range idx {
 		parts[i] = p.regions[r] + ": " + num(math.Round(100*total*weights[i]/sum)/100)
 	}
-	return strings.Join(parts, ", ")
+	return strings.Join(parts, ", "), set
+}
+
+func (p *population) spreadText(rng *rand.Rand, total float64, n int) string {
+	text, _ := p.spread(rng, total, n)
+	return text
 }
 
 func (p *population) regionsFlag() string {
@@ -177,17 +186,6 @@ func (p *population) regionsFlag() string {
 		parts[i] = r + "=" + strconv.Itoa(p.enforcers[i])
 	}
 	return strings.Join(parts, ",")
-}
-
-// regionsOf is the sorted region names of a spread ("us-east: 1, eu-west: 2").
-func regionsOf(spread string) string {
-	var names []string
-	for part := range strings.SplitSeq(spread, ", ") {
-		name, _, _ := strings.Cut(part, ":")
-		names = append(names, name)
-	}
-	slices.Sort(names)
-	return strings.Join(names, ",")
 }
 
 func num(f float64) string { return strconv.FormatFloat(f, 'f', -1, 64) }
