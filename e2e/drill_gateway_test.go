@@ -138,13 +138,7 @@ func TestGatewaySnippetKeepsHeadersOnRefusals(t *testing.T) {
 		}
 		w.Header().Set("RateLimit", `"default/second";r=39;t=1`)
 	}), ReadHeaderTimeout: 5 * time.Second}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go auth.Serve(ln) //nolint:errcheck // closed below
-	t.Cleanup(func() { auth.Close() })
-	g := stack.StartGateway(t, []*stack.Enforcer{{ID: "stand-in", HTTP: ln.Addr().String()}})
+	g := gatewayInFrontOf(t, "stand-in", auth)
 	c := gatewayClient("127.0.0.1")
 	ok := gwGet(t, c, g, "/v1/items", "fine")
 	if ok.code != http.StatusOK || ok.rl == "" || ok.policy == "" || ok.body != "backend\n" {
@@ -155,4 +149,17 @@ func TestGatewaySnippetKeepsHeadersOnRefusals(t *testing.T) {
 	if no.code != http.StatusTooManyRequests || no.retry != "1" || no.rl != `"default/second";r=0;t=2` || no.policy != `"default/second";q=40;w=2` {
 		t.Fatalf("refused: %+v, want 429 with Retry-After 1, RateLimit and RateLimit-Policy as the enforcer sent them", no)
 	}
+}
+
+// gatewayInFrontOf serves auth on a loopback port until the test ends and starts the
+// README's nginx in front of it as enforcer id.
+func gatewayInFrontOf(t *testing.T, id string, auth *http.Server) *stack.Gateway {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go auth.Serve(ln) //nolint:errcheck // closed at the test's end
+	t.Cleanup(func() { auth.Close() })
+	return stack.StartGateway(t, []*stack.Enforcer{{ID: id, HTTP: ln.Addr().String()}})
 }

@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -55,13 +54,7 @@ rules:
 		}
 		h.ServeHTTP(w, r)
 	}), ReadHeaderTimeout: 5 * time.Second}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go auth.Serve(ln) //nolint:errcheck // closed below
-	t.Cleanup(func() { auth.Close() })
-	g := stack.StartGateway(t, []*stack.Enforcer{{ID: "in-process", HTTP: ln.Addr().String()}})
+	g := gatewayInFrontOf(t, "in-process", auth)
 
 	c := gatewayClient("127.0.0.2")
 	ok, limited := 0, 0
