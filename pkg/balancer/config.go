@@ -7,6 +7,7 @@ import (
 	"regexp"
 	"time"
 
+	"github.com/allot-dev/allot/pkg/bucket"
 	"github.com/allot-dev/allot/pkg/share"
 )
 
@@ -25,6 +26,29 @@ type Limits struct {
 	// Default is the default split, one share per region in CoreConfig.Regions order,
 	// summing to ≤ 1; nil means the split from CoreConfig.Weights.
 	Default []float64
+	// Global is the rule's global limits, unscaled (nil: unknown). A report's admitted
+	// count for the identity is believed up to MaxAdmitted.
+	Global []bucket.Limit
+}
+
+// ClaimLead is how much longer than the interval a report covers MaxAdmitted counts
+// refill for: leases drawn before the interval and spent in it, and a Redis outage's
+// local limits, which may admit past the global limit (see docs/design.md §10).
+const ClaimLead = 10 * time.Second
+
+// MaxAdmitted is the most tokens one enforcer can have admitted for the identity over an
+// interval of secs seconds, whatever its region's share: its region's enforcers draw on
+// one bucket per limit, so each limit admits at most its burst plus its refill (over the
+// interval and ClaimLead). A report claiming more is not true (issue 27: an enforcer's
+// certificate in an attacker's hands); the balancer believes that much of it. +Inf when
+// the limits are unknown. Which way it errs: toward believing — a claim up to about
+// twice what the limits allow over a 10 s interval passes.
+func (l Limits) MaxAdmitted(secs float64) float64 {
+	m := math.Inf(1)
+	for _, g := range l.Global {
+		m = min(m, g.Rate*(max(secs, 0)+ClaimLead.Seconds())+g.Burst)
+	}
+	return m
 }
 
 // LimitsFunc tells the core one limited identity's Limits. ok is false when the rule is

@@ -198,7 +198,7 @@ type Core struct {
 }
 
 type counters struct {
-	recomputes, duplicates, invalid, unknownRule, dropped, evicted uint64
+	recomputes, duplicates, invalid, unknownRule, dropped, evicted, clamped uint64
 }
 
 // ReserveTotal caps what the idle regions of an identity keep in reserve together: the
@@ -444,8 +444,8 @@ func (c *Core) Ingest(now time.Time, r *allotv1.ReportRequest) error {
 	if e.lastEndMs > start {
 		start = e.lastEndMs
 	}
-	secs := float64(r.IntervalEndMs-start) / 1000
-	rs.winSecs += min(max(secs, 0.1), 2*c.cfg.Interval.Seconds()) // a table is drained every Interval
+	secs := min(max(float64(r.IntervalEndMs-start)/1000, 0.1), 2*c.cfg.Interval.Seconds()) // a table is drained every Interval
+	rs.winSecs += secs
 	e.lastEndMs = max(e.lastEndMs, r.IntervalEndMs)
 	rs.lastHeard, rs.heard = now, true
 	rs.reports++
@@ -482,7 +482,14 @@ func (c *Core) Ingest(now time.Time, r *allotv1.ReportRequest) error {
 				continue
 			}
 		}
-		id.tokens(c.n)[ri] += u.Admitted + u.Refused
+		admitted := u.Admitted
+		if l, ok := c.cfg.Limits(u.Rule, u.Identity); ok {
+			if m := l.MaxAdmitted(secs); admitted > m {
+				admitted = m
+				c.stats.clamped++
+			}
+		}
+		id.tokens(c.n)[ri] += admitted + u.Refused
 		id.recent(c.n)[ri] += u.RecentRate
 		if !quiet {
 			id.lastSeen = now

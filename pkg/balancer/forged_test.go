@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/allot-dev/allot/pkg/bucket"
+
 	allotv1 "github.com/allot-dev/allot/proto/allot/v1"
 )
 
@@ -101,4 +103,50 @@ func TestFencedEnforcersLeaveTheTable(t *testing.T) {
 	if n := len(c.regions[0].enforcers); n != 1 || !c.fenced[0] {
 		t.Fatalf("%d enforcers tracked, fenced %v; want 1 and the region's default share reserved", n, c.fenced[0])
 	}
+}
+
+// An admitted count above what the rule's limits allow over the interval is believed only
+// up to Limits.MaxAdmitted: a region's enforcer (a certificate in an attacker's hands)
+// claiming 1e6 admitted for a victim is read as at most 220/s of its 100/s limit, not
+// 100,000/s. (Refusals are what clients sent and have no such bound: an insider can claim
+// demand for its own region; max-min fairness still leaves the victim's region half.)
+func TestImpossibleAdmittedCountIsBounded(t *testing.T) {
+	lim := Limits{Rate: 100, Requests: 200, Global: []bucket.Limit{{Name: "second", Rate: 100, Burst: 200}}}
+	if got, want := lim.MaxAdmitted(10), 100*(10+ClaimLead.Seconds())+200; got != want {
+		t.Fatalf("MaxAdmitted(10) = %v, want %v", got, want)
+	}
+	c := newTestCore(t, func(c *CoreConfig) {
+		c.Limits = func(string, string) (Limits, bool) { return lim, true }
+	})
+	now := t0
+	for i := 1; i <= 6; i++ {
+		now = now.Add(10 * time.Second)
+		for r, name := range regions3 {
+			var u []*allotv1.IdentityUsage
+			switch r {
+			case 0:
+				u = append(u, use("key:victim", 600, 0)) // 60/s of a 100/s limit
+			case 1:
+				u = append(u, use("key:victim", 1e6, 0)) // forged
+			}
+			if err := c.Ingest(now, report(name, "e", uint64(i), now, u...)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if p := c.Tick(now); p != nil {
+			c.Published(p, now)
+		}
+	}
+	st := c.Stats(now)
+	if st.Clamped != 6 {
+		t.Fatalf("clamped %d entries, want the 6 forged ones", st.Clamped)
+	}
+	s, ok := c.Identity("default", "key:victim")
+	if max := lim.MaxAdmitted(10) / 10; !ok || s.Smoothed[1] > max {
+		t.Fatalf("eu-west's smoothed demand %v with 1e6 admitted claimed, want ≤ %v", s.Smoothed, max)
+	}
+	if s.Target[0] < 0.495 {
+		t.Fatalf("us-east's target %v, want at least its max-min fair half", s.Target)
+	}
+	t.Logf("targets %v, smoothed demand %v", s.Target, s.Smoothed)
 }

@@ -115,5 +115,5 @@ func (t *RuleTable) compute(rule string) ruleLimits {
 		}
 		def[i] = s
 	}
-	return ruleLimits{l: Limits{Rate: rate, Requests: burst / g.MaxCost(), Default: def}, ok: true}
+	return ruleLimits{l: Limits{Rate: rate, Requests: burst / g.MaxCost(), Default: def, Global: g.Global}, ok: true}
 }

@@ -56,7 +56,7 @@ var (
 	versionDesc = prometheus.NewDesc("allot_balancer_share_version",
 		"Version of the share set last published by this leader.", nil, nil)
 	ignoredDesc = prometheus.NewDesc("allot_balancer_ignored_total",
-		"Report contents ignored in this term, by reason: duplicate (retried report), unknown_rule, dropped (identity cap).", []string{"reason"}, nil)
+		"Report contents ignored in this term, by reason: duplicate (retried report), unknown_rule, dropped (identity cap), admitted_above_limits (the part of an admitted count above what the rule's limits allow, not believed).", []string{"reason"}, nil)
 )
 
 // coreCollector reads the leader's core at scrape time.
@@ -86,6 +86,7 @@ func (c coreCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(ignoredDesc, prometheus.CounterValue, float64(st.Duplicates), "duplicate")
 	ch <- prometheus.MustNewConstMetric(ignoredDesc, prometheus.CounterValue, float64(st.UnknownRule), "unknown_rule")
 	ch <- prometheus.MustNewConstMetric(ignoredDesc, prometheus.CounterValue, float64(st.Dropped), "dropped")
+	ch <- prometheus.MustNewConstMetric(ignoredDesc, prometheus.CounterValue, float64(st.Clamped), "admitted_above_limits")
 }
 
 func (m *metrics) setLeader(rev int64) {

@@ -641,6 +641,7 @@ type Stats struct {
 	UnknownRule     uint64 // usage entries whose rule is unknown, ignored
 	Dropped         uint64 // new identities dropped past MaxIdentities + 1/8
 	Evicted         uint64 // identities forgotten (KeyTTL, cap, rule gone)
+	Clamped         uint64 // usage entries whose admitted count was above Limits.MaxAdmitted
 	Regions         []RegionStats
 }
 
@@ -652,7 +653,7 @@ func (c *Core) Stats(now time.Time) Stats {
 		LeaderRev: c.cfg.LeaderRev, Version: c.version, Landed: c.landed, Learning: c.learning,
 		Tracked: len(c.ids), Listed: c.listed, Pending: len(c.pending),
 		Recomputes: c.stats.recomputes, Duplicates: c.stats.duplicates, Invalid: c.stats.invalid,
-		UnknownRule: c.stats.unknownRule, Dropped: c.stats.dropped, Evicted: c.stats.evicted,
+		UnknownRule: c.stats.unknownRule, Dropped: c.stats.dropped, Evicted: c.stats.evicted, Clamped: c.stats.clamped,
 	}
 	ack := c.acks(now)
 	for r := range c.regions {
