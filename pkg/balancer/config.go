@@ -121,14 +121,18 @@ type CoreConfig struct {
 	// Default 10,000.
 	MaxEntries int
 	// MaxIdentities caps the identities tracked. Past it, recompute evicts the least
-	// demanded (they go back to the default split through the plan, then are forgotten),
-	// and between recomputes new identities beyond MaxIdentities + MaxIdentities/8 are
-	// dropped (Stats.Dropped). Default 2,000,000.
+	// demanded (they go back to the default split through the plan, then are forgotten)
+	// of the regions holding more than MaxIdentities / regions of them, never taking a
+	// region below that part; between recomputes each region may add (MaxIdentities/8) /
+	// regions new identities past MaxIdentities, and none past MaxIdentities +
+	// MaxIdentities/8 (Stats.Dropped). So one region's flood of invented identities
+	// displaces only that region's. Default 2,000,000.
 	MaxIdentities int
 	// MaxPublished caps the identities a publication lists (those whose shares differ from
 	// the default split), so the bytes written per interval are bounded whatever the key
 	// count (≈ 150 bytes an entry). Past it the least-demanded identities are moved back to
-	// the default split. In-flight changes may exceed it briefly. Default 50,000.
+	// the default split, of the regions with more than MaxPublished / regions of them (as
+	// for MaxIdentities). In-flight changes may exceed it briefly. Default 50,000.
 	MaxPublished int
 	// MaxEnforcers caps the enforcers tracked per region (ack state, dedupe); reports from
 	// more are refused. Default 4,096.

@@ -57,6 +57,7 @@ type ident struct {
 	evict    bool        // forget it once it is back at the default split
 	shift    bool        // a report this window showed its traffic moved (Core.shifted)
 	moved    uint64      // the regions whose reports showed it (bit min(r, 63))
+	origin   int         // the region whose report added it (-1: restored), see Ingest
 }
 
 type histEntry struct {
@@ -126,6 +127,7 @@ type regionState struct {
 	winEnfs    int
 	winReports int // reports this window (recent rates are summed over them)
 	winRecent  int // of which measured recent rates (an older enforcer's do not)
+	owned      int // identities its reports added that are still tracked (ident.origin)
 	// fencedUntil: an enforcer of the region fenced itself (see acks) and may enforce up
 	// to its default split until then; the region keeps that much reserved.
 	fencedUntil time.Time
@@ -308,7 +310,7 @@ func (c *Core) newIdent(rule, identity string) (*ident, bool) {
 		id.vals = c.slabVal[: valsPer*c.n : valsPer*c.n]
 		c.slab, c.slabVal = c.slab[1:], c.slabVal[valsPer*c.n:]
 	}
-	id.k, id.rate, id.requests, id.def, id.idx = key{rule, identity}, rate, l.Requests, def, len(c.all)
+	id.k, id.rate, id.requests, id.def, id.idx, id.origin = key{rule, identity}, rate, l.Requests, def, len(c.all), -1
 	copy(id.published(c.n), def)
 	copy(id.target(c.n), def)
 	c.ids[id.k] = id
@@ -318,6 +320,9 @@ func (c *Core) newIdent(rule, identity string) (*ident, bool) {
 
 // forget drops an identity (back at its default split, every region past its history).
 func (c *Core) forget(id *ident) {
+	if id.origin >= 0 {
+		c.regions[id.origin].owned--
+	}
 	delete(c.ids, id.k)
 	delete(c.pending, id)
 	last := c.all[len(c.all)-1]
@@ -473,7 +478,12 @@ func (c *Core) Ingest(now time.Time, r *allotv1.ReportRequest) error {
 			if quiet {
 				continue
 			}
-			if len(c.ids) >= hardCap {
+			// Past MaxIdentities a region adds identities only while those its reports
+			// added number fewer than its part of MaxIdentities + 1/8, so one region's
+			// flood (a certificate in an attacker's hands) never shuts out another's new
+			// identities; recompute lets the least demanded of the regions over their
+			// part go (fairLowest). At most regions × that part + MaxIdentities are tracked.
+			if len(c.ids) >= c.cfg.MaxIdentities && rs.owned >= hardCap/c.n {
 				c.stats.dropped++
 				continue
 			}
@@ -481,6 +491,8 @@ func (c *Core) Ingest(now time.Time, r *allotv1.ReportRequest) error {
 			if id, ok = c.newIdent(u.Rule, u.Identity); !ok {
 				continue
 			}
+			id.origin = ri
+			rs.owned++
 		}
 		admitted := u.Admitted
 		if l, ok := c.cfg.Limits(u.Rule, u.Identity); ok {

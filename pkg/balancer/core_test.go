@@ -465,8 +465,15 @@ func TestMaxIdentitiesEvictsLeastDemanded(t *testing.T) {
 	if err := c.Ingest(now, report("us-east", "e1", 1, now, us...)); err != nil {
 		t.Fatal(err)
 	}
-	if st := c.Stats(now); st.Tracked != 9 || st.Dropped != 11 {
-		t.Fatalf("tracked %d dropped %d, want 9 (8 + 1/8) and 11", st.Tracked, st.Dropped)
+	if st := c.Stats(now); st.Tracked != 8 || st.Dropped != 12 {
+		t.Fatalf("tracked %d dropped %d, want 8 (MaxIdentities; us-east is past its part of 8 + 1/8) and 12", st.Tracked, st.Dropped)
+	}
+	// Another region still adds its own past MaxIdentities.
+	if err := c.Ingest(now, report("ap-south", "e1", 1, now, use("key:zz", 500, 0))); err != nil {
+		t.Fatal(err)
+	}
+	if st := c.Stats(now); st.Tracked != 9 {
+		t.Fatalf("tracked %d after ap-south's new identity, want 9", st.Tracked)
 	}
 	now = now.Add(10 * time.Second)
 	p := c.Tick(now)

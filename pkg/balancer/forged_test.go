@@ -2,6 +2,7 @@ package balancer
 
 import (
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -149,4 +150,52 @@ func TestImpossibleAdmittedCountIsBounded(t *testing.T) {
 		t.Fatalf("us-east's target %v, want at least its max-min fair half", s.Target)
 	}
 	t.Logf("targets %v, smoothed demand %v", s.Target, s.Smoothed)
+}
+
+// A region that floods invented identities with large claimed refusals (which have no
+// bound) displaces only its own: every region keeps its most demanded identities up to
+// its part of MaxIdentities, and a region's new identities between recomputes are not
+// shut out by another's flood. Before, the flood took every slot: the least demanded
+// overall were evicted and new identities past the cap were dropped whatever their region.
+func TestIdentityFloodDisplacesOnlyItsRegion(t *testing.T) {
+	c := newTestCore(t, func(c *CoreConfig) { c.MaxIdentities, c.MaxPublished = 9, 9; c.Learning = time.Second })
+	now := t0
+	c.Published(c.Tick(now), now)
+	var legit, flood []*allotv1.IdentityUsage
+	for i := range 3 {
+		legit = append(legit, use(fmt.Sprintf("key:us%d", i), 10, 0))
+	}
+	for i := range 30 {
+		flood = append(flood, use(fmt.Sprintf("key:flood%d", i), 0, 1e9))
+	}
+	seq := uint64(0)
+	ingest := func(region string, u []*allotv1.IdentityUsage) {
+		t.Helper()
+		seq++
+		if err := c.Ingest(now, report(region, "e1", seq, now, u...)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tracked := func(id string) bool {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		x, ok := c.ids[key{"default", id}]
+		return ok && !x.evict
+	}
+	ingest("us-east", legit)
+	for range 3 {
+		ingest("eu-west", flood)
+		now = now.Add(10 * time.Second)
+		c.Published(c.Tick(now), now)
+	}
+	for i := range 3 {
+		if id := fmt.Sprintf("key:us%d", i); !tracked(id) {
+			t.Errorf("%s (us-east's own, 10 tokens) is no longer tracked after eu-west's flood", id)
+		}
+	}
+	ingest("eu-west", flood) // fills the room above the cap it may take
+	ingest("ap-south", []*allotv1.IdentityUsage{use("key:ap", 10, 0)})
+	if !tracked("key:ap") {
+		t.Errorf("ap-south's new identity was dropped while eu-west floods: %+v", c.Stats(now))
+	}
 }

@@ -534,9 +534,44 @@ func (c *Core) capPublished() {
 	if len(rs) <= c.cfg.MaxPublished {
 		return
 	}
-	for _, x := range lowest(rs, len(rs)-c.cfg.MaxPublished) {
+	for _, x := range c.fairLowest(rs, len(rs)-c.cfg.MaxPublished, c.cfg.MaxPublished) {
 		copy(x.id.target(c.n), x.id.def)
 	}
+}
+
+// fairLowest returns the m of rs to let go of when rs holds m more than capacity: the
+// least demanded, but only of regions holding more than their part of capacity
+// (capacity / regions; an identity's region is the one with most of its smoothed demand),
+// and never taking a region below its part. So each region keeps its most demanded
+// identities up to its part whatever another region reports: identities one region
+// invents (a certificate in an attacker's hands; refusals have no bound), or its own long
+// tail, displace that region's identities only (issue 27 §1).
+func (c *Core) fairLowest(rs []ranked, m, capacity int) []ranked {
+	part := capacity / c.n
+	byHome := make([][]ranked, c.n)
+	for _, x := range rs {
+		h := home(x.id)
+		byHome[h] = append(byHome[h], x)
+	}
+	cand := rs[:0] // rs is copied out into byHome: its space is free
+	for _, g := range byHome {
+		if extra := len(g) - part; extra > 0 {
+			cand = append(cand, lowest(g, extra)...)
+		}
+	}
+	return lowest(cand, min(m, len(cand))) // Σ extra ≥ len(rs) − regions × part ≥ m
+}
+
+// home is the region with the most of id's smoothed demand (the first of a tie; region 0
+// for an identity without any).
+func home(id *ident) int {
+	h, best := 0, 0.0
+	for r, d := range id.st.Smoothed {
+		if d > best {
+			h, best = r, d
+		}
+	}
+	return h
 }
 
 // capTracked marks the least demanded identities for eviction while more than
@@ -552,7 +587,7 @@ func (c *Core) capTracked() {
 	for _, id := range c.all {
 		rs = append(rs, ranked{id, demandOf(id)})
 	}
-	for _, x := range lowest(rs, over) {
+	for _, x := range c.fairLowest(rs, over, c.cfg.MaxIdentities) {
 		x.id.evict = true
 		copy(x.id.target(c.n), x.id.def)
 	}
