@@ -19,16 +19,8 @@ import (
 // as its command lines: continuation lines joined, comments and blank lines dropped.
 func shBlocks(t *testing.T, readme, heading string) [][]string {
 	t.Helper()
-	i := strings.Index(readme, heading)
-	if i < 0 {
-		t.Fatalf("README has no %q", heading)
-	}
-	sec := readme[i+len(heading):]
-	if j := strings.Index(sec, "\n## "); j >= 0 {
-		sec = sec[:j]
-	}
 	var blocks [][]string
-	for _, m := range regexp.MustCompile("(?s)```sh\n(.*?)```").FindAllStringSubmatch(sec, -1) {
+	for _, m := range regexp.MustCompile("(?s)```sh\n(.*?)```").FindAllStringSubmatch(section(t, readme, heading), -1) {
 		var lines []string
 		joined := strings.ReplaceAll(m[1], "\\\n", " ")
 		for _, l := range strings.Split(joined, "\n") {
@@ -44,12 +36,25 @@ func shBlocks(t *testing.T, readme, heading string) [][]string {
 	return blocks
 }
 
+// section is the README's text under heading, to the next "## ".
+func section(t *testing.T, readme, heading string) string {
+	t.Helper()
+	_, sec, ok := strings.Cut(readme, heading)
+	if !ok {
+		t.Fatalf("README has no %q", heading)
+	}
+	if j := strings.Index(sec, "\n## "); j >= 0 {
+		sec = sec[:j]
+	}
+	return sec
+}
+
 // TestREADMEWalkthrough (issue 28, items 2 and 3) reads the README's walk-through as a
 // user pastes it: every enforcer and balancer it starts parses (flags and config files
 // valid), the admin/explain block's commands parse too, and the teardown stops what the
 // walk-through started — every background process (they left six running) and every
-// region's Redis Cluster and the etcd (they left eu-west's). It runs nothing: the blocks
-// use fixed ports, which the test machines share.
+// region's Redis Cluster and the etcd (they left eu-west's). It runs nothing (fast, and
+// under -short too); TestREADMEWalkthroughRuns runs the walk-through's block.
 func TestREADMEWalkthrough(t *testing.T) {
 	root := stack.RepoRoot(t)
 	raw, err := os.ReadFile(filepath.Join(root, "README.md"))

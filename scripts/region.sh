@@ -7,9 +7,16 @@
 #   scripts/region.sh down all                # every region's cluster and the etcd
 # Ports follow configs/regions/*.yaml: us-east 7001-7003, eu-west 7101-7103,
 # ap-south 7201-7203. Containers use host networking and bind 127.0.0.1 only.
+# Environment (for tests that run these lines in a network namespace of their own):
+#   ALLOT_REGION_NETWORK  the containers' Docker network (default host); container:<name>
+#                         joins that container's namespace, whose 127.0.0.1 is then theirs
+#   ALLOT_REGION_PREFIX   the containers' name prefix (default allot-): each run removes
+#                         and replaces only the containers named with its own prefix
 set -euo pipefail
 cd "$(dirname "$0")/.."
 image="${ALLOT_BASE_IMAGE:-allot/base:bookworm-1}"
+network="${ALLOT_REGION_NETWORK:-host}"
+prefix="${ALLOT_REGION_PREFIX:-allot-}"
 
 ports() {
   case "$1" in
@@ -29,8 +36,8 @@ wait_for() { # wait_for DESCRIPTION COMMAND...: bounded poll, 30 s
 case "${1:-}" in
   etcd-up)
     bash scripts/images.sh >/dev/null
-    docker rm -f allot-etcd >/dev/null 2>&1 || true
-    docker run -d --name allot-etcd --label allot-stack=1 --network host "$image" \
+    docker rm -f "${prefix}etcd" >/dev/null 2>&1 || true
+    docker run -d --name "${prefix}etcd" --label allot-stack=1 --network "$network" "$image" \
       etcd --name allot --data-dir /tmp/etcd \
       --listen-client-urls http://127.0.0.1:2379 --advertise-client-urls http://127.0.0.1:2379 \
       --listen-peer-urls http://127.0.0.1:2380 >/dev/null
@@ -38,25 +45,25 @@ case "${1:-}" in
     echo "etcd on 127.0.0.1:2379"
     ;;
   etcd-down)
-    docker rm -f allot-etcd >/dev/null 2>&1 || true
+    docker rm -f "${prefix}etcd" >/dev/null 2>&1 || true
     ;;
   up)
     region=${2:?region}
     bash scripts/images.sh >/dev/null
     addrs=()
     for p in $(ports "$region"); do
-      docker rm -f "allot-redis-$p" >/dev/null 2>&1 || true
-      docker run -d --name "allot-redis-$p" --label allot-stack=1 --network host "$image" \
+      docker rm -f "${prefix}redis-$p" >/dev/null 2>&1 || true
+      docker run -d --name "${prefix}redis-$p" --label allot-stack=1 --network "$network" "$image" \
         redis-server --port "$p" --bind 127.0.0.1 --cluster-enabled yes \
         --cluster-config-file "/tmp/nodes-$p.conf" --cluster-node-timeout 2000 \
         --cluster-require-full-coverage no \
         --save '' --appendonly no >/dev/null
-      wait_for "redis $p" docker exec "allot-redis-$p" redis-cli -p "$p" ping
+      wait_for "redis $p" docker exec "${prefix}redis-$p" redis-cli -p "$p" ping
       addrs+=("127.0.0.1:$p")
     done
     first=$(ports "$region" | cut -d' ' -f1)
-    docker exec "allot-redis-$first" redis-cli --cluster create "${addrs[@]}" --cluster-yes >/dev/null
-    wait_for "cluster $region" sh -c "docker exec allot-redis-$first redis-cli -p $first cluster info | grep -q cluster_state:ok"
+    docker exec "${prefix}redis-$first" redis-cli --cluster create "${addrs[@]}" --cluster-yes >/dev/null
+    wait_for "cluster $region" sh -c "docker exec ${prefix}redis-$first redis-cli -p $first cluster info | grep -q cluster_state:ok"
     echo "$region: Redis Cluster on ${addrs[*]}"
     ;;
   down)
@@ -66,10 +73,10 @@ case "${1:-}" in
       "$0" etcd-down
       exit 0
     fi
-    for p in $(ports "$region"); do docker rm -f "allot-redis-$p" >/dev/null 2>&1 || true; done
+    for p in $(ports "$region"); do docker rm -f "${prefix}redis-$p" >/dev/null 2>&1 || true; done
     ;;
   *)
-    sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'
+    sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'
     exit 2
     ;;
 esac

@@ -2,6 +2,7 @@ package sim
 
 import (
 	"bytes"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -87,6 +88,54 @@ func TestPolicyContrasts(t *testing.T) {
 	t.Logf("static: %s", steady)
 	if !strings.Contains(steady, "key acme: steady_ratio 0.") {
 		t.Fatalf("unclear reason: %q", steady)
+	}
+}
+
+// A region every enforcer lists but none of whose enforcers ever reports keeps its
+// default share, however long: the README's "a key sending 19.9/s under a 20/s limit from
+// two of three listed regions is held to about two thirds of it" (issue 28). ap-south is
+// cut off from the control plane from the first second to the last (the balancer never
+// hears it, as if it had no enforcer), past shares.stale_after, and its share stays 1/3.
+func TestListedSilentRegionKeepsItsShare(t *testing.T) {
+	t.Parallel()
+	sc, err := scenario.Parse([]byte(`
+name: listed-silent-region
+duration: 400s
+seed: 5
+regions:
+  us-east:  {enforcers: 1}
+  eu-west:  {enforcers: 1}
+  ap-south: {enforcers: 1}
+keys:
+  - name: k
+    limit: {rate: 20, per: 1s, burst: 20}
+    phases:
+      - {at: 0s, offered: {us-east: 9.95, eu-west: 9.95}}
+faults:
+  - {at: 0s, for: 400s, kind: region-isolated, region: ap-south}
+`), "listed-silent-region")
+	if err != nil {
+		t.Fatal(err)
+	}
+	res := run(t, sc, PolicyBalancer)
+	var offered, admitted int64
+	for s := range res.Seconds {
+		if sh := res.Cell(0, s, 2).Share; math.Abs(sh-1.0/3) > 1e-9 {
+			t.Fatalf("second %d: ap-south's share %g, want its default 1/3 while it never reports", s, sh)
+		}
+		if sum := res.Cell(0, s, 0).Share + res.Cell(0, s, 1).Share; sum > 2.0/3+1e-9 {
+			t.Fatalf("second %d: us-east and eu-west hold %g, more than the 2/3 ap-south does not", s, sum)
+		}
+		for r := range 2 {
+			offered += res.Cell(0, s, r).Offered
+			admitted += res.Cell(0, s, r).Admitted
+		}
+	}
+	limit := 20 * float64(res.Seconds)
+	t.Logf("offered %.2f/s, admitted %.2f/s: %.3f of the 20/s limit", float64(offered)/float64(res.Seconds),
+		float64(admitted)/float64(res.Seconds), float64(admitted)/limit)
+	if got := float64(admitted) / limit; got < 0.6 || got > 0.7 {
+		t.Errorf("admitted %.3f of the limit, the README says about two thirds", got)
 	}
 }
 
