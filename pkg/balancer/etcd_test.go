@@ -248,10 +248,16 @@ func TestEtcdElectionFencingAndRedirect(t *testing.T) {
 			}
 		}()
 		took := waitFor(t, testSessionTTL+10*time.Second, "b to lead once a's lease expired", b.leading)
-		_, revB := b.s.Leading()
 		// b's first write may time out (WriteTimeout 3 s) while the two members left settle
-		// without member 0, and is retried a TickEvery later.
-		waitFor(t, 15*time.Second, "b's head", func() bool { h, ok := readHead(t, b.cli, prefix); return ok && h.LeaderRev == revB })
+		// without member 0, and is retried a TickEvery later; on a loaded machine b's first
+		// terms may also end (its session lost while the two elect a raft leader) and b
+		// campaigns again: the head to wait for is that of b's term now, not its first.
+		var revB int64
+		waitFor(t, 15*time.Second, "b's head", func() bool {
+			h, ok := readHead(t, b.cli, prefix)
+			_, revB = b.s.Leading()
+			return ok && revB > 0 && h.LeaderRev == revB
+		})
 		t.Logf("b leads %v after a froze", took.Round(time.Millisecond))
 		e.Members[0].Unpause(t)
 		paused = false
