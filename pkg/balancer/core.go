@@ -270,7 +270,7 @@ func (c *Core) Restore(head shareset.Head, entries []shareset.Entry) error {
 		if c.ids[key{e.Rule, e.Identity}] != nil {
 			continue
 		}
-		id, ok := c.newIdent(e.Rule, e.Identity)
+		id, _, ok := c.newIdent(e.Rule, e.Identity)
 		if !ok {
 			continue
 		}
@@ -286,13 +286,14 @@ func (c *Core) Restore(head shareset.Head, entries []shareset.Entry) error {
 	return nil
 }
 
-// newIdent builds an identity at the default split; ok is false for an unknown rule.
-func (c *Core) newIdent(rule, identity string) (*ident, bool) {
+// newIdent builds an identity at the default split and returns its Limits too; ok is
+// false for an unknown rule.
+func (c *Core) newIdent(rule, identity string) (*ident, Limits, bool) {
 	l, ok := c.cfg.Limits(rule, identity)
 	rate, def := l.Rate, l.Default
 	if !ok || !(rate > 0) || math.IsInf(rate, 0) || (def != nil && len(def) != c.n) {
 		c.stats.unknownRule++
-		return nil, false
+		return nil, Limits{}, false
 	}
 	if def == nil {
 		def = c.weights
@@ -315,7 +316,7 @@ func (c *Core) newIdent(rule, identity string) (*ident, bool) {
 	copy(id.target(c.n), def)
 	c.ids[id.k] = id
 	c.all = append(c.all, id)
-	return id, true
+	return id, l, true
 }
 
 // forget drops an identity (back at its default split, every region past its history).
@@ -474,6 +475,8 @@ func (c *Core) Ingest(now time.Time, r *allotv1.ReportRequest) error {
 		// A quiet entry (no tokens: its traffic stopped since the enforcer's last report)
 		// says only that its recent rate fell: it tracks nothing new and keeps nothing alive.
 		quiet := u.Admitted == 0 && u.Refused == 0
+		var lim Limits
+		known := true
 		if id == nil {
 			if quiet {
 				continue
@@ -487,19 +490,18 @@ func (c *Core) Ingest(now time.Time, r *allotv1.ReportRequest) error {
 				c.stats.dropped++
 				continue
 			}
-			var ok bool
-			if id, ok = c.newIdent(u.Rule, u.Identity); !ok {
+			if id, lim, known = c.newIdent(u.Rule, u.Identity); !known {
 				continue
 			}
 			id.origin = ri
 			rs.owned++
+		} else {
+			lim, known = c.cfg.Limits(u.Rule, u.Identity)
 		}
 		admitted := u.Admitted
-		if l, ok := c.cfg.Limits(u.Rule, u.Identity); ok {
-			if m := l.MaxAdmitted(secs); admitted > m {
-				admitted = m
-				c.stats.clamped++
-			}
+		if m := lim.MaxAdmitted(secs); known && admitted > m {
+			admitted = m
+			c.stats.clamped++
 		}
 		id.tokens(c.n)[ri] += admitted + u.Refused
 		id.recent(c.n)[ri] += u.RecentRate
