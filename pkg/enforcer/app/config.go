@@ -60,7 +60,7 @@ type Config struct {
 	// the heap may grow to (1 + GCPercent/100) × the live heap before a collection.
 	// Default 400, not Go's 100: an enforcer's live heap is small and bounded (the lease
 	// table has a hard size), and under load allocating and collecting were about a
-	// quarter of its CPU at 100 (BENCHMARKS.md); at 400 a heap of 40 MB live may reach
+	// quarter of its CPU at 100 (`ALLOT_BENCH_GOGC=100 make bench-load`); at 400 a heap of 40 MB live may reach
 	// 200 MB. A GOGC environment variable, if set, wins (ApplyRuntime). Must be > 0.
 	GCPercent int `yaml:"gc_percent"`
 	// GCHeapFloorMiB is the heap the collector lets the process reach before it collects,
@@ -69,12 +69,10 @@ type Config struct {
 	// live × (1 + GCPercent/100) is larger, GCPercent alone decides). 0, the default, is
 	// no floor. An enforcer's live heap is 7–20 MB and gRPC allocates ~3–4 KB per check,
 	// so at gc_percent alone it collects every second or so at 9,000 checks/s; with 256 the
-	// load benchmark's p99 at that rate was 1.85 ms against 2.58 ms (BENCHMARKS.md), for
-	// about 290 MB of memory instead of ~75. Not the default: it costs that memory, and
-	// with the null server at the same floor the p99 ratio between the two stays at
-	// 1.3–1.5× (BENCHMARKS.md, "Open"): it lowers both tails, not allot's against the
-	// floor. A GOGC environment variable turns it off (ApplyRuntime). Must be in
-	// [0, 1048576].
+	// load benchmark's p99 was 2.65 ms against 2.88–3.70 ms without it (BENCHMARKS.md), for
+	// about 290 MB of memory instead of ~75. Not the default: it costs that memory and the
+	// gain is inside the run-to-run spread. A GOGC environment variable turns it off
+	// (ApplyRuntime). Must be in [0, 1048576].
 	GCHeapFloorMiB int `yaml:"gc_heap_floor_mib"`
 }
 
