@@ -36,9 +36,10 @@ func ApplyRuntime(cfg *Config, getenv func(string) string) (string, func()) {
 // Why: an enforcer's live heap is small (10–20 MB) while gRPC allocates ~4 KB per check,
 // so at gc_percent alone it collected about once a second at 10,000 checks/s, and each
 // collection (the mark worker on one of two cores for several ms, and assists) made a
-// few percent of checks slow (the load benchmark's GC traces: ALLOT_BENCH_GODEBUG=gctrace=1 ALLOT_BENCH_LOG=1). With a 256 MiB floor it collects every few seconds. The cost is
-// memory: the heap grows to about floor before it is collected, then follows the live
-// heap × (1 + base/100) once that is larger.
+// few percent of checks slow (the load benchmark's GC traces: ALLOT_BENCH_GODEBUG=
+// gctrace=1 ALLOT_BENCH_LOG=1). With a 256 MiB floor it collects every few seconds. The
+// cost is memory: the heap grows to about floor before it is collected, then follows the
+// live heap × (1 + base/100) once that is larger.
 //
 // It runs on the runtime's cleanup goroutine, once per collection (a cleanup on a
 // sentinel object that each run replaces), so it owns no goroutine; stop ends the chain
