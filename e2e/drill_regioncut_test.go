@@ -17,7 +17,7 @@ import (
 // and balancer links, stack.Region.BalancerLinks: its enforcers report through
 // balancer.addrs) while us-east starts wanting the key too. Promises (DESIGN.md §9, issue
 // 11): eu-west keeps enforcing its last share until the staleness period has passed
-// (pkg/shares: no refresh and no accepted report for that long), then min(last, default);
+// (pkg/enforcer/overrides: no refresh and no accepted report for that long), then min(last, default);
 // the balancer holds the silent region at its last share until the same period has
 // passed and only then hands the rest to us-east, so what eu-west enforces on its own plus
 // what the others are given never sums above 1; once the links are back, eu-west's

@@ -13,7 +13,7 @@ import (
 	"strings"
 	"syscall"
 
-	"github.com/allot-dev/allot/pkg/localstack"
+	"github.com/allot-dev/allot/pkg/inprocess"
 	"github.com/allot-dev/allot/pkg/sim"
 	"github.com/allot-dev/allot/pkg/sim/scenario"
 	"github.com/hashicorp/go-hclog"
@@ -57,10 +57,10 @@ func demoCmd(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, err)
 		return 2
 	}
-	cfg := localstack.Config{Rules: rules.Bytes(), Interval: sc.Interval, Redis: seeds,
+	cfg := inprocess.Config{Rules: rules.Bytes(), Interval: sc.Interval, Redis: seeds,
 		Logger: hclog.New(&hclog.LoggerOptions{Name: "stack", Level: hclog.LevelFromString(*logLevel), Output: stderr})}
 	for _, r := range sc.Regions {
-		cfg.Regions = append(cfg.Regions, localstack.Region{Name: r.Name, Enforcers: r.Enforcers})
+		cfg.Regions = append(cfg.Regions, inprocess.Region{Name: r.Name, Enforcers: r.Enforcers})
 		delete(seeds, r.Name)
 	}
 	if len(seeds) > 0 {
@@ -71,7 +71,7 @@ func demoCmd(args []string, stdout, stderr io.Writer) int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	fmt.Fprintf(stderr, "regionsim demo: starting etcd, a balancer and %d regions of enforcers in this process...\n", len(sc.Regions))
-	st, err := localstack.Start(cfg)
+	st, err := inprocess.Start(cfg)
 	if err != nil {
 		fmt.Fprintln(stderr, err)
 		return 1

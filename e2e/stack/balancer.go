@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/allot-dev/allot/pkg/shareset"
+	"github.com/allot-dev/allot/pkg/contract"
 	"github.com/allot-dev/allot/pkg/testenv"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"gopkg.in/yaml.v3"
@@ -125,28 +125,28 @@ func (s *Stack) Leader(t testing.TB, timeout time.Duration) *Balancer {
 
 // ShareSet reads the published share set from etcd: the head and every entry of its
 // chunks (only chunks of the head's version and leader are taken).
-func ShareSet(ctx context.Context, cli *clientv3.Client) (shareset.Head, []shareset.Entry, error) {
+func ShareSet(ctx context.Context, cli *clientv3.Client) (contract.Head, []contract.Entry, error) {
 	resp, err := cli.Get(ctx, "/allot/shares/", clientv3.WithPrefix())
 	if err != nil {
-		return shareset.Head{}, nil, err
+		return contract.Head{}, nil, err
 	}
-	var head shareset.Head
-	var chunks []shareset.Chunk
+	var head contract.Head
+	var chunks []contract.Chunk
 	for _, kv := range resp.Kvs {
 		k := string(kv.Key)
-		if k == shareset.HeadKey("/allot/shares/") {
-			if head, err = shareset.DecodeHead(kv.Value); err != nil {
+		if k == contract.HeadKey("/allot/shares/") {
+			if head, err = contract.DecodeHead(kv.Value); err != nil {
 				return head, nil, err
 			}
 		} else if strings.HasPrefix(k, "/allot/shares/chunk/") {
-			c, err := shareset.DecodeChunk(kv.Value)
+			c, err := contract.DecodeChunk(kv.Value)
 			if err != nil {
 				return head, nil, err
 			}
 			chunks = append(chunks, c)
 		}
 	}
-	var entries []shareset.Entry
+	var entries []contract.Entry
 	for _, c := range chunks {
 		if c.Version == head.Version && c.LeaderRev == head.LeaderRev {
 			entries = append(entries, c.Entries...)

@@ -8,8 +8,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/allot-dev/allot/pkg/contract"
 	"github.com/allot-dev/allot/pkg/share"
-	"github.com/allot-dev/allot/pkg/shareset"
 	allotv1 "github.com/allot-dev/allot/proto/allot/v1"
 )
 
@@ -29,12 +29,12 @@ const MaxNameLen = 512
 const eps = 1e-9
 
 // Publication is what Tick asks to be written. Changed: a new version, Head.Version one
-// more than the last; write Entries (shareset.Split) then the head. Not Changed: a head
+// more than the last; write Entries (contract.Split) then the head. Not Changed: a head
 // refresh of the version in force (Entries nil; the publisher keeps the chunk count it
 // wrote), so enforcers see the balancer alive. Head.Chunks is left 0 for the publisher.
 type Publication struct {
-	Head    shareset.Head
-	Entries []shareset.Entry
+	Head    contract.Head
+	Entries []contract.Entry
 	Changed bool
 }
 
@@ -253,7 +253,7 @@ func (c *Core) begin(now time.Time) {
 // LimitsFunc does not know are dropped (their enforcers have no such rule either); a
 // region of ours the set does not name gets 0 for those entries. Call it before the first
 // Ingest or Tick, at most once (ErrRestoreLate otherwise).
-func (c *Core) Restore(head shareset.Head, entries []shareset.Entry) error {
+func (c *Core) Restore(head contract.Head, entries []contract.Entry) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.started || c.restoredRev != 0 || len(c.ids) > 0 {

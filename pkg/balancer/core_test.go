@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/allot-dev/allot/pkg/shareset"
+	"github.com/allot-dev/allot/pkg/contract"
 	allotv1 "github.com/allot-dev/allot/proto/allot/v1"
 )
 
@@ -295,9 +295,9 @@ func TestHeadRefreshWithoutChange(t *testing.T) {
 	}
 }
 
-func restoredSet() (shareset.Head, []shareset.Entry) {
-	head := shareset.Head{LeaderRev: 3, Version: 41, Chunks: 1, Entries: 1, Regions: regions3}
-	return head, []shareset.Entry{{Rule: "default", Identity: "key:a", Shares: map[string]float64{"us-east": 0.8, "eu-west": 0.1, "ap-south": 0.1}},
+func restoredSet() (contract.Head, []contract.Entry) {
+	head := contract.Head{LeaderRev: 3, Version: 41, Chunks: 1, Entries: 1, Regions: regions3}
+	return head, []contract.Entry{{Rule: "default", Identity: "key:a", Shares: map[string]float64{"us-east": 0.8, "eu-west": 0.1, "ap-south": 0.1}},
 		{Rule: "unknown", Identity: "key:z", Shares: map[string]float64{"us-east": 1}}}
 }
 
@@ -409,7 +409,7 @@ func TestSilentRegionHeldThenStale(t *testing.T) {
 	}
 	// Stale (2 min after its last report): held at min(last, default) = 1/3. Its
 	// enforcers have gone stale by their own clocks by then (no share refresh, or no
-	// report accepted, for Stale: pkg/shares), so once AckTimeout more has passed (a
+	// report accepted, for Stale: pkg/enforcer/overrides), so once AckTimeout more has passed (a
 	// report's round trip) the others get the rest without an acknowledgement.
 	w.step(50 * time.Second) // 140 s after its last report
 	if s := w.published(k); math.Abs(s[2]-1.0/3) > 1e-9 {

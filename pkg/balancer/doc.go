@@ -1,7 +1,7 @@
 // Package balancer is the quota balancer: it merges the enforcers' usage reports, moves
 // each region's share of every limited identity's global limit toward where that
 // identity's traffic is (pkg/share decides how much), and publishes the shares that differ
-// from the default split (pkg/shareset's format) through a change plan that keeps the sum
+// from the default split (pkg/contract's format) through a change plan that keeps the sum
 // over regions ≤ 1 at every instant, also while a change is being applied.
 //
 // # The core
@@ -64,7 +64,7 @@
 // share: the others' targets get no more than the rest (and while it may still apply an
 // older, larger share, the plan keeps their increases back). After Stale it is held at
 // min(last, default_r), which is what its enforcers enforce on their own after Stale
-// without a fresh head or, with usage reports, without an accepted report (pkg/shares).
+// without a fresh head or, with usage reports, without an accepted report (pkg/enforcer/overrides).
 // Stale + AckTimeout after its last report (AckTimeout covering the round trip from which
 // its enforcers count) the region is gone: every enforcer of it enforces at most
 // min(its share, default), so the plan reserves the default share for it and hands the

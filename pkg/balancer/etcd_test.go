@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/allot-dev/allot/pkg/shareset"
+	"github.com/allot-dev/allot/pkg/contract"
 	"github.com/allot-dev/allot/pkg/testenv"
 	allotv1 "github.com/allot-dev/allot/proto/allot/v1"
 	"github.com/hashicorp/go-hclog"
@@ -87,15 +87,15 @@ func waitFor(t *testing.T, within time.Duration, what string, cond func() bool) 
 	return time.Since(began)
 }
 
-func readHead(t *testing.T, cli *clientv3.Client, prefix string) (shareset.Head, bool) {
+func readHead(t *testing.T, cli *clientv3.Client, prefix string) (contract.Head, bool) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	resp, err := cli.Get(ctx, shareset.HeadKey(prefix+"shares/"))
+	resp, err := cli.Get(ctx, contract.HeadKey(prefix+"shares/"))
 	if err != nil || len(resp.Kvs) == 0 {
-		return shareset.Head{}, false
+		return contract.Head{}, false
 	}
-	h, err := shareset.DecodeHead(resp.Kvs[0].Value)
+	h, err := contract.DecodeHead(resp.Kvs[0].Value)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -139,7 +139,7 @@ func TestEtcdElectionFencingAndRedirect(t *testing.T) {
 		lead, standby := leaderOf(a, b)
 		_, rev1 := lead.s.Leading()
 		// Reports until the hot key's shares are published.
-		var head1 shareset.Head
+		var head1 contract.Head
 		seq := uint64(0)
 		waitFor(t, 15*time.Second, "the hot key published", func() bool {
 			seq++
@@ -153,7 +153,7 @@ func TestEtcdElectionFencingAndRedirect(t *testing.T) {
 		took := waitFor(t, testSessionTTL+5*time.Second, "the standby to lead", standby.leading)
 		t.Logf("standby leads %v after the leader's client closed (session TTL %v)", took.Round(time.Millisecond), testSessionTTL)
 		_, rev2 := standby.s.Leading()
-		var head2 shareset.Head
+		var head2 contract.Head
 		waitFor(t, 5*time.Second, "the new leader's head", func() bool {
 			h, ok := readHead(t, standby.cli, prefix)
 			head2 = h

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/allot-dev/allot/pkg/shareset"
+	"github.com/allot-dev/allot/pkg/contract"
 	"github.com/allot-dev/allot/pkg/testenv"
 	allotv1 "github.com/allot-dev/allot/proto/allot/v1"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -18,7 +18,7 @@ import (
 
 // loopEnforcer stands in for an enforcer: it polls the share set in etcd (head, then
 // every chunk; a set is taken only when every chunk carries the head's rev and version,
-// as pkg/shareset says) and reports usage over gRPC with the set it applies.
+// as pkg/contract says) and reports usage over gRPC with the set it applies.
 type loopEnforcer struct {
 	region, id string
 	mu         sync.Mutex // mu guards rev, ver, set
@@ -32,20 +32,20 @@ func (e *loopEnforcer) poll(ctx context.Context, cli *clientv3.Client, prefix st
 	if err != nil {
 		return
 	}
-	var head shareset.Head
-	chunks := map[int]shareset.Chunk{}
+	var head contract.Head
+	chunks := map[int]contract.Chunk{}
 	for _, kv := range resp.Kvs {
-		if string(kv.Key) == shareset.HeadKey(prefix) {
-			head, _ = shareset.DecodeHead(kv.Value)
-		} else if i, ok := shareset.ChunkIndex(prefix, string(kv.Key)); ok {
-			if c, err := shareset.DecodeChunk(kv.Value); err == nil {
+		if string(kv.Key) == contract.HeadKey(prefix) {
+			head, _ = contract.DecodeHead(kv.Value)
+		} else if i, ok := contract.ChunkIndex(prefix, string(kv.Key)); ok {
+			if c, err := contract.DecodeChunk(kv.Value); err == nil {
 				chunks[i] = c
 			}
 		}
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if !shareset.Newer(head.LeaderRev, head.Version, e.rev, e.ver) {
+	if !contract.Newer(head.LeaderRev, head.Version, e.rev, e.ver) {
 		return
 	}
 	set := map[key][]float64{}

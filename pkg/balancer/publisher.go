@@ -7,7 +7,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/allot-dev/allot/pkg/shareset"
+	"github.com/allot-dev/allot/pkg/contract"
 	"github.com/hashicorp/go-hclog"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -16,7 +16,7 @@ import (
 // term's election key: If(CreateRevision(key) == rev), so once the key is gone (lease
 // expired, resigned) or belongs to a newer campaign, etcd refuses the write (ErrFenced).
 //
-// A changed version is written as the chunks whose entries changed (shareset.Chunker:
+// A changed version is written as the chunks whose entries changed (contract.Chunker:
 // one Txn each, each ≤ maxBytes: within etcd's request limit), then one Txn deleting the
 // chunk keys past the new count, then the head, which lists each chunk's version. Writes
 // per version are thus the changed chunks + 2, at most ⌈listed entries × ~150 B /
@@ -33,7 +33,7 @@ type publisher struct {
 	m        *metrics
 	chunks   int      // chunk keys that may exist in etcd: [0, chunks)
 	versions []uint64 // each chunk's version, for the head
-	layout   *shareset.Chunker
+	layout   *contract.Chunker
 }
 
 func (p *publisher) txn(ctx context.Context, kind string, ops ...clientv3.Op) error {
@@ -55,7 +55,7 @@ func (p *publisher) txn(ctx context.Context, kind string, ops ...clientv3.Op) er
 // write publishes pub (changed chunks then head when Changed; the head alone otherwise).
 func (p *publisher) write(ctx context.Context, pub *Publication) (err error) {
 	if p.layout == nil {
-		p.layout = shareset.NewChunker(p.maxBytes)
+		p.layout = contract.NewChunker(p.maxBytes)
 	}
 	defer func() {
 		if err != nil {
@@ -66,7 +66,7 @@ func (p *publisher) write(ctx context.Context, pub *Publication) (err error) {
 	if pub.Changed {
 		writes, versions := p.layout.Next(pub.Entries, head.LeaderRev, head.Version)
 		for _, w := range writes {
-			if err := p.txn(ctx, "chunk", clientv3.OpPut(shareset.ChunkKey(p.prefix, w.Index), string(w.Data))); err != nil {
+			if err := p.txn(ctx, "chunk", clientv3.OpPut(contract.ChunkKey(p.prefix, w.Index), string(w.Data))); err != nil {
 				return err
 			}
 			p.m.writeBytes.WithLabelValues("chunk").Add(float64(len(w.Data)))
@@ -76,7 +76,7 @@ func (p *publisher) write(ctx context.Context, pub *Publication) (err error) {
 		for lo := len(versions); lo < p.chunks; lo += 64 {
 			var ops []clientv3.Op
 			for i := lo; i < min(lo+64, p.chunks); i++ {
-				ops = append(ops, clientv3.OpDelete(shareset.ChunkKey(p.prefix, i)))
+				ops = append(ops, clientv3.OpDelete(contract.ChunkKey(p.prefix, i)))
 			}
 			if err := p.txn(ctx, "delete", ops...); err != nil {
 				return err
@@ -97,7 +97,7 @@ func (p *publisher) write(ctx context.Context, pub *Publication) (err error) {
 	if err != nil {
 		return fmt.Errorf("while encoding the head: %w", err)
 	}
-	if err := p.txn(ctx, "head", clientv3.OpPut(shareset.HeadKey(p.prefix), string(b))); err != nil {
+	if err := p.txn(ctx, "head", clientv3.OpPut(contract.HeadKey(p.prefix), string(b))); err != nil {
 		return err
 	}
 	p.m.writeBytes.WithLabelValues("head").Add(float64(len(b)))
@@ -110,7 +110,7 @@ func (p *publisher) write(ctx context.Context, pub *Publication) (err error) {
 // of the newer (rev, version). Each entry is a set the plan published, so each sums to ≤ 1
 // and the new leader's first version replaces them all anyway. found is false when no
 // head exists (a first start).
-func (p *publisher) load(ctx context.Context, log hclog.Logger) (head shareset.Head, entries []shareset.Entry, found bool, err error) {
+func (p *publisher) load(ctx context.Context, log hclog.Logger) (head contract.Head, entries []contract.Entry, found bool, err error) {
 	ctx, cancel := context.WithTimeout(ctx, p.timeout)
 	defer cancel()
 	resp, err := p.cli.Get(ctx, p.prefix, clientv3.WithPrefix())
@@ -120,26 +120,26 @@ func (p *publisher) load(ctx context.Context, log hclog.Logger) (head shareset.H
 	type src struct {
 		rev int64
 		ver uint64
-		e   shareset.Entry
+		e   contract.Entry
 	}
 	best := map[key]src{}
 	for _, kv := range resp.Kvs {
 		k := string(kv.Key)
-		if k == shareset.HeadKey(p.prefix) {
-			if head, err = shareset.DecodeHead(kv.Value); err != nil {
+		if k == contract.HeadKey(p.prefix) {
+			if head, err = contract.DecodeHead(kv.Value); err != nil {
 				log.Warn("persisted head is invalid; starting from the default split", "error", err)
-				head = shareset.Head{}
+				head = contract.Head{}
 				continue
 			}
 			found = true
 			continue
 		}
-		i, ok := shareset.ChunkIndex(p.prefix, k)
+		i, ok := contract.ChunkIndex(p.prefix, k)
 		if !ok {
 			continue
 		}
 		p.chunks = max(p.chunks, i+1)
-		c, err := shareset.DecodeChunk(kv.Value)
+		c, err := contract.DecodeChunk(kv.Value)
 		if err != nil {
 			log.Warn("persisted chunk is invalid; its entries are dropped", "key", k, "error", err)
 			continue

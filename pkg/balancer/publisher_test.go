@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/allot-dev/allot/pkg/shareset"
+	"github.com/allot-dev/allot/pkg/contract"
 	"github.com/allot-dev/allot/pkg/testenv"
 	"github.com/hashicorp/go-hclog"
 	"github.com/prometheus/client_golang/prometheus"
@@ -28,12 +28,12 @@ func TestPublisherWritesChangedChunks(t *testing.T) {
 	p := &publisher{cli: cli, prefix: "/test/shares/", key: elKey, rev: put.Header.Revision,
 		maxBytes: 1 << 10, timeout: 5 * time.Second, m: newMetrics(prometheus.NewRegistry(), nil)}
 	chunkWrites := func() float64 { return testutil.ToFloat64(p.m.writes.WithLabelValues("chunk", "ok")) }
-	es := make([]shareset.Entry, 200)
+	es := make([]contract.Entry, 200)
 	for i := range es {
-		es[i] = shareset.Entry{Rule: "default", Identity: fmt.Sprintf("key:%03d", i), Shares: map[string]float64{"us-east": 0.5, "eu-west": 0.5}}
+		es[i] = contract.Entry{Rule: "default", Identity: fmt.Sprintf("key:%03d", i), Shares: map[string]float64{"us-east": 0.5, "eu-west": 0.5}}
 	}
 	pub := func(ver uint64) *Publication {
-		return &Publication{Changed: true, Entries: es, Head: shareset.Head{LeaderRev: p.rev, Version: ver, Entries: len(es), Regions: []string{"us-east", "eu-west"}}}
+		return &Publication{Changed: true, Entries: es, Head: contract.Head{LeaderRev: p.rev, Version: ver, Entries: len(es), Regions: []string{"us-east", "eu-west"}}}
 	}
 	if err := p.write(ctx, pub(1)); err != nil {
 		t.Fatal(err)

@@ -9,7 +9,7 @@ import (
 
 	"github.com/allot-dev/allot/pkg/certs"
 	"github.com/allot-dev/allot/pkg/clock"
-	"github.com/allot-dev/allot/pkg/shareset"
+	"github.com/allot-dev/allot/pkg/contract"
 	allotv1 "github.com/allot-dev/allot/proto/allot/v1"
 	"github.com/hashicorp/go-hclog"
 	"github.com/prometheus/client_golang/prometheus"
@@ -47,7 +47,7 @@ type ServiceConfig struct {
 	Etcd *clientv3.Client
 	// ElectionPrefix: default DefaultElectionPrefix.
 	ElectionPrefix string
-	// SharesPrefix is where share sets are published. Default shareset.DefaultPrefix.
+	// SharesPrefix is where share sets are published. Default contract.DefaultPrefix.
 	SharesPrefix string
 	// Advertise is this replica's report API address ("host:port"), the campaign value
 	// standbys redirect to. Required.
@@ -67,7 +67,7 @@ type ServiceConfig struct {
 	// WriteTimeout bounds each etcd transaction and the initial read. Default 5s.
 	WriteTimeout time.Duration
 	// MaxChunkBytes bounds each chunk's encoding (each chunk is one Txn). Default
-	// shareset.MaxChunkBytes.
+	// contract.MaxChunkBytes.
 	MaxChunkBytes int
 	// RegionFromPeer, when true, takes a report only over mutual TLS and only for the
 	// region the client certificate names (certs.RegionOf: the URI SAN
@@ -85,9 +85,9 @@ type ServiceConfig struct {
 // DefaultServiceConfig returns the defaults above (Core from DefaultCoreConfig).
 func DefaultServiceConfig() ServiceConfig {
 	return ServiceConfig{
-		Core: DefaultCoreConfig(), ElectionPrefix: DefaultElectionPrefix, SharesPrefix: shareset.DefaultPrefix,
+		Core: DefaultCoreConfig(), ElectionPrefix: DefaultElectionPrefix, SharesPrefix: contract.DefaultPrefix,
 		SessionTTL: 10 * time.Second, TickEvery: time.Second, WriteTimeout: 5 * time.Second,
-		MaxChunkBytes: shareset.MaxChunkBytes,
+		MaxChunkBytes: contract.MaxChunkBytes,
 	}
 }
 
@@ -118,8 +118,8 @@ func (c *ServiceConfig) Validate() error {
 	if c.WriteTimeout <= 0 {
 		bad("WriteTimeout %v, must be > 0", c.WriteTimeout)
 	}
-	if c.MaxChunkBytes <= 0 || c.MaxChunkBytes > shareset.MaxChunkBytes {
-		bad("MaxChunkBytes %d, must be in (0, %d]", c.MaxChunkBytes, shareset.MaxChunkBytes)
+	if c.MaxChunkBytes <= 0 || c.MaxChunkBytes > contract.MaxChunkBytes {
+		bad("MaxChunkBytes %d, must be in (0, %d]", c.MaxChunkBytes, contract.MaxChunkBytes)
 	}
 	core := c.Core
 	core.LeaderRev = 1 // set per term

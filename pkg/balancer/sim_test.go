@@ -39,11 +39,11 @@ type fakeEnf struct {
 	silent     bool // reports stop
 	// cut: cut off from the whole control plane since cutAt (no set reaches it, no report
 	// leaves it); it keeps enforcing what it applies, and after Stale (its own staleness
-	// rule, pkg/shares) min(that, default).
+	// rule, pkg/enforcer/overrides) min(that, default).
 	cut   bool
 	cutAt time.Time
 	// heard is when its last report was accepted: with reports on, its set goes stale
-	// Stale after that (pkg/shares.Holder.Heard).
+	// Stale after that (pkg/enforcer/overrides.Holder.Heard).
 	heard time.Time
 	left  bool // shut down: enforces nothing, reports nothing
 }

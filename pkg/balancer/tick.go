@@ -6,8 +6,8 @@ import (
 	"slices"
 	"time"
 
+	"github.com/allot-dev/allot/pkg/contract"
 	"github.com/allot-dev/allot/pkg/share"
-	"github.com/allot-dev/allot/pkg/shareset"
 )
 
 // Tick advances the core to now and returns what to write, or nil when nothing is due.
@@ -86,7 +86,7 @@ func (c *Core) Tick(now time.Time) *Publication {
 // The reservation is per enforcer: an enforcer that fell silent keeps holding its region's
 // acknowledgement at the version it last reported until it has fenced itself by its own
 // staleness rule — Stale without an accepted report, plus AckTimeout for the round trip
-// it counts from (pkg/shares) — and only its region's other enforcers' reports do not
+// it counts from (pkg/enforcer/overrides) — and only its region's other enforcers' reports do not
 // release it (one enforcer cut off from the control plane while its region-mates report
 // went on enforcing its old share: 1.09-1.15 of the limit measured before). After that it
 // enforces at most min(its share, default split): while such a fenced enforcer is
@@ -486,14 +486,14 @@ func (c *Core) materialize(now time.Time, changed bool) *Publication {
 	if c.held {
 		phase = "decrease"
 	}
-	p := &Publication{Changed: changed, Head: shareset.Head{
+	p := &Publication{Changed: changed, Head: contract.Head{
 		LeaderRev: c.cfg.LeaderRev, Version: c.version, Entries: c.listed, PublishedAt: now,
 		Regions: slices.Clone(c.cfg.Regions), Phase: phase,
 	}}
 	if !changed {
 		return p
 	}
-	p.Entries = make([]shareset.Entry, 0, c.listed)
+	p.Entries = make([]contract.Entry, 0, c.listed)
 	for _, id := range c.all {
 		pub := id.published(c.n)
 		if equal(pub, id.def) {
@@ -504,9 +504,9 @@ func (c *Core) materialize(now time.Time, changed bool) *Publication {
 		for r, name := range c.cfg.Regions {
 			m[name] = pub[r]
 		}
-		p.Entries = append(p.Entries, shareset.Entry{Rule: k.rule, Identity: k.identity, Shares: m})
+		p.Entries = append(p.Entries, contract.Entry{Rule: k.rule, Identity: k.identity, Shares: m})
 	}
-	slices.SortFunc(p.Entries, func(a, b shareset.Entry) int {
+	slices.SortFunc(p.Entries, func(a, b contract.Entry) int {
 		return cmp.Or(cmp.Compare(a.Rule, b.Rule), cmp.Compare(a.Identity, b.Identity))
 	})
 	p.Head.Entries = len(p.Entries)

@@ -84,7 +84,7 @@ type Config struct {
 	// reports). Nil means no one listens.
 	Usage UsageObserver
 	// Shares, if set, gives each identity's share of a rule's global limits in this region
-	// (the balancer's, pkg/shares); nil means every identity has its rule's default share
+	// (the balancer's, pkg/enforcer/overrides); nil means every identity has its rule's default share
 	// (rules.Compiled.Share, the limits the rule was compiled with).
 	Shares Shares
 

@@ -50,7 +50,7 @@ type UsageObserver interface {
 }
 
 // Shares says which part of a rule's global limits one identity may use in this region:
-// a share in [0, 1] (pkg/shares.Holder is the production one). It is asked on every take,
+// a share in [0, 1] (pkg/enforcer/overrides.Holder is the production one). It is asked on every take,
 // on the checking goroutine, so it must be quick, must not block or allocate, and must be
 // safe for concurrent use. An answer equal to rule.Share keeps the compiled limits; any
 // other enforces rule.LimitsFor(share) — global rate and burst × share — for that take, on

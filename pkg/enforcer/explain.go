@@ -10,7 +10,7 @@ import (
 )
 
 // ShareStatus is what Explain tells of the set of shares in force, when Config.Shares has
-// it (pkg/shares.Holder does).
+// it (pkg/enforcer/overrides.Holder does).
 type ShareStatus interface {
 	Applied() (leaderRev int64, version uint64)
 	Age(now time.Time) time.Duration

@@ -9,10 +9,10 @@ import (
 
 	"github.com/allot-dev/allot/pkg/bucket"
 	"github.com/allot-dev/allot/pkg/clock"
+	"github.com/allot-dev/allot/pkg/contract"
+	"github.com/allot-dev/allot/pkg/enforcer/overrides"
 	"github.com/allot-dev/allot/pkg/lease"
 	"github.com/allot-dev/allot/pkg/rules"
-	"github.com/allot-dev/allot/pkg/shares"
-	"github.com/allot-dev/allot/pkg/shareset"
 	"github.com/allot-dev/allot/pkg/testenv"
 )
 
@@ -189,20 +189,20 @@ func TestShareChangeDropsLease(t *testing.T) {
 
 // The production Holder plugs in as Shares.
 func TestHolderAsShares(t *testing.T) {
-	cfg := shares.DefaultConfig()
+	cfg := overrides.DefaultConfig()
 	cfg.Region, cfg.Clock = "us-east", clock.NewFake(t0)
-	h, err := shares.NewHolder(cfg)
+	h, err := overrides.NewHolder(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	h.Apply(shareset.Head{LeaderRev: 1, Version: 1, PublishedAt: t0},
-		[]shareset.Entry{{Rule: "default", Identity: "key:half", Shares: map[string]float64{"us-east": 0.5, "eu-west": 0.5}}}, t0)
+	h.Apply(contract.Head{LeaderRev: 1, Version: 1, PublishedAt: t0},
+		[]contract.Entry{{Rule: "default", Identity: "key:half", Shares: map[string]float64{"us-east": 0.5, "eu-west": 0.5}}}, t0)
 	r := newRig(t, shareRules, nil, func(c *Config) { c.Shares = h })
 	if n, _ := r.admitted(t, 30, rules.Attrs{APIKey: "half"}); n != 10 {
 		t.Fatalf("%d admitted, want 10", n)
 	}
 	// Stale: min(0.5, default 1) = 0.5 still; the default split applies to the rest.
-	r.clk.Advance(shares.DefaultStale)
+	r.clk.Advance(overrides.DefaultStale)
 	if n, _ := r.admitted(t, 30, rules.Attrs{APIKey: "other"}); n != 20 {
 		t.Fatalf("%d admitted, want 20", n)
 	}
@@ -228,18 +228,18 @@ func TestShareCheckAllocations(t *testing.T) {
 // shareBenchRig is benchRig with a Holder listing every bench key at share 0.5 for the
 // default rule (so each check rescales) and nothing for the others.
 func shareBenchRig(b testing.TB) *rig {
-	cfg := shares.DefaultConfig()
+	cfg := overrides.DefaultConfig()
 	cfg.Region = "us-east"
-	h, err := shares.NewHolder(cfg)
+	h, err := overrides.NewHolder(cfg)
 	if err != nil {
 		b.Fatal(err)
 	}
-	es := make([]shareset.Entry, 1024)
+	es := make([]contract.Entry, 1024)
 	for i := range es {
-		es[i] = shareset.Entry{Rule: "default", Identity: fmt.Sprintf("key:key-%d", i), Shares: map[string]float64{"us-east": 0.5}}
+		es[i] = contract.Entry{Rule: "default", Identity: fmt.Sprintf("key:key-%d", i), Shares: map[string]float64{"us-east": 0.5}}
 	}
 	now := time.Now()
-	h.Apply(shareset.Head{LeaderRev: 1, Version: 1, PublishedAt: now}, es, now)
+	h.Apply(contract.Head{LeaderRev: 1, Version: 1, PublishedAt: now}, es, now)
 	return newRig(b, benchRules, func(clock.Clock) bucket.Store { return bucket.NewMemory(clock.Real(), 0) },
 		func(c *Config) { c.Clock = clock.Real(); c.Shares = h })
 }

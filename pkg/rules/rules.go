@@ -152,7 +152,7 @@ type Rule struct {
 	// Shares maps a region to its share of the global limit, in [0, 1], summing to at
 	// most 1: the rule's default split. Regions not listed share the rest by weight, and
 	// without shares the split is by region weight (see DefaultShare). The balancer may
-	// give one identity other shares (pkg/shares).
+	// give one identity other shares (pkg/enforcer/overrides).
 	Shares map[string]float64
 
 	pos *rulePos // where the rule was written, for error messages; nil when built in Go

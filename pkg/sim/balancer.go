@@ -8,12 +8,12 @@ import (
 	"time"
 
 	"github.com/allot-dev/allot/pkg/balancer"
+	"github.com/allot-dev/allot/pkg/contract"
 	"github.com/allot-dev/allot/pkg/enforcer"
+	"github.com/allot-dev/allot/pkg/enforcer/overrides"
+	"github.com/allot-dev/allot/pkg/enforcer/report"
 	"github.com/allot-dev/allot/pkg/rules"
-	"github.com/allot-dev/allot/pkg/shares"
-	"github.com/allot-dev/allot/pkg/shareset"
 	"github.com/allot-dev/allot/pkg/sim/scenario"
-	"github.com/allot-dev/allot/pkg/usage"
 	allotv1 "github.com/allot-dev/allot/proto/allot/v1"
 )
 
@@ -21,19 +21,19 @@ import (
 // tables) runs on each region's clock; the balancer's (ticks, reports arriving,
 // publication) on the coordinator's, at barriers (see Slice):
 //
-//   - every enforcer has a real usage.Table (its enforcer's UsageObserver) and reports it
-//     like usage.Reporter: every Interval, at a phase of its own (spread evenly over the
+//   - every enforcer has a real report.Table (its enforcer's UsageObserver) and reports it
+//     like report.Reporter: every Interval, at a phase of its own (spread evenly over the
 //     interval), early when the table says refusals jumped (checked every EarlyPoll), and
 //     early (AckGap after its last report) when its region applied a new share set; a
 //     report reaches the balancer ReportDelay later;
 //   - the balancer is the real balancer.Core, ticked every TickEvery; each Publication it
 //     returns lands at once in the virtual etcd (the set as a Watcher would list it:
 //     the head and the entries of the newest version) and reaches every region's
-//     shares.Holder Propagation (the scenario's) later;
-//   - each region's enforcers enforce through the region's real shares.Holder
+//     overrides.Holder Propagation (the scenario's) later;
+//   - each region's enforcers enforce through the region's real overrides.Holder
 //     (enforcer.Config.Shares), with its staleness rule.
 //
-// Every enforcer has its own shares.Holder, as in production: it counts staleness from its
+// Every enforcer has its own overrides.Holder, as in production: it counts staleness from its
 // last refresh and from its last report the balancer accepted (Config.Reports), and until
 // it has read a set (Config.WaitForSet) it enforces min(default, floor). At the start the
 // virtual etcd is empty, which each Holder has read.
@@ -58,7 +58,7 @@ const (
 type reporter struct {
 	region, enf int
 	id          string
-	table       *usage.Table
+	table       *report.Table
 	seq         uint64
 	ack         bool // a new share set was applied and not reported yet
 	gen         int  // restarts so far (region-restart): a new process, a new id
@@ -74,7 +74,9 @@ type sent struct {
 }
 
 // holderRef is an enforcer's share table; a restart replaces the Holder behind it.
-type holderRef struct{ h atomic.Pointer[shares.Holder] }
+type holderRef struct {
+	h atomic.Pointer[overrides.Holder]
+}
 
 func (r *holderRef) Share(rule *rules.Compiled, identity string, now time.Time) float64 {
 	return r.h.Load().Share(rule, identity, now)
@@ -98,18 +100,18 @@ type balancerPlane struct {
 	cutEnf     [][]bool // [region][enforcer]: enforcer-isolated
 	restarting []bool
 	// the virtual etcd: the set as last written
-	head    shareset.Head
-	entries []shareset.Entry
+	head    contract.Head
+	entries []contract.Entry
 	written bool
 	// what was written: versions (and when), bytes, recomputes of every core
 	versionsAt []time.Duration
 	bytes      int64
-	layout     *shareset.Chunker // which chunks each version rewrites, as the publisher does
+	layout     *contract.Chunker // which chunks each version rewrites, as the publisher does
 	recomputes uint64
 }
 
 func newBalancerPlane(sc *scenario.Scenario) (*balancerPlane, error) {
-	p := &balancerPlane{sc: sc, layout: shareset.NewChunker(0), isolated: make([]bool, len(sc.Regions)), reps: make([][]*reporter, len(sc.Regions)),
+	p := &balancerPlane{sc: sc, layout: contract.NewChunker(0), isolated: make([]bool, len(sc.Regions)), reps: make([][]*reporter, len(sc.Regions)),
 		outbox: make([][]sent, len(sc.Regions)), restarting: make([]bool, len(sc.Regions)),
 		cutEnf: make([][]bool, len(sc.Regions)), holders: make([][]*holderRef, len(sc.Regions))}
 	for r, reg := range sc.Regions {
@@ -149,11 +151,11 @@ func (p *balancerPlane) name() string { return PolicyBalancer }
 func (p *balancerPlane) initial() [][]float64 { return newFixedPlane(p.sc, PolicyStatic).shares }
 
 // newHolder is a new enforcer process's share table: it has read no set yet.
-func (p *balancerPlane) newHolder(r int) (*shares.Holder, error) {
-	hc := shares.DefaultConfig()
+func (p *balancerPlane) newHolder(r int) (*overrides.Holder, error) {
+	hc := overrides.DefaultConfig()
 	hc.Region, hc.Clock = p.sc.Regions[r].Name, p.w.regions[r].clk
 	hc.Reports, hc.WaitForSet = true, true
-	h, err := shares.NewHolder(hc)
+	h, err := overrides.NewHolder(hc)
 	if err != nil {
 		return nil, fmt.Errorf("sim: %w", err)
 	}
@@ -174,7 +176,7 @@ func (p *balancerPlane) bind(w *world) error {
 			ref.h.Store(h)
 			p.holders[r] = append(p.holders[r], ref)
 		}
-		uc := usage.DefaultConfig()
+		uc := report.DefaultConfig()
 		// One stripe holding every key twice over: nothing is ever evicted (so the hash
 		// seed cannot change a report), and each report clears a small table, not the
 		// 16,384 pairs a production enforcer keeps.
@@ -192,7 +194,7 @@ func (p *balancerPlane) bind(w *world) error {
 			}
 			// The enforcers have been running for a while: their report phases are spread
 			// evenly over the interval, the first report covering [phase − Interval, phase).
-			t, err := usage.NewTable(uc, clk.Now().Add(p.phase(r, e)-p.sc.Interval))
+			t, err := report.NewTable(uc, clk.Now().Add(p.phase(r, e)-p.sc.Interval))
 			if err != nil {
 				return fmt.Errorf("sim: %w", err)
 			}
@@ -212,7 +214,7 @@ func (p *balancerPlane) start(w *world) {
 		clk := w.regions[r].clk
 		for e, rep := range rs {
 			rep := rep
-			// Like usage.Reporter: a report every Interval at the enforcer's phase (early
+			// Like report.Reporter: a report every Interval at the enforcer's phase (early
 			// and acknowledging reports in between do not move it), and when WantEarly.
 			var regular func()
 			regular = func() {
@@ -349,8 +351,8 @@ func (p *balancerPlane) deliver(r, e int) {
 	}
 }
 
-// ack reports early that rep's region applied a new share set, as usage.Reporter does on
-// shares.Holder.Changed: at least AckGap after rep's last report, so the balancer sees the
+// ack reports early that rep's region applied a new share set, as report.Reporter does on
+// overrides.Holder.Changed: at least AckGap after rep's last report, so the balancer sees the
 // version applied (what its change plan waits for before it publishes an increase).
 func (p *balancerPlane) ack(rep *reporter) {
 	if rep.ack {
@@ -374,7 +376,7 @@ func (p *balancerPlane) ack(rep *reporter) {
 }
 
 // ackGap is the real Reporter's default AckGap.
-var ackGap = usage.DefaultReporterConfig().AckGap
+var ackGap = report.DefaultReporterConfig().AckGap
 
 func (p *balancerPlane) fault(f scenario.Fault, on bool) {
 	switch f.Kind {

@@ -61,8 +61,8 @@ import (
 	"github.com/allot-dev/allot/pkg/adminauth"
 	"github.com/allot-dev/allot/pkg/balancer"
 	"github.com/allot-dev/allot/pkg/clock"
+	"github.com/allot-dev/allot/pkg/contract"
 	"github.com/allot-dev/allot/pkg/rules"
-	"github.com/allot-dev/allot/pkg/shareset"
 	"github.com/hashicorp/go-hclog"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -150,7 +150,7 @@ func New(cfg Config) (*Server, error) {
 		}
 	}
 	def(&cfg.RulesPrefix, DefaultRulesPrefix)
-	def(&cfg.SharesPrefix, shareset.DefaultPrefix)
+	def(&cfg.SharesPrefix, contract.DefaultPrefix)
 	def(&cfg.AuditPrefix, DefaultAuditPrefix)
 	def(&cfg.ChangeKey, DefaultChangeKey)
 	def(&cfg.RegistryPrefix, DefaultRegistryPrefix)

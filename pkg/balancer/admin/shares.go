@@ -7,8 +7,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/allot-dev/allot/pkg/contract"
 	"github.com/allot-dev/allot/pkg/rules"
-	"github.com/allot-dev/allot/pkg/shareset"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -72,7 +72,7 @@ func (s *Server) shares(_ http.ResponseWriter, r *http.Request, _ string) (any, 
 	}
 	regions := s.cfg.Leader.Regions()
 	resp := SharesResponse{Identity: identity, Source: "core", Regions: regions, Entries: []SharesEntry{}}
-	var published map[string]shareset.Entry // by rule, when standing by
+	var published map[string]contract.Entry // by rule, when standing by
 	leading := false
 	for _, c := range snap.Rules() {
 		if (only != "" && c.ID != only) || !countsBy(c.By, identity) {
@@ -129,25 +129,25 @@ func globalRate(c *rules.Compiled) float64 {
 
 // readPublished reads the published set (head and chunks) and returns identity's entries
 // by rule. Chunks of another version than the head names are skipped, as enforcers do.
-func (s *Server) readPublished(ctx context.Context, identity string, resp *SharesResponse) (map[string]shareset.Entry, error) {
+func (s *Server) readPublished(ctx context.Context, identity string, resp *SharesResponse) (map[string]contract.Entry, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
 	defer cancel()
 	kvs, err := s.cfg.Etcd.Get(ctx, s.cfg.SharesPrefix, clientv3.WithPrefix())
 	if err != nil {
 		return nil, fmt.Errorf("admin: while reading the published shares: %w", err)
 	}
-	var head shareset.Head
-	var chunks []shareset.Chunk
+	var head contract.Head
+	var chunks []contract.Chunk
 	for _, kv := range kvs.Kvs {
 		k := string(kv.Key)
-		if k == shareset.HeadKey(s.cfg.SharesPrefix) {
-			if head, err = shareset.DecodeHead(kv.Value); err != nil {
+		if k == contract.HeadKey(s.cfg.SharesPrefix) {
+			if head, err = contract.DecodeHead(kv.Value); err != nil {
 				return nil, fmt.Errorf("admin: the published head: %w", err)
 			}
 			continue
 		}
-		if _, ok := shareset.ChunkIndex(s.cfg.SharesPrefix, k); ok {
-			if c, err := shareset.DecodeChunk(kv.Value); err == nil {
+		if _, ok := contract.ChunkIndex(s.cfg.SharesPrefix, k); ok {
+			if c, err := contract.DecodeChunk(kv.Value); err == nil {
 				chunks = append(chunks, c)
 			}
 		}
@@ -156,7 +156,7 @@ func (s *Server) readPublished(ctx context.Context, identity string, resp *Share
 	if len(head.Regions) > 0 {
 		resp.Regions = head.Regions
 	}
-	out := map[string]shareset.Entry{}
+	out := map[string]contract.Entry{}
 	for _, c := range chunks {
 		if c.LeaderRev != head.LeaderRev || c.Version != head.ChunkVersion(c.Index) {
 			continue

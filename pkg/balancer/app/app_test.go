@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/allot-dev/allot/pkg/certs"
-	"github.com/allot-dev/allot/pkg/shareset"
+	"github.com/allot-dev/allot/pkg/contract"
 	"github.com/allot-dev/allot/pkg/testenv"
 	allotv1 "github.com/allot-dev/allot/proto/allot/v1"
 	"github.com/hashicorp/go-hclog"
@@ -83,7 +83,7 @@ func TestAppLeadsPublishesAndResigns(t *testing.T) {
 		bcs[region] = reportClient(t, a.GRPCAddr(), grpc.WithTransportCredentials(credentials.NewTLS(testenv.EnforcerTLS(t, f, region))))
 	}
 	cli := e.Client(t)
-	var head shareset.Head
+	var head contract.Head
 	seq := uint64(0)
 	poll(t, 15*time.Second, "the busy key published", func() bool {
 		seq++
@@ -100,11 +100,11 @@ func TestAppLeadsPublishesAndResigns(t *testing.T) {
 				t.Fatalf("report: %v %v", resp, err)
 			}
 		}
-		r, err := cli.Get(context.Background(), shareset.HeadKey(shareset.DefaultPrefix))
+		r, err := cli.Get(context.Background(), contract.HeadKey(contract.DefaultPrefix))
 		if err != nil || len(r.Kvs) == 0 {
 			return false
 		}
-		head, _ = shareset.DecodeHead(r.Kvs[0].Value)
+		head, _ = contract.DecodeHead(r.Kvs[0].Value)
 		return head.Version >= 1
 	})
 	for path, want := range map[string]string{"/readyz": "ready: leader", "/healthz": "ok",

@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/allot-dev/allot/pkg/balancer"
-	"github.com/allot-dev/allot/pkg/shareset"
+	"github.com/allot-dev/allot/pkg/contract"
 	"github.com/allot-dev/allot/pkg/tlsfiles"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -153,7 +153,7 @@ func DefaultConfig() Config {
 		Admin:     defaultAdminConfig(),
 		Dashboard: DashboardConfig{TokensEnv: "ALLOT_DASHBOARD_TOKENS"},
 		Etcd: EtcdConfig{DialTimeout: 2 * time.Second, ElectionPrefix: balancer.DefaultElectionPrefix,
-			SharesPrefix: shareset.DefaultPrefix, SessionTTL: sc.SessionTTL, WriteTimeout: sc.WriteTimeout},
+			SharesPrefix: contract.DefaultPrefix, SessionTTL: sc.SessionTTL, WriteTimeout: sc.WriteTimeout},
 		Rules: RulesConfig{PollInterval: 2 * time.Second, IPv6Prefix: 64},
 		Balance: BalanceConfig{Interval: cc.Interval, EarlyGap: cc.EarlyGap, ShiftGap: cc.ShiftGap, Learning: cc.Learning, AckTimeout: cc.AckTimeout,
 			MinVersionGap: cc.MinVersionGap,

@@ -17,12 +17,12 @@ import (
 	"github.com/allot-dev/allot/pkg/enforcer"
 	"github.com/allot-dev/allot/pkg/enforcer/grpcapi"
 	"github.com/allot-dev/allot/pkg/enforcer/httpapi"
+	"github.com/allot-dev/allot/pkg/enforcer/overrides"
+	"github.com/allot-dev/allot/pkg/enforcer/report"
 	"github.com/allot-dev/allot/pkg/fallback"
 	"github.com/allot-dev/allot/pkg/lease"
 	"github.com/allot-dev/allot/pkg/registry"
 	"github.com/allot-dev/allot/pkg/rules"
-	"github.com/allot-dev/allot/pkg/shares"
-	"github.com/allot-dev/allot/pkg/usage"
 	"github.com/hashicorp/go-hclog"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -52,8 +52,8 @@ type App struct {
 	etcd     *clientv3.Client
 	registry *registry.Registry
 
-	shares  *shares.Holder  // always set; fed by sharesW when etcd is configured
-	sharesW *shares.Watcher // nil without etcd or with shares.disabled
+	shares  *overrides.Holder  // always set; fed by sharesW when etcd is configured
+	sharesW *overrides.Watcher // nil without etcd or with shares.disabled
 
 	redis      redis.UniversalClient
 	redisStore *bucket.Redis
@@ -62,8 +62,8 @@ type App struct {
 	store      bucket.Store
 
 	enf      *enforcer.Enforcer
-	usage    *usage.Table    // nil unless balancer.enabled
-	reporter *usage.Reporter // nil unless balancer.enabled
+	usage    *report.Table    // nil unless balancer.enabled
+	reporter *report.Reporter // nil unless balancer.enabled
 	grpc     *grpc.Server
 	health   *health.Server
 	http     *http.Server
@@ -89,7 +89,7 @@ type App struct {
 func New(cfg Config, log hclog.Logger) (*App, error) { return newApp(cfg, log, nil) }
 
 // NewWithStore is New with store in place of the memory store cfg.Store configures: the
-// enforcers of one region in one process (regionsim's demo, pkg/localstack) share one
+// enforcers of one region in one process (regionsim's demo, pkg/inprocess) share one
 // store standing for that region's Redis Cluster. cfg.Store.Kind must be "memory".
 func NewWithStore(cfg Config, log hclog.Logger, store bucket.Store) (*App, error) {
 	if cfg.Store.Kind != "memory" || store == nil {
@@ -157,7 +157,7 @@ func newApp(cfg Config, log hclog.Logger, store bucket.Store) (_ *App, err error
 		ec.Shares = a.shares
 	}
 	if cfg.Balancer.Enabled {
-		uc := usage.DefaultConfig()
+		uc := report.DefaultConfig()
 		overrideIfSet(&uc.Interval, cfg.Balancer.Interval)
 		overrideIfSet(&uc.Capacity, cfg.Balancer.Capacity)
 		overrideIfSet(&uc.MaxIdentities, cfg.Balancer.MaxIdentities)
@@ -168,7 +168,7 @@ func newApp(cfg Config, log hclog.Logger, store bucket.Store) (_ *App, err error
 		uc.RegionalRate = func(r *rules.Compiled, id string) float64 {
 			return r.Global[0].Rate * a.shares.Share(r, id, a.clock.Now())
 		}
-		if a.usage, err = usage.NewTable(uc, a.clock.Now()); err != nil {
+		if a.usage, err = report.NewTable(uc, a.clock.Now()); err != nil {
 			return nil, fmt.Errorf("app: balancer: %w", err)
 		}
 		ec.Usage = a.usage
@@ -184,17 +184,17 @@ func newApp(cfg Config, log hclog.Logger, store bucket.Store) (_ *App, err error
 		if tlsCfg == nil || len(tlsCfg.Certificates) == 0 {
 			log.Warn("USAGE REPORTS ARE NOT AUTHENTICATED: balancer.insecure is set; only a balancer that believes anyone's reports (listen.insecure_reports) takes them. Use mutual TLS outside a test.")
 		}
-		rc := usage.DefaultReporterConfig()
+		rc := report.DefaultReporterConfig()
 		rc.Table, rc.Region, rc.EnforcerID = a.usage, a.cfg.Region, a.cfg.ID
 		if len(cfg.Balancer.Addrs) > 0 {
 			rc.Addrs = cfg.Balancer.Addrs // as this region reaches the replicas
 		} else {
-			rc.Leader = usage.EtcdLeader(a.etcd, cfg.Balancer.ElectionPrefix)
+			rc.Leader = report.EtcdLeader(a.etcd, cfg.Balancer.ElectionPrefix)
 		}
 		rc.Clock, rc.Logger, rc.Registerer, rc.TLS = a.clock, log.Named("usage"), a.reg, tlsCfg
 		overrideIfSet(&rc.SendTimeout, cfg.Balancer.SendTimeout)
 		rc.Shares, rc.SharesChanged, rc.Accepted = a.shares.Applied, a.shares.Changed(), a.shares.Heard
-		if a.reporter, err = usage.NewReporter(rc); err != nil {
+		if a.reporter, err = report.NewReporter(rc); err != nil {
 			return nil, err
 		}
 	}
@@ -466,3 +466,7 @@ func overrideIfSet[T int | int64 | uint64 | float64 | time.Duration](dst *T, v T
 		*dst = v
 	}
 }
+
+// The usage table is the enforcer's observer (pkg/enforcer/report does not import the
+// enforcer, so the assertion lives where the two are joined).
+var _ enforcer.UsageObserver = (*report.Table)(nil)

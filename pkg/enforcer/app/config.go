@@ -11,12 +11,12 @@ import (
 	"strings"
 	"time"
 
+	"github.com/allot-dev/allot/pkg/contract"
 	"github.com/allot-dev/allot/pkg/enforcer"
 	"github.com/allot-dev/allot/pkg/enforcer/httpapi"
-	"github.com/allot-dev/allot/pkg/shares"
-	"github.com/allot-dev/allot/pkg/shareset"
+	"github.com/allot-dev/allot/pkg/enforcer/overrides"
+	"github.com/allot-dev/allot/pkg/enforcer/report"
 	"github.com/allot-dev/allot/pkg/tlsfiles"
-	"github.com/allot-dev/allot/pkg/usage"
 )
 
 // Config is one enforcer's configuration, as written in configs/regions/<region>.yaml.
@@ -237,7 +237,7 @@ func DefaultConfig() Config {
 			RegistrationTTL: 10 * time.Second, StartTimeout: 5 * time.Second,
 		},
 		Rules:          RulesConfig{PollInterval: 2 * time.Second, IPv6Prefix: 64},
-		Shares:         SharesConfig{EtcdPrefix: shareset.DefaultPrefix, StaleAfter: shares.DefaultStale},
+		Shares:         SharesConfig{EtcdPrefix: contract.DefaultPrefix, StaleAfter: overrides.DefaultStale},
 		Listen:         ListenConfig{GRPC: "127.0.0.1:8081", HTTP: "127.0.0.1:8080", MaxConcurrentStreams: 1024},
 		Peers:          1,
 		DrainTimeout:   10 * time.Second,
@@ -279,7 +279,7 @@ func (c *Config) Validate() error {
 		bad("balancer.addrs is set but balancer.enabled is false: no reports would be sent")
 	}
 	for i, a := range c.Balancer.Addrs {
-		if err := usage.CheckAddr(a); err != nil {
+		if err := report.CheckAddr(a); err != nil {
 			bad("balancer.addrs[%d]: %v", i, err)
 		}
 	}
@@ -355,8 +355,8 @@ func (c *Config) authConfig() httpapi.Config {
 	}
 }
 
-// BalancerConfig: usage reports to the quota balancer (pkg/usage). Zero fields take
-// pkg/usage's defaults.
+// BalancerConfig: usage reports to the quota balancer (pkg/enforcer/report). Zero fields take
+// pkg/enforcer/report's defaults.
 type BalancerConfig struct {
 	// Enabled turns usage reports on; needs etcd.endpoints (the leader is found there) or
 	// Addrs.

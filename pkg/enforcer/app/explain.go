@@ -8,11 +8,11 @@ import (
 	"github.com/allot-dev/allot/pkg/adminauth"
 	"github.com/allot-dev/allot/pkg/enforcer"
 	"github.com/allot-dev/allot/pkg/enforcer/httpapi"
-	"github.com/allot-dev/allot/pkg/shares"
+	"github.com/allot-dev/allot/pkg/enforcer/overrides"
 )
 
 // The shares table tells explain its set's version and age.
-var _ enforcer.ShareStatus = (*shares.Holder)(nil)
+var _ enforcer.ShareStatus = (*overrides.Holder)(nil)
 
 // ExplainConfig: GET /v1/explain on the HTTP address ("why was I limited?"). Off by
 // default; on, it needs admin tokens (the balancer's: its `explain` forwards the

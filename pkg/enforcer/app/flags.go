@@ -12,9 +12,9 @@ import (
 	"github.com/allot-dev/allot/pkg/tlsfiles"
 )
 
-// overrides are the settings flags and ALLOT_* variables change, in the order the
+// settingOverrides are the settings flags and ALLOT_* variables change, in the order the
 // environment is read.
-var overrides = slices.Concat([]cliconf.Override[Config]{
+var settingOverrides = slices.Concat([]cliconf.Override[Config]{
 	{Name: "region", Usage: "region name", Apply: cliconf.Str(func(c *Config) *string { return &c.Region })},
 	{Name: "id", Usage: "this enforcer's id within its region (default host-pid)", Apply: cliconf.Str(func(c *Config) *string { return &c.ID })},
 	{Name: "store", Usage: "store kind: memory | redis | redis-cluster", Apply: cliconf.Str(func(c *Config) *string { return &c.Store.Kind })},
@@ -92,7 +92,7 @@ var command = cliconf.Command[Config]{
 	Name:          "enforcer",
 	Synopsis:      []string{"enforcer rules check FILE"},
 	ConfigExample: "configs/regions/us-east.yaml",
-	Prefix:        "app: ", Overrides: overrides, Default: DefaultConfig, Validate: (*Config).Validate,
+	Prefix:        "app: ", Overrides: settingOverrides, Default: DefaultConfig, Validate: (*Config).Validate,
 }
 
 // ErrHelp is returned by Parse when -h or -help was given (usage has been printed).

@@ -9,9 +9,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/allot-dev/allot/pkg/contract"
 	"github.com/allot-dev/allot/pkg/enforcer"
 	"github.com/allot-dev/allot/pkg/enforcer/httpapi"
-	"github.com/allot-dev/allot/pkg/shareset"
 	"github.com/allot-dev/allot/pkg/testenv"
 )
 
@@ -29,8 +29,8 @@ func TestUsageJudgesTheBalancersShare(t *testing.T) {
 	}
 	defer a.Close()
 	now := time.Now()
-	a.Shares().Apply(shareset.Head{LeaderRev: 1, Version: 1, PublishedAt: now, Entries: 1},
-		[]shareset.Entry{{Rule: "default", Identity: "key:k", Shares: map[string]float64{"us-east": 0.9, "eu-west": 0.1}}}, now)
+	a.Shares().Apply(contract.Head{LeaderRev: 1, Version: 1, PublishedAt: now, Entries: 1},
+		[]contract.Entry{{Rule: "default", Identity: "key:k", Shares: map[string]float64{"us-east": 0.9, "eu-west": 0.1}}}, now)
 	rule := a.holder.Current().Rule("default")
 	if rule == nil {
 		t.Fatal("no default rule")

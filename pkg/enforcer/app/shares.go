@@ -10,8 +10,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/allot-dev/allot/pkg/shares"
-	"github.com/allot-dev/allot/pkg/shareset"
+	"github.com/allot-dev/allot/pkg/contract"
+	"github.com/allot-dev/allot/pkg/enforcer/overrides"
 	"gopkg.in/yaml.v3"
 )
 
@@ -93,7 +93,7 @@ type SharesConfig struct {
 	// Disabled: do not watch the balancer's shares; every identity keeps the default split.
 	Disabled bool `yaml:"disabled"`
 	// EtcdPrefix is where the balancer publishes (watched when etcd.endpoints is set).
-	// Default shareset.DefaultPrefix, "/allot/shares/".
+	// Default contract.DefaultPrefix, "/allot/shares/".
 	EtcdPrefix string `yaml:"etcd_prefix"`
 	// StaleAfter: shares not refreshed by the balancer for this long fall back to
 	// min(last share, default share). Default 5m; must be > 0.
@@ -133,7 +133,7 @@ func (c *Config) validateShares(bad func(format string, a ...any)) {
 		bad("shares.stale_after %v, must be > 0", c.Shares.StaleAfter)
 	}
 	if c.watchShares() && c.Shares.EtcdPrefix == "" {
-		bad("shares.etcd_prefix is empty; set it (default %s) or shares.disabled: true", shareset.DefaultPrefix)
+		bad("shares.etcd_prefix is empty; set it (default %s) or shares.disabled: true", contract.DefaultPrefix)
 	}
 }
 
@@ -141,7 +141,7 @@ func (c *Config) validateShares(bad func(format string, a ...any)) {
 // metrics and the watcher, loading the published set once at start (bounded by Etcd.StartTimeout) so a
 // restarted enforcer does not enforce the default split over a smaller published share.
 func (a *App) buildShares() error {
-	hc := shares.DefaultConfig()
+	hc := overrides.DefaultConfig()
 	hc.Region, hc.Stale, hc.Clock, hc.Logger = a.cfg.Region, a.cfg.Shares.StaleAfter, a.clock, a.log
 	hc.Reports = a.cfg.Balancer.Enabled && len(a.cfg.Etcd.Endpoints) > 0
 	hc.WaitForSet = a.cfg.watchShares()
@@ -157,7 +157,7 @@ func (a *App) buildShares() error {
 		// Only then: a share age that grows without a balancer to refresh it would page.
 		hc.Registerer = a.reg
 	}
-	h, err := shares.NewHolder(hc)
+	h, err := overrides.NewHolder(hc)
 	if err != nil {
 		return fmt.Errorf("app: shares: %w", err)
 	}
@@ -165,9 +165,9 @@ func (a *App) buildShares() error {
 	if !a.cfg.watchShares() {
 		return nil
 	}
-	wc := shares.DefaultWatcherConfig()
+	wc := overrides.DefaultWatcherConfig()
 	wc.Prefix, wc.Clock, wc.Logger = a.cfg.Shares.EtcdPrefix, a.clock, a.log
-	if a.sharesW, err = shares.NewWatcher(a.etcd, h, wc); err != nil {
+	if a.sharesW, err = overrides.NewWatcher(a.etcd, h, wc); err != nil {
 		return fmt.Errorf("app: shares: %w", err)
 	}
 	ctx, cancel := context.WithTimeout(a.ctx, a.cfg.Etcd.StartTimeout)
@@ -181,4 +181,4 @@ func (a *App) buildShares() error {
 
 // Shares returns the holder of the per-identity shares in force (Applied() is what usage
 // reports carry). Never nil; without etcd it holds no set and gives the default split.
-func (a *App) Shares() *shares.Holder { return a.shares }
+func (a *App) Shares() *overrides.Holder { return a.shares }

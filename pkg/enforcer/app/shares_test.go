@@ -10,9 +10,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/allot-dev/allot/pkg/contract"
 	"github.com/allot-dev/allot/pkg/enforcer"
 	"github.com/allot-dev/allot/pkg/rules"
-	"github.com/allot-dev/allot/pkg/shareset"
 	"github.com/allot-dev/allot/pkg/testenv"
 	"github.com/hashicorp/go-hclog"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -35,7 +35,7 @@ func TestSharesConfig(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cfg.Regions.String() != "ap-south=1,eu-west=1,us-east=1" || cfg.Shares.StaleAfter != 5*time.Minute || cfg.Shares.EtcdPrefix != shareset.DefaultPrefix {
+	if cfg.Regions.String() != "ap-south=1,eu-west=1,us-east=1" || cfg.Shares.StaleAfter != 5*time.Minute || cfg.Shares.EtcdPrefix != contract.DefaultPrefix {
 		t.Fatalf("list form: regions %s, shares %+v", cfg.Regions, cfg.Shares)
 	}
 	cfg, err = Parse([]string{"-config", weights}, env(nil), io.Discard)
@@ -104,14 +104,14 @@ func TestAppAppliesPublishedShares(t *testing.T) {
 	// Published before the enforcer starts: New loads it, so the first check obeys it.
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	es := []shareset.Entry{{Rule: "default", Identity: "key:small", Shares: map[string]float64{"us-east": 0.25, "eu-west": 0.75}}}
-	for i, c := range shareset.Split(es, 4, 9, 0) {
-		if _, err := cli.Put(ctx, shareset.ChunkKey(cfg.Shares.EtcdPrefix, i), string(c)); err != nil {
+	es := []contract.Entry{{Rule: "default", Identity: "key:small", Shares: map[string]float64{"us-east": 0.25, "eu-west": 0.75}}}
+	for i, c := range contract.Split(es, 4, 9, 0) {
+		if _, err := cli.Put(ctx, contract.ChunkKey(cfg.Shares.EtcdPrefix, i), string(c)); err != nil {
 			t.Fatal(err)
 		}
 	}
-	hb, _ := json.Marshal(shareset.Head{LeaderRev: 4, Version: 9, Chunks: 1, Entries: 1, PublishedAt: time.Now(), Regions: []string{"us-east", "eu-west"}})
-	if _, err := cli.Put(ctx, shareset.HeadKey(cfg.Shares.EtcdPrefix), string(hb)); err != nil {
+	hb, _ := json.Marshal(contract.Head{LeaderRev: 4, Version: 9, Chunks: 1, Entries: 1, PublishedAt: time.Now(), Regions: []string{"us-east", "eu-west"}})
+	if _, err := cli.Put(ctx, contract.HeadKey(cfg.Shares.EtcdPrefix), string(hb)); err != nil {
 		t.Fatal(err)
 	}
 

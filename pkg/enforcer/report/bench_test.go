@@ -1,4 +1,4 @@
-package usage
+package report
 
 import (
 	"strconv"
@@ -7,7 +7,7 @@ import (
 	"time"
 )
 
-// go test -run '^$' -bench . -benchmem ./pkg/usage/
+// go test -run '^$' -bench . -benchmem ./pkg/enforcer/report/
 
 // A pair already tracked: the check path's common case.
 func BenchmarkObserveTracked(b *testing.B) {

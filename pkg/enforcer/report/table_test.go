@@ -1,4 +1,4 @@
-package usage
+package report
 
 import (
 	"fmt"
@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/allot-dev/allot/pkg/bucket"
-	"github.com/allot-dev/allot/pkg/enforcer"
 	"github.com/allot-dev/allot/pkg/rules"
 	allotv1 "github.com/allot-dev/allot/proto/allot/v1"
 )
@@ -67,12 +66,12 @@ func TestConfigValidate(t *testing.T) {
 func TestExactBelowCapacity(t *testing.T) {
 	tb := newTable(t, nil)
 	a, b := rule("a", 1000), rule("b", 1000)
-	tb.ObserveTake(a, "k1", 3, true, enforcer.SourceRedis, t0)
-	tb.ObserveTake(a, "k1", 2, false, enforcer.SourceRefusalCache, t0)
-	tb.ObserveTake(b, "k1", 7, true, enforcer.SourceLease, t0)
-	tb.ObserveTake(a, "k2", 1, true, enforcer.SourceRedis, t0)
-	tb.ObserveTake(a, "k3", 0, true, enforcer.SourceRedis, t0) // counts nothing
-	tb.ObserveTake(nil, "k3", 5, true, enforcer.SourceRedis, t0)
+	tb.ObserveTake(a, "k1", 3, true, bucket.SourceRedis, t0)
+	tb.ObserveTake(a, "k1", 2, false, bucket.SourceRefusalCache, t0)
+	tb.ObserveTake(b, "k1", 7, true, bucket.SourceLease, t0)
+	tb.ObserveTake(a, "k2", 1, true, bucket.SourceRedis, t0)
+	tb.ObserveTake(a, "k3", 0, true, bucket.SourceRedis, t0) // counts nothing
+	tb.ObserveTake(nil, "k3", 5, true, bucket.SourceRedis, t0)
 	r := tb.Report(t0.Add(10 * time.Second))
 	if r.IntervalStartMs != t0.UnixMilli() || r.IntervalEndMs != t0.Add(10*time.Second).UnixMilli() {
 		t.Fatalf("interval [%d, %d)", r.IntervalStartMs, r.IntervalEndMs)

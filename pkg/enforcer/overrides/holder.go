@@ -1,6 +1,6 @@
 // Package shares is the enforcer's table of per-identity shares: which part of each
 // limited identity's global limit this region enforces, as the quota balancer published
-// it (DESIGN §9, the etcd format in pkg/shareset).
+// it (DESIGN §9, the etcd format in pkg/contract).
 //
 // # What a check sees
 //
@@ -52,7 +52,7 @@
 // less the floor, for as long as etcd stays unreachable; Loaded says so (the enforcer's
 // /readyz names it, and allot_shares_loaded is 0). The enforcer stays in rotation: taking
 // it out would turn the gateway's limiter errors into unlimited traffic.
-package shares
+package overrides
 
 import (
 	"errors"
@@ -62,8 +62,8 @@ import (
 	"time"
 
 	"github.com/allot-dev/allot/pkg/clock"
+	"github.com/allot-dev/allot/pkg/contract"
 	"github.com/allot-dev/allot/pkg/rules"
-	"github.com/allot-dev/allot/pkg/shareset"
 	"github.com/hashicorp/go-hclog"
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -192,11 +192,11 @@ func NewHolder(cfg Config) (*Holder, error) {
 // Apply offers a published set: head and all its entries (entries may be nil for a head
 // that only confirms the set in force). It returns true when the set was swapped in,
 // which happens only when (head.LeaderRev, head.Version) is newer than the set held
-// (shareset.Newer). A head naming the set in force refreshes it (PublishedAt moves, so it
+// (contract.Newer). A head naming the set in force refreshes it (PublishedAt moves, so it
 // does not go stale) and returns false; anything older is ignored. Entries that fail
-// shareset.Entry.Validate are skipped (logged and counted), never enforced. now is the
+// contract.Entry.Validate are skipped (logged and counted), never enforced. now is the
 // time the set was read (it bounds PublishedAt: see the package doc).
-func (h *Holder) Apply(head shareset.Head, entries []shareset.Entry, now time.Time) bool {
+func (h *Holder) Apply(head contract.Head, entries []contract.Entry, now time.Time) bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	old := h.cur.Load()
@@ -204,7 +204,7 @@ func (h *Holder) Apply(head shareset.Head, entries []shareset.Entry, now time.Ti
 	if fresh.IsZero() || fresh.After(now) {
 		fresh = now
 	}
-	if !shareset.Newer(head.LeaderRev, head.Version, old.leaderRev, old.version) {
+	if !contract.Newer(head.LeaderRev, head.Version, old.leaderRev, old.version) {
 		if head.LeaderRev == old.leaderRev && head.Version == old.version {
 			// The set in force, seen again: a later confirmation refreshes it; the same
 			// one read twice (a watch event and a re-list) is nothing to say.

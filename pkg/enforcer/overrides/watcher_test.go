@@ -1,4 +1,4 @@
-package shares
+package overrides
 
 import (
 	"context"
@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/allot-dev/allot/pkg/clock"
-	"github.com/allot-dev/allot/pkg/shareset"
+	"github.com/allot-dev/allot/pkg/contract"
 	"github.com/allot-dev/allot/pkg/testenv"
 	"github.com/hashicorp/go-hclog"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -71,11 +71,11 @@ func (r *wrig) caughtUp(t *testing.T, rev int64) {
 
 // putChunks writes entries as chunks of at most maxBytes (the balancer's first step) and
 // returns how many.
-func (r *wrig) putChunks(t *testing.T, entries []shareset.Entry, rev int64, ver uint64, maxBytes int) int {
+func (r *wrig) putChunks(t *testing.T, entries []contract.Entry, rev int64, ver uint64, maxBytes int) int {
 	t.Helper()
-	cs := shareset.Split(entries, rev, ver, maxBytes)
+	cs := contract.Split(entries, rev, ver, maxBytes)
 	for i, c := range cs {
-		r.put(t, shareset.ChunkKey(r.prefix, i), c)
+		r.put(t, contract.ChunkKey(r.prefix, i), c)
 	}
 	return len(cs)
 }
@@ -89,11 +89,11 @@ func (r *wrig) putHead(t *testing.T, rev int64, ver uint64, chunks, entries int)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return r.put(t, shareset.HeadKey(r.prefix), b)
+	return r.put(t, contract.HeadKey(r.prefix), b)
 }
 
 // publish writes a whole set, chunks then head, and returns when the head was written.
-func (r *wrig) publish(t *testing.T, entries []shareset.Entry, rev int64, ver uint64) time.Time {
+func (r *wrig) publish(t *testing.T, entries []contract.Entry, rev int64, ver uint64) time.Time {
 	t.Helper()
 	n := r.putChunks(t, entries, rev, ver, 300) // about one entry a chunk: many chunks
 	r.putHead(t, rev, ver, n, len(entries))
@@ -113,8 +113,8 @@ func (r *wrig) waitApplied(t *testing.T, rev int64, ver uint64, since time.Time)
 	return 0
 }
 
-func entries(n int, us float64) []shareset.Entry {
-	es := make([]shareset.Entry, n)
+func entries(n int, us float64) []contract.Entry {
+	es := make([]contract.Entry, n)
 	for i := range es {
 		es[i] = entry(fmt.Sprintf("key:k%d", i), us, (1-us)/2, (1-us)/2)
 	}
@@ -151,7 +151,7 @@ func TestWatcher(t *testing.T) {
 		es := entries(20, 0.8)
 		at := r.publish(t, es, 5, 1)
 		took := r.waitApplied(t, 5, 1, at)
-		t.Logf("applied %d entries in %d chunks %v after the head write", len(es), len(shareset.Split(es, 5, 1, 300)), took)
+		t.Logf("applied %d entries in %d chunks %v after the head write", len(es), len(contract.Split(es, 5, 1, 300)), took)
 		if took > time.Second {
 			t.Errorf("applied %v after the head write, want within ~1s", took)
 		}
@@ -198,8 +198,8 @@ func TestWatcher(t *testing.T) {
 		es := entries(12, 0.9)
 		r.waitApplied(t, 2, 1, r.publish(t, es, 2, 1))
 		// Version 2: only chunk 0 rewritten, then the head (a publication cut short).
-		cs := shareset.Split(entries(12, 0.4), 2, 2, 300)
-		r.put(t, shareset.ChunkKey(r.prefix, 0), cs[0])
+		cs := contract.Split(entries(12, 0.4), 2, 2, 300)
+		r.put(t, contract.ChunkKey(r.prefix, 0), cs[0])
 		r.caughtUp(t, r.putHead(t, 2, 2, len(cs), 12))
 		if _, v := r.h.Applied(); v != 1 {
 			t.Fatalf("applied version %d from a head whose chunks are version 1", v)
@@ -209,7 +209,7 @@ func TestWatcher(t *testing.T) {
 		}
 		// The missing chunks arrive: now it is whole.
 		for i := 1; i < len(cs); i++ {
-			r.put(t, shareset.ChunkKey(r.prefix, i), cs[i])
+			r.put(t, contract.ChunkKey(r.prefix, i), cs[i])
 		}
 		r.waitApplied(t, 2, 2, time.Now())
 		if s := r.h.Share(rule, "key:k11", r.fc.Now()); !near(s, 0.4) {
@@ -228,11 +228,11 @@ func TestWatcher(t *testing.T) {
 		if err := r.w.Start(); err != nil {
 			t.Fatal(err)
 		}
-		c := shareset.NewChunker(600) // a few entries a chunk: many chunks
-		pub := func(es []shareset.Entry, ver uint64) (writes int) {
+		c := contract.NewChunker(600) // a few entries a chunk: many chunks
+		pub := func(es []contract.Entry, ver uint64) (writes int) {
 			ws, vs := c.Next(es, 4, ver)
 			for _, w := range ws {
-				r.put(t, shareset.ChunkKey(r.prefix, w.Index), w.Data)
+				r.put(t, contract.ChunkKey(r.prefix, w.Index), w.Data)
 			}
 			hd := head(4, ver, r.fc.Now())
 			hd.Chunks, hd.Entries, hd.ChunkVersions = len(vs), len(es), vs
@@ -240,7 +240,7 @@ func TestWatcher(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			r.put(t, shareset.HeadKey(r.prefix), b)
+			r.put(t, contract.HeadKey(r.prefix), b)
 			return len(ws)
 		}
 		es := entries(40, 0.5)
@@ -289,7 +289,7 @@ func TestWatcher(t *testing.T) {
 		if err := r.w.Start(); err != nil {
 			t.Fatal(err)
 		}
-		r.waitApplied(t, 3, 1, r.publish(t, []shareset.Entry{entry("key:up", 0.9, 0.05, 0.05), entry("key:down", 0.1, 0.45, 0.45)}, 3, 1))
+		r.waitApplied(t, 3, 1, r.publish(t, []contract.Entry{entry("key:up", 0.9, 0.05, 0.05), entry("key:down", 0.1, 0.45, 0.45)}, 3, 1))
 		cluster.Members[0].Stop(t)
 		defer cluster.Members[0].Start(t)
 		r.fc.Advance(time.Minute) // retries fail meanwhile

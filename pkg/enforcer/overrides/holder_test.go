@@ -1,4 +1,4 @@
-package shares
+package overrides
 
 import (
 	"fmt"
@@ -9,8 +9,8 @@ import (
 	"time"
 
 	"github.com/allot-dev/allot/pkg/clock"
+	"github.com/allot-dev/allot/pkg/contract"
 	"github.com/allot-dev/allot/pkg/rules"
-	"github.com/allot-dev/allot/pkg/shareset"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
@@ -44,12 +44,12 @@ func newHolder(t testing.TB, fc *clock.Fake, reg prometheus.Registerer) *Holder 
 	return h
 }
 
-func entry(identity string, us, eu, ap float64) shareset.Entry {
-	return shareset.Entry{Rule: "default", Identity: identity, Shares: map[string]float64{"us-east": us, "eu-west": eu, "ap-south": ap}}
+func entry(identity string, us, eu, ap float64) contract.Entry {
+	return contract.Entry{Rule: "default", Identity: identity, Shares: map[string]float64{"us-east": us, "eu-west": eu, "ap-south": ap}}
 }
 
-func head(rev int64, ver uint64, at time.Time) shareset.Head {
-	return shareset.Head{LeaderRev: rev, Version: ver, PublishedAt: at, Regions: []string{"us-east", "eu-west", "ap-south"}, Phase: "target"}
+func head(rev int64, ver uint64, at time.Time) contract.Head {
+	return contract.Head{LeaderRev: rev, Version: ver, PublishedAt: at, Regions: []string{"us-east", "eu-west", "ap-south"}, Phase: "target"}
 }
 
 func near(a, b float64) bool { return math.Abs(a-b) < 1e-12 }
@@ -75,7 +75,7 @@ func TestHolderFencing(t *testing.T) {
 	h := newHolder(t, fc, nil)
 	r := compiled(t)
 	now := fc.Now()
-	if !h.Apply(head(5, 10, now), []shareset.Entry{entry("key:a", 0.8, 0.1, 0.1)}, now) {
+	if !h.Apply(head(5, 10, now), []contract.Entry{entry("key:a", 0.8, 0.1, 0.1)}, now) {
 		t.Fatal("first set not applied")
 	}
 	for _, tc := range []struct {
@@ -90,7 +90,7 @@ func TestHolderFencing(t *testing.T) {
 		{6, 1, true},   // a new leader starting its own count
 		{5, 12, false}, // the deposed leader again
 	} {
-		got := h.Apply(head(tc.rev, tc.ver, now), []shareset.Entry{entry("key:a", float64(tc.ver)/100, 0, 0)}, now)
+		got := h.Apply(head(tc.rev, tc.ver, now), []contract.Entry{entry("key:a", float64(tc.ver)/100, 0, 0)}, now)
 		if got != tc.want {
 			t.Fatalf("Apply(rev %d, ver %d) = %v, want %v", tc.rev, tc.ver, got, tc.want)
 		}
@@ -111,7 +111,7 @@ func TestHolderStaleness(t *testing.T) {
 	h := newHolder(t, fc, nil)
 	r := compiled(t)
 	now := fc.Now()
-	h.Apply(head(1, 1, now), []shareset.Entry{
+	h.Apply(head(1, 1, now), []contract.Entry{
 		entry("key:up", 0.8, 0.1, 0.1),   // above the default: falls to 1/3 when stale
 		entry("key:down", 0.1, 0.8, 0.1), // below it: keeps 0.1
 	}, now)
@@ -152,13 +152,13 @@ func TestHolderFreshnessIsBoundedByReadTime(t *testing.T) {
 	r := compiled(t)
 
 	h := newHolder(t, fc, nil)
-	h.Apply(head(1, 1, t0.Add(-time.Hour)), []shareset.Entry{entry("key:a", 0.9, 0.05, 0.05)}, t0)
+	h.Apply(head(1, 1, t0.Add(-time.Hour)), []contract.Entry{entry("key:a", 0.9, 0.05, 0.05)}, t0)
 	if s := h.Share(r, "key:a", t0); !near(s, 1.0/3) {
 		t.Fatalf("a set published an hour ago: share %g, want min(0.9, 1/3)", s)
 	}
 
 	h = newHolder(t, fc, nil)
-	h.Apply(head(1, 1, t0.Add(time.Hour)), []shareset.Entry{entry("key:a", 0.9, 0.05, 0.05)}, t0)
+	h.Apply(head(1, 1, t0.Add(time.Hour)), []contract.Entry{entry("key:a", 0.9, 0.05, 0.05)}, t0)
 	if s := h.Share(r, "key:a", t0.Add(DefaultStale)); !near(s, 1.0/3) {
 		t.Fatalf("a set stamped in the future goes stale Stale after it was read: share %g", s)
 	}
@@ -168,7 +168,7 @@ func TestHolderEntryWithoutThisRegion(t *testing.T) {
 	fc := clock.NewFake(t0)
 	h := newHolder(t, fc, nil)
 	r := compiled(t)
-	h.Apply(head(1, 1, t0), []shareset.Entry{
+	h.Apply(head(1, 1, t0), []contract.Entry{
 		{Rule: "default", Identity: "key:rest-small", Shares: map[string]float64{"eu-west": 0.7, "ap-south": 0.2}},
 		{Rule: "default", Identity: "key:rest-big", Shares: map[string]float64{"eu-west": 0.1}},
 		{Rule: "default", Identity: "key:bad", Shares: map[string]float64{"us-east": 0.9, "eu-west": 0.9}},
@@ -191,7 +191,7 @@ func TestHolderMetrics(t *testing.T) {
 	fc := clock.NewFake(t0)
 	reg := prometheus.NewRegistry()
 	h := newHolder(t, fc, reg)
-	h.Apply(head(7, 3, t0), []shareset.Entry{entry("key:a", 0.5, 0.25, 0.25)}, t0)
+	h.Apply(head(7, 3, t0), []contract.Entry{entry("key:a", 0.5, 0.25, 0.25)}, t0)
 	h.Apply(head(6, 9, t0), nil, t0)
 	fc.Advance(DefaultStale + time.Second)
 	want := `
@@ -260,7 +260,7 @@ func TestHolderBeforeTheSetIsLoaded(t *testing.T) {
 	if s := h.Share(r, "key:a", fc.Now()); !near(s, DefaultFloor) || h.Loaded() {
 		t.Fatalf("before the set: share %g loaded %v, want the floor %g and not loaded", s, h.Loaded(), DefaultFloor)
 	}
-	h.Apply(head(1, 1, t0), []shareset.Entry{entry("key:b", 0.5, 0.25, 0.25)}, t0)
+	h.Apply(head(1, 1, t0), []contract.Entry{entry("key:b", 0.5, 0.25, 0.25)}, t0)
 	if s := h.Share(r, "key:a", fc.Now()); !near(s, 1.0/3) || !h.Loaded() {
 		t.Fatalf("after a set: share %g of an unlisted key, want the default 1/3", s)
 	}
@@ -276,7 +276,7 @@ func TestShareAllocatesNothing(t *testing.T) {
 	fc := clock.NewFake(t0)
 	h := newHolder(t, fc, nil)
 	r := compiled(t)
-	h.Apply(head(1, 1, t0), []shareset.Entry{entry("key:a", 0.5, 0.25, 0.25)}, t0)
+	h.Apply(head(1, 1, t0), []contract.Entry{entry("key:a", 0.5, 0.25, 0.25)}, t0)
 	id := string([]byte("key:a")) // not the entry's own string
 	if n := testing.AllocsPerRun(1000, func() { _ = h.Share(r, id, t0) }); n != 0 {
 		t.Fatalf("Share allocates %v times", n)
@@ -290,7 +290,7 @@ func BenchmarkShare(b *testing.B) {
 	fc := clock.NewFake(t0)
 	r := compiled(b)
 	small := newHolder(b, fc, nil)
-	var ses []shareset.Entry
+	var ses []contract.Entry
 	for i := range 1024 {
 		ses = append(ses, entry(fmt.Sprintf("key:k%d", i), 0.5, 0.25, 0.25))
 	}
@@ -303,7 +303,7 @@ func BenchmarkShare(b *testing.B) {
 	})
 	h := newHolder(b, fc, nil)
 	const n = 100_000
-	es := make([]shareset.Entry, n)
+	es := make([]contract.Entry, n)
 	ids := make([]string, 2*n)
 	for i := range es {
 		es[i] = entry(fmt.Sprintf("key:k%d", i), 0.5, 0.25, 0.25)
@@ -345,7 +345,7 @@ func TestHolderConcurrentApplyAndShare(t *testing.T) {
 			defer wg.Done()
 			for v := range 200 {
 				ver := uint64(2*v + w + 1)
-				h.Apply(head(1, ver, t0), []shareset.Entry{entry("key:a", 0.5, 0.25, 0.25)}, t0)
+				h.Apply(head(1, ver, t0), []contract.Entry{entry("key:a", 0.5, 0.25, 0.25)}, t0)
 			}
 		}()
 	}
@@ -378,8 +378,8 @@ func TestHolderChangedSignalsNewSetsOnly(t *testing.T) {
 			return false
 		}
 	}
-	h.Apply(head(5, 10, now), []shareset.Entry{entry("key:a", 0.8, 0.1, 0.1)}, now)
-	h.Apply(head(5, 11, now), []shareset.Entry{entry("key:a", 0.7, 0.2, 0.1)}, now)
+	h.Apply(head(5, 10, now), []contract.Entry{entry("key:a", 0.8, 0.1, 0.1)}, now)
+	h.Apply(head(5, 11, now), []contract.Entry{entry("key:a", 0.7, 0.2, 0.1)}, now)
 	if !pending() || pending() {
 		t.Fatal("two new sets should leave exactly one pending signal")
 	}
@@ -404,7 +404,7 @@ func TestHolderStaleWhenReportsGoUnheard(t *testing.T) {
 	r := compiled(t)
 	apply := func() {
 		now := fc.Now()
-		h.Apply(head(5, 10, now), []shareset.Entry{entry("key:a", 0.8, 0.1, 0.1)}, now)
+		h.Apply(head(5, 10, now), []contract.Entry{entry("key:a", 0.8, 0.1, 0.1)}, now)
 	}
 	apply()
 	h.Heard(fc.Now())

@@ -1,4 +1,4 @@
-package shareset
+package contract
 
 import (
 	"encoding/json"

@@ -31,7 +31,7 @@
 // LeaderRev and Head.ChunkVersion(i); otherwise it waits for the chunks or the next head.
 // A reader that predates ChunkVersions wants every chunk at Version: it waits, keeping its
 // last set until that set goes stale, so upgrade the enforcers before the balancers.
-package shareset
+package contract
 
 import (
 	"encoding/json"

@@ -14,7 +14,7 @@
 //
 // A Stack owns every goroutine it starts; Close stops them all and waits. Not safe for
 // concurrent Start; the accessors are safe once Start returned.
-package localstack
+package inprocess
 
 import (
 	"context"

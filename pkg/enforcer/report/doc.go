@@ -62,4 +62,4 @@
 // proxy or load balancer) no LeaderSource is asked: each attempt goes round the listed
 // addresses once, from the one that last accepted, past errors and standbys; a standby's
 // redirect is followed only to an address of the list.
-package usage
+package report

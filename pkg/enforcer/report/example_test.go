@@ -1,26 +1,25 @@
-package usage_test
+package report_test
 
 import (
 	"fmt"
 	"time"
 
 	"github.com/allot-dev/allot/pkg/bucket"
-	"github.com/allot-dev/allot/pkg/enforcer"
+	"github.com/allot-dev/allot/pkg/enforcer/report"
 	"github.com/allot-dev/allot/pkg/rules"
-	"github.com/allot-dev/allot/pkg/usage"
 )
 
 // A table counts what the enforcer admitted and refused; Report drains one interval.
 func ExampleTable() {
 	start := time.Unix(1_700_000_000, 0)
-	t, err := usage.NewTable(usage.DefaultConfig(), start)
+	t, err := report.NewTable(report.DefaultConfig(), start)
 	if err != nil {
 		panic(err)
 	}
 	perKey := &rules.Compiled{ID: "default", Limits: []bucket.Limit{{Name: "per-second", Rate: 10, Burst: 20}}}
-	t.ObserveTake(perKey, "key:k_1", 100, true, enforcer.SourceRedis, start.Add(9*time.Second))
-	t.ObserveTake(perKey, "key:k_1", 30, false, enforcer.SourceRefusalCache, start.Add(9*time.Second))
-	t.ObserveTake(perKey, "key:k_2", 5, true, enforcer.SourceLease, start.Add(9*time.Second))
+	t.ObserveTake(perKey, "key:k_1", 100, true, bucket.SourceRedis, start.Add(9*time.Second))
+	t.ObserveTake(perKey, "key:k_1", 30, false, bucket.SourceRefusalCache, start.Add(9*time.Second))
+	t.ObserveTake(perKey, "key:k_2", 5, true, bucket.SourceLease, start.Add(9*time.Second))
 
 	r := t.Report(start.Add(10 * time.Second))
 	for _, u := range r.Usage {

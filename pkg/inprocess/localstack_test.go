@@ -1,4 +1,4 @@
-package localstack
+package inprocess
 
 import (
 	"context"

@@ -1,4 +1,4 @@
-package usage
+package report
 
 import (
 	"context"
@@ -41,7 +41,7 @@ type ReporterConfig struct {
 	// advertises it, which this region may not reach); MaxRedirects does not apply.
 	Addrs []string
 	// Shares returns the share set this enforcer applies (the leader revision and version
-	// of pkg/shareset.Head), read once per report. nil reports 0, 0.
+	// of pkg/contract.Head), read once per report. nil reports 0, 0.
 	Shares func() (leaderRev int64, version uint64)
 	// SharesChanged, if not nil, receives when the enforcer swaps in a new share set
 	// (shares.Holder.Changed). The Reporter then reports early — at least AckGap after the

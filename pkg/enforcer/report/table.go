@@ -1,4 +1,4 @@
-package usage
+package report
 
 import (
 	"hash/maphash"
@@ -7,14 +7,14 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/allot-dev/allot/pkg/enforcer"
+	"github.com/allot-dev/allot/pkg/bucket"
 	"github.com/allot-dev/allot/pkg/rules"
 )
 
 // Table counts, per interval and per (rule id, identity), the tokens this enforcer
 // admitted and refused, in bounded memory: each of Config.Stripes stripes is a weighted
 // Space-Saving table of Capacity/Stripes pairs (see the package doc for the bounds and
-// which way they err). It implements enforcer.UsageObserver.
+// which way they err). It implements enforcer.UsageObserver (the enforcer node asserts it; this package does not import the enforcer).
 //
 // ObserveTake is safe for concurrent use and cheap: one stripe lock, one map lookup and a
 // sift in a min-heap of the stripe's pairs (O(log m)), no allocation for a pair already
@@ -35,8 +35,6 @@ type Table struct {
 	early  chan struct{} // cap 1: poked when jumped goes true, so a Reporter need not poll
 	startN atomic.Int64  // start as Unix ns, for WantEarly without mu
 }
-
-var _ enforcer.UsageObserver = (*Table)(nil)
 
 // pair is the key of a tracked count.
 type pair struct {
@@ -158,7 +156,7 @@ func NewTable(cfg Config, start time.Time) (*Table, error) {
 // ObserveTake counts one enforcing take: tokens admitted when allowed, else refused.
 // Every source counts (a refusal from the refusal cache or a fail-closed rule is still
 // demand). tokens <= 0 or a nil rule count nothing.
-func (t *Table) ObserveTake(rule *rules.Compiled, identity string, tokens int64, allowed bool, _ enforcer.Source, now time.Time) {
+func (t *Table) ObserveTake(rule *rules.Compiled, identity string, tokens int64, allowed bool, _ bucket.Source, now time.Time) {
 	if tokens <= 0 || rule == nil {
 		return
 	}

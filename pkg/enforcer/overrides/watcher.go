@@ -1,4 +1,4 @@
-package shares
+package overrides
 
 import (
 	"context"
@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/allot-dev/allot/pkg/clock"
-	"github.com/allot-dev/allot/pkg/shareset"
+	"github.com/allot-dev/allot/pkg/contract"
 	"github.com/hashicorp/go-hclog"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
@@ -21,7 +21,7 @@ var ErrClosed = errors.New("shares: watcher closed")
 // WatcherConfig configures a Watcher. Start from DefaultWatcherConfig.
 type WatcherConfig struct {
 	// Prefix is where the balancer publishes (shareset layout). Default
-	// shareset.DefaultPrefix; must not be empty.
+	// contract.DefaultPrefix; must not be empty.
 	Prefix string
 	// Clock times the retries and stamps each set read (Holder.Apply's now). Default
 	// clock.Real().
@@ -38,7 +38,7 @@ type WatcherConfig struct {
 // DefaultWatcherConfig returns the defaults above.
 func DefaultWatcherConfig() WatcherConfig {
 	return WatcherConfig{
-		Prefix: shareset.DefaultPrefix, Clock: clock.Real(), Logger: hclog.NewNullLogger(),
+		Prefix: contract.DefaultPrefix, Clock: clock.Real(), Logger: hclog.NewNullLogger(),
 		Timeout: 5 * time.Second, BackoffMin: 100 * time.Millisecond, BackoffMax: 2 * time.Second,
 	}
 }
@@ -61,7 +61,7 @@ func (c *WatcherConfig) Validate() error {
 }
 
 // Watcher keeps a Holder up to date with the share set published under an etcd prefix
-// (pkg/shareset: <prefix>head and <prefix>chunk/<i>).
+// (pkg/contract: <prefix>head and <prefix>chunk/<i>).
 //
 // It lists the prefix, then watches it from the next revision, and keeps a mirror of the
 // head and the decoded chunks. After every change it offers the Holder a set only when the
@@ -78,7 +78,7 @@ func (c *WatcherConfig) Validate() error {
 // The zero value is not usable: call NewWatcher.
 type Watcher struct {
 	mu      sync.Mutex // mu guards head, chunks, rev, listed, started, closed, cancel
-	head    *shareset.Head
+	head    *contract.Head
 	chunks  map[int]*mirrored
 	rev     int64 // the etcd revision the mirror reflects
 	listed  bool  // the mirror came from a list and a watch may continue from rev+1
@@ -98,7 +98,7 @@ type Watcher struct {
 type mirrored struct {
 	leaderRev int64
 	version   uint64
-	entries   []shareset.Entry
+	entries   []contract.Entry
 	bad       bool
 }
 
@@ -297,9 +297,9 @@ func (w *Watcher) apply(wr clientv3.WatchResponse) {
 		case mvccpb.PUT:
 			w.putLocked(k, ev.Kv.Value)
 		case mvccpb.DELETE:
-			if k == shareset.HeadKey(w.cfg.Prefix) {
+			if k == contract.HeadKey(w.cfg.Prefix) {
 				w.head = nil // the Holder keeps its set; it goes stale in time
-			} else if i, ok := shareset.ChunkIndex(w.cfg.Prefix, k); ok {
+			} else if i, ok := contract.ChunkIndex(w.cfg.Prefix, k); ok {
 				delete(w.chunks, i)
 			}
 		}
@@ -313,8 +313,8 @@ func (w *Watcher) apply(wr clientv3.WatchResponse) {
 
 // putLocked decodes one key of the prefix into the mirror. Caller holds w.mu.
 func (w *Watcher) putLocked(key string, value []byte) {
-	if key == shareset.HeadKey(w.cfg.Prefix) {
-		h, err := shareset.DecodeHead(value)
+	if key == contract.HeadKey(w.cfg.Prefix) {
+		h, err := contract.DecodeHead(value)
 		if err != nil {
 			w.log.Warn("share head does not decode; ignored", "key", key, "error", err)
 			w.head = nil
@@ -323,11 +323,11 @@ func (w *Watcher) putLocked(key string, value []byte) {
 		w.head = &h
 		return
 	}
-	i, ok := shareset.ChunkIndex(w.cfg.Prefix, key)
+	i, ok := contract.ChunkIndex(w.cfg.Prefix, key)
 	if !ok {
 		return // not ours (another tool's key under the prefix)
 	}
-	c, err := shareset.DecodeChunk(value)
+	c, err := contract.DecodeChunk(value)
 	if err == nil && c.Index != i {
 		err = fmt.Errorf("chunk at index %d says index %d", i, c.Index)
 	}
@@ -356,7 +356,7 @@ func (w *Watcher) offerLocked() {
 	}
 	now := w.cfg.Clock.Now()
 	rev, ver := w.h.Applied()
-	if !shareset.Newer(h.LeaderRev, h.Version, rev, ver) {
+	if !contract.Newer(h.LeaderRev, h.Version, rev, ver) {
 		w.h.Apply(*h, nil, now) // a confirmation of the set in force, or an older one ignored
 		return
 	}
@@ -374,7 +374,7 @@ func (w *Watcher) offerLocked() {
 			"leader-rev", h.LeaderRev, "version", h.Version, "head-entries", h.Entries, "chunk-entries", n)
 		return
 	}
-	entries := make([]shareset.Entry, 0, n)
+	entries := make([]contract.Entry, 0, n)
 	for i := range h.Chunks {
 		entries = append(entries, w.chunks[i].entries...)
 	}

@@ -1,4 +1,4 @@
-package shares
+package overrides
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
