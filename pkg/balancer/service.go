@@ -21,11 +21,6 @@ import (
 	"google.golang.org/grpc/status"
 )
 
-// DefaultElectionPrefix is where the balancer replicas campaign (concurrency.Election).
-// The leader's key holds its report address; enforcers find it with a Get of
-// DefaultElectionPrefix+"/" with clientv3.WithFirstCreate().
-const DefaultElectionPrefix = "/allot/balancer/election"
-
 // DashboardsSuffix, after the election prefix, is where each replica publishes its
 // dashboard URL, keyed by its report address (ServiceConfig.Dashboard).
 const DashboardsSuffix = "-dashboards/"
@@ -45,9 +40,9 @@ type ServiceConfig struct {
 	// Etcd is the client for the election and the share sets; required. The Service does
 	// not close it.
 	Etcd *clientv3.Client
-	// ElectionPrefix: default DefaultElectionPrefix.
+	// ElectionPrefix: default contract.ElectionPrefix.
 	ElectionPrefix string
-	// SharesPrefix is where share sets are published. Default contract.DefaultPrefix.
+	// SharesPrefix is where share sets are published. Default contract.SharesPrefix.
 	SharesPrefix string
 	// Advertise is this replica's report API address ("host:port"), the campaign value
 	// standbys redirect to. Required.
@@ -85,7 +80,7 @@ type ServiceConfig struct {
 // DefaultServiceConfig returns the defaults above (Core from DefaultCoreConfig).
 func DefaultServiceConfig() ServiceConfig {
 	return ServiceConfig{
-		Core: DefaultCoreConfig(), ElectionPrefix: DefaultElectionPrefix, SharesPrefix: contract.DefaultPrefix,
+		Core: DefaultCoreConfig(), ElectionPrefix: contract.ElectionPrefix, SharesPrefix: contract.SharesPrefix,
 		SessionTTL: 10 * time.Second, TickEvery: time.Second, WriteTimeout: 5 * time.Second,
 		MaxChunkBytes: contract.MaxChunkBytes,
 	}
@@ -442,10 +437,9 @@ func (s *Service) leader(ctx context.Context) (string, int64) {
 	s.mu.Unlock()
 	ctx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
-	addr, rev := "", int64(0)
-	resp, err := s.cfg.Etcd.Get(ctx, s.cfg.ElectionPrefix+"/", clientv3.WithFirstCreate()...)
-	if err == nil && len(resp.Kvs) > 0 {
-		addr, rev = string(resp.Kvs[0].Value), resp.Kvs[0].CreateRevision
+	addr, rev, err := contract.Leader(ctx, s.cfg.Etcd, s.cfg.ElectionPrefix)
+	if errors.Is(err, contract.ErrNoLeader) {
+		err = nil // an empty election is an answer: nobody leads
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -1,4 +1,4 @@
-// Package shareset is the wire format of the shares the quota balancer publishes in etcd
+// The share set is the wire format of the shares the quota balancer publishes in etcd
 // and every enforcer watches: the contract between cmd/balancer and the enforcers.
 //
 // # Layout
@@ -31,6 +31,7 @@
 // LeaderRev and Head.ChunkVersion(i); otherwise it waits for the chunks or the next head.
 // A reader that predates ChunkVersions wants every chunk at Version: it waits, keeping its
 // last set until that set goes stale, so upgrade the enforcers before the balancers.
+
 package contract
 
 import (
@@ -42,9 +43,6 @@ import (
 	"strings"
 	"time"
 )
-
-// DefaultPrefix is where the balancer publishes and enforcers watch.
-const DefaultPrefix = "/allot/shares/"
 
 // MaxChunkBytes bounds one chunk's encoding: well under etcd's default 1.5 MiB request
 // limit, leaving room for the transaction's compare and the key.

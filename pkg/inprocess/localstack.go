@@ -33,6 +33,7 @@ import (
 	"github.com/allot-dev/allot/pkg/bucket"
 	"github.com/allot-dev/allot/pkg/certs"
 	"github.com/allot-dev/allot/pkg/clock"
+	"github.com/allot-dev/allot/pkg/contract"
 	enforcerapp "github.com/allot-dev/allot/pkg/enforcer/app"
 	"github.com/hashicorp/go-hclog"
 	"go.etcd.io/etcd/server/v3/embed"
@@ -186,7 +187,7 @@ func Start(cfg Config) (_ *Stack, err error) {
 		bc.Regions, bc.ID = names, fmt.Sprintf("balancer-%d", i+1)
 		bc.Listen.GRPC, bc.Listen.HTTP = "127.0.0.1:0", "127.0.0.1:0"
 		bc.Etcd.Endpoints = []string{s.etcdURL}
-		bc.Rules.File, bc.Rules.EtcdPrefix = rulesFile, "/allot/rules/"
+		bc.Rules.File, bc.Rules.EtcdPrefix = rulesFile, contract.RulesPrefix
 		bc.Balance.Interval, bc.Balance.Stale, bc.Balance.Learning = cfg.Interval, cfg.Stale, cfg.Learning
 		bc.Balance.SilentAfter = max(bc.Balance.SilentAfter, 2*cfg.Interval)
 		b, err := balancerapp.New(bc, cfg.Logger.Named(bc.ID))
@@ -211,7 +212,7 @@ func Start(cfg Config) (_ *Stack, err error) {
 				ec.Store.Kind, ec.Store.Addrs = "redis-cluster", cfg.Redis[r.Name]
 			}
 			ec.Etcd.Endpoints = []string{s.etcdURL}
-			ec.Rules.File, ec.Rules.EtcdPrefix = rulesFile, "/allot/rules/"
+			ec.Rules.File, ec.Rules.EtcdPrefix = rulesFile, contract.RulesPrefix
 			ec.Listen.GRPC, ec.Listen.HTTP = "127.0.0.1:0", "127.0.0.1:0"
 			ec.Shares.StaleAfter = cfg.Stale
 			ec.Balancer.Enabled, ec.Balancer.Interval = true, cfg.Interval

@@ -9,6 +9,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/allot-dev/allot/pkg/clock"
+	"github.com/allot-dev/allot/pkg/contract"
 )
 
 // Config configures a Registry. Start from DefaultConfig and set Region, ID and Addr.
@@ -16,7 +17,7 @@ import (
 // with their defaults; Region, ID and Addr have none.
 type Config struct {
 	// Prefix is the etcd key prefix under which every region's enforcers register, as
-	// <Prefix><Region>/<ID>. It must start and end with "/". Default "/allot/enforcers/".
+	// <Prefix><Region>/<ID>. It must start and end with "/". Default contract.EnforcersPrefix.
 	Prefix string
 
 	// Region is this enforcer's region; peers are counted within it. Required; no "/",
@@ -64,7 +65,7 @@ type Config struct {
 // left empty for the caller.
 func DefaultConfig() Config {
 	return Config{
-		Prefix:         "/allot/enforcers/",
+		Prefix:         contract.EnforcersPrefix,
 		TTL:            10 * time.Second,
 		RequestTimeout: 2 * time.Second,
 		RevokeTimeout:  time.Second,

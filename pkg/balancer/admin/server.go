@@ -150,7 +150,7 @@ func New(cfg Config) (*Server, error) {
 		}
 	}
 	def(&cfg.RulesPrefix, DefaultRulesPrefix)
-	def(&cfg.SharesPrefix, contract.DefaultPrefix)
+	def(&cfg.SharesPrefix, contract.SharesPrefix)
 	def(&cfg.AuditPrefix, DefaultAuditPrefix)
 	def(&cfg.ChangeKey, DefaultChangeKey)
 	def(&cfg.RegistryPrefix, DefaultRegistryPrefix)

@@ -100,7 +100,7 @@ func TestAppLeadsPublishesAndResigns(t *testing.T) {
 				t.Fatalf("report: %v %v", resp, err)
 			}
 		}
-		r, err := cli.Get(context.Background(), contract.HeadKey(contract.DefaultPrefix))
+		r, err := cli.Get(context.Background(), contract.HeadKey(contract.SharesPrefix))
 		if err != nil || len(r.Kvs) == 0 {
 			return false
 		}

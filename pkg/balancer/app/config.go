@@ -24,8 +24,9 @@ type Config struct {
 	// Regions are the regions shares are split between, in a fixed order. Required.
 	Regions []string `yaml:"regions"`
 	// Weights give the default split of rules that list no `shares:` (region → weight,
-	// > 0; regions not listed weigh 1). Empty: equal. Enforcers must be given the same.
-	Weights map[string]float64 `yaml:"weights"`
+	// > 0; regions not listed weigh 1), in the enforcers' syntax (contract.Regions).
+	// Empty: equal. Enforcers must be given the same.
+	Weights contract.Regions `yaml:"weights"`
 	// ID names this replica in logs. Default host-pid.
 	ID string `yaml:"id"`
 
@@ -152,8 +153,8 @@ func DefaultConfig() Config {
 		Listen:    ListenConfig{GRPC: "127.0.0.1:9090", HTTP: "127.0.0.1:9091"},
 		Admin:     defaultAdminConfig(),
 		Dashboard: DashboardConfig{TokensEnv: "ALLOT_DASHBOARD_TOKENS"},
-		Etcd: EtcdConfig{DialTimeout: 2 * time.Second, ElectionPrefix: balancer.DefaultElectionPrefix,
-			SharesPrefix: contract.DefaultPrefix, SessionTTL: sc.SessionTTL, WriteTimeout: sc.WriteTimeout},
+		Etcd: EtcdConfig{DialTimeout: 2 * time.Second, ElectionPrefix: contract.ElectionPrefix,
+			SharesPrefix: contract.SharesPrefix, SessionTTL: sc.SessionTTL, WriteTimeout: sc.WriteTimeout},
 		Rules: RulesConfig{PollInterval: 2 * time.Second, IPv6Prefix: 64},
 		Balance: BalanceConfig{Interval: cc.Interval, EarlyGap: cc.EarlyGap, ShiftGap: cc.ShiftGap, Learning: cc.Learning, AckTimeout: cc.AckTimeout,
 			MinVersionGap: cc.MinVersionGap,

@@ -6,27 +6,24 @@ import (
 	"fmt"
 	"io"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
 	"github.com/allot-dev/allot/pkg/cliconf"
+	"github.com/allot-dev/allot/pkg/contract"
 	"github.com/allot-dev/allot/pkg/tlsfiles"
 )
 
-// weights parses "us-east=2,eu-west=1".
+// weights parses "us-east=2,eu-west=1" (contract.ParseRegions, every weight written).
 func weights(c *Config, v string) error {
-	m := map[string]float64{}
 	for _, kv := range strings.Split(v, ",") {
-		if kv = strings.TrimSpace(kv); kv == "" {
-			continue
-		}
-		k, w, ok := strings.Cut(kv, "=")
-		f, err := strconv.ParseFloat(w, 64)
-		if !ok || err != nil {
+		if kv = strings.TrimSpace(kv); kv != "" && !strings.Contains(kv, "=") {
 			return fmt.Errorf("%q: want region=weight", kv)
 		}
-		m[strings.TrimSpace(k)] = f
+	}
+	m, err := contract.ParseRegions(v)
+	if err != nil {
+		return fmt.Errorf("%w: want region=weight", err)
 	}
 	c.Weights = m
 	return nil

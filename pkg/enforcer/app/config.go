@@ -29,7 +29,7 @@ type Config struct {
 	ID string `yaml:"id"`
 	// Regions are every region that enforces the global limits, with weights for the
 	// default split (see Regions). Empty: a single region.
-	Regions Regions `yaml:"regions"`
+	Regions contract.Regions `yaml:"regions"`
 
 	Store StoreConfig `yaml:"store"`
 	Etcd  EtcdConfig  `yaml:"etcd"`
@@ -120,7 +120,7 @@ type EtcdConfig struct {
 	TLS         TLSConfig     `yaml:"tls"`
 	DialTimeout time.Duration `yaml:"dial_timeout"`
 	// RegistryPrefix is where enforcers register (<prefix><region>/<id>).
-	// Default "/allot/enforcers/".
+	// Default contract.EnforcersPrefix.
 	RegistryPrefix string `yaml:"registry_prefix"`
 	// RegistrationTTL is the registration lease; a dead enforcer stops counting after it.
 	// Default 10s.
@@ -233,11 +233,11 @@ func DefaultConfig() Config {
 			ReadTimeout: 100 * time.Millisecond, WriteTimeout: 100 * time.Millisecond, MaxKeys: 1 << 20,
 		},
 		Etcd: EtcdConfig{
-			DialTimeout: 2 * time.Second, RegistryPrefix: "/allot/enforcers/",
+			DialTimeout: 2 * time.Second, RegistryPrefix: contract.EnforcersPrefix,
 			RegistrationTTL: 10 * time.Second, StartTimeout: 5 * time.Second,
 		},
 		Rules:          RulesConfig{PollInterval: 2 * time.Second, IPv6Prefix: 64},
-		Shares:         SharesConfig{EtcdPrefix: contract.DefaultPrefix, StaleAfter: overrides.DefaultStale},
+		Shares:         SharesConfig{EtcdPrefix: contract.SharesPrefix, StaleAfter: overrides.DefaultStale},
 		Listen:         ListenConfig{GRPC: "127.0.0.1:8081", HTTP: "127.0.0.1:8080", MaxConcurrentStreams: 1024},
 		Peers:          1,
 		DrainTimeout:   10 * time.Second,
@@ -361,7 +361,7 @@ type BalancerConfig struct {
 	// Enabled turns usage reports on; needs etcd.endpoints (the leader is found there) or
 	// Addrs.
 	Enabled bool `yaml:"enabled"`
-	// ElectionPrefix is the balancer's election prefix. Default "/allot/balancer/election".
+	// ElectionPrefix is the balancer's election prefix. Default contract.ElectionPrefix.
 	ElectionPrefix string `yaml:"election_prefix"`
 	// Addrs, if set, are the balancer replicas' report addresses as this region reaches
 	// them (host:port each; e.g. through the region's own load balancer or proxy), used

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/allot-dev/allot/pkg/cliconf"
+	"github.com/allot-dev/allot/pkg/contract"
 	"github.com/allot-dev/allot/pkg/tlsfiles"
 )
 
@@ -43,7 +44,7 @@ var settingOverrides = slices.Concat([]cliconf.Override[Config]{
 		return err
 	}},
 	{Name: "regions", Usage: "every region enforcing the global limits, for the default split: us-east,eu-west or us-east=2,eu-west=1 (weights)", Apply: func(c *Config, v string) error {
-		r, err := parseRegions(v)
+		r, err := contract.ParseRegions(v)
 		c.Regions = r
 		return err
 	}},

@@ -77,7 +77,7 @@ func twoRegions(t *testing.T) Config {
 	}
 	cfg := DefaultConfig()
 	cfg.Region, cfg.Rules.File = "us-east", path
-	cfg.Regions = Regions{"us-east": 1, "eu-west": 1}
+	cfg.Regions = contract.Regions{"us-east": 1, "eu-west": 1}
 	cfg.Listen.GRPC, cfg.Listen.HTTP = "127.0.0.1:0", "127.0.0.1:0"
 	return cfg
 }

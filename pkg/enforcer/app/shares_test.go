@@ -35,7 +35,7 @@ func TestSharesConfig(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cfg.Regions.String() != "ap-south=1,eu-west=1,us-east=1" || cfg.Shares.StaleAfter != 5*time.Minute || cfg.Shares.EtcdPrefix != contract.DefaultPrefix {
+	if cfg.Regions.String() != "ap-south=1,eu-west=1,us-east=1" || cfg.Shares.StaleAfter != 5*time.Minute || cfg.Shares.EtcdPrefix != contract.SharesPrefix {
 		t.Fatalf("list form: regions %s, shares %+v", cfg.Regions, cfg.Shares)
 	}
 	cfg, err = Parse([]string{"-config", weights}, env(nil), io.Discard)
@@ -95,7 +95,7 @@ func TestAppAppliesPublishedShares(t *testing.T) {
 	}
 	cfg := DefaultConfig()
 	cfg.Region, cfg.ID, cfg.Rules.File = "us-east", "e1", path
-	cfg.Regions = Regions{"us-east": 1, "eu-west": 1}
+	cfg.Regions = contract.Regions{"us-east": 1, "eu-west": 1}
 	cfg.Etcd.Endpoints = e.Endpoints()
 	cfg.Etcd.RegistrationTTL = 2 * time.Second
 	cfg.Shares.EtcdPrefix = "/t/shares/"

@@ -21,7 +21,7 @@ var ErrClosed = errors.New("shares: watcher closed")
 // WatcherConfig configures a Watcher. Start from DefaultWatcherConfig.
 type WatcherConfig struct {
 	// Prefix is where the balancer publishes (shareset layout). Default
-	// contract.DefaultPrefix; must not be empty.
+	// contract.SharesPrefix; must not be empty.
 	Prefix string
 	// Clock times the retries and stamps each set read (Holder.Apply's now). Default
 	// clock.Real().
@@ -38,7 +38,7 @@ type WatcherConfig struct {
 // DefaultWatcherConfig returns the defaults above.
 func DefaultWatcherConfig() WatcherConfig {
 	return WatcherConfig{
-		Prefix: contract.DefaultPrefix, Clock: clock.Real(), Logger: hclog.NewNullLogger(),
+		Prefix: contract.SharesPrefix, Clock: clock.Real(), Logger: hclog.NewNullLogger(),
 		Timeout: 5 * time.Second, BackoffMin: 100 * time.Millisecond, BackoffMax: 2 * time.Second,
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/allot-dev/allot/pkg/contract"
 	"github.com/allot-dev/allot/pkg/testenv"
 	"go.etcd.io/etcd/client/v3/concurrency"
 )
@@ -24,7 +25,7 @@ func TestEtcdLeaderDiscovery(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { _ = s.Close() })
-		el := concurrency.NewElection(s, DefaultElectionPrefix)
+		el := concurrency.NewElection(s, contract.ElectionPrefix)
 		if err := el.Campaign(ctx, addr); err != nil {
 			t.Fatal(err)
 		}
@@ -34,14 +35,14 @@ func TestEtcdLeaderDiscovery(t *testing.T) {
 	first := startBalancer(t, true, "")
 	_, el := campaign(first.addr)
 	// A key under a neighbouring prefix must not be taken for the leader.
-	if _, err := cli.Put(ctx, DefaultElectionPrefix+"-other/x", "127.0.0.1:1"); err != nil {
+	if _, err := cli.Put(ctx, contract.ElectionPrefix+"-other/x", "127.0.0.1:1"); err != nil {
 		t.Fatal(err)
 	}
 	if got, err := EtcdLeader(cli, "").Leader(ctx); err != nil || got != first.addr {
 		t.Fatalf("Leader = %q, %v; want %q", got, err, first.addr)
 	}
 
-	g := newRig(t, EtcdLeader(cli, DefaultElectionPrefix), func(c *ReporterConfig) { c.SendTimeout = time.Second })
+	g := newRig(t, EtcdLeader(cli, contract.ElectionPrefix), func(c *ReporterConfig) { c.SendTimeout = time.Second })
 	g.tick(t, 10*time.Second)
 	poll(t, "a report at the elected leader", func() bool { return len(first.reports()) == 1 })
 
