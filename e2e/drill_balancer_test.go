@@ -358,7 +358,7 @@ func breakerDelta(t *testing.T, s *stack.Stack, before map[string]float64) map[s
 }
 
 // drillRegionDown: a key's traffic is split between eu-west and ap-south; then every
-// ap-south enforcer is SIGKILLed and its traffic moves to eu-west. Promises (DESIGN.md §9,
+// ap-south enforcer is SIGKILLed and its traffic moves to eu-west. Promises (docs/design.md §9,
 // issue 11): the balancer holds the silent region at its last share until the staleness
 // period has passed — so had ap-south only been cut off (enforcing min(last, default) on
 // its own), the sum would never have gone above 1 — and then hands the remainder

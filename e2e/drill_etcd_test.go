@@ -13,7 +13,7 @@ import (
 )
 
 // drillEtcdDown: every etcd member stopped for longer than the registration TTL (5 s in
-// the stack). Promises (P2, DESIGN.md §8): enforcement continues on the last rules — a
+// the stack). Promises (P2, docs/design.md §8): enforcement continues on the last rules — a
 // rule that exists only in etcd keeps being enforced everywhere, good traffic is allowed,
 // no check fails, /readyz stays 200 (degraded); after etcd returns, a rule change reaches
 // every enforcer again (recovery time reported).

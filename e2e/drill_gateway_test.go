@@ -88,7 +88,7 @@ func burst(t *testing.T, c *http.Client, g *stack.Gateway, n int, path, key stri
 // drillGateway: Debian's nginx configured with the README's auth_request snippet, in front
 // of us-east's two enforcers. Promise: refusals reach the client as 429 with Retry-After
 // and the RateLimit fields, allowed answers carry the RateLimit fields and reach the backend, refused ones do not,
-// and keyless requests are limited per client IP (DESIGN.md §8).
+// and keyless requests are limited per client IP (docs/design.md §8).
 func drillGateway(t *testing.T, s *stack.Stack) {
 	g := s.Gateway
 	c := gatewayClient("127.0.0.1")
@@ -104,7 +104,7 @@ func drillGateway(t *testing.T, s *stack.Stack) {
 	t.Logf("gateway, one key: 80 requests → %d × 200 (RateLimit fields on each), %d × 429 (Retry-After and RateLimit fields on each); backend saw %d", ok, limited, g.BackendHits()-before)
 
 	t.Run("keyless-per-ip", func(t *testing.T) {
-		// Keyless requests from 127.0.0.2 must be limited (DESIGN.md §8: never unlimited)
+		// Keyless requests from 127.0.0.2 must be limited (docs/design.md §8: never unlimited)
 		// and counted per IP, so 127.0.0.3 still gets through.
 		okA, limA := burst(t, gatewayClient("127.0.0.2"), g, 80, "/v1/items", "")
 		okB, limB := burst(t, gatewayClient("127.0.0.3"), g, 5, "/v1/items", "")

@@ -24,7 +24,7 @@ const (
 )
 
 // drillEnforcerKilled: one of eu-west's two enforcers is SIGKILLed while it holds leased
-// tokens of a busy key that both are serving above its limit. Promise (DESIGN.md §6):
+// tokens of a busy key that both are serving above its limit. Promise (docs/design.md §6):
 // leases err under, never over — tokens are taken from Redis before they are spent, so
 // the key's admitted count in the region never exceeds its regional burst + rate ×
 // elapsed, in the whole run and in any 1 s window, and the tokens the dead enforcer held

@@ -25,7 +25,7 @@ func keysOn(c *testenv.Cluster, m *testenv.Node, prefix string, n int) []string 
 
 // drillRedisPrimaryKilled: us-east's first Redis master (one replica each) is SIGKILLed
 // while both us-east enforcers serve ~340 checks/s spread over all three shards.
-// Promises (DESIGN.md §7, P2, issue 11): checks keep answering (no error reaches a
+// Promises (docs/design.md §7, P2, issue 11): checks keep answering (no error reaches a
 // caller; p99 reported); breakers open for the dead shard only; keys on the other shards
 // are answered from Redis or leases throughout, never from fallback; fail-closed keys on
 // the dead shard are refused; the replica is promoted and shared counts resume on it;

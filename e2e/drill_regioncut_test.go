@@ -15,7 +15,7 @@ import (
 // drillRegionCut: a key's shares have settled in eu-west (its traffic is there); then
 // eu-west is cut off from etcd and from the balancer at once (every one of its etcd links
 // and balancer links, stack.Region.BalancerLinks: its enforcers report through
-// balancer.addrs) while us-east starts wanting the key too. Promises (DESIGN.md §9, issue
+// balancer.addrs) while us-east starts wanting the key too. Promises (docs/design.md §9, issue
 // 11): eu-west keeps enforcing its last share until the staleness period has passed
 // (pkg/enforcer/overrides: no refresh and no accepted report for that long), then min(last, default);
 // the balancer holds the silent region at its last share until the same period has

@@ -206,7 +206,7 @@ func Timeline(answers []Answer, step time.Duration, keep func(a *Answer) bool) s
 // tokens, the refusal cache of a Redis answer) rather than from local limits (fallback,
 // fail-open, fail-closed). A breaker opens on deadline misses, and on a starved machine a
 // healthy shard can miss 5 ms deadlines five times in a row: its answers then come from
-// fallback, which errs over by design (up to slack × the limit, DESIGN.md §7). Drills of
+// fallback, which errs over by design (up to slack × the limit, docs/design.md §7). Drills of
 // the shared paths judge Shared answers against their promise and report the local ones.
 func Shared(a *Answer) bool {
 	if a.Err != nil {

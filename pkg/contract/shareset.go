@@ -8,7 +8,7 @@
 //	<prefix>head            Head: the set in force — version, fencing token, chunk count
 //	<prefix>chunk/<i>       Chunk i of that version, i in [0, Head.Chunks)
 //
-// A set lists only the identities whose shares differ from the default split (DESIGN §12:
+// A set lists only the identities whose shares differ from the default split (docs/design.md §12:
 // etcd carries the busy keys, not all). Each Entry gives every region's share of one
 // limited identity (rule id, identity); an identity not listed gets the default split.
 //

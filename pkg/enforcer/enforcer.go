@@ -219,7 +219,7 @@ func (e *Enforcer) Check(ctx context.Context, req *Request) (Decision, error) {
 		switch {
 		case empty:
 			// This region holds none of the burst for the identity (its share of it is under
-			// one request's cost, DESIGN §9): refused from memory, and observed as refused
+			// one request's cost, docs/design.md §9): refused from memory, and observed as refused
 			// demand so the region reports it and the balancer moves a token here.
 			retry := noTokensRetry(m.Rule, want)
 			e.fill(&d, m, limits{m.Rule.Global, lim.share}, 0, &bucket.Result{Reset: retry, RetryAfter: retry})

@@ -279,7 +279,7 @@ func (c *callCounter) Take(ctx context.Context, r *bucket.Request) (bucket.Resul
 	return c.Store.Take(ctx, r)
 }
 
-// Small limits (DESIGN §9, issue 21 §1c): a region whose share of a 1-a-minute, burst-1
+// Small limits (docs/design.md §9, issue 21 §1c): a region whose share of a 1-a-minute, burst-1
 // rule is under one token holds none: it refuses from memory, without a store call, and
 // counts the refusal as demand so its report asks the balancer for a token. With the
 // whole token it admits exactly one.

@@ -114,7 +114,7 @@ type Config struct {
 	Observer Observer
 }
 
-// Defaults, from DESIGN.md §7.
+// Defaults, from docs/design.md §7.
 const (
 	DefaultTimeout      = 5 * time.Millisecond
 	DefaultReplyTimeout = 100 * time.Millisecond

@@ -1,4 +1,4 @@
-// Package fallback keeps a Redis outage from becoming an API outage (DESIGN.md §7, promise
+// Package fallback keeps a Redis outage from becoming an API outage (docs/design.md §7, promise
 // P2), without loosening limits when Redis is healthy and this process is merely slow.
 // Store is a bucket.Store decorator, the outermost layer of an enforcer
 // (fallback → lease → redis).
@@ -55,7 +55,7 @@
 // cache) is asked first, on the checking goroutine, with no goroutine, timer or
 // allocation; such answers say nothing about the shard.
 //
-// Which way it errs (DESIGN.md §9): local limits err over. With traffic spread evenly over
+// Which way it errs (docs/design.md §10): local limits err over. With traffic spread evenly over
 // N enforcers a key is held near Slack × its limit (default 2×); traffic concentrated on
 // fewer enforcers is held lower. A fail-closed rule errs under: it refuses everything on an
 // unavailable shard. A check answered locally because its wait passed, whose call then

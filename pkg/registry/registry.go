@@ -1,5 +1,5 @@
 // Package registry keeps an enforcer's membership in etcd, so that every enforcer knows
-// N, the number of live enforcers in its region (DESIGN.md §6–7: lease batches are
+// N, the number of live enforcers in its region (docs/design.md §6–7: lease batches are
 // rate × share / N / 10, and local fallback limits are limit × share × SLACK / N).
 //
 // Each enforcer writes <Prefix><Region>/<ID> → {"id","region","addr","started"} under an

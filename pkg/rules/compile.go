@@ -66,7 +66,7 @@ func (o CompileOptions) withDefaults() (CompileOptions, error) {
 }
 
 // DefaultShare is the share region gets of a rule with the given shares: under the
-// default split, before the balancer says otherwise (DESIGN §9). With regions listed:
+// default split, before the balancer says otherwise (docs/design.md §9). With regions listed:
 //
 //	region named in shares:        shares[region]
 //	otherwise:                     (1 − Σ shares) × w_region / Σ_{r not named} w_r

@@ -83,7 +83,7 @@ func FuzzParseYAML(f *testing.F) {
 					t.Fatalf("rule %s: LimitsFor(Share) %+v, Limits %+v", c.ID, l, c.Limits[i])
 				}
 			}
-			// The regions' bursts and rates sum to at most the global ones (DESIGN §9).
+			// The regions' bursts and rates sum to at most the global ones (docs/design.md §9).
 			for i, g := range c.Global {
 				burst, rate := 0.0, 0.0
 				for _, v := range c.Split {

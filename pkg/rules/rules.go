@@ -45,7 +45,7 @@ import (
 // "unknown": a rule that matches on an unknown attribute does not match. A rule that
 // counts by an unknown attribute does not apply (by: org without an org, by: endpoint
 // without one), except that no request goes uncounted for want of a key or an address
-// (DESIGN.md §8): a rule counted by api_key counts a keyless request by its client IP
+// (docs/design.md §8): a rule counted by api_key counts a keyless request by its client IP
 // (IPv6 per prefix), and a rule counted by api_key or ip counts a request with neither
 // key nor IP in one bucket set shared by all such requests (Anonymous).
 type Attrs struct {

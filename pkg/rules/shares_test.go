@@ -165,7 +165,7 @@ rules:
 	}
 }
 
-// Small limits (DESIGN §9, issue 21 §1c): the regions' bursts sum to at most the global
+// Small limits (docs/design.md §9, issue 21 §1c): the regions' bursts sum to at most the global
 // burst in whole tokens. Rounding a region's part of the burst up to one request let a
 // 1-a-minute, burst-1 rule admit one request in each of five regions at once.
 func TestSmallLimitsNeverOver(t *testing.T) {

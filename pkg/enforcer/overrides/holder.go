@@ -1,6 +1,6 @@
 // Package shares is the enforcer's table of per-identity shares: which part of each
 // limited identity's global limit this region enforces, as the quota balancer published
-// it (DESIGN §9, the etcd format in pkg/contract).
+// it (docs/design.md §9, the etcd format in pkg/contract).
 //
 // # What a check sees
 //
@@ -71,7 +71,7 @@ import (
 // ErrConfig is wrapped by every configuration error.
 var ErrConfig = errors.New("shares: bad config")
 
-// DefaultStale is how long a set stays in force without a refresh (DESIGN §9: 5 minutes).
+// DefaultStale is how long a set stays in force without a refresh (docs/design.md §9: 5 minutes).
 const DefaultStale = 5 * time.Minute
 
 // DefaultFloor is Config.Floor's default: pkg/share's default floor.
