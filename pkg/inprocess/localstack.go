@@ -1,4 +1,4 @@
-// Package localstack runs a whole multi-region allot deployment in one process, on
+// Package inprocess runs a whole multi-region allot deployment in one process, on
 // loopback: an embedded etcd (go.etcd.io/etcd/server/v3/embed), one or more quota
 // balancer replicas, and for every region a set of enforcers that share one in-memory
 // bucket store standing for that region's Redis Cluster. Every part talks to the others

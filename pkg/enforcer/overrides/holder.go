@@ -1,4 +1,4 @@
-// Package shares is the enforcer's table of per-identity shares: which part of each
+// Package overrides is the enforcer's table of per-identity shares: which part of each
 // limited identity's global limit this region enforces, as the quota balancer published
 // it (docs/design.md §9, the etcd format in pkg/contract).
 //

@@ -1,4 +1,4 @@
-// Package usage is the enforcer's side of the balancer's usage reports: a bounded table
+// Package report is the enforcer's side of the balancer's usage reports: a bounded table
 // of the tokens each limited identity — a (rule id, identity) pair — was admitted and
 // refused this interval (Table, an enforcer.UsageObserver), and the goroutine that sends
 // a report of it to the balancer's leader every interval (Reporter).
