@@ -144,11 +144,15 @@ type verEntry struct {
 
 // Core is the balancer's decision: reports in, versioned share sets out. It guarantees
 // that every share set it returns sums to ≤ 1 per identity and that, as long as every
-// enforcer applies a landed write within AckTimeout or reports what it applies, the sets
-// in force across regions sum to ≤ 1 (see the package doc). It errs under: an identity
-// whose traffic moved is held below its global limit until the decrease elsewhere is
-// acknowledged. It does no I/O and starts no goroutine; it is safe for concurrent use (one
-// mutex). Build it with NewCore; the zero value is not usable.
+// enforcer takes sets only forward (contract.Newer) and fences itself by its own staleness
+// rule (pkg/enforcer/overrides), the sets in force across regions sum to ≤ 1 too: only
+// usage reports acknowledge a decrease, so an increase waits until every enforcer of the
+// regions being decreased has reported applying it — or has fenced itself (Stale +
+// AckTimeout after its last report) or left with a final report — never for a time (see
+// acks and the package doc). It errs under: an identity whose traffic moved is held below
+// its global limit until the decrease elsewhere is acknowledged. It does no I/O and starts
+// no goroutine; it is safe for concurrent use (one mutex). Build it with NewCore; the zero
+// value is not usable.
 type Core struct {
 	mu sync.Mutex // mu guards every field below cfg, n and regionIdx
 

@@ -163,25 +163,31 @@
 //
 // # Change plan
 //
-// The balancer keeps, per identity and region, mayApply[r]: the highest share region r
-// may be enforcing — the maximum of the shares in r's last version acknowledged by every
-// enforcer of r (reports carry the applied version) and in every version published since.
-// Then, each time it has a new target (from Allocate) or new acknowledgements:
+// Only usage reports acknowledge a decrease: an increase waits until every enforcer of
+// the regions being decreased has reported applying the decrease. The balancer keeps, per
+// identity and region, mayApply[r]: the highest share region r may be enforcing — the
+// maximum of the shares in r's last version acknowledged by every enforcer of r (reports
+// carry the applied version) and in every version published since. Then, each time it has
+// a new target (from Allocate) or new acknowledgements:
 //
 //  1. next, done := Step(mayApply, target); publish next as a new version.
-//  2. For every region, mayApply[r] = max(mayApply[r], next[r]) until all of r's
-//     enforcers acknowledged that version — only their reports acknowledge, never time: a
-//     write that landed says nothing about an enforcer cut off from it; then
-//     mayApply[r] = next[r].
+//  2. For every region, mayApply[r] = max(mayApply[r], next[r]) until every enforcer of r
+//     has reported applying that version (or a later one); then mayApply[r] = next[r].
+//     Time never acknowledges, nor does the write landing in etcd: it says nothing about
+//     an enforcer cut off from etcd.
 //  3. If not done, call Step again with the new mayApply when the acknowledgements come
 //     in (a new target from Allocate simply replaces the old one: Step is stateless).
 //
-// A region that cannot acknowledge (silent) keeps its old mayApply; Allocate gives it
-// exactly Held, so it is not decreased while silent and blocks nothing it is not holding.
-// After the staleness period it enforces at most min(last, default) on its own; the
-// balancer may then set mayApply[r] to that without an acknowledgement. A new leader that
-// does not know what is applied must assume the most (the persisted shares, or 1 for an
-// unknown region): Step then only decreases until acknowledgements arrive.
+// An enforcer that stops reporting holds its region's acknowledgement until it has fenced
+// itself — the balancer's Stale + AckTimeout after its last report, when by its own
+// staleness rule it enforces at most min(last, default) — or has left with a final
+// report. A region that cannot acknowledge (silent) keeps its old mayApply; Allocate
+// gives it exactly Held, so it is not decreased while silent and blocks nothing it is not
+// holding. Once its enforcers have fenced themselves it enforces at most
+// min(last, default) on its own; the balancer may then set mayApply[r] to that without an
+// acknowledgement. A new leader that does not know what is applied must assume the most
+// (the persisted shares, or 1 for an unknown region): Step then only decreases until
+// acknowledgements arrive.
 //
 // # Noise
 //
