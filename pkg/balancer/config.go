@@ -99,13 +99,14 @@ type CoreConfig struct {
 	// A version rewrites the chunks whose entries changed (every chunk at worst), so with
 	// it the bytes written per Interval are at most (Interval/MinVersionGap + 1) ×
 	// MaxPublished × ~150 B, and about the changed entries' chunks × 16 KiB when few
-	// change (shareset.Chunker); plan steps (an increase
-	// after its decreases were acknowledged) wait up to this long for their version.
-	// Default 2s.
+	// change (contract.Chunker). Two kinds of version go out as soon as they are due,
+	// without the gap: a plan's continuation (the increases held back until the reports
+	// acknowledged the decreases) and the result of a recompute a shift asked for (at
+	// most one per ShiftGap). Default 2s.
 	MinVersionGap time.Duration
 	// SilentAfter: a region none of whose enforcers reported for this long is silent: it
 	// is held at its last share (others get no more than the rest) and only its own
-	// reports (or Stale, see below) acknowledge its decreases. An enforcer counts for
+	// reports acknowledge its decreases. An enforcer counts for
 	// acknowledgements until it has fenced itself (Stale + AckTimeout after its last
 	// report), not only for SilentAfter. Default 2 × Interval.
 	SilentAfter time.Duration

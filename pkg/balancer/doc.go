@@ -52,7 +52,7 @@
 // applies. us-east was held at 1/3 of the limit (under, never over) for about one report
 // interval, or a share set's propagation and an early report.
 //
-// Enforcers report as soon as they apply a new set (usage.ReporterConfig.SharesChanged, at
+// Enforcers report as soon as they apply a new set (report.ReporterConfig.SharesChanged, at
 // least AckGap after their last report), so the acknowledgement an increase waits for
 // takes about the watch's delay plus a report's round trip, not an interval. An enforcer
 // that died mid-plan holds the increase back until it has fenced itself (Stale +

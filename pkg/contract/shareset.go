@@ -68,7 +68,8 @@ type Head struct {
 	// Regions are the regions the set allocates between, in the balancer's order.
 	Regions []string `json:"regions"`
 	// Phase says whether this set is the decrease step of a change plan ("decrease": only
-	// decreases applied, increases held back until every region acknowledged it) or a
+	// decreases applied, increases held back until the usage reports of every enforcer of
+	// the regions being decreased acknowledged it) or a
 	// whole target ("target"). For logs and dashboards; readers treat both alike.
 	Phase string `json:"phase,omitempty"`
 	// ChunkVersions, when set (one per chunk), is the Version at which each chunk was last
