@@ -2,12 +2,11 @@ package fallback
 
 import (
 	"context"
-	"reflect"
+	"errors"
 	"sync/atomic"
 	"time"
 
 	"github.com/allot-dev/allot/pkg/bucket"
-	"github.com/allot-dev/allot/pkg/clock"
 )
 
 // A call to the next store runs on its own goroutine, owned by the Store, under its own
@@ -215,101 +214,10 @@ func (s *Store) answer(b *breaker, req *bucket.Request, res bucket.Result, err e
 	return s.answerLocally(b, req, s.clock.Now(), LocalError)
 }
 
-// logSilence logs, at warn, the first check of a run answered locally because its wait
-// passed (LocalWait) on a shard whose breaker stayed closed, silent since r (Unix µs): a
-// run ends when the shard answers again. It says whether another shard answered
-// meanwhile: if none did, the silence is more likely this process or its machine than
-// the shard.
-func (s *Store) logSilence(b *breaker, r, now int64) {
-	if l := b.silenceLogged.Load(); l == r || !b.silenceLogged.CompareAndSwap(l, r) {
-		return
-	}
-	s.log.Warn("redis shard silent: checks answered locally while its breaker stays closed",
-		"shard", b.shard, "silent-for", time.Duration(now-r)*time.Microsecond,
-		"in-flight", b.inFlight.Load(), "another-shard-answered", s.anyReplied.Load() > r)
-}
+func isInvalid(err error) bool { return errors.Is(err, bucket.ErrInvalid) }
 
 func (s *Store) put(c *call) {
 	c.req, c.res, c.err, c.b = bucket.Request{}, bucket.Result{}, nil, nil
 	clear(c.limits[:])
 	s.calls.Put(c)
-}
-
-// callContext is the context of one call: the Store's (cancelled by Close) with the
-// call's deadline, d after sent. With the real clock it is a context deadline, which
-// go-redis puts on the socket. With another clock (a fake in tests) the deadline is a
-// timer of that clock that cancels the context, and the context carries no Deadline.
-// expired reports whether the deadline has passed; stop releases the context.
-func (s *Store) callContext(sent int64, d time.Duration) (ctx context.Context, expired func() bool, stop func()) {
-	if s.real {
-		dl := time.UnixMicro(sent).Add(d)
-		ctx, cancel := context.WithDeadline(s.ctx, dl)
-		return ctx, func() bool { return !time.Now().Before(dl) }, cancel
-	}
-	ctx, cancel := context.WithCancel(s.ctx)
-	var exp atomic.Bool
-	left := d - time.Duration(s.clock.Now().UnixMicro()-sent)*time.Microsecond
-	stopTimer := afterFunc(s.clock, left, func() { exp.Store(true); cancel() })
-	return ctx, exp.Load, func() { stopTimer(); cancel() }
-}
-
-// timer is a check's wait: a pooled runtime timer with the real clock, else a timer of
-// the Store's clock.
-type timer struct {
-	rt *time.Timer
-	ft clock.Timer
-}
-
-func (s *Store) newTimer(d time.Duration) timer {
-	if !s.real {
-		return timer{ft: s.clock.NewTimer(d)}
-	}
-	if t, ok := s.timers.Get().(*time.Timer); ok {
-		t.Reset(d)
-		return timer{rt: t}
-	}
-	return timer{rt: time.NewTimer(d)}
-}
-
-func (t timer) c() <-chan time.Time {
-	if t.rt != nil {
-		return t.rt.C
-	}
-	return t.ft.C()
-}
-
-// stopTimer stops t (after Stop a runtime timer delivers nothing stale: Go ≥ 1.23) and
-// pools a runtime one.
-func (s *Store) stopTimer(t timer) {
-	if t.rt == nil {
-		t.ft.Stop()
-		return
-	}
-	t.rt.Stop()
-	s.timers.Put(t.rt)
-}
-
-// isReal reports whether c is clock.Real(), whose timers and deadlines are the runtime's.
-// Comparing types, not values, cannot panic on a Clock of an incomparable type.
-func isReal(c clock.Clock) bool { return reflect.TypeOf(c) == reflect.TypeOf(clock.Real()) }
-
-// afterFunc calls f on its own goroutine after d on clock c (not the real one), unless
-// stop is called first: one goroutine waits on the clock's timer; stop ends it and waits
-// for it, so no goroutine outlives the call.
-func afterFunc(c clock.Clock, d time.Duration, f func()) (stop func()) {
-	t := c.NewTimer(d)
-	quit, exited := make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(exited)
-		select {
-		case <-t.C():
-			f()
-		case <-quit:
-			t.Stop()
-		}
-	}()
-	return func() {
-		close(quit)
-		<-exited
-	}
 }
