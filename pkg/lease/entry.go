@@ -288,41 +288,6 @@ func (e *entry) observe(req *bucket.Request, res bucket.Result, start int64) {
 	}
 }
 
-// pace is how long an enforcer waits between calls for a key whose bucket it found
-// drained — a lease call granted less than the batch it asked for, or refused:
-//
-//	pace = N × batch / (2 × rate)     (rate: the slowest of the request's limits)
-//
-// While a key is contended every call takes everything the bucket has gathered since the
-// fleet's previous call; N enforcers each calling once per pace call the bucket every
-// pace / N on average, so a call collects about rate × pace / N = batch/2 tokens and costs
-// 2/batch calls per admitted check, instead of one call per few tokens. With the usual
-// batch = rate × Window / N the pace is Window/2. The bucket fills in burst/rate >= batch/rate,
-// longer than the fleet's interval (batch/(2 × rate)), so tokens wait in the bucket for the
-// next call rather than overflow: pacing errs under only by what is still in the bucket or
-// held. Checks that find the lease empty while paced are refused from memory
-// (Source = refusal-cache, RetryAfter = the time left). Capped at Window.
-//
-// When the pace is over and the lease is empty, and pacing refused a check meanwhile (the
-// key is still offered more than it gets), the next call goes in the background
-// (Store.refillsContended): the check that finds it so, and those arriving while the call
-// is in flight, are refused from memory too (RetryAfter = refillWait), so no check for a
-// key offered over its limit waits on the store. This errs under by those few checks,
-// which the bucket might have granted: the tokens are not lost, the call collects them for
-// the checks after it. A client that waited out its Retry-After, with no check refused by
-// pacing since, is not refused so: its check calls in the foreground as any other. Once a
-// call is granted all it asked for, the key is no longer contended; a refill that cannot
-// be queued ends the contention too, so the next check calls in the foreground (and sees
-// a failing store's error).
-func pace(limits []bucket.Limit, batch int64, peers int, window time.Duration) int64 {
-	r := limits[0].Rate
-	for _, l := range limits[1:] {
-		r = min(r, l.Rate)
-	}
-	p := float64(max(peers, 1)) * float64(batch) / (2 * r) * 1e9
-	return int64(min(p, float64(window)))
-}
-
 // setContended records whether a lease call sent at start asking want tokens under limits
 // got less (contended) and, if so, paces the key.
 func (e *entry) setContended(contended bool, start int64, limits []bucket.Limit, want int64, peers int, window time.Duration) {

@@ -1,0 +1,89 @@
+package lease
+
+import (
+	"context"
+
+	"github.com/allot-dev/allot/pkg/bucket"
+)
+
+// The foreground call: a check that memory does not answer claims its key's one call
+// (begin), sized by leaseBatch (batch.go), makes it with the shard lock released and keeps
+// what the check does not spend (call). Background refills: refill.go.
+
+// callFor is a foreground call begun for a key: its flight, the request it sends, and
+// what it was sized under.
+type callFor struct {
+	f       *flight
+	req     bucket.Request
+	gen     uint32
+	peers   int
+	ttl     int64 // how long what it is granted may be spent
+	lease   bool
+	opening bool  // the lease is a key's opening lot (leaseBatch)
+	why     Event // why the check waits on it (entry.callReason)
+}
+
+// begin claims the one foreground call for e's key. Called with e's shard lock held. If
+// the key is busy the call asks for a batch, else it passes the check through as it is.
+func (s *Store) begin(e *entry, req *bucket.Request, now int64) callFor {
+	c := callFor{f: &flight{done: make(chan struct{})}, req: *req, gen: e.gen, peers: s.peers()}
+	e.flight = c.f
+	batch, ttl, lease, opening := s.leaseBatch(e, req.Limits, req.Want, c.peers, now)
+	c.ttl, c.opening, c.why = ttl, opening, e.callReason(lease)
+	e.lapsed = false
+	if lease {
+		e.batch = batch
+		c.req.Want, c.req.Min = batch, req.MinGrant()
+	}
+	c.lease = lease
+	return c
+}
+
+// call makes the foreground call c for e's key (begun under the shard lock, which the
+// caller has released) and keeps what the check does not spend.
+func (s *Store) call(ctx context.Context, sh *shard, e *entry, req *bucket.Request, c callFor, start int64) (bucket.Result, error) {
+	s.emit(EventCall, c.req.Want)
+	s.emit(c.why, 0)
+	res, err := s.take(ctx, &c.req)
+
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	f := c.f
+	defer close(f.done)
+	if e.flight == f {
+		e.flight = nil
+	}
+	if err != nil {
+		f.err, f.shared = err, ctx.Err() == nil
+		s.emit(EventCallError, 0)
+		return bucket.Result{}, err
+	}
+	current := c.gen == e.gen && !e.gone
+	if current {
+		e.observe(&c.req, res, start)
+		if c.lease {
+			e.setContended(!c.opening && res.Granted < c.req.Want, start, c.req.Limits, c.req.Want, c.peers, s.cfg.Window)
+		}
+	}
+	if !c.lease || res.Granted == 0 {
+		return res, nil
+	}
+	s.emit(EventGranted, res.Granted)
+	if !current {
+		// The limits changed (or the key was evicted) while we were asking: the check may
+		// use what it was granted, the rest was taken under other limits and is dropped.
+		g := min(res.Granted, req.Want)
+		if d := res.Granted - g; d > 0 {
+			s.emit(EventLimitsChanged, d)
+		}
+		res.Granted = g
+		return res, nil
+	}
+	e.add(res.Granted, start+c.ttl)
+	g := min(e.held(), req.Want)
+	e.spend(g)
+	e.lastCost = req.MinGrant()
+	res.Granted = g
+	res.Remaining += e.held()
+	return res, nil
+}
