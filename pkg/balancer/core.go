@@ -60,11 +60,6 @@ type ident struct {
 	origin   int         // the region whose report added it (-1: restored), see Ingest
 }
 
-type histEntry struct {
-	v      uint64 // the version these shares were published at
-	shares []float64
-}
-
 func (id *ident) published(n int) []float64 { return id.vals[:n:n] }
 func (id *ident) target(n int) []float64    { return id.vals[n : 2*n : 2*n] }
 func (id *ident) tokens(n int) []float64    { return id.vals[2*n : 3*n : 3*n] }
@@ -135,11 +130,6 @@ type regionState struct {
 	lag         time.Duration
 	driftSum    float64
 	driftMax    float64
-}
-
-type verEntry struct {
-	v      uint64
-	landed time.Time // zero until Published
 }
 
 // Core is the balancer's decision: reports in, versioned share sets out. It guarantees
