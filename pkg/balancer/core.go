@@ -2,16 +2,18 @@ package balancer
 
 import (
 	"errors"
-	"fmt"
 	"math"
-	"slices"
 	"sync"
 	"time"
 
 	"github.com/allot-dev/allot/pkg/contract"
 	"github.com/allot-dev/allot/pkg/share"
-	allotv1 "github.com/allot-dev/allot/proto/allot/v1"
 )
+
+// The Core's state and its life: what it holds per identity, enforcer and region,
+// NewCore, a new leader's Restore, identities added and forgotten, and Published. Reports
+// come in through Ingest (ingest.go); Tick (tick.go) recomputes the targets and steps the
+// change plan (plan.go); Identity and Top (top.go) and Stats (stats.go) read it.
 
 // Errors of Ingest and Restore. Every invalid report wraps ErrInvalidReport.
 var (
@@ -21,9 +23,6 @@ var (
 	// ErrRestoreLate: Restore after the core started (first Ingest or Tick) or twice.
 	ErrRestoreLate = errors.New("balancer: restore after start")
 )
-
-// MaxNameLen bounds a report's rule id, identity and enforcer id (bytes).
-const MaxNameLen = 512
 
 // eps is the tolerance under which two shares are equal.
 const eps = 1e-9
@@ -330,222 +329,6 @@ func (c *Core) forget(id *ident) {
 	c.stats.evicted++
 }
 
-// validate checks a report whole before anything is recorded.
-func (c *Core) validate(r *allotv1.ReportRequest) (int, error) {
-	bad := func(format string, a ...any) (int, error) {
-		return 0, fmt.Errorf("%w: "+format, append([]any{ErrInvalidReport}, a...)...)
-	}
-	if r == nil {
-		return bad("nil report")
-	}
-	ri, ok := c.regionIdx[r.Region]
-	switch {
-	case !ok:
-		return bad("unknown region %.64q", r.Region)
-	case r.EnforcerId == "" || len(r.EnforcerId) > MaxNameLen:
-		return bad("enforcer_id %.64q: empty or longer than %d bytes", r.EnforcerId, MaxNameLen)
-	case r.IntervalEndMs <= r.IntervalStartMs:
-		return bad("interval [%d, %d) ms is empty", r.IntervalStartMs, r.IntervalEndMs)
-	case len(r.Usage) > c.cfg.MaxEntries:
-		return bad("%d usage entries, more than %d", len(r.Usage), c.cfg.MaxEntries)
-	case !count(r.OmittedTokens):
-		return bad("omitted_tokens %g, must be finite and >= 0", r.OmittedTokens)
-	}
-	for i, u := range r.Usage {
-		switch {
-		case u == nil:
-			return bad("usage[%d] is nil", i)
-		case u.Rule == "" || u.Identity == "" || len(u.Rule) > MaxNameLen || len(u.Identity) > MaxNameLen:
-			return bad("usage[%d]: rule %.64q identity %.64q: empty or longer than %d bytes", i, u.Rule, u.Identity, MaxNameLen)
-		case !count(u.Admitted) || !count(u.Refused) || !count(u.Error) || !count(u.RegionalRate):
-			return bad("usage[%d] (%s %s): admitted %g refused %g error %g regional_rate %g: must be finite and >= 0",
-				i, u.Rule, u.Identity, u.Admitted, u.Refused, u.Error, u.RegionalRate)
-		}
-	}
-	return ri, nil
-}
-
-func count(v float64) bool { return v >= 0 && !math.IsInf(v, 0) } // false for NaN too
-
-// ClockSkew is how far ahead of the balancer's clock a report's interval may end (the
-// enforcer's clock may run ahead of it).
-const ClockSkew = 5 * time.Second
-
-// claims checks what a valid report says against what can be true (issue 27): a share
-// version this leader never published (only acknowledgements let increases out), a newer
-// leader's set, and an interval that ends in the future (claimed seconds that did not pass
-// would shrink the region's measured demand for every key; Ingest also counts an interval
-// only from the end of the enforcer's last one). Called with c.mu held. Which way it
-// errs: a report from a live enforcer whose clock jumped ahead is refused (its next one is
-// taken), never believed.
-func (c *Core) claims(now time.Time, r *allotv1.ReportRequest) error {
-	bad := func(format string, a ...any) error {
-		return fmt.Errorf("%w: "+format, append([]any{ErrInvalidReport}, a...)...)
-	}
-	switch {
-	case r.ShareLeaderRev == c.cfg.LeaderRev && r.ShareVersion > c.version:
-		return bad("share_version %d: this leader (rev %d) has published up to %d", r.ShareVersion, c.cfg.LeaderRev, c.version)
-	case r.ShareLeaderRev > c.cfg.LeaderRev:
-		return bad("share_leader_rev %d is newer than this leader's %d", r.ShareLeaderRev, c.cfg.LeaderRev)
-	}
-	if end := time.UnixMilli(r.IntervalEndMs); end.After(now.Add(ClockSkew)) {
-		return bad("interval ends %v after the balancer's clock (more than the %v skew allowed)", end.Sub(now).Round(time.Millisecond), ClockSkew)
-	}
-	return nil
-}
-
-// Ingest records one enforcer's report. A malformed report (unknown region, empty
-// enforcer id, a negative or non-finite count, more than MaxEntries entries, an empty
-// interval) is refused whole with an error wrapping ErrInvalidReport and changes nothing;
-// a retry of a report already counted (same region, enforcer id and seq) returns nil and
-// changes nothing. Identities whose rule LimitsFunc does not know are skipped and counted.
-func (c *Core) Ingest(now time.Time, r *allotv1.ReportRequest) error {
-	ri, err := c.validate(r)
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if err != nil {
-		c.stats.invalid++
-		return err
-	}
-	c.begin(now)
-	rs := &c.regions[ri]
-	e := rs.enforcers[r.EnforcerId]
-	if e != nil && e.dup(r.Seq) {
-		c.stats.duplicates++
-		return nil
-	}
-	if err := c.claims(now, r); err != nil {
-		c.stats.invalid++
-		return err
-	}
-	if e == nil {
-		if len(rs.enforcers) >= c.cfg.MaxEnforcers {
-			c.acks(now) // drops the enforcers that fenced themselves
-		}
-		if len(rs.enforcers) >= c.cfg.MaxEnforcers {
-			c.stats.invalid++
-			return fmt.Errorf("%w: %s has %d", ErrTooManyEnforcers, rs.name, len(rs.enforcers))
-		}
-		e = &enforcerState{}
-		rs.enforcers[r.EnforcerId] = e
-	}
-	e.seen(r.Seq)
-	e.lastHeard, e.appliedRev, e.appliedVer = now, r.ShareLeaderRev, r.ShareVersion
-	if e.window != c.window+1 { // window numbers are offset by one so 0 means never
-		e.window = c.window + 1
-		rs.winEnfs++
-	}
-	// The seconds it covers, counted from the end of the enforcer's last report at the
-	// earliest: an enforcer's intervals follow each other (each starts where the last
-	// report's table was drained), so with ends no later than the balancer's clock (see
-	// claims) its reports add up to at most the wall time — claimed seconds that did not
-	// pass would shrink the region's measured demand for every key.
-	start := r.IntervalStartMs
-	if e.lastEndMs > start {
-		start = e.lastEndMs
-	}
-	secs := min(max(float64(r.IntervalEndMs-start)/1000, 0.1), 2*c.cfg.Interval.Seconds()) // a table is drained every Interval
-	rs.winSecs += secs
-	e.lastEndMs = max(e.lastEndMs, r.IntervalEndMs)
-	rs.lastHeard, rs.heard = now, true
-	rs.reports++
-	rs.winReports++
-	if r.RecentWindowMs > 0 {
-		rs.winRecent++
-	}
-	rs.lag = now.Sub(time.UnixMilli(r.IntervalEndMs))
-	if r.Early {
-		c.earlyPending = true
-	}
-	if r.Final {
-		// It stopped answering checks: it enforces nothing any more, so neither its
-		// acknowledgements nor its fence are waited for (see acks).
-		delete(rs.enforcers, r.EnforcerId)
-	}
-	hardCap := c.cfg.MaxIdentities + c.cfg.MaxIdentities/8
-	for _, u := range r.Usage {
-		k := key{u.Rule, u.Identity}
-		id := c.ids[k]
-		// A quiet entry (no tokens: its traffic stopped since the enforcer's last report)
-		// says only that its recent rate fell: it tracks nothing new and keeps nothing alive.
-		quiet := u.Admitted == 0 && u.Refused == 0
-		var lim Limits
-		known := true
-		if id == nil {
-			if quiet {
-				continue
-			}
-			// Past MaxIdentities a region adds identities only while those its reports
-			// added number fewer than its part of MaxIdentities + 1/8, so one region's
-			// flood (a certificate in an attacker's hands) never shuts out another's new
-			// identities; recompute lets the least demanded of the regions over their
-			// part go (fairLowest). At most regions × that part + MaxIdentities are tracked.
-			if len(c.ids) >= c.cfg.MaxIdentities && rs.owned >= hardCap/c.n {
-				c.stats.dropped++
-				continue
-			}
-			if id, lim, known = c.newIdent(u.Rule, u.Identity); !known {
-				continue
-			}
-			id.origin = ri
-			rs.owned++
-		} else {
-			lim, known = c.cfg.Limits(u.Rule, u.Identity)
-		}
-		admitted := u.Admitted
-		if m := lim.MaxAdmitted(secs); known && admitted > m {
-			admitted = m
-			c.stats.clamped++
-		}
-		id.tokens(c.n)[ri] += admitted + u.Refused
-		id.recent(c.n)[ri] += u.RecentRate
-		if !quiet {
-			id.lastSeen = now
-			id.evict = false
-		}
-		if r.RecentWindowMs > 0 && c.shifted(id, ri, u.RecentRate, max(1, len(rs.enforcers))) {
-			id.shift, c.shiftPending = true, true
-			id.moved |= regionBit(ri)
-		}
-	}
-	return nil
-}
-
-// shifted says whether one enforcer's recent rate for an identity (of enfs enforcers in
-// its region, which see about equal parts of its traffic) shows the traffic moved: the
-// region's rate, estimated as recent × enfs, at least doubled from its smoothed demand and
-// above its published share by more than the dead-band (traffic arrived, and is refused),
-// or at most half of it and below by more than a quarter dead-band (traffic left) — each
-// beyond the noise of one second of Poisson arrivals at that enforcer (3 standard
-// deviations of the estimate, √(enfs × smoothed), and 10 tokens a second an enforcer: a
-// key of a few a second is left to the interval's average). Such a
-// report asks for a recompute at once (ShiftGap) whatever else it says — an
-// acknowledgement of a decrease carries the region's new, lower rate — and that recompute
-// reads the identity's demand from the recent rates (see recompute). A partial change
-// (say 60/s to 240/s) is left to the interval's average and the early reports.
-func (c *Core) shifted(id *ident, r int, recent float64, enfs int) bool {
-	if !(id.rate > 0) || !(recent >= 0) || math.IsInf(recent, 0) {
-		return false
-	}
-	// Not recomputed yet (a key the balancer first hears of): its demand was nothing, and
-	// traffic that arrived above its default share is a move like any other.
-	sm := 0.0
-	if r < len(id.st.Smoothed) && !math.IsNaN(id.st.Smoothed[r]) {
-		sm = id.st.Smoothed[r]
-	}
-	n := float64(enfs)
-	est := recent * n
-	noise := 3*math.Sqrt(n*max(sm, 1)) + 10*n
-	db := c.cfg.Share.DeadBand
-	switch {
-	case est >= 2*sm+noise: // arrived
-		return est/id.rate > id.published(c.n)[r]+db
-	case est <= sm/2-noise: // left
-		return (sm-est)/id.rate >= db/4
-	}
-	return false
-}
-
 // Published records that p landed (in etcd, or in a simulation): a changed version
 // starts its AckTimeout, and any publication moves the head refresh clock.
 func (c *Core) Published(p *Publication, now time.Time) {
@@ -576,110 +359,3 @@ func (c *Core) recomputes() uint64 {
 	defer c.mu.Unlock()
 	return c.stats.recomputes
 }
-
-// IdentityState is one tracked identity as the core sees it, by region (copies).
-type IdentityState struct {
-	Rate      float64   // global rate, tokens/s
-	Default   []float64 // default split
-	Published []float64 // in the newest version
-	Target    []float64 // where the plan is going
-	Smoothed  []float64 // smoothed demand, tokens/s (nil before the first recompute)
-	Pending   bool      // the plan has not finished (or a region may still apply an older version)
-	// Version is the version Published took its value at: a region whose acknowledged
-	// version (RegionStats.Acked) is below it may still apply an older share.
-	Version uint64
-}
-
-// Identity returns the state of (rule, identity); ok is false when it is not tracked
-// (it has the default split). For tools (explain) and simulations.
-func (c *Core) Identity(rule, identity string) (IdentityState, bool) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	id := c.ids[key{rule, identity}]
-	if id == nil {
-		return IdentityState{}, false
-	}
-	return IdentityState{
-		Rate: id.rate, Default: slices.Clone(id.def), Published: slices.Clone(id.published(c.n)),
-		Target: slices.Clone(id.target(c.n)), Smoothed: slices.Clone(id.st.Smoothed), Pending: id.pending,
-		Version: id.pubVer,
-	}, true
-}
-
-// TopIdentity is one of the most demanded identities (Core.Top).
-type TopIdentity struct {
-	Rule, Identity string
-	Demand         float64 // Σ over regions of the smoothed demand, tokens/s
-	IdentityState
-}
-
-// Top returns at most n tracked identities with the largest total smoothed demand (> 0),
-// most demanded first, ties by (rule, identity). For dashboards: it walks every tracked
-// identity under the mutex (O(tracked × log n), no allocation beyond the n results;
-// BenchmarkTop20Of1M), holding reports back meanwhile, so call it about once an interval,
-// not per request.
-func (c *Core) Top(n int) []TopIdentity {
-	if n <= 0 {
-		return nil
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	less := func(a, b ranked) bool { // a ranks below b
-		if a.d != b.d {
-			return a.d < b.d
-		}
-		return a.id.k.rule > b.id.k.rule || (a.id.k.rule == b.id.k.rule && a.id.k.identity > b.id.k.identity)
-	}
-	h := make([]ranked, 0, min(n, len(c.all))) // a min-heap on less: h[0] ranks lowest
-	for _, id := range c.all {
-		x := ranked{id, demandOf(id)}
-		if !(x.d > 0) {
-			continue
-		}
-		switch {
-		case len(h) < n:
-			h = append(h, x)
-			for i := len(h) - 1; i > 0 && less(h[i], h[(i-1)/2]); i = (i - 1) / 2 {
-				h[i], h[(i-1)/2] = h[(i-1)/2], h[i]
-			}
-		case less(h[0], x):
-			h[0] = x
-			for i := 0; ; {
-				m, l, r := i, 2*i+1, 2*i+2
-				if l < len(h) && less(h[l], h[m]) {
-					m = l
-				}
-				if r < len(h) && less(h[r], h[m]) {
-					m = r
-				}
-				if m == i {
-					break
-				}
-				h[i], h[m] = h[m], h[i]
-				i = m
-			}
-		}
-	}
-	slices.SortFunc(h, func(a, b ranked) int {
-		switch {
-		case less(b, a):
-			return -1
-		case less(a, b):
-			return 1
-		}
-		return 0
-	})
-	out := make([]TopIdentity, len(h))
-	for i, x := range h {
-		id := x.id
-		out[i] = TopIdentity{Rule: id.k.rule, Identity: id.k.identity, Demand: x.d, IdentityState: IdentityState{
-			Rate: id.rate, Default: slices.Clone(id.def), Published: slices.Clone(id.published(c.n)),
-			Target: slices.Clone(id.target(c.n)), Smoothed: slices.Clone(id.st.Smoothed), Pending: id.pending,
-			Version: id.pubVer,
-		}}
-	}
-	return out
-}
-
-// regionBit is region r's bit in ident.moved; regions past 63 share the last one.
-func regionBit(r int) uint64 { return 1 << min(r, 63) }

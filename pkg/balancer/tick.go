@@ -10,6 +10,11 @@ import (
 	"github.com/allot-dev/allot/pkg/share"
 )
 
+// Tick, the core's clock: once the learning period is over and an interval is due (or a
+// report asked for one early) it recomputes every identity's target from the window's
+// demand (recompute, through pkg/share), steps the change plan (plan.go), and returns the
+// publication to write (materialize).
+
 // Tick advances the core to now and returns what to write, or nil when nothing is due.
 // It recomputes every identity's target when an interval is due (or EarlyGap after the
 // last recompute when an early report came in), once the learning period is over; it
