@@ -2,20 +2,20 @@ package admin
 
 import (
 	"context"
-	"crypto/rand"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"regexp"
 	"sort"
 	"strings"
-	"time"
 
 	"github.com/allot-dev/allot/pkg/rules"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
+
+// The rules prefix in etcd and a change to it: read takes the prefix whole at one revision;
+// apply checks the set a change would leave the way every enforcer will and writes the
+// change, with its audit record, in one transaction compared on the revision the caller
+// read. Errors of a change name the status they are answered with.
 
 // Errors of a change, each answered with its own status (see the package doc).
 var (
@@ -66,6 +66,16 @@ func (s *Server) read(ctx context.Context) (*state, error) {
 		st.byID[id] = k
 	}
 	return st, nil
+}
+
+// sortedIDs returns the ids of st in order.
+func (st *state) sortedIDs() []string {
+	ids := make([]string, 0, len(st.byID))
+	for id := range st.byID {
+		ids = append(ids, id)
+	}
+	sort.Strings(ids)
+	return ids
 }
 
 // change is one admin change: rules to write (by id) and rule ids to delete.
@@ -192,68 +202,6 @@ func (s *Server) apply(ctx context.Context, c *change) (Result, error) {
 	return res, nil
 }
 
-// auditKey orders records by time: <prefix><20-digit Unix ns>-<4 random hex>.
-func (s *Server) auditKey(now time.Time) string {
-	var b [2]byte
-	rand.Read(b[:])
-	return fmt.Sprintf("%s%020d-%s", s.cfg.AuditPrefix, now.UnixNano(), hex.EncodeToString(b[:]))
-}
-
-// pruneAudit keeps the newest AuditKeep records: the older are deleted after each change
-// (a failure is logged; the next change prunes again).
-func (s *Server) pruneAudit(ctx context.Context) {
-	ctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
-	defer cancel()
-	resp, err := s.cfg.Etcd.Get(ctx, s.cfg.AuditPrefix, clientv3.WithPrefix(), clientv3.WithKeysOnly(),
-		clientv3.WithSort(clientv3.SortByKey, clientv3.SortAscend))
-	if err != nil {
-		s.cfg.Logger.Warn("could not read the audit records to prune them", "error", err)
-		return
-	}
-	n := len(resp.Kvs) - s.cfg.AuditKeep
-	if n <= 0 {
-		return
-	}
-	first, end := string(resp.Kvs[0].Key), string(resp.Kvs[n].Key)
-	if _, err := s.cfg.Etcd.Delete(ctx, first, clientv3.WithRange(end)); err != nil {
-		s.cfg.Logger.Warn("could not prune the audit records", "error", err)
-	}
-}
-
-// AuditRecord is one change as kept in etcd under the audit prefix.
-type AuditRecord struct {
-	At     time.Time `json:"at"`
-	Who    string    `json:"who"`    // the admin token's name
-	Action string    `json:"action"` // rules.apply, rule.put, rule.delete, override.set, override.delete
-	Rules  []string  `json:"rules"`  // the rule ids written or deleted
-	Reason string    `json:"reason"`
-	// ReadRevision is the revision the change was compared on; Revision the change's own
-	// (the record's etcd mod revision, filled when listed).
-	ReadRevision int64  `json:"read_revision"`
-	Revision     int64  `json:"revision,omitempty"`
-	Key          string `json:"key,omitempty"`
-}
-
-func (s *Server) audit(ctx context.Context, limit int) ([]AuditRecord, error) {
-	ctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
-	defer cancel()
-	resp, err := s.cfg.Etcd.Get(ctx, s.cfg.AuditPrefix, clientv3.WithPrefix(),
-		clientv3.WithSort(clientv3.SortByKey, clientv3.SortDescend), clientv3.WithLimit(int64(limit)))
-	if err != nil {
-		return nil, fmt.Errorf("admin: while reading the audit records: %w", err)
-	}
-	out := make([]AuditRecord, 0, len(resp.Kvs))
-	for _, kv := range resp.Kvs {
-		var r AuditRecord
-		if err := json.Unmarshal(kv.Value, &r); err != nil {
-			r = AuditRecord{Reason: "undecodable record: " + err.Error()}
-		}
-		r.Revision, r.Key = kv.ModRevision, string(kv.Key)
-		out = append(out, r)
-	}
-	return out, nil
-}
-
 // InvalidError is a change refused because the resulting rule set is invalid: Err is the
 // rules package's error (every problem, each naming the key or file, rule, field and
 // line). 400.
@@ -291,26 +239,4 @@ func problems(err error) []Problem {
 	}
 	walk(err)
 	return out
-}
-
-var overrideIDRE = regexp.MustCompile(`^[A-Za-z0-9._:@-]{1,70}$`)
-
-// OverrideID is the rule id of the override of api key: "override:<key>", or
-// "override:sha256-<16 hex>" for a key a rule id cannot spell.
-func OverrideID(key string) string {
-	if overrideIDRE.MatchString(key) {
-		return "override:" + key
-	}
-	sum := sha256.Sum256([]byte(key))
-	return "override:sha256-" + hex.EncodeToString(sum[:8])
-}
-
-// sortedIDs returns the ids of st in order.
-func (st *state) sortedIDs() []string {
-	ids := make([]string, 0, len(st.byID))
-	for id := range st.byID {
-		ids = append(ids, id)
-	}
-	sort.Strings(ids)
-	return ids
 }
