@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/allot-dev/allot/pkg/contract"
 	"net/http"
 	"strings"
 	"testing"
@@ -50,7 +51,7 @@ func adminKeys(t *testing.T, cli *clientv3.Client) map[string]int64 {
 	out := map[string]int64{}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	for _, p := range []string{admin.DefaultRulesPrefix, admin.DefaultAuditPrefix, admin.DefaultChangeKey} {
+	for _, p := range []string{contract.RulesPrefix, contract.AuditPrefix, contract.ChangeKey} {
 		resp, err := cli.Get(ctx, p, clientv3.WithPrefix(), clientv3.WithKeysOnly())
 		if err != nil {
 			t.Fatalf("etcd get %s: %v", p, err)

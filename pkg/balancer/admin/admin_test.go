@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"github.com/allot-dev/allot/pkg/contract"
 	"io"
 	"net"
 	"net/http"
@@ -146,7 +147,7 @@ func TestApplyListAndAudit(t *testing.T) {
 	}
 	// The values are what an EtcdSource loads.
 	h := rules.NewHolder(nil)
-	src, err := rules.NewEtcdSource(r.etcd, admin.DefaultRulesPrefix, h, rules.CompileOptions{})
+	src, err := rules.NewEtcdSource(r.etcd, contract.RulesPrefix, h, rules.CompileOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -251,11 +252,11 @@ func TestBrokenSetRefusedWhole(t *testing.T) {
 	// an override without expires_at), are refused by the enforcers alone (issue 28): they
 	// do not block a change that does not touch them, as they used to.
 	for _, k := range []string{"a", "b"} {
-		if _, err := r.etcd.Put(ctx, admin.DefaultRulesPrefix+k, `{"id": "dup", "limits": [{"name": "s", "rate": 1, "per": "1s"}]}`); err != nil {
+		if _, err := r.etcd.Put(ctx, contract.RulesPrefix+k, `{"id": "dup", "limits": [{"name": "s", "rate": 1, "per": "1s"}]}`); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if _, err := r.etcd.Put(ctx, admin.DefaultRulesPrefix+"k1", `{"match": {"api_key": "k1"}, "limits": [{"name": "s", "rate": 1, "per": "1s"}]}`); err != nil {
+	if _, err := r.etcd.Put(ctx, contract.RulesPrefix+"k1", `{"match": {"api_key": "k1"}, "limits": [{"name": "s", "rate": 1, "per": "1s"}]}`); err != nil {
 		t.Fatal(err)
 	}
 	if _, err = r.cli.Apply(ctx, admin.ApplyRequest{Reason: "x", YAML: goodFile}); err != nil {
@@ -373,7 +374,7 @@ func TestAuditBounded(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	resp, err := r.etcd.Get(ctx, admin.DefaultAuditPrefix, clientv3.WithPrefix(), clientv3.WithCountOnly())
+	resp, err := r.etcd.Get(ctx, contract.AuditPrefix, clientv3.WithPrefix(), clientv3.WithCountOnly())
 	if err != nil || resp.Count != 3 {
 		t.Fatalf("%d records kept (%v), want 3", resp.Count, err)
 	}

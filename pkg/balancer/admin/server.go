@@ -22,11 +22,7 @@ import (
 
 // Defaults of Config.
 const (
-	DefaultRulesPrefix    = "/allot/rules/"
-	DefaultAuditPrefix    = "/allot/admin/audit/"
-	DefaultChangeKey      = "/allot/admin/changed"
-	DefaultRegistryPrefix = "/allot/enforcers/"
-	DefaultAuditKeep      = 1000
+	DefaultAuditKeep = 1000
 	// DefaultMaxTxnOps is etcd's default --max-txn-ops.
 	DefaultMaxTxnOps = 128
 	// MaxBodyBytes bounds a request body.
@@ -102,11 +98,11 @@ func New(cfg Config) (*Server, error) {
 			*v = d
 		}
 	}
-	def(&cfg.RulesPrefix, DefaultRulesPrefix)
+	def(&cfg.RulesPrefix, contract.RulesPrefix)
 	def(&cfg.SharesPrefix, contract.SharesPrefix)
-	def(&cfg.AuditPrefix, DefaultAuditPrefix)
-	def(&cfg.ChangeKey, DefaultChangeKey)
-	def(&cfg.RegistryPrefix, DefaultRegistryPrefix)
+	def(&cfg.AuditPrefix, contract.AuditPrefix)
+	def(&cfg.ChangeKey, contract.ChangeKey)
+	def(&cfg.RegistryPrefix, contract.EnforcersPrefix)
 	def(&cfg.ExplainScheme, "http")
 	if strings.HasPrefix(cfg.AuditPrefix, cfg.RulesPrefix) || strings.HasPrefix(cfg.ChangeKey, cfg.RulesPrefix) {
 		return nil, fmt.Errorf("admin: audit prefix %q and change key %q must be outside the rules prefix %q", cfg.AuditPrefix, cfg.ChangeKey, cfg.RulesPrefix)

@@ -4,6 +4,7 @@ import (
 	"crypto/tls"
 	"encoding/json"
 	"fmt"
+	"github.com/allot-dev/allot/pkg/contract"
 	"net/http"
 	"time"
 
@@ -36,7 +37,7 @@ type AdminConfig struct {
 
 func defaultAdminConfig() AdminConfig {
 	return AdminConfig{TokensEnv: "ALLOT_ADMIN_TOKENS", AuditKeep: admin.DefaultAuditKeep, MaxTxnOps: admin.DefaultMaxTxnOps,
-		RegistryPrefix: admin.DefaultRegistryPrefix, ExplainScheme: "http"}
+		RegistryPrefix: contract.EnforcersPrefix, ExplainScheme: "http"}
 }
 
 func (ac AdminConfig) validate(c *Config) []error {
