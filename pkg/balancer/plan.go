@@ -33,15 +33,16 @@ type histEntry struct {
 // least version applied by its enforcers that may still be enforcing what they last
 // acknowledged. Only reports acknowledge: a write that landed in etcd says nothing about
 // an enforcer cut off from etcd, which would go on enforcing its old, larger share while
-// the others were given more (the region-down drill measured Σ 1.22 when a decrease
-// counted as applied AckTimeout after it landed).
+// the others were given more (counting a decrease as applied AckTimeout after it landed
+// lets the region-down drill reach Σ 1.22).
 //
 // The reservation is per enforcer: an enforcer that fell silent keeps holding its region's
 // acknowledgement at the version it last reported until it has fenced itself by its own
 // staleness rule — Stale without an accepted report, plus AckTimeout for the round trip
 // it counts from (pkg/enforcer/overrides) — and only its region's other enforcers' reports do not
-// release it (one enforcer cut off from the control plane while its region-mates report
-// went on enforcing its old share: 1.09-1.15 of the limit measured before). After that it
+// release it (otherwise one enforcer cut off from the control plane while its region-mates
+// report goes on enforcing its old share: 1.09-1.15 of the limit in enforcer-isolated.yaml).
+// After that it
 // enforces at most min(its share, default split): while such a fenced enforcer is
 // remembered, fenced[r] reserves the default share for its region (see mayApply). A region
 // all of whose enforcers fenced (or that was never heard, for Stale + AckTimeout since
