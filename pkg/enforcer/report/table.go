@@ -302,6 +302,10 @@ func (t *Table) Start() time.Time {
 	return t.start
 }
 
+// Jumped reports whether some identity's refusals jumped this interval (see WantEarly,
+// which also waits for EarlyGap to pass). One atomic load.
+func (t *Table) Jumped() bool { return t.jumped.Load() }
+
 // Early returns a channel that receives (capacity 1, never closed) when some identity's
 // refusals jump; a Reporter waits on it instead of polling WantEarly. A receive is a hint:
 // check WantEarly.
