@@ -165,7 +165,7 @@ func (a *App) Ready() error {
 		}
 	}
 	var errs []error
-	if a.shares != nil && !a.shares.Loaded() {
+	if a.node != nil && !a.node.Shares().Loaded() {
 		errs = append(errs, errors.New("shares: not loaded from etcd yet; every identity enforces min(default share, shares.floor)"))
 	}
 	if src != nil {
@@ -212,10 +212,10 @@ func (a *App) Close() error {
 			a.health.Shutdown()
 		}
 		a.drain(serving)
-		if a.reporter != nil {
+		if a.node != nil {
 			// After the drain: a final report tells the balancer this enforcer enforces
 			// nothing any more. Before the etcd client it reads the leader with.
-			_ = a.reporter.Leave()
+			_ = a.node.Leave()
 		}
 		if a.registry != nil {
 			if err := a.registry.Close(); err != nil {
@@ -236,11 +236,8 @@ func (a *App) Close() error {
 			_ = a.sharesW.Close() // waits for its goroutine; never fails
 		}
 		a.wg.Wait()
-		if a.fallback != nil {
-			a.fallback.Close()
-		}
-		if a.lease != nil {
-			a.lease.Close()
+		if a.node != nil {
+			_ = a.node.Close() // the layers' goroutines; the reporter has left
 		}
 		if a.redisStore != nil {
 			_ = a.redisStore.Close() // stops its pipelining goroutines; never fails
