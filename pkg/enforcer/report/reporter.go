@@ -224,7 +224,7 @@ func (r *Reporter) leave() {
 func (r *Reporter) run() {
 	defer close(r.done)
 	t := r.cfg.Table
-	s := NewSchedule(t.cfg, r.cfg.AckGap, t.Start())
+	s := NewSchedule(t.Config(), r.cfg.AckGap, t.Start())
 	for {
 		now := r.clock.Now()
 		step := s.At(now, t.Start(), t.Jumped())

@@ -291,6 +291,9 @@ func (t *Table) Len() int {
 	return n
 }
 
+// Config returns the table's configuration (NewSchedule reads its Interval and EarlyGap).
+func (t *Table) Config() Config { return t.cfg }
+
 // Interval returns Config.Interval: the Reporter's period.
 func (t *Table) Interval() time.Duration { return t.cfg.Interval }
 
