@@ -183,9 +183,11 @@ func (p *balancerPlane) start(w *world) {
 		clk := w.regions[r].clk
 		for e, rep := range rs {
 			rep := rep
-			// The schedule's regular reports, as a chain of events each scheduled an
-			// Interval before it runs; a wake the schedule asks for sooner (an
-			// acknowledgement's AckGap) is an event of its own (wake).
+			// The schedule's regular reports fall on a chain of events, each scheduled an
+			// Interval before it runs (so a regular report keeps its place among the events
+			// of the same instant, whatever woke the enforcer in between); a wake the
+			// schedule asks for sooner (an acknowledgement's AckGap) is an event of its own
+			// (wake), and the table's jump is looked at every EarlyPoll (look).
 			var regular func()
 			regular = func() {
 				rep.regularAt = rep.regularAt.Add(p.sc.Interval)
