@@ -13,16 +13,13 @@
 package main
 
 import (
-	"context"
 	"fmt"
 	"io"
 	"os"
-	"os/signal"
-	"syscall"
 	"time"
 
+	"github.com/allot-dev/allot/pkg/appkit"
 	"github.com/allot-dev/allot/pkg/balancer/app"
-	"github.com/hashicorp/go-hclog"
 )
 
 func main() {
@@ -44,19 +41,11 @@ func run(args []string, getenv func(string) string, stderr io.Writer) int {
 		fmt.Fprintln(stderr, err)
 		return 2
 	}
-	log := hclog.New(&hclog.LoggerOptions{
-		Name: "balancer", Level: hclog.LevelFromString(cfg.LogLevel), JSONFormat: cfg.LogJSON, Output: stderr,
-	})
+	log := appkit.Logger("balancer", cfg.LogLevel, cfg.LogJSON, stderr)
 	a, err := app.New(cfg, log)
 	if err != nil {
 		log.Error("could not start", "error", err)
 		return 1
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	defer stop()
-	if err := a.Run(ctx); err != nil {
-		log.Error("stopped with an error", "error", err)
-		return 1
-	}
-	return 0
+	return appkit.RunUntilSignal(log, a.Run, nil)
 }

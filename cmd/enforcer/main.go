@@ -9,17 +9,14 @@
 package main
 
 import (
-	"context"
 	"fmt"
 	"io"
 	"os"
-	"os/signal"
 	"strings"
-	"syscall"
 
+	"github.com/allot-dev/allot/pkg/appkit"
 	"github.com/allot-dev/allot/pkg/enforcer/app"
 	"github.com/allot-dev/allot/pkg/rules"
-	"github.com/hashicorp/go-hclog"
 )
 
 func main() { os.Exit(run(os.Args[1:], os.Getenv, os.Stdout, os.Stderr)) }
@@ -36,9 +33,7 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 		fmt.Fprintln(stderr, err)
 		return 2
 	}
-	log := hclog.New(&hclog.LoggerOptions{
-		Name: "enforcer", Level: hclog.LevelFromString(cfg.LogLevel), JSONFormat: cfg.LogJSON, Output: stderr,
-	})
+	log := appkit.Logger("enforcer", cfg.LogLevel, cfg.LogJSON, stderr)
 	gc, stopGC := app.ApplyRuntime(&cfg, getenv)
 	defer stopGC()
 	log.Info("go runtime", "gc", gc)
@@ -47,32 +42,13 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 		log.Error("could not start", "error", err)
 		return 1
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	defer stop()
-	hup := make(chan os.Signal, 1)
-	signal.Notify(hup, syscall.SIGHUP)
-	defer signal.Stop(hup)
-	done := make(chan struct{})
-	defer close(done)
-	go func() {
-		for {
-			select {
-			case <-hup:
-				if err := a.Reload(); err != nil {
-					log.Error("reload refused; the rules in force keep serving", "error", err)
-				} else {
-					log.Info("reloaded", "rules", a.Rules().Current().Version())
-				}
-			case <-done:
-				return
-			}
+	return appkit.RunUntilSignal(log, a.Run, func() {
+		if err := a.Reload(); err != nil {
+			log.Error("reload refused; the rules in force keep serving", "error", err)
+		} else {
+			log.Info("reloaded", "rules", a.Rules().Current().Version())
 		}
-	}()
-	if err := a.Run(ctx); err != nil {
-		log.Error("stopped with an error", "error", err)
-		return 1
-	}
-	return 0
+	})
 }
 
 // rulesCmd is `enforcer rules check FILE`: it validates FILE and exits non-zero with every

@@ -8,9 +8,14 @@
 // same code a deployment runs, minus Redis. It is what `regionsim demo` starts, and what tests use to
 // exercise the regions together without Docker.
 //
+// Each enforcer is a pkg/enforcer/app App, so its node is composed by the same
+// pkg/enforcer/node.Build as the enforcer binary's and regionsim's.
+//
 // Which way it errs against a real deployment: the in-memory store is exact and has no
-// network, so a region here answers faster and never fails; everything above the store
-// (leases, fallback, shares, reports, balancing) is the real thing.
+// network, so a region here answers faster and never fails; the shares, reports and
+// balancing above it are the real thing. Over the in-memory store an enforcer runs
+// without the lease and fallback layers, as the binary does with store.kind memory
+// (regionsim's virtual mode layers them over its store); with Config.Redis it runs them.
 //
 // A Stack owns every goroutine it starts; Close stops them all and waits. Not safe for
 // concurrent Start; the accessors are safe once Start returned.

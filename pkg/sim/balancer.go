@@ -4,15 +4,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
-	"sync/atomic"
 	"time"
 
 	"github.com/allot-dev/allot/pkg/balancer"
 	"github.com/allot-dev/allot/pkg/contract"
-	"github.com/allot-dev/allot/pkg/enforcer"
-	"github.com/allot-dev/allot/pkg/enforcer/overrides"
+	"github.com/allot-dev/allot/pkg/enforcer/node"
 	"github.com/allot-dev/allot/pkg/enforcer/report"
-	"github.com/allot-dev/allot/pkg/rules"
 	"github.com/allot-dev/allot/pkg/sim/scenario"
 	allotv1 "github.com/allot-dev/allot/proto/allot/v1"
 )
@@ -21,48 +18,58 @@ import (
 // tables) runs on each region's clock; the balancer's (ticks, reports arriving,
 // publication) on the coordinator's, at barriers (see Slice):
 //
-//   - every enforcer has a real report.Table (its enforcer's UsageObserver) and reports it
-//     like report.Reporter: every Interval, at a phase of its own (spread evenly over the
-//     interval), early when the table says refusals jumped (checked every EarlyPoll), and
-//     early (AckGap after its last report) when its region applied a new share set; a
-//     report reaches the balancer ReportDelay later;
+//   - every enforcer is a node.Build node with reports on: its usage table and share table
+//     are the production ones, wired by the same function. This plane is its report
+//     transport (node.Transport): it follows the Reporter's own report.Schedule — every
+//     Interval at a phase of its own (spread evenly over the interval), early when the
+//     table's refusals jumped, and early (AckGap after its last report) when the enforcer
+//     applied a new share set — and a report reaches the balancer ReportDelay later. One
+//     difference from the Reporter's goroutine, which Table.Early wakes at once: a virtual
+//     enforcer looks at its table's jump every EarlyPoll, so its early reports come up to
+//     EarlyPoll late, and a report it sends between two looks for another reason (an
+//     acknowledgement) is not flagged early;
 //   - the balancer is the real balancer.Core, ticked every TickEvery; each Publication it
 //     returns lands at once in the virtual etcd (the set as a Watcher would list it:
-//     the head and the entries of the newest version) and reaches every region's
-//     overrides.Holder Propagation (the scenario's) later;
-//   - each region's enforcers enforce through the region's real overrides.Holder
-//     (enforcer.Config.Shares), with its staleness rule.
-//
-// Every enforcer has its own overrides.Holder, as in production: it counts staleness from its
-// last refresh and from its last report the balancer accepted (Config.Reports), and until
-// it has read a set (Config.WaitForSet) it enforces min(default, floor). At the start the
-// virtual etcd is empty, which each Holder has read.
+//     the head and the entries of the newest version) and reaches every enforcer's share
+//     table (an overrides.Holder) Propagation (the scenario's) later;
+//   - each enforcer enforces through its share table, with its staleness rules: it counts
+//     staleness from its last refresh and from its last report the balancer accepted (the
+//     reports' Accepted hook), and until it has read a set it enforces min(default,
+//     floor). At the start the virtual etcd is empty, which each table has read.
 //
 // Faults: balancer-down (and leader-change, the same fault named for a short gap) drops
 // every report and stops the ticks; when it ends a new leader (a new Core, LeaderRev one
 // higher) restores the persisted set and learns again. region-isolated drops the region's
 // reports and the sets sent to it; when it ends the region reads the set in force (after
 // Propagation), as a Watcher re-listing would. enforcer-isolated does the same to one
-// enforcer while its region-mates go on. region-restart replaces every enforcer of the
-// region by a new process (new id, an empty usage table, a Holder that has read no set)
-// cut off from the control plane until the fault ends; the old processes are gone without
-// a final report (a crash), so the balancer holds what they acknowledged until their fence.
+// enforcer while its region-mates go on. region-restart gives every enforcer of the
+// region a new process's id, an empty usage table and a share table that has read no set
+// (node.ResetShares), cut off from the control plane until the fault ends; the old
+// processes are gone without a final report (a crash), so the balancer holds what they
+// acknowledged until their fence. Their leases and report phases stay.
 
 // Virtual-mode timing of the control plane.
 const (
 	ReportDelay = 50 * time.Millisecond  // enforcer → balancer, one way
 	TickEvery   = 250 * time.Millisecond // how often the balancer's core is ticked (a multiple of Slice)
-	EarlyPoll   = 100 * time.Millisecond // how often an enforcer looks at WantEarly
+	EarlyPoll   = 100 * time.Millisecond // how often an enforcer looks at its table's jump
 )
 
+// reporter is one enforcer's report transport: what node.Build wired (the table, the
+// hooks into the share table) and the Reporter's schedule.
 type reporter struct {
 	region, enf int
-	id          string
-	table       *report.Table
+	rc          report.ReporterConfig
+	id          string // rc.EnforcerID, then a restarted process's
 	seq         uint64
-	ack         bool // a new share set was applied and not reported yet
-	gen         int  // restarts so far (region-restart): a new process, a new id
+	sched       report.Schedule
+	regularAt   time.Time // the next regular report's event (the cadence)
+	wakeAt      time.Time // a pending wake before it (zero: none)
+	gen         int       // restarts so far (region-restart): a new process, a new id
 }
+
+func (*reporter) Close() error { return nil } // nothing runs but on the virtual clock
+func (*reporter) Leave() error { return nil }
 
 // sent is a report on its way to the balancer.
 type sent struct {
@@ -73,22 +80,12 @@ type sent struct {
 	gen    int
 }
 
-// holderRef is an enforcer's share table; a restart replaces the Holder behind it.
-type holderRef struct {
-	h atomic.Pointer[overrides.Holder]
-}
-
-func (r *holderRef) Share(rule *rules.Compiled, identity string, now time.Time) float64 {
-	return r.h.Load().Share(rule, identity, now)
-}
-
 type balancerPlane struct {
-	sc      *scenario.Scenario
-	w       *world
-	cfg     balancer.CoreConfig
-	core    *balancer.Core
-	holders [][]*holderRef // [region][enforcer]
-	reps    [][]*reporter  // [region][enforcer]
+	sc   *scenario.Scenario
+	w    *world
+	cfg  balancer.CoreConfig
+	core *balancer.Core
+	reps [][]*reporter // [region][enforcer]
 
 	// outbox holds each region's reports sent since the last barrier (written by the
 	// region's goroutine between barriers, read by the coordinator at them).
@@ -113,7 +110,7 @@ type balancerPlane struct {
 func newBalancerPlane(sc *scenario.Scenario) (*balancerPlane, error) {
 	p := &balancerPlane{sc: sc, layout: contract.NewChunker(0), isolated: make([]bool, len(sc.Regions)), reps: make([][]*reporter, len(sc.Regions)),
 		outbox: make([][]sent, len(sc.Regions)), restarting: make([]bool, len(sc.Regions)),
-		cutEnf: make([][]bool, len(sc.Regions)), holders: make([][]*holderRef, len(sc.Regions))}
+		cutEnf: make([][]bool, len(sc.Regions))}
 	for r, reg := range sc.Regions {
 		p.cutEnf[r] = make([]bool, reg.Enforcers)
 	}
@@ -150,63 +147,35 @@ func (p *balancerPlane) name() string { return PolicyBalancer }
 // initial: the rules carry the default split; the Holder scales from there.
 func (p *balancerPlane) initial() [][]float64 { return newFixedPlane(p.sc, PolicyStatic).shares }
 
-// newHolder is a new enforcer process's share table: it has read no set yet.
-func (p *balancerPlane) newHolder(r int) (*overrides.Holder, error) {
-	hc := overrides.DefaultConfig()
-	hc.Region, hc.Clock = p.sc.Regions[r].Name, p.w.regions[r].clk
-	hc.Reports, hc.WaitForSet = true, true
-	h, err := overrides.NewHolder(hc)
-	if err != nil {
-		return nil, fmt.Errorf("sim: %w", err)
+// transport is enforcer e of region r's report transport: this plane.
+func (p *balancerPlane) transport(r, e int) node.Transport {
+	return func(rc report.ReporterConfig) (node.Reporter, error) {
+		if len(p.reps[r]) != e {
+			return nil, fmt.Errorf("sim: region %s: enforcer %d built out of order", p.sc.Regions[r].Name, e)
+		}
+		t := rc.Table
+		rep := &reporter{region: r, enf: e, rc: rc, id: rc.EnforcerID, sched: report.NewSchedule(t.Config(), rc.AckGap, t.Start())}
+		p.reps[r] = append(p.reps[r], rep)
+		return rep, nil
 	}
-	return h, nil
+}
+
+// usageStart is when enforcer e of region r's usage table starts: the enforcers have been
+// running for a while, their report phases spread evenly over the interval, the first
+// report covering [phase − Interval, phase).
+func (p *balancerPlane) usageStart(r, e int) time.Time {
+	return Epoch.Add(p.phase(r, e) - p.sc.Interval)
 }
 
 func (p *balancerPlane) bind(w *world) error {
 	p.w = w
-	for r, reg := range p.sc.Regions {
-		clk := w.regions[r].clk
-		for range reg.Enforcers {
-			h, err := p.newHolder(r)
-			if err != nil {
-				return err
-			}
-			h.MarkLoaded() // the virtual etcd is empty at the start: nothing published
-			ref := &holderRef{}
-			ref.h.Store(h)
-			p.holders[r] = append(p.holders[r], ref)
-		}
-		uc := report.DefaultConfig()
-		// One stripe holding every key twice over: nothing is ever evicted (so the hash
-		// seed cannot change a report), and each report clears a small table, not the
-		// 16,384 pairs a production enforcer keeps.
-		uc.Stripes, uc.Capacity = 1, max(64, 2*len(p.sc.Keys))
-		uc.Interval = p.sc.Interval
-		uc.EarlyGap = min(uc.EarlyGap, p.sc.Interval)
-		for e := range reg.Enforcers {
-			h := p.holders[r][e]
-			uc := uc
-			uc.RegionalRate = func(rule *rules.Compiled, identity string) float64 {
-				if rule == nil || len(rule.Global) == 0 {
-					return 0
-				}
-				return rule.Global[0].Rate * h.Share(rule, identity, clk.Now())
-			}
-			// The enforcers have been running for a while: their report phases are spread
-			// evenly over the interval, the first report covering [phase − Interval, phase).
-			t, err := report.NewTable(uc, clk.Now().Add(p.phase(r, e)-p.sc.Interval))
-			if err != nil {
-				return fmt.Errorf("sim: %w", err)
-			}
-			p.reps[r] = append(p.reps[r], &reporter{region: r, enf: e, id: fmt.Sprintf("%s-%d", reg.Name, e), table: t})
+	for _, reg := range w.regions {
+		for _, n := range reg.nodes {
+			n.Shares().MarkLoaded() // the virtual etcd is empty at the start: nothing published
 		}
 	}
 	return nil
 }
-
-func (p *balancerPlane) sharesFor(r, e int) enforcer.Shares { return p.holders[r][e] }
-
-func (p *balancerPlane) observer(r, e int) enforcer.UsageObserver { return p.reps[r][e].table }
 
 func (p *balancerPlane) start(w *world) {
 	end := p.sc.Duration
@@ -214,22 +183,59 @@ func (p *balancerPlane) start(w *world) {
 		clk := w.regions[r].clk
 		for e, rep := range rs {
 			rep := rep
-			// Like report.Reporter: a report every Interval at the enforcer's phase (early
-			// and acknowledging reports in between do not move it), and when WantEarly.
+			// The schedule's regular reports fall on a chain of events, each scheduled an
+			// Interval before it runs (so a regular report keeps its place among the events
+			// of the same instant, whatever woke the enforcer in between); a wake the
+			// schedule asks for sooner (an acknowledgement's AckGap) is an event of its own
+			// (wake), and the table's jump is looked at every EarlyPoll (look).
 			var regular func()
 			regular = func() {
-				p.report(rep, false, false)
-				clk.after(p.sc.Interval, regular)
+				rep.regularAt = rep.regularAt.Add(p.sc.Interval)
+				clk.at(rep.regularAt.Sub(Epoch), regular)
+				p.wake(rep)
 			}
+			rep.regularAt = Epoch.Add(p.phase(r, e))
 			clk.at(p.phase(r, e), regular)
-			clk.every(EarlyPoll, EarlyPoll, end, func() {
-				if rep.table.WantEarly(clk.Now()) {
-					p.report(rep, true, false)
-				}
-			})
+			clk.every(EarlyPoll, EarlyPoll, end, func() { p.look(rep) })
 		}
 	}
 	w.clk.every(TickEvery, TickEvery, end, p.tick)
+}
+
+// wake is the Reporter's loop at one instant: it reports while the schedule says so, then
+// sleeps until the schedule's Wake. The table's jump is left to look.
+func (p *balancerPlane) wake(rep *reporter) {
+	clk := p.w.regions[rep.region].clk
+	for {
+		now := clk.Now()
+		step := rep.sched.At(now, rep.rc.Table.Start(), false)
+		if step.Report {
+			p.report(rep, step)
+			rep.sched.Reported(now)
+			continue
+		}
+		if at := step.Wake; at.Before(rep.regularAt) && !at.Equal(rep.wakeAt) {
+			rep.wakeAt = at
+			clk.at(at.Sub(Epoch), func() {
+				if rep.wakeAt.Equal(at) {
+					rep.wakeAt = time.Time{}
+				}
+				p.wake(rep)
+			})
+		}
+		return
+	}
+}
+
+// look is the enforcer looking at its table's jump (every EarlyPoll): it reports early if
+// the schedule says the jump makes a report due now.
+func (p *balancerPlane) look(rep *reporter) {
+	now := p.w.regions[rep.region].clk.Now()
+	t := rep.rc.Table
+	if step := rep.sched.At(now, t.Start(), t.Jumped()); step.Report && step.Early {
+		p.report(rep, step)
+		rep.sched.Reported(now)
+	}
 }
 
 // phase is when enforcer e of region r first reports: the enforcers' phases are spread
@@ -247,13 +253,12 @@ func (p *balancerPlane) phase(r, e int) time.Duration {
 
 // report drains rep's table and sends it to the balancer (unless cut off). It runs on the
 // region's goroutine: the report waits in the region's outbox for the next barrier.
-func (p *balancerPlane) report(rep *reporter, early, ack bool) {
+func (p *balancerPlane) report(rep *reporter, step report.Step) {
 	now := p.w.regions[rep.region].clk.Now()
-	r := rep.table.Report(now)
+	r := rep.rc.Table.Report(now)
 	rep.seq++
-	r.Region, r.EnforcerId, r.Seq, r.Early, r.Ack = p.sc.Regions[rep.region].Name, rep.id, rep.seq, early, ack
-	r.ShareLeaderRev, r.ShareVersion = p.holders[rep.region][rep.enf].h.Load().Applied()
-	rep.ack = false
+	r.Region, r.EnforcerId, r.Seq, r.Early, r.Ack = rep.rc.Region, rep.id, rep.seq, step.Early, step.Ack
+	r.ShareLeaderRev, r.ShareVersion = rep.rc.Shares()
 	if p.down || p.cut(rep.region, rep.enf) {
 		return
 	}
@@ -290,9 +295,9 @@ func (p *balancerPlane) ingest(m sent) {
 		return
 	}
 	// The answer reaches the enforcer (unless it was cut off or restarted meanwhile): its
-	// Holder counts staleness from the last accepted report.
+	// share table counts staleness from the last accepted report.
 	if rep := p.reps[m.region][m.enf]; rep.gen == m.gen && !p.cut(m.region, m.enf) {
-		p.holders[m.region][m.enf].h.Load().Heard(now)
+		rep.rc.Accepted(now)
 	}
 }
 
@@ -320,7 +325,7 @@ func (p *balancerPlane) tick() {
 		p.entries = pub.Entries
 	}
 	p.head, p.written = pub.Head, true
-	for r := range p.holders {
+	for r := range p.reps {
 		p.deliver(r, -1)
 	}
 }
@@ -330,53 +335,30 @@ func (p *balancerPlane) tick() {
 func (p *balancerPlane) deliver(r, e int) {
 	head, entries, clk := p.head, p.entries, p.w.regions[r].clk
 	written := p.written
-	for q, ref := range p.holders[r] {
+	for q, n := range p.w.regions[r].nodes {
 		if (e >= 0 && q != e) || p.cut(r, q) {
 			continue
 		}
-		q, ref, rep := q, ref, p.reps[r][q]
+		q, n, rep := q, n, p.reps[r][q]
 		clk.at(p.w.clk.elapsed()+p.sc.Propagation, func() {
 			if p.cut(r, q) {
 				return
 			}
-			h := ref.h.Load()
+			h := n.Shares()
 			if !written { // nothing published yet: the list finds none
 				h.MarkLoaded()
 				return
 			}
 			if h.Apply(head, entries, clk.Now()) {
-				p.ack(rep)
+				// A new set swapped in (what Holder.Changed tells the Reporter): report early,
+				// AckGap after the last report at the soonest, so the balancer sees the version
+				// applied (what its change plan waits for before it publishes an increase).
+				rep.sched.SharesChanged()
+				p.wake(rep)
 			}
 		})
 	}
 }
-
-// ack reports early that rep's region applied a new share set, as report.Reporter does on
-// overrides.Holder.Changed: at least AckGap after rep's last report, so the balancer sees the
-// version applied (what its change plan waits for before it publishes an increase).
-func (p *balancerPlane) ack(rep *reporter) {
-	if rep.ack {
-		return
-	}
-	rep.ack = true
-	clk := p.w.regions[rep.region].clk
-	var try func()
-	try = func() {
-		if !rep.ack { // another report went meanwhile and carried the version
-			return
-		}
-		start := rep.table.Start()
-		if at := start.Add(ackGap); clk.Now().Before(at) {
-			clk.at(at.Sub(Epoch), try)
-			return
-		}
-		p.report(rep, false, clk.Now().Before(start.Add(p.sc.Interval)))
-	}
-	try()
-}
-
-// ackGap is the real Reporter's default AckGap.
-var ackGap = report.DefaultReporterConfig().AckGap
 
 func (p *balancerPlane) fault(f scenario.Fault, on bool) {
 	switch f.Kind {
@@ -406,20 +388,20 @@ func (p *balancerPlane) fault(f scenario.Fault, on bool) {
 }
 
 // restart replaces every enforcer process of region r (see region-restart): a new id, an
-// empty usage table, a Holder that has read no set. Their buckets in the region's store
-// stay (Redis is not restarted).
+// empty usage table, a share table that has read no set, no acknowledgement pending.
+// Their leases, their report phases and the region's store stay (Redis is not restarted).
 func (p *balancerPlane) restart(r int) {
 	now := p.w.regions[r].clk.Now()
 	for e, rep := range p.reps[r] {
-		h, err := p.newHolder(r)
-		if err != nil {
-			continue // the config was valid at bind
+		if err := p.w.regions[r].nodes[e].ResetShares(); err != nil {
+			continue // the config was valid at Build
 		}
-		p.holders[r][e].h.Store(h)
-		rep.table.Report(now) // the old process's counts die with it
+		t := rep.rc.Table
+		t.Report(now) // the old process's counts die with it
 		rep.gen++
 		rep.id = fmt.Sprintf("%s-%d-r%d", p.sc.Regions[r].Name, e, rep.gen)
-		rep.seq, rep.ack = 0, false
+		rep.seq = 0
+		rep.sched = report.NewSchedule(t.Config(), rep.rc.AckGap, rep.regularAt.Add(-p.sc.Interval))
 	}
 }
 
@@ -495,8 +477,8 @@ func (p *balancerPlane) newLeader() {
 func (p *balancerPlane) share(r, k int) float64 {
 	rule := p.w.regions[r].rules.Current().Rule(p.sc.Keys[k].Name)
 	m := 0.0
-	for _, ref := range p.holders[r] {
-		m = max(m, ref.Share(rule, p.w.keys[k].identity, p.w.clk.Now()))
+	for _, n := range p.w.regions[r].nodes {
+		m = max(m, n.Shares().Share(rule, p.w.keys[k].identity, p.w.clk.Now()))
 	}
 	return m
 }

@@ -1,7 +1,9 @@
 package sim
 
 import (
-	"github.com/allot-dev/allot/pkg/enforcer"
+	"time"
+
+	"github.com/allot-dev/allot/pkg/enforcer/node"
 	"github.com/allot-dev/allot/pkg/sim/scenario"
 )
 
@@ -26,13 +28,14 @@ type plane interface {
 	// initial is the shares the regions compile their first rules with: [region][key],
 	// nil for the whole limit.
 	initial() [][]float64
-	// bind is called once, before the enforcers are built, with the world they live in.
+	// transport is the usage-report transport of enforcer e of region r (node.Deps), built
+	// in order of r then e; nil: the plane reads no reports, and the enforcers enforce the
+	// shares the rules were compiled with, not the balancer's (node.Config.Balanced).
+	transport(r, e int) node.Transport
+	// usageStart is when enforcer e of region r's usage table starts (node.Deps.UsageStart).
+	usageStart(r, e int) time.Time
+	// bind is called once, after the enforcers are built, with the world they live in.
 	bind(w *world) error
-	// sharesFor is what enforcer e of region r consults for each identity's share
-	// (enforcer.Config.Shares); nil: the share the rules were compiled with.
-	sharesFor(r, e int) enforcer.Shares
-	// observer is the usage observer of enforcer e of region r (nil: none listens).
-	observer(r, e int) enforcer.UsageObserver
 	// start schedules the plane's background work: the enforcers' on their region's
 	// clock, the balancer's on the coordinator's (w.clk).
 	start(w *world)
@@ -75,13 +78,13 @@ func DefaultSplit(sc *scenario.Scenario) []float64 {
 	return def
 }
 
-func (p *fixedPlane) name() string                             { return p.policy }
-func (p *fixedPlane) initial() [][]float64                     { return p.shares }
-func (p *fixedPlane) bind(*world) error                        { return nil }
-func (p *fixedPlane) sharesFor(int, int) enforcer.Shares       { return nil }
-func (p *fixedPlane) observer(int, int) enforcer.UsageObserver { return nil }
-func (p *fixedPlane) start(*world)                             {}
-func (p *fixedPlane) fault(scenario.Fault, bool)               {}
+func (p *fixedPlane) name() string                      { return p.policy }
+func (p *fixedPlane) initial() [][]float64              { return p.shares }
+func (p *fixedPlane) transport(int, int) node.Transport { return nil }
+func (p *fixedPlane) usageStart(int, int) time.Time     { return time.Time{} }
+func (p *fixedPlane) bind(*world) error                 { return nil }
+func (p *fixedPlane) start(*world)                      {}
+func (p *fixedPlane) fault(scenario.Fault, bool)        {}
 
 func (p *fixedPlane) share(r, k int) float64 {
 	if p.shares == nil {

@@ -9,9 +9,10 @@
 // the control plane runs at the barriers; reports take ReportDelay = Slice to reach the
 // balancer, so the parallel run is the sequential one (see Slice). Each region has one
 // exact in-memory bucket store standing for its Redis Cluster; each enforcer of a region
-// is the real stack — pkg/enforcer.Enforcer deciding checks against the region's
-// compiled pkg/rules snapshot, over pkg/fallback over pkg/lease over that store — built
-// with the region's clock. Requests arrive as Poisson
+// is the node the enforcer binary runs, composed by the same pkg/enforcer/node.Build —
+// pkg/enforcer.Enforcer deciding checks against the region's compiled pkg/rules snapshot,
+// over pkg/fallback over pkg/lease over that store, with its share and usage tables —
+// built with the region's clock (nodeConfig says which settings differ). Requests arrive as Poisson
 // processes per key and region at the offered rates, each on a random enforcer of its
 // region. Background work runs at known points of the schedule (lease refills inside the
 // check that makes them due, control-plane reports and publication as events), so one

@@ -11,8 +11,7 @@ import (
 
 	"github.com/allot-dev/allot/pkg/bucket"
 	"github.com/allot-dev/allot/pkg/enforcer"
-	"github.com/allot-dev/allot/pkg/fallback"
-	"github.com/allot-dev/allot/pkg/lease"
+	"github.com/allot-dev/allot/pkg/enforcer/node"
 	"github.com/allot-dev/allot/pkg/rules"
 	"github.com/allot-dev/allot/pkg/sim/scenario"
 	"github.com/prometheus/client_golang/prometheus"
@@ -46,19 +45,6 @@ func (s *regionStore) Take(ctx context.Context, req *bucket.Request) (bucket.Res
 	return res, err
 }
 
-// node is one enforcer: the real layers fallback → lease → the region's store, and the
-// real pkg/enforcer.Enforcer deciding checks over them.
-type node struct {
-	lease *lease.Store
-	fb    *fallback.Store
-	enf   *enforcer.Enforcer
-}
-
-func (n *node) close() {
-	n.fb.Close()
-	n.lease.Close()
-}
-
 // region is one region of a run: its own virtual clock (every layer of its enforcers reads
 // it), its arrivals and its enforcers. Between two barriers (see run) a region touches
 // nothing outside itself, so regions run in parallel.
@@ -69,7 +55,7 @@ type region struct {
 	streams streamHeap
 	store   *regionStore
 	rules   *rules.Holder
-	nodes   []*node
+	nodes   []*node.Node // the region's enforcers, built by node.Build
 }
 
 // world is everything one run holds.
@@ -171,9 +157,6 @@ func newWorld(sc *scenario.Scenario, p plane, summaryOnly bool) (*world, error) 
 	for r, rg := range sc.Regions {
 		w.regions = append(w.regions, &region{idx: r, name: rg.Name, clk: &scheduler{}})
 	}
-	if err := p.bind(w); err != nil {
-		return nil, err
-	}
 	for r, rg := range sc.Regions {
 		reg := w.regions[r]
 		reg.store = &regionStore{mem: bucket.NewMemory(reg.clk, 0), keyOf: keyOf, calls: make([]int64, len(sc.Keys))}
@@ -186,10 +169,14 @@ func newWorld(sc *scenario.Scenario, p plane, summaryOnly bool) (*world, error) 
 		n := rg.Enforcers
 		peers := func() int { return n }
 		for e := range n {
-			nd, err := w.newNode(reg, r, e, peers)
+			nd, err := node.Build(nodeConfig(sc, r, e, p.transport(r, e) != nil), node.Deps{
+				Rules: reg.rules, Store: reg.store, Peers: peers, Clock: reg.clk,
+				Inline:     true, // the region's store is in memory and the clock virtual: no waits to bound
+				Registerer: prometheus.NewRegistry(), UsageStart: p.usageStart(r, e), Transport: p.transport(r, e),
+			})
 			if err != nil {
 				w.close()
-				return nil, err
+				return nil, fmt.Errorf("sim: region %s enforcer %d: %w", reg.name, e, err)
 			}
 			reg.nodes = append(reg.nodes, nd)
 		}
@@ -197,6 +184,10 @@ func newWorld(sc *scenario.Scenario, p plane, summaryOnly bool) (*world, error) 
 			reg.streams = append(reg.streams, newStream(sc, k, r))
 		}
 		reg.streams.init()
+	}
+	if err := p.bind(w); err != nil {
+		w.close()
+		return nil, err
 	}
 	w.spans = faultSpans(sc)
 	return w, nil
@@ -229,46 +220,29 @@ func newKeyStates(sc *scenario.Scenario, secs int, detail bool) []keyState {
 	return keys
 }
 
-func (w *world) newNode(reg *region, r, e int, peers func() int) (*node, error) {
-	lc := lease.DefaultConfig()
-	lc.Clock = reg.clk
-	lc.Peers = peers
-	lc.SyncRefill = true
-	ls, err := lease.New(reg.store, lc)
-	if err != nil {
-		return nil, fmt.Errorf("sim: region %s enforcer %d: %w", reg.name, e, err)
-	}
-	fc := fallback.DefaultConfig()
-	fc.Clock = reg.clk
-	fc.Inline = true // the region's store is in memory and the clock virtual: no waits to bound
-	fc.Peers = peers
-	fb, err := fallback.New(ls, fc)
-	if err != nil {
-		ls.Close()
-		return nil, fmt.Errorf("sim: region %s enforcer %d: %w", reg.name, e, err)
-	}
-	ec := enforcer.DefaultConfig()
-	ec.Region = reg.name
-	ec.Rules = reg.rules
-	ec.Store = fb
-	ec.Clock = reg.clk
-	ec.Registerer = prometheus.NewRegistry()
-	ec.Usage = w.plane.observer(r, e)
-	ec.Shares = w.plane.sharesFor(r, e)
-	ec.DecisionLogEvery, ec.RefusalLogEvery = 0, 0
-	enf, err := enforcer.New(ec)
-	if err != nil {
-		fb.Close()
-		ls.Close()
-		return nil, fmt.Errorf("sim: region %s enforcer %d: %w", reg.name, e, err)
-	}
-	return &node{lease: ls, fb: fb, enf: enf}, nil
+// nodeConfig is the settings of enforcer e of region r (node.Config): the production
+// defaults, over the region's store standing for its Redis Cluster (Layers), with the
+// balancer's shares and usage reports when the plane reads them (balanced). What differs
+// from a production enforcer: no sampled decision or refusal logs, and a usage table of one
+// stripe holding every key twice over, so that nothing is ever evicted (the hash seed
+// cannot change a report) and each report clears a small table, not the 16,384 pairs a
+// production enforcer keeps.
+func nodeConfig(sc *scenario.Scenario, r, e int, balanced bool) node.Config {
+	nc := node.DefaultConfig()
+	nc.Region, nc.ID = sc.Regions[r].Name, fmt.Sprintf("%s-%d", sc.Regions[r].Name, e)
+	nc.Check.DecisionLogEvery, nc.Check.RefusalLogEvery = 0, 0
+	nc.Layers = true
+	nc.Balanced, nc.Reports = balanced, balanced
+	nc.Shares.Floor = node.ShareFloor(len(sc.Regions))
+	nc.Usage.Stripes, nc.Usage.Capacity = 1, max(64, 2*len(sc.Keys))
+	nc.Usage.Interval = sc.Interval
+	return nc
 }
 
 func (w *world) close() {
 	for _, reg := range w.regions {
 		for _, n := range reg.nodes {
-			n.close()
+			n.Close()
 		}
 	}
 }
@@ -340,7 +314,7 @@ func (w *world) runUntil(reg *region, b int64) {
 		i := sec*R + reg.idx
 		cn := &ks.counts[i]
 		cn.offered++
-		d, err := nd.enf.Check(ctx, &ks.req)
+		d, err := nd.Enforcer().Check(ctx, &ks.req)
 		allowed := err == nil && d.Allowed
 		if allowed {
 			cn.admitted++

@@ -1,7 +1,6 @@
 package app
 
 import (
-	"crypto/tls"
 	"encoding/json"
 	"fmt"
 	"github.com/allot-dev/allot/pkg/contract"
@@ -114,9 +113,7 @@ func (a *App) buildAdmin() error {
 	if err != nil {
 		return fmt.Errorf("app: admin.tls: %w", err)
 	}
-	if tc != nil && a.httpL != nil {
-		a.httpL = tls.NewListener(a.httpL, tc)
-	}
+	a.srv.HTTPOverTLS(tc)
 	a.log.Info("admin API on", "http", a.HTTPAddr(), "tls", tc != nil, "tokens", tokens.Len())
 	return nil
 }

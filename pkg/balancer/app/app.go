@@ -4,11 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"sync"
 	"time"
 
+	"github.com/allot-dev/allot/pkg/appkit"
 	"github.com/allot-dev/allot/pkg/balancer"
 	"github.com/allot-dev/allot/pkg/balancer/dashboard"
 	"github.com/allot-dev/allot/pkg/cliconf"
@@ -16,12 +16,9 @@ import (
 	allotv1 "github.com/allot-dev/allot/proto/allot/v1"
 	"github.com/hashicorp/go-hclog"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/credentials"
 )
 
@@ -46,10 +43,7 @@ type App struct {
 	table *balancer.RuleTable
 	svc   *balancer.Service
 	dash  *dashboard.Dashboard
-	grpc  *grpc.Server
-	http  *http.Server
-	grpcL net.Listener
-	httpL net.Listener
+	srv   appkit.Servers
 	mux   *http.ServeMux // the HTTP routes (admin.go adds the admin API's)
 	rules *rules.Holder  // the rules in force here
 	base  *rules.Set     // the base rules file under etcd's rules, nil without
@@ -71,7 +65,7 @@ func New(cfg Config, log hclog.Logger) (_ *App, err error) {
 	if log == nil {
 		log = hclog.NewNullLogger()
 	}
-	a := &App{cfg: cfg, log: log, reg: prometheus.NewRegistry(), closed: make(chan struct{})}
+	a := &App{cfg: cfg, log: log, reg: appkit.NewRegistry(), closed: make(chan struct{})}
 	a.ctx, a.cancel = context.WithCancel(context.Background())
 	defer func() {
 		if err != nil {
@@ -81,18 +75,13 @@ func New(cfg Config, log hclog.Logger) (_ *App, err error) {
 	if a.cfg.ID == "" {
 		a.cfg.ID = cliconf.HostPID()
 	}
-	a.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	tlsCfg, err := cfg.Etcd.TLS.Build()
 	if err != nil {
 		return nil, fmt.Errorf("app: etcd tls: %w", err)
 	}
-	a.etcd, err = clientv3.New(clientv3.Config{
+	a.etcd, err = appkit.DialEtcd(clientv3.Config{
 		Endpoints: cfg.Etcd.Endpoints, Username: cfg.Etcd.Username, Password: cfg.Etcd.Password,
-		TLS: tlsCfg, DialTimeout: cfg.Etcd.DialTimeout, Logger: zap.NewNop(),
-		DialOptions: []grpc.DialOption{grpc.WithConnectParams(grpc.ConnectParams{
-			Backoff:           backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 500 * time.Millisecond},
-			MinConnectTimeout: time.Second,
-		})},
+		TLS: tlsCfg, DialTimeout: cfg.Etcd.DialTimeout,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("app: while creating the etcd client: %w", err)
@@ -125,7 +114,7 @@ func New(cfg Config, log hclog.Logger) (_ *App, err error) {
 	if err := a.buildDashboard(); err != nil {
 		return nil, err
 	}
-	allotv1.RegisterBalancerServer(a.grpc, dashboard.Tap(a.svc, a.dash))
+	allotv1.RegisterBalancerServer(a.srv.GRPC, dashboard.Tap(a.svc, a.dash))
 	if err := a.buildAdmin(); err != nil {
 		return nil, err
 	}
@@ -199,10 +188,7 @@ func (a *App) listen() (err error) {
 	}
 	// A report of MaxEntries identities is ≈ 60 bytes an entry.
 	opts = append(opts, grpc.MaxRecvMsgSize(max(4<<20, 128*a.cfg.Balance.MaxEntries)))
-	a.grpc = grpc.NewServer(opts...)
-	if a.grpcL, err = net.Listen("tcp", a.cfg.Listen.GRPC); err != nil {
-		return fmt.Errorf("app: grpc listen %s: %w", a.cfg.Listen.GRPC, err)
-	}
+	a.srv.GRPC = grpc.NewServer(opts...)
 	mux := http.NewServeMux()
 	a.mux = mux
 	mux.Handle("/metrics", promhttp.HandlerFor(a.reg, promhttp.HandlerOpts{}))
@@ -219,27 +205,19 @@ func (a *App) listen() (err error) {
 		fmt.Fprintln(w, "ready:", role)
 	})
 	a.serveDashboard(mux)
-	a.http = newHTTPServer(mux, defaultHTTPLimits)
-	if a.cfg.Listen.HTTP != "" {
-		if a.httpL, err = net.Listen("tcp", a.cfg.Listen.HTTP); err != nil {
-			return fmt.Errorf("app: http listen %s: %w", a.cfg.Listen.HTTP, err)
-		}
+	a.srv.HTTP = appkit.NewHTTPServer(mux, httpLimits)
+	a.srv.Log = a.log
+	if err := a.srv.Listen(a.cfg.Listen.GRPC, a.cfg.Listen.HTTP); err != nil {
+		return fmt.Errorf("app: %w", err)
 	}
 	return nil
 }
 
 // GRPCAddr and HTTPAddr are the bound addresses ("" when not listening).
-func (a *App) GRPCAddr() string { return addrOf(a.grpcL) }
+func (a *App) GRPCAddr() string { return a.srv.GRPCAddr() }
 
 // HTTPAddr is the bound HTTP address.
-func (a *App) HTTPAddr() string { return addrOf(a.httpL) }
-
-func addrOf(l net.Listener) string {
-	if l == nil {
-		return ""
-	}
-	return l.Addr().String()
-}
+func (a *App) HTTPAddr() string { return a.srv.HTTPAddr() }
 
 // Service returns the balancer service (for tests).
 func (a *App) Service() *balancer.Service { return a.svc }
@@ -282,19 +260,7 @@ func (a *App) Run(ctx context.Context) error {
 	}
 	a.serving = true
 	a.mu.Unlock()
-	errc := make(chan error, 2)
-	a.wg.Go(func() {
-		if err := a.grpc.Serve(a.grpcL); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
-			errc <- fmt.Errorf("app: grpc serve: %w", err)
-		}
-	})
-	if a.httpL != nil {
-		a.wg.Go(func() {
-			if err := a.http.Serve(a.httpL); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				errc <- fmt.Errorf("app: http serve: %w", err)
-			}
-		})
-	}
+	errc := a.srv.Serve(&a.wg)
 	a.wg.Go(func() { a.dash.Run(a.ctx) })
 	for _, f := range a.files {
 		a.wg.Go(func() { f.Run(a.ctx) })
@@ -310,6 +276,7 @@ func (a *App) Run(ctx context.Context) error {
 	select {
 	case <-ctx.Done():
 	case err = <-errc:
+		err = fmt.Errorf("app: %w", err)
 	case <-a.closed:
 	}
 	return errors.Join(err, a.Close())
@@ -326,7 +293,7 @@ func (a *App) Close() error {
 		a.mu.Lock()
 		serving := a.serving
 		a.mu.Unlock()
-		a.drain(serving)
+		a.srv.Drain(a.cfg.DrainTimeout, serving)
 		a.cancel()
 		for _, f := range a.files {
 			f.Close()
@@ -352,52 +319,11 @@ func (a *App) Close() error {
 	return a.closeErr
 }
 
-func (a *App) drain(serving bool) {
-	deadline := time.Now().Add(a.cfg.DrainTimeout)
-	if a.grpc != nil {
-		done := make(chan struct{})
-		go func() { defer close(done); a.grpc.GracefulStop() }()
-		t := time.NewTimer(time.Until(deadline))
-		select {
-		case <-done:
-			t.Stop()
-		case <-t.C:
-			a.grpc.Stop()
-			<-done
-		}
-	}
-	if a.http != nil {
-		ctx, cancel := context.WithDeadline(context.Background(), deadline)
-		if err := a.http.Shutdown(ctx); err != nil {
-			a.http.Close()
-		}
-		cancel()
-	}
-	if !serving {
-		for _, l := range []net.Listener{a.grpcL, a.httpL} {
-			if l != nil {
-				l.Close()
-			}
-		}
-	}
-}
-
-// httpLimits bound what one HTTP client can hold: a connection that sends its headers
-// slower than ReadHeader, or its whole request slower than Read, is closed; an idle
-// keep-alive connection is closed after Idle; headers over MaxHeaderBytes get 431. They are
-// the enforcer's numbers (pkg/enforcer/app), so 250 clients holding a body they never send
-// cannot exhaust the process's files and take /healthz and the report API with them.
-type httpLimits struct {
-	ReadHeader, Read, Write, Idle time.Duration
-	MaxHeaderBytes                int
-}
-
-// defaultHTTPLimits: Write is longer than the enforcer's because an admin apply writes to
-// etcd (bounded by etcd.write_timeout, 5 s by default) before it answers.
-var defaultHTTPLimits = httpLimits{ReadHeader: 5 * time.Second, Read: 10 * time.Second,
-	Write: 30 * time.Second, Idle: 2 * time.Minute, MaxHeaderBytes: 64 << 10}
-
-func newHTTPServer(h http.Handler, l httpLimits) *http.Server {
-	return &http.Server{Handler: h, ReadHeaderTimeout: l.ReadHeader, ReadTimeout: l.Read,
-		WriteTimeout: l.Write, IdleTimeout: l.Idle, MaxHeaderBytes: l.MaxHeaderBytes}
-}
+// httpLimits are the enforcer's (appkit.DefaultHTTPLimits) but for Write, longer because
+// an admin apply writes to etcd (bounded by etcd.write_timeout, 5 s by default) before it
+// answers.
+var httpLimits = func() appkit.HTTPLimits {
+	l := appkit.DefaultHTTPLimits
+	l.Write = 30 * time.Second
+	return l
+}()

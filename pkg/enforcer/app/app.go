@@ -4,33 +4,29 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"net/http/pprof"
 	"runtime"
 	"sync"
 	"time"
 
+	"github.com/allot-dev/allot/pkg/appkit"
 	"github.com/allot-dev/allot/pkg/bucket"
 	"github.com/allot-dev/allot/pkg/cliconf"
 	"github.com/allot-dev/allot/pkg/clock"
 	"github.com/allot-dev/allot/pkg/enforcer"
 	"github.com/allot-dev/allot/pkg/enforcer/grpcapi"
 	"github.com/allot-dev/allot/pkg/enforcer/httpapi"
+	"github.com/allot-dev/allot/pkg/enforcer/node"
 	"github.com/allot-dev/allot/pkg/enforcer/overrides"
 	"github.com/allot-dev/allot/pkg/enforcer/report"
-	"github.com/allot-dev/allot/pkg/fallback"
-	"github.com/allot-dev/allot/pkg/lease"
 	"github.com/allot-dev/allot/pkg/registry"
 	"github.com/allot-dev/allot/pkg/rules"
 	"github.com/hashicorp/go-hclog"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/redis/go-redis/v9"
 	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
@@ -52,23 +48,15 @@ type App struct {
 	etcd     *clientv3.Client
 	registry *registry.Registry
 
-	shares  *overrides.Holder  // always set; fed by sharesW when etcd is configured
 	sharesW *overrides.Watcher // nil without etcd or with shares.disabled
 
 	redis      redis.UniversalClient
 	redisStore *bucket.Redis
-	lease      *lease.Store
-	fallback   *fallback.Store
-	store      bucket.Store
+	store      bucket.Store // the bucket store under the node: memory, or redisStore
 
-	enf      *enforcer.Enforcer
-	usage    *report.Table    // nil unless balancer.enabled
-	reporter *report.Reporter // nil unless balancer.enabled
-	grpc     *grpc.Server
-	health   *health.Server
-	http     *http.Server
-	grpcL    net.Listener
-	httpL    net.Listener
+	node   *node.Node // the check core over its layers, shares and usage reports
+	srv    appkit.Servers
+	health *health.Server
 
 	ctx    context.Context // ended by Close: the parent of every background goroutine
 	cancel context.CancelFunc
@@ -106,7 +94,7 @@ func newApp(cfg Config, log hclog.Logger, store bucket.Store) (_ *App, err error
 	if log == nil {
 		log = hclog.NewNullLogger()
 	}
-	a := &App{cfg: cfg, log: log, clock: clock.Real(), reg: prometheus.NewRegistry(), closed: make(chan struct{}), store: store}
+	a := &App{cfg: cfg, log: log, clock: clock.Real(), reg: appkit.NewRegistry(), closed: make(chan struct{}), store: store}
 	a.ctx, a.cancel = context.WithCancel(context.Background())
 	defer func() {
 		if err != nil {
@@ -116,24 +104,15 @@ func newApp(cfg Config, log hclog.Logger, store bucket.Store) (_ *App, err error
 	if a.cfg.ID == "" {
 		a.cfg.ID = cliconf.HostPID()
 	}
-	a.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
 	if len(cfg.Etcd.Endpoints) > 0 {
 		tlsCfg, err := cfg.Etcd.TLS.Build()
 		if err != nil {
 			return nil, fmt.Errorf("app: etcd tls: %w", err)
 		}
-		a.etcd, err = clientv3.New(clientv3.Config{
+		a.etcd, err = appkit.DialEtcd(clientv3.Config{
 			Endpoints: cfg.Etcd.Endpoints, Username: cfg.Etcd.Username, Password: cfg.Etcd.Password,
-			TLS: tlsCfg, DialTimeout: cfg.Etcd.DialTimeout, Logger: zap.NewNop(),
-			// gRPC's default reconnect backoff grows to minutes; after an etcd restart the
-			// registration and the rules watch should be back in about a second (the
-			// registry measured 0.55 s with these settings against 3 s without).
-			DialOptions: []grpc.DialOption{grpc.WithConnectParams(grpc.ConnectParams{
-				Backoff: backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6,
-					Jitter: 0.2, MaxDelay: 500 * time.Millisecond},
-				MinConnectTimeout: time.Second,
-			})},
+			TLS: tlsCfg, DialTimeout: cfg.Etcd.DialTimeout,
 		})
 		if err != nil {
 			return nil, fmt.Errorf("app: while creating the etcd client: %w", err)
@@ -142,61 +121,14 @@ func newApp(cfg Config, log hclog.Logger, store bucket.Store) (_ *App, err error
 	if err := a.buildRules(); err != nil {
 		return nil, err
 	}
-	if err := a.buildShares(); err != nil {
-		return nil, err
-	}
 	if err := a.buildStore(); err != nil {
 		return nil, err
 	}
-	ec := cfg.enforcerConfig()
-	ec.Rules, ec.Store, ec.Clock, ec.Logger, ec.Registerer = a.holder, a.store, a.clock, log, a.reg
-	if a.redisStore != nil {
-		ec.Peek = a.redisStore // explain reads levels in Redis, under fallback → lease
-	}
-	if a.sharesW != nil {
-		ec.Shares = a.shares
-	}
-	if cfg.Balancer.Enabled {
-		uc := report.DefaultConfig()
-		overrideIfSet(&uc.Interval, cfg.Balancer.Interval)
-		overrideIfSet(&uc.Capacity, cfg.Balancer.Capacity)
-		overrideIfSet(&uc.MaxIdentities, cfg.Balancer.MaxIdentities)
-		uc.EarlyGap = min(uc.EarlyGap, uc.Interval) // a short interval needs no longer gap
-		// The pressure test compares admitted tokens with the allowance this identity
-		// has here: its global rate times this region's share of it. Set before NewTable,
-		// which copies the config.
-		uc.RegionalRate = func(r *rules.Compiled, id string) float64 {
-			return r.Global[0].Rate * a.shares.Share(r, id, a.clock.Now())
-		}
-		if a.usage, err = report.NewTable(uc, a.clock.Now()); err != nil {
-			return nil, fmt.Errorf("app: balancer: %w", err)
-		}
-		ec.Usage = a.usage
-	}
-	if a.enf, err = enforcer.New(ec); err != nil {
+	if err := a.buildNode(); err != nil {
 		return nil, err
 	}
-	if a.usage != nil {
-		tlsCfg, err := cfg.Balancer.TLS.Build()
-		if err != nil {
-			return nil, fmt.Errorf("app: balancer.tls (this region's report certificate): %w; `balancer certs -dir bin/certs` makes them", err)
-		}
-		if tlsCfg == nil || len(tlsCfg.Certificates) == 0 {
-			log.Warn("USAGE REPORTS ARE NOT AUTHENTICATED: balancer.insecure is set; only a balancer that believes anyone's reports (listen.insecure_reports) takes them. Use mutual TLS outside a test.")
-		}
-		rc := report.DefaultReporterConfig()
-		rc.Table, rc.Region, rc.EnforcerID = a.usage, a.cfg.Region, a.cfg.ID
-		if len(cfg.Balancer.Addrs) > 0 {
-			rc.Addrs = cfg.Balancer.Addrs // as this region reaches the replicas
-		} else {
-			rc.Leader = report.EtcdLeader(a.etcd, cfg.Balancer.ElectionPrefix)
-		}
-		rc.Clock, rc.Logger, rc.Registerer, rc.TLS = a.clock, log.Named("usage"), a.reg, tlsCfg
-		overrideIfSet(&rc.SendTimeout, cfg.Balancer.SendTimeout)
-		rc.Shares, rc.SharesChanged, rc.Accepted = a.shares.Applied, a.shares.Changed(), a.shares.Heard
-		if a.reporter, err = report.NewReporter(rc); err != nil {
-			return nil, err
-		}
+	if err := a.startShares(); err != nil {
+		return nil, err
 	}
 	if err := a.listen(); err != nil {
 		return nil, err
@@ -297,7 +229,7 @@ func (a *App) peers() int {
 	return a.cfg.Peers
 }
 
-// buildStore builds memory, or fallback → lease → redis.
+// buildStore builds the bucket store the node is layered over: memory, or Redis.
 func (a *App) buildStore() error {
 	sc := a.cfg.Store
 	if sc.Kind == "memory" {
@@ -339,29 +271,61 @@ func (a *App) buildStore() error {
 		a.log.Warn("could not load the take script at start; Redis takes will load it on first use", "error", err)
 	}
 	cancel()
-	var next bucket.Store = a.redisStore
-	if !a.cfg.Lease.Disabled {
-		lc := a.cfg.leaseConfig()
-		lc.Clock, lc.Peers = a.clock, a.peers
-		lc.Observer = newLeaseMetrics(a.reg)
-		if a.lease, err = lease.New(next, lc); err != nil {
-			return err
-		}
-		next = a.lease
-	}
-	fc := a.cfg.fallbackConfig()
-	fc.Clock, fc.Peers, fc.Shard, fc.Logger = a.clock, a.peers, a.redisStore.ShardOf, a.log.Named("fallback")
-	fc.Observer = newFallbackMetrics(a.reg)
-	if a.fallback, err = fallback.New(next, fc); err != nil {
-		return err
-	}
-	a.store = a.fallback
+	a.store = a.redisStore
 	return nil
+}
+
+// buildNode composes the enforcer node over the store (pkg/enforcer/node: the same Build
+// regionsim runs), with this process's dependencies: its clock, registry, peers and the
+// gRPC report transport.
+func (a *App) buildNode() (err error) {
+	nc := a.cfg.nodeConfig()
+	deps := node.Deps{
+		Rules: a.holder, Store: a.store, Peers: a.peers, Clock: a.clock, Logger: a.log, Registerer: a.reg,
+		Transport: a.reportTransport,
+	}
+	if a.redisStore != nil {
+		deps.Peek = a.redisStore // explain reads levels in Redis, under fallback → lease
+		deps.Shard = a.redisStore.ShardOf
+	}
+	if nc.Layers {
+		if !nc.NoLease {
+			deps.LeaseObserver = newLeaseMetrics(a.reg)
+		}
+		deps.FallbackObserver = newFallbackMetrics(a.reg)
+	}
+	a.node, err = node.Build(nc, deps)
+	return err
+}
+
+// reportTransport sends the node's usage reports to the balancer over gRPC: to
+// balancer.addrs, or to the leader named in etcd.
+func (a *App) reportTransport(rc report.ReporterConfig) (node.Reporter, error) {
+	bc := a.cfg.Balancer
+	tlsCfg, err := bc.TLS.Build()
+	if err != nil {
+		return nil, fmt.Errorf("app: balancer.tls (this region's report certificate): %w; `balancer certs -dir bin/certs` makes them", err)
+	}
+	if tlsCfg == nil || len(tlsCfg.Certificates) == 0 {
+		a.log.Warn("USAGE REPORTS ARE NOT AUTHENTICATED: balancer.insecure is set; only a balancer that believes anyone's reports (listen.insecure_reports) takes them. Use mutual TLS outside a test.")
+	}
+	if len(bc.Addrs) > 0 {
+		rc.Addrs = bc.Addrs // as this region reaches the replicas
+	} else {
+		rc.Leader = report.EtcdLeader(a.etcd, bc.ElectionPrefix)
+	}
+	rc.TLS = tlsCfg
+	overrideIfSet(&rc.SendTimeout, bc.SendTimeout)
+	r, err := report.NewReporter(rc)
+	if err != nil {
+		return nil, err
+	}
+	return r, nil
 }
 
 func (a *App) listen() (err error) {
 	ka := keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}
-	a.grpc = grpc.NewServer(
+	a.srv.GRPC = grpc.NewServer(
 		grpc.ChainUnaryInterceptor(grpcapi.RecoverUnary(a.log.Named("grpc"))),
 		grpc.MaxRecvMsgSize(64<<10),
 		grpc.MaxConcurrentStreams(a.cfg.Listen.MaxConcurrentStreams),
@@ -374,15 +338,10 @@ func (a *App) listen() (err error) {
 		// codec (grpcapi.Codec: the same bytes, a third of the CPU).
 		grpc.ForceServerCodecV2(grpcapi.Codec()),
 	)
-	grpcapi.New(a.enf, grpcapi.Config{Domain: a.cfg.RLS.Domain}).Register(a.grpc)
+	grpcapi.New(a.node.Enforcer(), grpcapi.Config{Domain: a.cfg.RLS.Domain}).Register(a.srv.GRPC)
 	a.health = health.NewServer()
-	healthpb.RegisterHealthServer(a.grpc, a.health)
-	if a.cfg.Listen.GRPC != "" {
-		if a.grpcL, err = net.Listen("tcp", a.cfg.Listen.GRPC); err != nil {
-			return fmt.Errorf("app: grpc listen %s: %w", a.cfg.Listen.GRPC, err)
-		}
-	}
-	var h http.Handler = httpapi.Handler(a.enf, a.cfg.authConfig(), a.reg, a.Ready, a.log.Named("http"))
+	healthpb.RegisterHealthServer(a.srv.GRPC, a.health)
+	var h http.Handler = httpapi.Handler(a.node.Enforcer(), a.cfg.authConfig(), a.reg, a.Ready, a.log.Named("http"))
 	if h, err = a.withExplain(h); err != nil { // GET /v1/explain (explain.go)
 		return err
 	}
@@ -395,14 +354,10 @@ func (a *App) listen() (err error) {
 		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 		h = mux
 	}
-	a.http = &http.Server{
-		Handler: h, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second,
-		WriteTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 64 << 10,
-	}
-	if a.cfg.Listen.HTTP != "" {
-		if a.httpL, err = net.Listen("tcp", a.cfg.Listen.HTTP); err != nil {
-			return fmt.Errorf("app: http listen %s: %w", a.cfg.Listen.HTTP, err)
-		}
+	a.srv.HTTP = appkit.NewHTTPServer(h, appkit.DefaultHTTPLimits)
+	a.srv.Log = a.log
+	if err := a.srv.Listen(a.cfg.Listen.GRPC, a.cfg.Listen.HTTP); err != nil {
+		return fmt.Errorf("app: %w", err)
 	}
 	return nil
 }
@@ -438,20 +393,16 @@ func (a *App) register() error {
 }
 
 // GRPCAddr and HTTPAddr are the bound addresses ("" when not listening).
-func (a *App) GRPCAddr() string { return addrOf(a.grpcL) }
+func (a *App) GRPCAddr() string { return a.srv.GRPCAddr() }
 
 // HTTPAddr is the bound HTTP address.
-func (a *App) HTTPAddr() string { return addrOf(a.httpL) }
-
-func addrOf(l net.Listener) string {
-	if l == nil {
-		return ""
-	}
-	return l.Addr().String()
-}
+func (a *App) HTTPAddr() string { return a.srv.HTTPAddr() }
 
 // Enforcer returns the check core (for tests and embedding).
-func (a *App) Enforcer() *enforcer.Enforcer { return a.enf }
+func (a *App) Enforcer() *enforcer.Enforcer { return a.node.Enforcer() }
+
+// Node returns the enforcer node: the check core, its layers, shares and usage table.
+func (a *App) Node() *node.Node { return a.node }
 
 // Registry returns the Prometheus registry every metric is in.
 func (a *App) Registry() *prometheus.Registry { return a.reg }
@@ -466,7 +417,3 @@ func overrideIfSet[T int | int64 | uint64 | float64 | time.Duration](dst *T, v T
 		*dst = v
 	}
 }
-
-// The usage table is the enforcer's observer (pkg/enforcer/report does not import the
-// enforcer, so the assertion lives where the two are joined).
-var _ enforcer.UsageObserver = (*report.Table)(nil)

@@ -1,7 +1,11 @@
-// Package app wires one enforcer process: configuration (file, flags, environment), the
-// store stack (fallback → lease → redis, or memory), rules sources (file, etcd), the etcd
-// registration, the gRPC and HTTP servers, metrics, reload and graceful shutdown. main
-// stays a few lines; everything here is testable in-process.
+// Package app wires one enforcer process around its node: configuration (file, flags,
+// environment), the bucket store (Redis, or memory), rules sources (file, etcd), the
+// share watcher, the etcd registration, the gRPC and HTTP servers (pkg/appkit), metrics,
+// reload and graceful shutdown. The node itself — fallback → lease over the store, the
+// share and usage tables, the usage reports, the check core — is pkg/enforcer/node.Build's,
+// the same composition regionsim runs; this package gives it the process's dependencies
+// (nodeconfig.go says which settings). main stays a few lines; everything here is
+// testable in-process.
 package app
 
 import (

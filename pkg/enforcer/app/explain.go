@@ -57,7 +57,7 @@ func (a *App) withExplain(h http.Handler) (http.Handler, error) {
 	if err != nil {
 		return nil, fmt.Errorf("app: explain: %w", err)
 	}
-	mux.Handle("GET /v1/explain", httpapi.ExplainHandler(a.enf, httpapi.ExplainConfig{
+	mux.Handle("GET /v1/explain", httpapi.ExplainHandler(a.node.Enforcer(), httpapi.ExplainConfig{
 		Tokens: tokens, Customers: ec.Customers, APIKeyHeader: a.cfg.authConfig().APIKeyHeader}))
 	return mux, nil
 }

@@ -127,8 +127,7 @@ func registerLayerMetrics(a *App) error {
 			Help: "Take scripts sent to Redis (EVALSHA, plus EVAL after NOSCRIPT).",
 		}, func() float64 { return float64(r.Calls()) }))
 	}
-	if a.lease != nil {
-		l := a.lease
+	if l := a.node.Lease(); l != nil {
 		cs = append(cs, prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "allot_lease_table_keys",
 			Help: "Keys in the lease table (leases, refusal-cache entries, busyness counters).",
@@ -138,8 +137,7 @@ func registerLayerMetrics(a *App) error {
 				Help: "The lease table's hard bound on keys.",
 			}, func() float64 { return float64(l.Cap()) }))
 	}
-	if a.fallback != nil {
-		f := a.fallback
+	if f := a.node.Fallback(); f != nil {
 		cs = append(cs, breakerCollector{f}, prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "allot_fallback_local_keys",
 			Help: "Identities in the local (degraded) bucket table.",

@@ -35,8 +35,8 @@ func TestUsageJudgesTheBalancersShare(t *testing.T) {
 	if rule == nil {
 		t.Fatal("no default rule")
 	}
-	a.usage.ObserveTake(rule, "key:k", 10, true, enforcer.SourceRedis, time.Now())
-	r := a.usage.Report(time.Now())
+	a.node.Usage().ObserveTake(rule, "key:k", 10, true, enforcer.SourceRedis, time.Now())
+	r := a.node.Usage().Report(time.Now())
 	if len(r.Usage) != 1 {
 		t.Fatalf("report %v, want one entry", r.Usage)
 	}

@@ -4,14 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/http"
 	"strings"
 	"time"
 
 	"github.com/allot-dev/allot/pkg/enforcer/httpapi"
 	"github.com/allot-dev/allot/pkg/rules"
 	"github.com/redis/go-redis/v9"
-	"google.golang.org/grpc"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 )
 
@@ -34,21 +32,7 @@ func (a *App) Run(ctx context.Context) error {
 	src := a.etcdSrc
 	a.mu.Unlock()
 
-	errc := make(chan error, 2)
-	if a.grpcL != nil {
-		a.wg.Go(func() {
-			if err := a.grpc.Serve(a.grpcL); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
-				errc <- fmt.Errorf("app: grpc serve: %w", err)
-			}
-		})
-	}
-	if a.httpL != nil {
-		a.wg.Go(func() {
-			if err := a.http.Serve(a.httpL); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				errc <- fmt.Errorf("app: http serve: %w", err)
-			}
-		})
-	}
+	errc := a.srv.Serve(&a.wg)
 	if a.file != nil {
 		a.wg.Go(func() { a.file.Run(a.ctx) })
 	}
@@ -68,6 +52,7 @@ func (a *App) Run(ctx context.Context) error {
 	select {
 	case <-ctx.Done():
 	case err = <-errc:
+		err = fmt.Errorf("app: %w", err)
 	case <-a.closed:
 	}
 	return errors.Join(err, a.Close())
@@ -165,7 +150,7 @@ func (a *App) Ready() error {
 		}
 	}
 	var errs []error
-	if a.shares != nil && !a.shares.Loaded() {
+	if a.node != nil && !a.node.Shares().Loaded() {
 		errs = append(errs, errors.New("shares: not loaded from etcd yet; every identity enforces min(default share, shares.floor)"))
 	}
 	if src != nil {
@@ -211,11 +196,11 @@ func (a *App) Close() error {
 		if a.health != nil {
 			a.health.Shutdown()
 		}
-		a.drain(serving)
-		if a.reporter != nil {
+		a.srv.Drain(a.cfg.DrainTimeout, serving)
+		if a.node != nil {
 			// After the drain: a final report tells the balancer this enforcer enforces
 			// nothing any more. Before the etcd client it reads the leader with.
-			_ = a.reporter.Leave()
+			_ = a.node.Leave()
 		}
 		if a.registry != nil {
 			if err := a.registry.Close(); err != nil {
@@ -236,11 +221,8 @@ func (a *App) Close() error {
 			_ = a.sharesW.Close() // waits for its goroutine; never fails
 		}
 		a.wg.Wait()
-		if a.fallback != nil {
-			a.fallback.Close()
-		}
-		if a.lease != nil {
-			a.lease.Close()
+		if a.node != nil {
+			_ = a.node.Close() // the layers' goroutines; the reporter has left
 		}
 		if a.redisStore != nil {
 			_ = a.redisStore.Close() // stops its pipelining goroutines; never fails
@@ -264,40 +246,4 @@ func (a *App) Close() error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return a.closeErr
-}
-
-// drain stops both servers accepting and waits up to DrainTimeout for in-flight requests.
-func (a *App) drain(serving bool) {
-	deadline := time.Now().Add(a.cfg.DrainTimeout)
-	grpcDone := make(chan struct{})
-	if a.grpc != nil {
-		go func() { defer close(grpcDone); a.grpc.GracefulStop() }()
-	} else {
-		close(grpcDone)
-	}
-	if a.http != nil {
-		ctx, cancel := context.WithDeadline(context.Background(), deadline)
-		if err := a.http.Shutdown(ctx); err != nil {
-			a.log.Warn("http drain cut short", "error", err)
-			a.http.Close()
-		}
-		cancel()
-	}
-	t := time.NewTimer(time.Until(deadline))
-	select {
-	case <-grpcDone:
-		t.Stop()
-	case <-t.C:
-		a.log.Warn("grpc drain cut short", "drain-timeout", a.cfg.DrainTimeout)
-		a.grpc.Stop()
-		<-grpcDone
-	}
-	if !serving { // listeners bound by New but never handed to Serve
-		if a.grpcL != nil {
-			a.grpcL.Close()
-		}
-		if a.httpL != nil {
-			a.httpL.Close()
-		}
-	}
 }

@@ -61,48 +61,27 @@ func (c *Config) validateShares(bad func(format string, a ...any)) {
 	}
 }
 
-// buildShares builds the share Holder (always: App.Shares reads it) and, with etcd, its
-// metrics and the watcher, loading the published set once at start (bounded by Etcd.StartTimeout) so a
-// restarted enforcer does not enforce the default split over a smaller published share.
-func (a *App) buildShares() error {
-	hc := overrides.DefaultConfig()
-	hc.Region, hc.Stale, hc.Clock, hc.Logger = a.cfg.Region, a.cfg.Shares.StaleAfter, a.clock, a.log
-	hc.Reports = a.cfg.Balancer.Enabled && len(a.cfg.Etcd.Endpoints) > 0
-	hc.WaitForSet = a.cfg.watchShares()
-	if n := len(a.cfg.Regions); n > 1 {
-		// The least the balancer leaves a region: its floor, at most 2% of the limit over
-		// the other regions together (pkg/balancer.ReserveTotal).
-		hc.Floor = min(hc.Floor, 0.02/float64(n-1))
-	}
-	if a.cfg.Shares.Floor != nil {
-		hc.Floor = *a.cfg.Shares.Floor
-	}
-	if a.cfg.watchShares() {
-		// Only then: a share age that grows without a balancer to refresh it would page.
-		hc.Registerer = a.reg
-	}
-	h, err := overrides.NewHolder(hc)
-	if err != nil {
-		return fmt.Errorf("app: shares: %w", err)
-	}
-	a.shares = h
+// startShares builds, with etcd, the watcher that feeds the node's share table, loading
+// the published set once at start (bounded by Etcd.StartTimeout) so a restarted enforcer
+// does not enforce the default split over a smaller published share.
+func (a *App) startShares() (err error) {
 	if !a.cfg.watchShares() {
 		return nil
 	}
 	wc := overrides.DefaultWatcherConfig()
 	wc.Prefix, wc.Clock, wc.Logger = a.cfg.Shares.EtcdPrefix, a.clock, a.log
-	if a.sharesW, err = overrides.NewWatcher(a.etcd, h, wc); err != nil {
+	if a.sharesW, err = overrides.NewWatcher(a.etcd, a.node.Shares(), wc); err != nil {
 		return fmt.Errorf("app: shares: %w", err)
 	}
 	ctx, cancel := context.WithTimeout(a.ctx, a.cfg.Etcd.StartTimeout)
 	defer cancel()
 	if err := a.sharesW.Load(ctx); err != nil {
 		a.log.Warn("shares not loaded from etcd at start; enforcing min(default share, floor) until they are",
-			"floor", hc.Floor, "error", err)
+			"floor", a.node.Config().Shares.Floor, "error", err)
 	}
 	return nil
 }
 
 // Shares returns the holder of the per-identity shares in force (Applied() is what usage
 // reports carry). Never nil; without etcd it holds no set and gives the default split.
-func (a *App) Shares() *overrides.Holder { return a.shares }
+func (a *App) Shares() *overrides.Holder { return a.node.Shares() }

@@ -218,30 +218,19 @@ func (r *Reporter) leave() {
 	r.m.sent.Inc()
 }
 
-// run reports every Interval on a fixed cadence (from the table's first start) and in
-// between when an early report is wanted or a new share set is to be acknowledged, and
-// otherwise sleeps on the clock until the soonest of those can be true. The cadence does
-// not move for the reports in between: every enforcer's regular reports stay spread over
-// the interval as they started, so the balancer's interval recompute reads about a whole
-// interval of every enforcer's traffic, not the second or so since the acknowledgements
-// that a share change makes every enforcer send at once (which realigned them all, and
-// left the next recompute a window of a few enforcer-seconds).
+// run follows the Schedule (see it for the cadence): it reports when the schedule says
+// so and otherwise sleeps on the clock until the schedule's Wake, a jump in the table's
+// refusals (Table.Early) or a new share set (SharesChanged), and asks again.
 func (r *Reporter) run() {
 	defer close(r.done)
 	t := r.cfg.Table
-	ack := false // a new share set was applied and not reported yet
-	due := t.Start().Add(t.cfg.Interval)
+	s := NewSchedule(t.Config(), r.cfg.AckGap, t.Start())
 	for {
 		now := r.clock.Now()
-		start := t.Start()
-		ackDue := ack && !now.Before(start.Add(r.cfg.AckGap))
-		if early := t.WantEarly(now); early || ackDue || !now.Before(due) {
-			ack = false
-			regular := !now.Before(due)
-			r.report(now, early && !regular, ackDue && !regular)
-			for regular && !due.After(now) {
-				due = due.Add(t.cfg.Interval)
-			}
+		step := s.At(now, t.Start(), t.Jumped())
+		if step.Report {
+			r.report(now, step.Early, step.Ack)
+			s.Reported(now)
 			select {
 			case <-r.stop:
 				return
@@ -249,18 +238,11 @@ func (r *Reporter) run() {
 			}
 			continue
 		}
-		wait := due.Sub(now)
-		if t.jumped.Load() { // jumped, but EarlyGap has not passed: wake when it has
-			wait = min(wait, start.Add(t.cfg.EarlyGap).Sub(now))
-		}
-		if ack { // AckGap has not passed since the last report: wake when it has
-			wait = min(wait, start.Add(r.cfg.AckGap).Sub(now))
-		}
-		tm := r.clock.NewTimer(wait)
+		tm := r.clock.NewTimer(step.Wake.Sub(now))
 		select {
 		case <-tm.C():
 		case <-r.cfg.SharesChanged:
-			ack = true
+			s.SharesChanged()
 		case <-t.Early():
 		case <-r.stop:
 			tm.Stop()

@@ -291,6 +291,9 @@ func (t *Table) Len() int {
 	return n
 }
 
+// Config returns the table's configuration (NewSchedule reads its Interval and EarlyGap).
+func (t *Table) Config() Config { return t.cfg }
+
 // Interval returns Config.Interval: the Reporter's period.
 func (t *Table) Interval() time.Duration { return t.cfg.Interval }
 
@@ -301,6 +304,10 @@ func (t *Table) Start() time.Time {
 	defer t.mu.Unlock()
 	return t.start
 }
+
+// Jumped reports whether some identity's refusals jumped this interval (see WantEarly,
+// which also waits for EarlyGap to pass). One atomic load.
+func (t *Table) Jumped() bool { return t.jumped.Load() }
 
 // Early returns a channel that receives (capacity 1, never closed) when some identity's
 // refusals jump; a Reporter waits on it instead of polling WantEarly. A receive is a hint:
