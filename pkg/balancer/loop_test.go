@@ -209,7 +209,7 @@ func TestEtcdSharesFollowTrafficThroughEtcd(t *testing.T) {
 	mu.Unlock()
 	// Reports carry the shift at most one interval later; two intervals of recompute; the
 	// decrease's acknowledgement, which these stand-in enforcers send with their next
-	// regular report (≤ one interval; usage.Reporter sends it within AckGap of applying);
+	// regular report (≤ one interval; report.Reporter sends it within AckGap of applying);
 	// and the watch.
 	took := waitFor(t, 4*interval+2*time.Second, "ap-south applying ≥ 0.5", func() bool { return regionShare(2) >= 0.5 })
 	t.Logf("ap-south applies ≥ 0.5 %v after the shift (interval %v)", took.Round(time.Millisecond), interval)

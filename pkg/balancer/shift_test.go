@@ -9,7 +9,7 @@ import (
 	allotv1 "github.com/allot-dev/allot/proto/allot/v1"
 )
 
-// recentReport is a report whose entries carry recent rates (usage.Table measures them).
+// recentReport is a report whose entries carry recent rates (report.Table measures them).
 func recentReport(region, enf string, seq uint64, end time.Time, ver uint64, u ...*allotv1.IdentityUsage) *allotv1.ReportRequest {
 	r := report(region, enf, seq, end, u...)
 	r.RecentWindowMs, r.ShareLeaderRev, r.ShareVersion = 1000, 7, ver

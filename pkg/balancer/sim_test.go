@@ -70,7 +70,7 @@ type world struct {
 	maxAppl float64
 	last    *Publication // the set as last written (a new leader restores it)
 	// lastPhase is the last version's phase; recent: the enforcers report recent rates
-	// (their demand over the last second, as usage.Table does).
+	// (their demand over the last second, as report.Table does).
 	lastPhase string
 	recent    bool
 }

@@ -83,7 +83,7 @@ type Summary struct {
 
 // ControlPlane counts the balancer's writes over a run: share set versions and the bytes
 // they and the head refreshes would write to etcd (the chunks as pkg/contract encodes them,
-// with shareset.MaxChunkBytes, and the head), in all and per balancing interval, over the
+// with contract.MaxChunkBytes, and the head), in all and per balancing interval, over the
 // whole run and over its second half (when the shipped scenarios' traffic is steady).
 type ControlPlane struct {
 	Versions            int     `json:"versions"`

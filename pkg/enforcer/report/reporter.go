@@ -44,13 +44,13 @@ type ReporterConfig struct {
 	// of pkg/contract.Head), read once per report. nil reports 0, 0.
 	Shares func() (leaderRev int64, version uint64)
 	// SharesChanged, if not nil, receives when the enforcer swaps in a new share set
-	// (shares.Holder.Changed). The Reporter then reports early — at least AckGap after the
+	// (overrides.Holder.Changed). The Reporter then reports early — at least AckGap after the
 	// last report — so the balancer sees the new version applied (the acknowledgement its
 	// change plan waits for before it publishes increases) within about AckGap, not a
 	// whole interval.
 	SharesChanged <-chan struct{}
 	// Accepted, if not nil, is told when the leader accepted a report (with the time the
-	// answer came): shares.Holder.Heard, so an enforcer the balancer has not heard from
+	// answer came): overrides.Holder.Heard, so an enforcer the balancer has not heard from
 	// for the staleness period falls back to min(last, default) exactly when the
 	// balancer starts treating its region so.
 	Accepted func(at time.Time)

@@ -79,20 +79,20 @@ type Config struct {
 
 func (c *Config) withDefaults() error {
 	if len(c.Regions) == 0 {
-		return errors.New("localstack: no regions")
+		return errors.New("inprocess: no regions")
 	}
 	seen := map[string]bool{}
 	for _, r := range c.Regions {
 		if r.Name == "" || seen[r.Name] {
-			return fmt.Errorf("localstack: region name %q empty or repeated", r.Name)
+			return fmt.Errorf("inprocess: region name %q empty or repeated", r.Name)
 		}
 		seen[r.Name] = true
 		if r.Enforcers < 1 {
-			return fmt.Errorf("localstack: region %s: enforcers %d, must be >= 1", r.Name, r.Enforcers)
+			return fmt.Errorf("inprocess: region %s: enforcers %d, must be >= 1", r.Name, r.Enforcers)
 		}
 	}
 	if len(c.Rules) == 0 {
-		return errors.New("localstack: no rules")
+		return errors.New("inprocess: no rules")
 	}
 	if c.Balancers == 0 {
 		c.Balancers = 1
@@ -108,9 +108,9 @@ func (c *Config) withDefaults() error {
 	}
 	switch {
 	case c.Balancers < 0:
-		return fmt.Errorf("localstack: balancers %d, must be >= 1", c.Balancers)
+		return fmt.Errorf("inprocess: balancers %d, must be >= 1", c.Balancers)
 	case c.Interval < 0 || c.Stale < 0 || c.Learning < 0:
-		return fmt.Errorf("localstack: interval %v, stale %v, learning %v: must be > 0", c.Interval, c.Stale, c.Learning)
+		return fmt.Errorf("inprocess: interval %v, stale %v, learning %v: must be > 0", c.Interval, c.Stale, c.Learning)
 	}
 	if c.Logger == nil {
 		c.Logger = hclog.NewNullLogger()
@@ -153,14 +153,14 @@ func Start(cfg Config) (_ *Stack, err error) {
 		}
 	}()
 	if s.dir == "" {
-		if s.dir, err = os.MkdirTemp("", "allot-localstack-"); err != nil {
+		if s.dir, err = os.MkdirTemp("", "allot-inprocess-"); err != nil {
 			return nil, err
 		}
 		s.tempDir = true
 	}
 	rulesFile := filepath.Join(s.dir, "rules.yaml")
 	if err := os.WriteFile(rulesFile, cfg.Rules, 0o644); err != nil {
-		return nil, fmt.Errorf("localstack: while writing the rules: %w", err)
+		return nil, fmt.Errorf("inprocess: while writing the rules: %w", err)
 	}
 	if err := s.startEtcd(); err != nil {
 		return nil, err
@@ -174,7 +174,7 @@ func Start(cfg Config) (_ *Stack, err error) {
 	// enforcers with their own certificate, made under Dir/certs.
 	s.certs = certs.Files{Dir: filepath.Join(s.dir, "certs")}
 	if _, err := certs.Generate(s.certs.Dir, certs.Options{Regions: names, Now: time.Now()}); err != nil {
-		return nil, fmt.Errorf("localstack: %w", err)
+		return nil, fmt.Errorf("inprocess: %w", err)
 	}
 	// The dashboard masks identities without a token (issue 27 §4): a read-only token of
 	// the demo's own, which DashboardURL carries.
@@ -183,7 +183,7 @@ func Start(cfg Config) (_ *Stack, err error) {
 	s.dashToken = hex.EncodeToString(tok)
 	dashTokens := filepath.Join(s.dir, "dashboard-tokens")
 	if err := os.WriteFile(dashTokens, []byte("demo:"+s.dashToken+"\n"), 0o600); err != nil {
-		return nil, fmt.Errorf("localstack: while writing the dashboard token: %w", err)
+		return nil, fmt.Errorf("inprocess: while writing the dashboard token: %w", err)
 	}
 	for i := range cfg.Balancers {
 		bc := balancerapp.DefaultConfig()
@@ -197,7 +197,7 @@ func Start(cfg Config) (_ *Stack, err error) {
 		bc.Balance.SilentAfter = max(bc.Balance.SilentAfter, 2*cfg.Interval)
 		b, err := balancerapp.New(bc, cfg.Logger.Named(bc.ID))
 		if err != nil {
-			return nil, fmt.Errorf("localstack: balancer %d: %w", i+1, err)
+			return nil, fmt.Errorf("inprocess: balancer %d: %w", i+1, err)
 		}
 		s.balancers = append(s.balancers, b)
 		s.run(func(ctx context.Context) error { return b.Run(ctx) })
@@ -231,7 +231,7 @@ func Start(cfg Config) (_ *Stack, err error) {
 				e, err = enforcerapp.New(ec, cfg.Logger.Named(ec.ID))
 			}
 			if err != nil {
-				return nil, fmt.Errorf("localstack: enforcer %s: %w", ec.ID, err)
+				return nil, fmt.Errorf("inprocess: enforcer %s: %w", ec.ID, err)
 			}
 			s.enforcers[r.Name] = append(s.enforcers[r.Name], e)
 			s.run(func(ctx context.Context) error { return e.Run(ctx) })
@@ -261,7 +261,7 @@ func (s *Stack) startEtcd() error {
 		return err
 	}
 	ec := embed.NewConfig()
-	ec.Name = "localstack"
+	ec.Name = "inprocess"
 	ec.Dir = filepath.Join(s.dir, "etcd")
 	pu := url.URL{Scheme: "http", Host: peer}
 	cu := url.URL{Scheme: "http", Host: client}
@@ -274,13 +274,13 @@ func (s *Stack) startEtcd() error {
 	ec.LogOutputs = []string{"stderr"}
 	e, err := embed.StartEtcd(ec)
 	if err != nil {
-		return fmt.Errorf("localstack: while starting etcd: %w", err)
+		return fmt.Errorf("inprocess: while starting etcd: %w", err)
 	}
 	s.etcd = e
 	select {
 	case <-e.Server.ReadyNotify():
 	case <-time.After(30 * time.Second):
-		return errors.New("localstack: etcd not ready within 30 s")
+		return errors.New("inprocess: etcd not ready within 30 s")
 	}
 	s.etcdURL = cu.String()
 	return nil
@@ -291,7 +291,7 @@ func (s *Stack) startEtcd() error {
 func freePort() (string, error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		return "", fmt.Errorf("localstack: no free port: %w", err)
+		return "", fmt.Errorf("inprocess: no free port: %w", err)
 	}
 	addr := l.Addr().String()
 	return addr, l.Close()
