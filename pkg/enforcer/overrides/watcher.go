@@ -9,6 +9,7 @@ import (
 
 	"github.com/allot-dev/allot/pkg/clock"
 	"github.com/allot-dev/allot/pkg/contract"
+	"github.com/allot-dev/allot/pkg/routine"
 	"github.com/hashicorp/go-hclog"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
@@ -77,20 +78,17 @@ func (c *WatcherConfig) Validate() error {
 // good set (and lets it go stale after Config.Stale: see Holder). Safe for concurrent use.
 // The zero value is not usable: call NewWatcher.
 type Watcher struct {
-	mu      sync.Mutex // mu guards head, chunks, rev, listed, started, closed, cancel
-	head    *contract.Head
-	chunks  map[int]*mirrored
-	rev     int64 // the etcd revision the mirror reflects
-	listed  bool  // the mirror came from a list and a watch may continue from rev+1
-	started bool
-	closed  bool
-	cancel  context.CancelFunc
+	mu     sync.Mutex // mu guards head, chunks, rev and listed
+	head   *contract.Head
+	chunks map[int]*mirrored
+	rev    int64 // the etcd revision the mirror reflects
+	listed bool  // the mirror came from a list and a watch may continue from rev+1
 
+	loop routine.Routine // the goroutine Start begins
 	cli  *clientv3.Client
 	h    *Holder
 	cfg  WatcherConfig
 	log  hclog.Logger
-	done chan struct{} // closed when the goroutine Start began has returned
 }
 
 // mirrored is one chunk as read: its fencing token and version, and its entries (nil and
@@ -115,16 +113,13 @@ func NewWatcher(cli *clientv3.Client, h *Holder, cfg WatcherConfig) (*Watcher, e
 		return nil, err
 	}
 	return &Watcher{cli: cli, h: h, cfg: cfg, log: cfg.Logger.Named("shares-watch"),
-		chunks: map[int]*mirrored{}, done: make(chan struct{})}, nil
+		chunks: map[int]*mirrored{}}, nil
 }
 
 // Load lists the prefix once and offers the set it finds to the Holder. It returns the
 // etcd error, if any (the Holder keeps what it has).
 func (w *Watcher) Load(ctx context.Context) error {
-	w.mu.Lock()
-	closed := w.closed
-	w.mu.Unlock()
-	if closed {
+	if w.loop.Closed() {
 		return ErrClosed
 	}
 	return w.list(ctx)
@@ -133,52 +128,21 @@ func (w *Watcher) Load(ctx context.Context) error {
 // Start begins watching in a goroutine the Watcher owns, until Close. It returns
 // ErrClosed after Close and an error when already started.
 func (w *Watcher) Start() error {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	switch {
-	case w.closed:
+	err := w.loop.Start(w.run)
+	if errors.Is(err, routine.ErrClosed) {
 		return ErrClosed
-	case w.started:
-		return errors.New("shares: watcher already started")
 	}
-	w.started = true
-	var ctx context.Context
-	ctx, w.cancel = context.WithCancel(context.Background())
-	go func() {
-		defer close(w.done)
-		w.run(ctx)
-	}()
+	if err != nil {
+		return fmt.Errorf("shares: watcher: %w", err)
+	}
 	return nil
 }
 
-// Close stops the watch and waits for its goroutine. Idempotent; the Holder keeps its set.
+// Close stops the watch and waits for its goroutine. Idempotent: every call waits; the
+// Holder keeps its set.
 func (w *Watcher) Close() error {
-	w.mu.Lock()
-	if w.closed {
-		w.mu.Unlock()
-		<-w.wait()
-		return nil
-	}
-	w.closed = true
-	started, cancel := w.started, w.cancel
-	w.mu.Unlock()
-	if started {
-		cancel()
-		<-w.done
-	}
+	w.loop.Close()
 	return nil
-}
-
-// wait returns a channel closed once no goroutine of w runs.
-func (w *Watcher) wait() <-chan struct{} {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if !w.started {
-		c := make(chan struct{})
-		close(c)
-		return c
-	}
-	return w.done
 }
 
 func (w *Watcher) run(ctx context.Context) {
