@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/allot-dev/allot/pkg/routine"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -47,22 +48,19 @@ import (
 // the same version however they got there. Safe for concurrent use. The zero value is not
 // usable: call NewEtcdSource.
 type EtcdSource struct {
-	mu      sync.Mutex // mu guards kvs, rev, listed, lastVer, running, closed, cancel, cfg.base
+	mu      sync.Mutex // mu guards kvs, rev, listed, lastVer, cfg.base
 	kvs     map[string]*etcdEntry
 	rev     int64 // the revision kvs reflects
 	listed  bool  // kvs came from a list and the watch may continue from rev+1
 	lastVer string
-	running bool
-	closed  bool
-	cancel  context.CancelFunc // cancels Run's context
 
+	loop   routine.Routine // Run's
 	cli    *clientv3.Client
 	prefix string
 	h      *Holder
 	opt    CompileOptions
 	cfg    sourceConfig
 	st     status
-	done   chan struct{} // closed when Run returns
 }
 
 type etcdEntry struct {
@@ -91,7 +89,7 @@ func NewEtcdSource(cli *clientv3.Client, prefix string, h *Holder, opt CompileOp
 	if _, err := opt.withDefaults(); err != nil {
 		return nil, err
 	}
-	e := &EtcdSource{cli: cli, prefix: prefix, h: h, opt: opt, cfg: newSourceConfig(opts), done: make(chan struct{})}
+	e := &EtcdSource{cli: cli, prefix: prefix, h: h, opt: opt, cfg: newSourceConfig(opts)}
 	if e.cfg.base != nil {
 		if err := e.cfg.base.Validate(); err != nil {
 			return nil, fmt.Errorf("rules: NewEtcdSource: base set: %w", err)
@@ -322,23 +320,12 @@ func (e *EtcdSource) SetBase(base *Set) error {
 }
 
 // Run keeps the Holder in step with etcd until ctx is done (it returns ctx.Err()) or Close
-// is called (ErrClosed). Only one Run may be active at a time.
+// is called (ErrClosed). Run may be called once.
 func (e *EtcdSource) Run(ctx context.Context) error {
-	e.mu.Lock()
-	switch {
-	case e.closed:
-		e.mu.Unlock()
-		return ErrClosed
-	case e.running:
-		e.mu.Unlock()
-		return errors.New("rules: EtcdSource.Run is already running")
-	}
-	e.running = true
-	ctx, e.cancel = context.WithCancel(ctx)
-	e.mu.Unlock()
-	defer close(e.done)
-	defer e.cancel()
+	return runErr("EtcdSource", e.loop.Run(ctx, e.run))
+}
 
+func (e *EtcdSource) run(ctx context.Context) {
 	backoff := e.cfg.backoffMin
 	for {
 		e.mu.Lock()
@@ -347,7 +334,7 @@ func (e *EtcdSource) Run(ctx context.Context) error {
 		if !listed {
 			if err := e.Load(ctx); err != nil && !errors.Is(err, ErrInvalid) {
 				if !e.sleep(ctx, backoff) {
-					return e.exitErr(ctx)
+					return
 				}
 				backoff = min(2*backoff, e.cfg.backoffMax)
 				continue
@@ -356,7 +343,7 @@ func (e *EtcdSource) Run(ctx context.Context) error {
 		}
 		err := e.watch(ctx)
 		if ctx.Err() != nil {
-			return e.exitErr(ctx)
+			return
 		}
 		e.mu.Lock()
 		e.listed = false // list again before watching again
@@ -367,19 +354,10 @@ func (e *EtcdSource) Run(ctx context.Context) error {
 		}
 		e.cfg.report(&e.st, err, "rules watch failed; listing again", "prefix", e.prefix)
 		if !e.sleep(ctx, backoff) {
-			return e.exitErr(ctx)
+			return
 		}
 		backoff = min(2*backoff, e.cfg.backoffMax)
 	}
-}
-
-func (e *EtcdSource) exitErr(ctx context.Context) error {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.closed {
-		return ErrClosed
-	}
-	return ctx.Err()
 }
 
 // sleep waits d on the source's clock; false if ctx ended first.
@@ -480,20 +458,10 @@ func (e *EtcdSource) apply(wr clientv3.WatchResponse) {
 // Status reports the last good version, the last error and the revision.
 func (e *EtcdSource) Status() Status { return e.st.get() }
 
-// Close stops Run and waits for it to return. Idempotent; the Holder keeps its snapshot.
+// Close stops Run and waits for it to return. Idempotent: every call waits; the Holder
+// keeps its snapshot.
 func (e *EtcdSource) Close() error {
-	e.mu.Lock()
-	if e.closed {
-		e.mu.Unlock()
-		return nil
-	}
-	e.closed = true
-	running, cancel := e.running, e.cancel
-	e.mu.Unlock()
-	if running {
-		cancel()
-		<-e.done
-	}
+	e.loop.Close()
 	return nil
 }
 
