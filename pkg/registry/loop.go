@@ -17,7 +17,8 @@ import (
 // touch it; what others may read is copied out through Registry.publish.
 type loop struct {
 	r     *Registry
-	value string // the JSON record to register
+	ctx   context.Context // ended by Registry.Close; parent of every etcd call the loop makes
+	value string          // the JSON record to register
 
 	// The registration.
 	lease     clientv3.LeaseID // current lease; 0 while not registered
@@ -64,21 +65,22 @@ func timerC(t clock.Timer) <-chan time.Time {
 }
 
 // run is the registry's goroutine: it registers, lists and watches, and reacts to lease
-// loss and watch failure, until Registry.ctx ends; then it releases the registration.
-func (l *loop) run() {
+// loss and watch failure, until ctx ends (Registry.Close); then it releases the
+// registration.
+func (l *loop) run(ctx context.Context) {
 	r := l.r
-	defer close(r.done)
+	l.ctx = ctx
 	for {
 		l.publish() // before the attempts below, which may block up to RequestTimeout
-		if l.needReg && l.regTimer == nil && r.ctx.Err() == nil {
+		if l.needReg && l.regTimer == nil && l.ctx.Err() == nil {
 			l.register()
 		}
-		if l.needList && l.listTimer == nil && r.ctx.Err() == nil {
+		if l.needList && l.listTimer == nil && l.ctx.Err() == nil {
 			l.list()
 		}
 		l.publish()
 		select {
-		case <-r.ctx.Done():
+		case <-l.ctx.Done():
 			l.shutdown()
 			return
 		case resp, ok := <-l.kaCh:
@@ -128,10 +130,10 @@ func (l *loop) ours(lease int64) bool {
 // other lease holds it and we wait for it to expire, or report a duplicate.
 func (l *loop) register() {
 	r := l.r
-	ctx, cancel := context.WithTimeout(r.ctx, r.cfg.RequestTimeout)
+	ctx, cancel := context.WithTimeout(l.ctx, r.cfg.RequestTimeout)
 	defer cancel()
 	if err := l.claim(ctx); err != nil {
-		if r.ctx.Err() != nil {
+		if l.ctx.Err() != nil {
 			return
 		}
 		l.h.regErr = err
@@ -196,7 +198,7 @@ func (l *loop) claim(ctx context.Context) error {
 			return fmt.Errorf("while reclaiming %s from lease %x: changed hands", r.key, holder)
 		}
 	}
-	kctx, kcancel := context.WithCancel(r.ctx)
+	kctx, kcancel := context.WithCancel(l.ctx)
 	ch, err := r.lessor.KeepAlive(kctx, lease)
 	if err != nil {
 		kcancel()
@@ -283,11 +285,11 @@ func (l *loop) lost(why string) {
 // list reads the region's registrations and (re)starts the watch just after them.
 func (l *loop) list() {
 	r := l.r
-	ctx, cancel := context.WithTimeout(r.ctx, r.cfg.RequestTimeout)
+	ctx, cancel := context.WithTimeout(l.ctx, r.cfg.RequestTimeout)
 	resp, err := r.cli.Get(ctx, r.prefix, clientv3.WithPrefix())
 	cancel()
 	if err != nil {
-		if r.ctx.Err() != nil {
+		if l.ctx.Err() != nil {
 			return
 		}
 		l.h.listErr = fmt.Errorf("while listing %s: %w", r.prefix, err)
@@ -315,7 +317,7 @@ func (l *loop) list() {
 	if l.wCancel != nil {
 		l.wCancel()
 	}
-	wctx, wcancel := context.WithCancel(clientv3.WithRequireLeader(r.ctx))
+	wctx, wcancel := context.WithCancel(clientv3.WithRequireLeader(l.ctx))
 	l.wch = r.watcher.Watch(wctx, r.prefix, clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision+1))
 	l.wCancel = wcancel
 	l.needList = false
