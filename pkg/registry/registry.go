@@ -38,8 +38,8 @@ import (
 // Guarantees: Peers is always >= 1 and counts this enforcer exactly once; it is a single
 // atomic load, safe to call on the hot path. After Start returns nil the enforcer is
 // registered; if etcd is lost the registry keeps trying to re-register (with a new lease
-// once the old one has expired) until Close. Close revokes the lease, stops the one
-// goroutine the registry runs and waits for it.
+// once the old one has expired) until Close. Close revokes the lease, stops the
+// registry's goroutines (its loop and the peer watch the loop runs) and waits for them.
 //
 // Create with New; the zero value is not usable. All methods are safe for concurrent use.
 type Registry struct {
@@ -108,7 +108,11 @@ func (r *Registry) Start(ctx context.Context) error {
 	if err != nil { // cannot happen: plain strings and a time
 		return fmt.Errorf("registry: while encoding the registration: %w", err)
 	}
-	switch err := r.loop.Start(newLoop(r, string(rec)).run); {
+	l, err := newLoop(r, string(rec))
+	if err != nil {
+		return err
+	}
+	switch err := r.loop.Start(l.run); {
 	case errors.Is(err, routine.ErrClosed):
 		return ErrClosed
 	case err != nil:
