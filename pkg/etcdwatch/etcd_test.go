@@ -72,22 +72,27 @@ func TestLoopAgainstEtcd(t *testing.T) {
 	}
 	cfg := Config{Prefix: "/w/", Timeout: 5 * time.Second, Clock: clock.Real(),
 		Backoff: Backoff{Min: 50 * time.Millisecond, Max: time.Second}}
-	start := func(rev int64) (recorder, *Loop, func()) {
+	// start runs a new Loop; with list, Run starts after an owner's List (whose revision
+	// it returns).
+	start := func(list func(l *Loop)) (recorder, *Loop, func()) {
 		rec := recorder{c: make(chan string, 16)}
 		l, err := New(cli, cfg, rec.handler())
 		if err != nil {
 			t.Fatal(err)
 		}
+		if list != nil {
+			list(l)
+		}
 		rctx, stop := context.WithCancel(ctx)
 		done := make(chan struct{})
-		go func() { defer close(done); l.Run(rctx, rev) }()
+		go func() { defer close(done); l.Run(rctx) }()
 		return rec, l, func() { stop(); <-done }
 	}
 
 	put("/w/a", "1")
 	put("/w/b", "1")
 	put("/other", "x") // outside the prefix: never seen
-	rec, l, stop := start(0)
+	rec, l, stop := start(nil)
 	rec.expect(t, "list /w/a=1 /w/b=1")
 	put("/w/c", "1")
 	put("/other", "y")
@@ -97,27 +102,35 @@ func TestLoopAgainstEtcd(t *testing.T) {
 	rec.expect(t, "PUT /w/c=1")
 	rec.expect(t, "DELETE /w/a=")
 
-	// List reads the prefix as Run's first list does.
+	// List reads the prefix as Run's own list does.
 	kvs, rev, err := l.List(ctx)
 	if err != nil || len(kvs) != 2 || string(kvs[0].Key) != "/w/b" || string(kvs[1].Key) != "/w/c" {
 		t.Fatalf("List = %d keys at %d, %v", len(kvs), rev, err)
 	}
 	stop()
 
-	// An owner that listed at rev runs from it: it sees the changes after rev, and only
-	// those.
-	put("/w/d", "1")
-	rec, _, stop = start(rev)
+	// After an owner's List, Run sees the changes after its revision, and only those.
+	var listedAt func() // makes a change after the List, before Run
+	listThenChange := func(l *Loop) {
+		if _, _, err := l.List(ctx); err != nil {
+			t.Fatal(err)
+		}
+		listedAt()
+	}
+	listedAt = func() { put("/w/d", "1") }
+	rec, _, stop = start(listThenChange)
 	rec.expect(t, "PUT /w/d=1")
 	stop()
 
-	// An owner whose revision has been compacted away lists again at once.
-	put("/w/b", "2")
-	last := put("/w/e", "1")
-	if _, err := cli.Compact(ctx, last); err != nil {
-		t.Fatal(err)
+	// One whose revision has been compacted away meanwhile lists again at once.
+	listedAt = func() {
+		put("/w/b", "2")
+		last := put("/w/e", "1")
+		if _, err := cli.Compact(ctx, last); err != nil {
+			t.Fatal(err)
+		}
 	}
-	rec, _, stop = start(rev)
+	rec, _, stop = start(listThenChange)
 	defer stop()
 	rec.expect(t, "error compacted=true: while watching /w/ from revision")
 	rec.expect(t, "list /w/b=2 /w/c=1 /w/d=1 /w/e=1")

@@ -12,10 +12,10 @@
 //	  └→ OnError, wait          └ any other end: OnError, wait, list again
 //
 // Each wait is the next step of a Backoff (Min, doubling up to Max); a list that succeeds
-// starts the backoff over. A watch starts at the revision after the list before it (or
-// after the owner's own, see Run), so the list and then the events give every change
-// once, in revision order. An owner that also lists on its own (a Load while Run runs)
-// can see a change twice: it skips events at or below the revision it holds.
+// starts the backoff over. A watch starts at the revision after the list before it (the
+// first one, after an owner's own List: see Run), so the list and then the events give
+// every change once, in revision order. An owner that also lists on its own while Run runs
+// (a Load) can see a change twice: it skips events at or below the revision it holds.
 package etcdwatch
 
 import (
@@ -23,6 +23,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"sync"
 	"time"
 
 	"github.com/allot-dev/allot/pkg/clock"
@@ -96,6 +97,9 @@ type Failure struct {
 // zero value is not usable. Its methods are safe for concurrent use, but one Loop is
 // meant to be Run by one goroutine at a time.
 type Loop struct {
+	mu     sync.Mutex // mu guards listed
+	listed int64      // the revision of the last List, until a Run starts watching after it
+
 	cli Client
 	cfg Config
 	h   Handler
@@ -126,8 +130,18 @@ func New(cli Client, cfg Config, h Handler) (*Loop, error) {
 
 // List reads the whole prefix at one revision, bounded by Timeout. It does not call
 // OnList: an owner that lists on its own (a Load at start, with its own deadline) folds
-// the result in itself, and may then Run from its revision.
+// the result in itself, and a Run started after it watches on from its revision.
 func (l *Loop) List(ctx context.Context) ([]*mvccpb.KeyValue, int64, error) {
+	kvs, rev, err := l.list(ctx)
+	if err == nil {
+		l.mu.Lock()
+		l.listed = rev
+		l.mu.Unlock()
+	}
+	return kvs, rev, err
+}
+
+func (l *Loop) list(ctx context.Context) ([]*mvccpb.KeyValue, int64, error) {
 	lctx, cancel := context.WithTimeout(ctx, l.cfg.Timeout)
 	defer cancel()
 	resp, err := l.cli.Get(lctx, l.cfg.Prefix, clientv3.WithPrefix())
@@ -137,15 +151,19 @@ func (l *Loop) List(ctx context.Context) ([]*mvccpb.KeyValue, int64, error) {
 	return resp.Kvs, resp.Header.Revision, nil
 }
 
-// Run lists and watches until ctx ends (see the package doc). rev > 0 says the owner
-// already holds the prefix as of rev (from List): the first watch starts at rev+1 without
-// listing; 0 lists first.
-func (l *Loop) Run(ctx context.Context, rev int64) {
+// Run lists and watches until ctx ends (see the package doc). After a List by the owner
+// (a Load at start) the first watch starts after the revision List returned, without
+// listing again.
+func (l *Loop) Run(ctx context.Context) {
+	l.mu.Lock()
+	rev := l.listed
+	l.listed = 0
+	l.mu.Unlock()
 	b := l.cfg.Backoff
 	b.Reset()
 	for ctx.Err() == nil {
 		if rev <= 0 {
-			kvs, r, err := l.List(ctx)
+			kvs, r, err := l.list(ctx)
 			if err != nil {
 				if ctx.Err() != nil {
 					return

@@ -211,11 +211,11 @@ func newRig(t *testing.T, mod func(*Config)) *rig {
 	return g
 }
 
-// run starts Run(ctx, rev) and returns a stop that ends it and waits for it.
-func (g *rig) run(rev int64) (stop func()) {
+// run starts Run and returns a stop that ends it and waits for it.
+func (g *rig) run() (stop func()) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	go func() { defer close(done); g.l.Run(ctx, rev) }()
+	go func() { defer close(done); g.l.Run(ctx) }()
 	return func() {
 		cancel()
 		select {
@@ -300,7 +300,7 @@ func put(key string, rev int64) *clientv3.Event {
 // channel and a cancelled watch (backing off from Min again after the list between).
 func TestLoop(t *testing.T) {
 	g := newRig(t, func(c *Config) { c.ProgressNotify, c.ProbeEvery = true, time.Second })
-	stop := g.run(0)
+	stop := g.run()
 	defer stop()
 	unavailable := errors.New("unavailable")
 
@@ -347,11 +347,17 @@ func TestLoop(t *testing.T) {
 	g.watch(41, true)
 }
 
-// TestRunFromRevision: an owner that listed on its own runs from its revision: the first
-// watch starts after it, without a list; the next failure lists as usual.
-func TestRunFromRevision(t *testing.T) {
+// TestRunAfterList: after the owner's own List, Run's first watch starts after the
+// revision List returned, without a list; the next failure lists as usual.
+func TestRunAfterList(t *testing.T) {
 	g := newRig(t, nil)
-	stop := g.run(42)
+	listed := make(chan error, 1)
+	go func() { _, _, err := g.l.List(context.Background()); listed <- err }()
+	g.get(42, nil, "/p/x")
+	if err := <-listed; err != nil {
+		t.Fatal(err)
+	}
+	stop := g.run()
 	defer stop()
 	ch := g.watch(43, false)
 	ch <- clientv3.WatchResponse{Header: &pb.ResponseHeader{Revision: 44}, Events: []*clientv3.Event{put("/p/x", 44)}}
@@ -368,20 +374,22 @@ func TestRunFromRevision(t *testing.T) {
 func TestStopsQuietly(t *testing.T) {
 	t.Run("while listing", func(t *testing.T) {
 		g := newRig(t, nil)
-		stop := g.run(0)
+		stop := g.run()
 		<-g.f.gets // the list is under way; its answer never comes
 		stop()
 	})
 	t.Run("while backing off", func(t *testing.T) {
 		g := newRig(t, nil)
-		stop := g.run(0)
+		stop := g.run()
 		g.get(0, errors.New("unavailable"))
 		g.expect("error listing=true compacted=false retry=100ms: while listing /p/ in etcd: unavailable")
 		stop()
 	})
 	t.Run("while watching", func(t *testing.T) {
 		g := newRig(t, nil)
-		stop := g.run(7)
+		stop := g.run()
+		g.get(7, nil)
+		g.expect("list rev=7 keys=")
 		g.watch(8, false)
 		stop()
 	})

@@ -108,7 +108,7 @@ func timerC(t clock.Timer) <-chan time.Time {
 func (l *loop) run(ctx context.Context) {
 	r := l.r
 	l.ctx = ctx
-	_ = l.peerWatch.Start(func(ctx context.Context) { l.lw.Run(ctx, 0) }) // the first Start of a new Routine
+	_ = l.peerWatch.Start(l.lw.Run) // cannot fail: the first Start of a new Routine
 	for {
 		l.publish() // before the attempt below, which may block up to RequestTimeout
 		if l.needReg && l.regTimer == nil && l.ctx.Err() == nil {

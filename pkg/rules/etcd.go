@@ -47,10 +47,9 @@ import (
 // the same version however they got there. Safe for concurrent use. The zero value is not
 // usable: call NewEtcdSource.
 type EtcdSource struct {
-	mu      sync.Mutex // mu guards kvs, rev, listed, lastVer, cfg.base
-	kvs     map[string]*etcdEntry
-	rev     int64 // the revision kvs reflects
-	listed  bool  // kvs came from a list and the watch may continue from rev+1
+	mu      sync.Mutex            // mu guards kvs, rev, lastVer, cfg.base
+	kvs     map[string]*etcdEntry // nil until the first list
+	rev     int64                 // the revision kvs reflects
 	lastVer string
 
 	loop   routine.Routine // Run's
@@ -136,9 +135,9 @@ func (e *EtcdSource) install(ctx context.Context, kvs []*mvccpb.KeyValue, rev in
 // take replaces kvs with the prefix as of rev, unless what is held is newer.
 func (e *EtcdSource) take(ctx context.Context, kvs []*mvccpb.KeyValue, rev int64) {
 	e.mu.Lock()
-	if e.listed && rev < e.rev {
+	if rev < e.rev {
 		e.mu.Unlock()
-		return // a watch already brought us further
+		return // a watch already brought us further (this was a Load racing it)
 	}
 	old := e.kvs
 	e.kvs = make(map[string]*etcdEntry, len(kvs))
@@ -156,7 +155,7 @@ func (e *EtcdSource) take(ctx context.Context, kvs []*mvccpb.KeyValue, rev int64
 			lookBack, lookKeys = append(lookBack, en), append(lookKeys, k)
 		}
 	}
-	e.rev, e.listed = rev, true
+	e.rev = rev
 	e.st.setRevision(e.rev)
 	e.mu.Unlock()
 	// A process that starts after a good rule was made bad never saw the good version; the
@@ -318,7 +317,7 @@ func (e *EtcdSource) SetBase(base *Set) error {
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if !e.listed && e.kvs == nil { // nothing from etcd yet: Load or Run will build with the new base
+	if e.kvs == nil { // nothing from etcd yet: Load or Run will build with the new base
 		if base != nil {
 			opt := e.opt
 			opt.Now = e.cfg.clock.Now()
@@ -338,19 +337,7 @@ func (e *EtcdSource) SetBase(base *Set) error {
 // Run keeps the Holder in step with etcd until ctx is done (it returns ctx.Err()) or Close
 // is called (ErrClosed). Run may be called once.
 func (e *EtcdSource) Run(ctx context.Context) error {
-	return runErr("EtcdSource", e.loop.Run(ctx, e.run))
-}
-
-// run lists and watches until ctx ends. After a Load it watches on from the revision Load
-// read.
-func (e *EtcdSource) run(ctx context.Context) {
-	e.mu.Lock()
-	var from int64
-	if e.listed {
-		from = e.rev
-	}
-	e.mu.Unlock()
-	e.lw.Run(ctx, from)
+	return runErr("EtcdSource", e.loop.Run(ctx, e.lw.Run)) // after a Load, it watches on from Load's revision
 }
 
 // failed reports a failed list or an ended watch; the Holder keeps the snapshot in force.
@@ -360,9 +347,6 @@ func (e *EtcdSource) failed(_ context.Context, f etcdwatch.Failure) {
 		e.cfg.report(&e.st, err, "listing rules in etcd failed", "prefix", e.prefix)
 		return
 	}
-	e.mu.Lock()
-	e.listed = false // list again before watching again
-	e.mu.Unlock()
 	if f.Compacted {
 		e.cfg.logger.Info("rules watch compacted; listing again", "prefix", e.prefix)
 		return

@@ -78,11 +78,10 @@ func (c *WatcherConfig) Validate() error {
 // good set (and lets it go stale after Config.Stale: see Holder). Safe for concurrent use.
 // The zero value is not usable: call NewWatcher.
 type Watcher struct {
-	mu     sync.Mutex // mu guards head, chunks, rev and listed
+	mu     sync.Mutex // mu guards head, chunks and rev
 	head   *contract.Head
 	chunks map[int]*mirrored
-	rev    int64 // the etcd revision the mirror reflects
-	listed bool  // the mirror came from a list and a watch may continue from rev+1
+	rev    int64 // the etcd revision the mirror reflects; 0 before the first list
 
 	loop routine.Routine // the goroutine Start begins
 	lw   *etcdwatch.Loop
@@ -145,7 +144,7 @@ func (w *Watcher) Load(ctx context.Context) error {
 // Start begins watching in a goroutine the Watcher owns, until Close. It returns
 // ErrClosed after Close and an error when already started.
 func (w *Watcher) Start() error {
-	err := w.loop.Start(w.run)
+	err := w.loop.Start(w.lw.Run) // after a Load, it watches on from Load's revision
 	if errors.Is(err, routine.ErrClosed) {
 		return ErrClosed
 	}
@@ -162,18 +161,6 @@ func (w *Watcher) Close() error {
 	return nil
 }
 
-// run lists and watches until ctx ends (Close). After a Load it watches on from the
-// revision Load read.
-func (w *Watcher) run(ctx context.Context) {
-	w.mu.Lock()
-	var from int64
-	if w.listed {
-		from = w.rev
-	}
-	w.mu.Unlock()
-	w.lw.Run(ctx, from)
-}
-
 // failed logs a failed list or an ended watch; the Holder keeps the set in force.
 func (w *Watcher) failed(_ context.Context, f etcdwatch.Failure) {
 	err := fmt.Errorf("shares: %w", f.Err)
@@ -181,9 +168,6 @@ func (w *Watcher) failed(_ context.Context, f etcdwatch.Failure) {
 		w.log.Warn("listing shares in etcd failed; keeping the shares in force", "prefix", w.cfg.Prefix, "error", err, "retry-in", f.RetryIn)
 		return
 	}
-	w.mu.Lock()
-	w.listed = false // list again before watching again
-	w.mu.Unlock()
 	if f.Compacted {
 		w.log.Info("shares watch compacted; listing again", "prefix", w.cfg.Prefix)
 		return
@@ -195,14 +179,14 @@ func (w *Watcher) failed(_ context.Context, f etcdwatch.Failure) {
 func (w *Watcher) install(kvs []*mvccpb.KeyValue, rev int64) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if w.listed && rev < w.rev {
-		return // a watch already brought the mirror further
+	if rev < w.rev {
+		return // a watch already brought the mirror further (this was a Load racing it)
 	}
 	w.head, w.chunks = nil, map[int]*mirrored{}
 	for _, kv := range kvs {
 		w.putLocked(string(kv.Key), kv.Value)
 	}
-	w.rev, w.listed = rev, true
+	w.rev = rev
 	if w.head == nil {
 		w.h.MarkLoaded() // nothing published: the default split is what the balancer gave
 	}
