@@ -63,8 +63,8 @@ type Config struct {
 }
 
 // Handler is what a Loop tells its owner. The calls come from the goroutine running Run,
-// one at a time, in the order of the loop; none is made after Run's context has ended
-// except one already under way.
+// one at a time, in the loop's order. A failure is not reported once Run's context has
+// ended: that is the owner stopping, not etcd failing.
 type Handler struct {
 	// OnList gets the whole prefix as of revision rev; the watch then starts at rev+1.
 	// It may do I/O with ctx. Required.
