@@ -10,6 +10,7 @@ import (
 
 	"github.com/allot-dev/allot/pkg/contract"
 	"github.com/allot-dev/allot/pkg/testenv"
+	"github.com/allot-dev/allot/pkg/testenv/poll"
 	allotv1 "github.com/allot-dev/allot/proto/allot/v1"
 	"github.com/hashicorp/go-hclog"
 	"github.com/prometheus/client_golang/prometheus"
@@ -75,18 +76,6 @@ func newReplica(t *testing.T, cli *clientv3.Client, prefix, name string, hook fu
 
 func (r *replica) leading() bool { ok, _ := r.s.Leading(); return ok }
 
-func waitFor(t *testing.T, within time.Duration, what string, cond func() bool) time.Duration {
-	t.Helper()
-	began := time.Now()
-	for !cond() {
-		if time.Since(began) > within {
-			t.Fatalf("not within %v: %s", within, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	return time.Since(began)
-}
-
 func readHead(t *testing.T, cli *clientv3.Client, prefix string) (contract.Head, bool) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
@@ -131,7 +120,7 @@ func TestEtcdElectionFencingAndRedirect(t *testing.T) {
 		prefix := "/t1/"
 		a := newReplica(t, client(t, e.Endpoints()...), prefix, "a", nil)
 		b := newReplica(t, client(t, e.Endpoints()...), prefix, "b", nil)
-		waitFor(t, 10*time.Second, "a leader", func() bool { return a.leading() || b.leading() })
+		poll.True(t, 10*time.Second, "a leader", func() bool { return a.leading() || b.leading() })
 		time.Sleep(100 * time.Millisecond)
 		if a.leading() && b.leading() {
 			t.Fatal("two leaders")
@@ -141,7 +130,7 @@ func TestEtcdElectionFencingAndRedirect(t *testing.T) {
 		// Reports until the hot key's shares are published.
 		var head1 contract.Head
 		seq := uint64(0)
-		waitFor(t, 15*time.Second, "the hot key published", func() bool {
+		poll.True(t, 15*time.Second, "the hot key published", func() bool {
 			seq++
 			feed(t, lead.s, seq)
 			h, ok := readHead(t, lead.cli, prefix)
@@ -150,11 +139,11 @@ func TestEtcdElectionFencingAndRedirect(t *testing.T) {
 		})
 		// Kill the leader without resigning: its client goes, its lease expires.
 		_ = lead.cli.Close()
-		took := waitFor(t, testSessionTTL+5*time.Second, "the standby to lead", standby.leading)
+		took := poll.True(t, testSessionTTL+5*time.Second, "the standby to lead", standby.leading)
 		t.Logf("standby leads %v after the leader's client closed (session TTL %v)", took.Round(time.Millisecond), testSessionTTL)
 		_, rev2 := standby.s.Leading()
 		var head2 contract.Head
-		waitFor(t, 5*time.Second, "the new leader's head", func() bool {
+		poll.True(t, 5*time.Second, "the new leader's head", func() bool {
 			h, ok := readHead(t, standby.cli, prefix)
 			head2 = h
 			return ok && h.LeaderRev == rev2
@@ -168,7 +157,7 @@ func TestEtcdElectionFencingAndRedirect(t *testing.T) {
 	t.Run("standby redirects over gRPC", func(t *testing.T) {
 		prefix := "/t2/"
 		a := newReplica(t, client(t, e.Endpoints()...), prefix, "a", nil)
-		waitFor(t, 10*time.Second, "a leads", a.leading)
+		poll.True(t, 10*time.Second, "a leads", a.leading)
 		b := newReplica(t, client(t, e.Endpoints()...), prefix, "b", nil)
 		lis, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
@@ -228,10 +217,10 @@ func TestEtcdElectionFencingAndRedirect(t *testing.T) {
 		}
 		// a talks to member 0 only, b to the other two.
 		a := newReplica(t, client(t, e.Members[0].ClientURL), prefix, "a", hook)
-		waitFor(t, 10*time.Second, "a leads", a.leading)
+		poll.True(t, 10*time.Second, "a leads", a.leading)
 		b := newReplica(t, client(t, e.Members[1].ClientURL, e.Members[2].ClientURL), prefix, "b", nil)
 		_, revA := a.s.Leading()
-		waitFor(t, 5*time.Second, "a's head", func() bool { h, ok := readHead(t, b.cli, prefix); return ok && h.LeaderRev == revA })
+		poll.True(t, 5*time.Second, "a's head", func() bool { h, ok := readHead(t, b.cli, prefix); return ok && h.LeaderRev == revA })
 		mu.Lock()
 		armed = true
 		mu.Unlock()
@@ -247,13 +236,13 @@ func TestEtcdElectionFencingAndRedirect(t *testing.T) {
 				e.Members[0].Unpause(t)
 			}
 		}()
-		took := waitFor(t, testSessionTTL+10*time.Second, "b to lead once a's lease expired", b.leading)
+		took := poll.True(t, testSessionTTL+10*time.Second, "b to lead once a's lease expired", b.leading)
 		// b's first write may time out (WriteTimeout 3 s) while the two members left settle
 		// without member 0, and is retried a TickEvery later; on a loaded machine b's first
 		// terms may also end (its session lost while the two elect a raft leader) and b
 		// campaigns again: the head to wait for is that of b's term now, not its first.
 		var revB int64
-		waitFor(t, 15*time.Second, "b's head", func() bool {
+		poll.True(t, 15*time.Second, "b's head", func() bool {
 			h, ok := readHead(t, b.cli, prefix)
 			_, revB = b.s.Leading()
 			return ok && revB > 0 && h.LeaderRev == revB
@@ -265,8 +254,8 @@ func TestEtcdElectionFencingAndRedirect(t *testing.T) {
 		fenced := func() float64 {
 			return testutil.ToFloat64(a.s.m.writes.WithLabelValues("head", "fenced")) + testutil.ToFloat64(a.s.m.writes.WithLabelValues("chunk", "fenced"))
 		}
-		waitFor(t, 10*time.Second, "a's late write refused", func() bool { return fenced() >= 1 })
-		waitFor(t, 5*time.Second, "a steps down", func() bool { return !a.leading() })
+		poll.True(t, 10*time.Second, "a's late write refused", func() bool { return fenced() >= 1 })
+		poll.True(t, 5*time.Second, "a steps down", func() bool { return !a.leading() })
 		if h, _ := readHead(t, b.cli, prefix); h.LeaderRev != revB {
 			t.Fatalf("head rev %d after a's late write, want b's %d", h.LeaderRev, revB)
 		}

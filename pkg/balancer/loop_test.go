@@ -10,6 +10,7 @@ import (
 
 	"github.com/allot-dev/allot/pkg/contract"
 	"github.com/allot-dev/allot/pkg/testenv"
+	"github.com/allot-dev/allot/pkg/testenv/poll"
 	allotv1 "github.com/allot-dev/allot/proto/allot/v1"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc"
@@ -103,7 +104,7 @@ func TestEtcdSharesFollowTrafficThroughEtcd(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	waitFor(t, 10*time.Second, "leading", func() bool { ok, _ := s.Leading(); return ok })
+	poll.True(t, 10*time.Second, "leading", func() bool { ok, _ := s.Leading(); return ok })
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -203,7 +204,7 @@ func TestEtcdSharesFollowTrafficThroughEtcd(t *testing.T) {
 		}
 		return m
 	}
-	waitFor(t, 20*time.Second, "us-east applying ≥ 0.9", func() bool { return regionShare(0) >= 0.9 })
+	poll.True(t, 20*time.Second, "us-east applying ≥ 0.9", func() bool { return regionShare(0) >= 0.9 })
 	mu.Lock()
 	hot = 2
 	mu.Unlock()
@@ -211,9 +212,9 @@ func TestEtcdSharesFollowTrafficThroughEtcd(t *testing.T) {
 	// decrease's acknowledgement, which these stand-in enforcers send with their next
 	// regular report (≤ one interval; report.Reporter sends it within AckGap of applying);
 	// and the watch.
-	took := waitFor(t, 4*interval+2*time.Second, "ap-south applying ≥ 0.5", func() bool { return regionShare(2) >= 0.5 })
+	took := poll.True(t, 4*interval+2*time.Second, "ap-south applying ≥ 0.5", func() bool { return regionShare(2) >= 0.5 })
 	t.Logf("ap-south applies ≥ 0.5 %v after the shift (interval %v)", took.Round(time.Millisecond), interval)
-	waitFor(t, 4*interval, "ap-south applying ≥ 0.9", func() bool { return regionShare(2) >= 0.9 })
+	poll.True(t, 4*interval, "ap-south applying ≥ 0.9", func() bool { return regionShare(2) >= 0.9 })
 	mu.Lock()
 	defer mu.Unlock()
 	if violated != "" {

@@ -10,6 +10,7 @@ import (
 	"github.com/allot-dev/allot/pkg/certs"
 	"github.com/allot-dev/allot/pkg/clock"
 	"github.com/allot-dev/allot/pkg/contract"
+	"github.com/allot-dev/allot/pkg/routine"
 	allotv1 "github.com/allot-dev/allot/proto/allot/v1"
 	"github.com/hashicorp/go-hclog"
 	"github.com/prometheus/client_golang/prometheus"
@@ -133,25 +134,22 @@ func (c *ServiceConfig) Validate() error {
 type Service struct {
 	allotv1.UnimplementedBalancerServer
 
-	mu         sync.Mutex // mu guards core, rev, leaderAddr, leaderRev, leaderAt, started, closed
+	mu         sync.Mutex // mu guards core, rev, leaderAddr, leaderRev, leaderAt
 	core       *Core
 	rev        int64
 	leaderAddr string
 	leaderRev  int64
 	leaderAt   time.Time
-	started    bool
-	closed     bool
 
-	cfg    ServiceConfig
-	log    hclog.Logger
-	m      *metrics
-	ctx    context.Context
-	cancel context.CancelFunc
-	done   chan struct{}
-	kick   chan struct{} // cap 1: a report the leader should tick for at once
+	cfg  ServiceConfig
+	log  hclog.Logger
+	m    *metrics
+	run  routine.Routine // the campaign loop Start begins; its context ends at Close
+	kick chan struct{}   // cap 1: a report the leader should tick for at once
 	// cleanup is the context of the etcd calls that undo a term (Resign, the lease's
-	// revoke, and the resignation Campaign makes when it is cancelled): it outlives ctx by
-	// at most WriteTimeout, counted from Close, so Close is bounded with etcd down.
+	// revoke, and the resignation Campaign makes when it is cancelled): it outlives the
+	// loop's context by at most WriteTimeout, counted from Close, so Close is bounded with
+	// etcd down.
 	cleanup     context.Context
 	stopCleanup context.CancelFunc
 	// elect is cfg.Etcd seen through a client whose Ctx() is cleanup: concurrency.Election
@@ -179,8 +177,7 @@ func NewService(cfg ServiceConfig) (*Service, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	s := &Service{cfg: cfg, log: cfg.Logger, done: make(chan struct{}), kick: make(chan struct{}, 1)}
-	s.ctx, s.cancel = context.WithCancel(context.Background())
+	s := &Service{cfg: cfg, log: cfg.Logger, kick: make(chan struct{}, 1)}
 	s.cleanup, s.stopCleanup = context.WithCancel(context.Background())
 	s.elect = clientv3.NewCtxClient(s.cleanup, clientv3.WithZapLogger(cfg.Etcd.GetLogger()))
 	s.elect.KV, s.elect.Lease, s.elect.Watcher = cfg.Etcd.KV, cfg.Etcd.Lease, cfg.Etcd.Watcher
@@ -188,36 +185,24 @@ func NewService(cfg ServiceConfig) (*Service, error) {
 	return s, nil
 }
 
-// Start begins campaigning in the background.
+// Start begins campaigning in the background. It returns ErrClosed after Close; a second
+// Start does nothing.
 func (s *Service) Start() error {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed {
+	if err := s.run.Start(s.loop); errors.Is(err, routine.ErrClosed) {
 		return ErrClosed
 	}
-	if !s.started {
-		s.started = true
-		go s.loop()
-	}
-	return nil
+	return nil // or routine.ErrStarted: already campaigning
 }
 
 // Close resigns leadership (the session's lease is revoked, so a standby takes over at
 // once rather than after SessionTTL) and waits for the background goroutine. It is
 // bounded whether etcd answers or not: the resignation and the revoke get WriteTimeout
 // from the first Close, after which they are cancelled (the lease then expires on its own
-// after SessionTTL). Idempotent.
+// after SessionTTL). Idempotent: every call waits.
 func (s *Service) Close() error {
-	s.mu.Lock()
-	started := s.started
-	s.closed = true
-	s.mu.Unlock()
-	s.cancel()
 	bound := time.AfterFunc(s.cfg.WriteTimeout, s.stopCleanup)
 	defer bound.Stop()
-	if started {
-		<-s.done
-	}
+	s.run.Close() // ends the loop's context and waits for it
 	s.stopCleanup()
 	return nil
 }
@@ -244,12 +229,11 @@ func (s *Service) currentCore() *Core {
 	return s.core
 }
 
-func (s *Service) loop() {
-	defer close(s.done)
+func (s *Service) loop(ctx context.Context) {
 	wait := 100 * time.Millisecond
-	for s.ctx.Err() == nil {
-		err := s.term()
-		if s.ctx.Err() != nil {
+	for ctx.Err() == nil {
+		err := s.term(ctx)
+		if ctx.Err() != nil {
 			return
 		}
 		if err == nil || errors.Is(err, ErrFenced) || errors.Is(err, errSessionLost) {
@@ -262,7 +246,7 @@ func (s *Service) loop() {
 		}
 		t := s.cfg.Clock.NewTimer(wait)
 		select {
-		case <-s.ctx.Done():
+		case <-ctx.Done():
 			t.Stop()
 			return
 		case <-t.C():
@@ -272,14 +256,15 @@ func (s *Service) loop() {
 
 var errSessionLost = errors.New("balancer: election session lost")
 
-// term campaigns, then leads until the session ends, a write is fenced or Close.
-func (s *Service) term() error {
-	// The session outlives s.ctx by its revoke, so Close revokes the lease at once rather
-	// than leaving it to expire (with s.ctx as the session's context the revoke would be
+// term campaigns, then leads until the session ends, a write is fenced or Close (ctx
+// ends).
+func (s *Service) term(ctx context.Context) error {
+	// The session outlives ctx by its revoke, so Close revokes the lease at once rather
+	// than leaving it to expire (with ctx as the session's context the revoke would be
 	// cancelled before it is sent). Close still aborts a session being created.
 	sessCtx, sessCancel := context.WithCancel(s.cleanup)
 	defer sessCancel()
-	abort := context.AfterFunc(s.ctx, sessCancel)
+	abort := context.AfterFunc(ctx, sessCancel)
 	sess, err := concurrency.NewSession(s.elect, concurrency.WithTTL(int(s.cfg.SessionTTL/time.Second)), concurrency.WithContext(sessCtx))
 	if !abort() { // closed meanwhile
 		if err == nil {
@@ -293,15 +278,15 @@ func (s *Service) term() error {
 	defer sess.Close() // revokes the lease (bounded by its TTL and Close's bound): our election key goes with it
 	// This replica's dashboard URL, for the standbys' pages; a failure costs only that link.
 	if s.cfg.Dashboard != "" {
-		pctx, cancel := context.WithTimeout(s.ctx, s.cfg.WriteTimeout)
+		pctx, cancel := context.WithTimeout(ctx, s.cfg.WriteTimeout)
 		_, err := s.cfg.Etcd.Put(pctx, s.cfg.ElectionPrefix+DashboardsSuffix+s.cfg.Advertise, s.cfg.Dashboard, clientv3.WithLease(sess.Lease()))
 		cancel()
-		if err != nil && s.ctx.Err() == nil {
+		if err != nil && ctx.Err() == nil {
 			s.log.Warn("could not publish this replica's dashboard address", "error", err)
 		}
 	}
 	e := concurrency.NewElection(sess, s.cfg.ElectionPrefix)
-	cctx, cancel := context.WithCancel(s.ctx)
+	cctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	watch := make(chan struct{})
 	go func() { // end the campaign if the session dies while waiting
@@ -316,16 +301,17 @@ func (s *Service) term() error {
 	cancel()
 	<-watch
 	if err != nil {
-		if s.ctx.Err() != nil {
+		if ctx.Err() != nil {
 			return nil
 		}
 		return fmt.Errorf("while campaigning: %w", err)
 	}
-	return s.lead(sess, e)
+	return s.lead(ctx, sess, e)
 }
 
-// lead runs one term as leader.
-func (s *Service) lead(sess *concurrency.Session, e *concurrency.Election) error {
+// lead runs one term as leader, until ctx ends (Close), the session is lost or a write is
+// fenced.
+func (s *Service) lead(ctx context.Context, sess *concurrency.Session, e *concurrency.Election) error {
 	rev, key := e.Rev(), e.Key()
 	log := s.log.With("term", rev)
 	cfg := s.cfg.Core
@@ -336,7 +322,7 @@ func (s *Service) lead(sess *concurrency.Session, e *concurrency.Election) error
 	}
 	pub := &publisher{cli: s.cfg.Etcd, prefix: s.cfg.SharesPrefix, key: key, rev: rev, maxBytes: s.cfg.MaxChunkBytes,
 		timeout: s.cfg.WriteTimeout, m: s.m}
-	head, entries, found, err := pub.load(s.ctx, log)
+	head, entries, found, err := pub.load(ctx, log)
 	if err != nil {
 		return fmt.Errorf("while reading the persisted shares: %w", err)
 	}
@@ -361,9 +347,9 @@ func (s *Service) lead(sess *concurrency.Session, e *concurrency.Election) error
 	defer func() { t.Stop() }()
 	for {
 		select {
-		case <-s.ctx.Done():
-			ctx, cancel := context.WithTimeout(s.cleanup, s.cfg.WriteTimeout)
-			err := e.Resign(ctx)
+		case <-ctx.Done():
+			rctx, cancel := context.WithTimeout(s.cleanup, s.cfg.WriteTimeout)
+			err := e.Resign(rctx)
 			cancel()
 			log.Info("resigned", "error", err)
 			return nil
@@ -384,7 +370,7 @@ func (s *Service) lead(sess *concurrency.Session, e *concurrency.Election) error
 			if s.beforeWrite != nil {
 				s.beforeWrite(p)
 			}
-			err := pub.write(s.ctx, p)
+			err := pub.write(ctx, p)
 			switch {
 			case errors.Is(err, ErrFenced):
 				log.Warn("write refused by etcd: another replica leads; stepping down", "version", p.Head.Version)

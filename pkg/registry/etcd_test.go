@@ -14,6 +14,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/allot-dev/allot/pkg/testenv"
+	"github.com/allot-dev/allot/pkg/testenv/poll"
 )
 
 // The tests below run against real etcd (pkg/testenv) and skip under -short.
@@ -48,24 +49,7 @@ func newReg(t *testing.T, cli *clientv3.Client, prefix, region, id string) *Regi
 	return r
 }
 
-// waitFor polls cond every 20ms until it returns nil or within passes; it returns how
-// long that took, and fails t with cond's last error otherwise.
-func waitFor(t *testing.T, within time.Duration, what string, cond func() error) time.Duration {
-	t.Helper()
-	began := time.Now()
-	for {
-		err := cond()
-		if err == nil {
-			return time.Since(began)
-		}
-		if time.Since(began) > within {
-			t.Fatalf("%s: not within %v: %v", what, within, err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
-// peersAre is a waitFor condition: every registry in rs sees n peers and is healthy.
+// peersAre is a poll.Until condition: every registry in rs sees n peers and is healthy.
 func peersAre(n int, rs ...*Registry) func() error {
 	return func() error {
 		for _, r := range rs {
@@ -105,8 +89,8 @@ func TestMembership(t *testing.T) {
 		a2 := startReg(t, cli, p, "A", "a2")
 		a3 := startReg(t, cli, p, "A", "a3")
 		b1 := startReg(t, cli, p, "B", "b1")
-		d := waitFor(t, 5*time.Second, "3 in A", peersAre(3, a1, a2, a3))
-		waitFor(t, time.Second, "1 in B", peersAre(1, b1))
+		d := poll.Until(t, 5*time.Second, "3 in A", peersAre(3, a1, a2, a3))
+		poll.Until(t, time.Second, "1 in B", peersAre(1, b1))
 		t.Logf("all peers seen %v after the last Start", d)
 		if got := ids(a1.Members()); got != "a1 a2 a3" {
 			t.Fatalf("A members = %v", got)
@@ -120,16 +104,16 @@ func TestMembership(t *testing.T) {
 			t.Fatalf("Close: %v", err)
 		}
 		closeTook := time.Since(began)
-		seen := waitFor(t, time.Second, "others see a3 leave", peersAre(2, a1, a2))
+		seen := poll.Until(t, time.Second, "others see a3 leave", peersAre(2, a1, a2))
 		t.Logf("Close took %v; peers saw it %v later", closeTook, seen)
 
 		// A process that dies: its client goes away without revoking.
 		dcli := e.Client(t)
 		a4 := startReg(t, dcli, p, "A", "a4")
-		waitFor(t, 2*time.Second, "a4 seen", peersAre(3, a1, a2))
+		poll.Until(t, 2*time.Second, "a4 seen", peersAre(3, a1, a2))
 		began = time.Now()
 		_ = dcli.Close()
-		gone := waitFor(t, testTTL+3*time.Second, "a4 expires", peersAre(2, a1, a2))
+		gone := poll.Until(t, testTTL+3*time.Second, "a4 expires", peersAre(2, a1, a2))
 		t.Logf("a dead enforcer disappeared %v after its client closed (TTL %v)", gone, testTTL)
 		if gone < testTTL/2 {
 			t.Fatalf("a4 disappeared after %v, before its lease could expire", gone)
@@ -138,7 +122,7 @@ func TestMembership(t *testing.T) {
 			t.Fatalf("a4 Healthy with its client closed")
 		}
 		_ = a4.Close() // its revoke fails: the client is closed
-		waitFor(t, time.Second, "still 1 in B", peersAre(1, b1))
+		poll.Until(t, time.Second, "still 1 in B", peersAre(1, b1))
 		mu.Lock()
 		defer mu.Unlock()
 		// Joins may arrive in one watch response, so only the shape is fixed.
@@ -170,7 +154,7 @@ func TestMembership(t *testing.T) {
 		if err := first.Close(); err != nil {
 			t.Fatal(err)
 		}
-		d := waitFor(t, 3*time.Second, "second registers", peersAre(1, second))
+		d := poll.Until(t, 3*time.Second, "second registers", peersAre(1, second))
 		t.Logf("second registered %v after the first closed", d)
 	})
 
@@ -179,13 +163,13 @@ func TestMembership(t *testing.T) {
 		other := startReg(t, cli, p, "A", "o")
 		dcli := e.Client(t)
 		old := startReg(t, dcli, p, "A", "r")
-		waitFor(t, 2*time.Second, "both seen", peersAre(2, other, old))
+		poll.Until(t, 2*time.Second, "both seen", peersAre(2, other, old))
 		_ = dcli.Close() // crash: the lease is not revoked
 		began := time.Now()
 		again := startReg(t, cli, p, "A", "r") // waits for the old lease to expire
 		took := time.Since(began)
 		t.Logf("restarted enforcer registered after %v (old lease TTL %v)", took, testTTL)
-		waitFor(t, time.Second, "two again", peersAre(2, other, again))
+		poll.Until(t, time.Second, "two again", peersAre(2, other, again))
 		_ = old.Close()
 	})
 }
@@ -202,7 +186,7 @@ func TestEtcdOutage(t *testing.T) {
 		startReg(t, cli, p, "A", "a2"),
 		startReg(t, e.Client(t), p, "A", "a3"),
 	}
-	waitFor(t, 5*time.Second, "3 in A", peersAre(3, rs...))
+	poll.Until(t, 5*time.Second, "3 in A", peersAre(3, rs...))
 	oldLeases := map[int64]bool{}
 	for _, m := range rs[0].Members() {
 		oldLeases[m.Lease] = true
@@ -211,7 +195,7 @@ func TestEtcdOutage(t *testing.T) {
 	began := time.Now()
 	e.Members[0].Stop(t)
 	t.Logf("etcd stopped in %v", time.Since(began))
-	trouble := waitFor(t, testTTL+3*time.Second, "every registry reports trouble", func() error {
+	trouble := poll.Until(t, testTTL+3*time.Second, "every registry reports trouble", func() error {
 		for _, r := range rs {
 			if r.Healthy() == nil {
 				return fmt.Errorf("%s still healthy", r.key)
@@ -219,7 +203,7 @@ func TestEtcdOutage(t *testing.T) {
 		}
 		return nil
 	})
-	lost := waitFor(t, testTTL+5*time.Second, "keep-alives lost", func() error {
+	lost := poll.Until(t, testTTL+5*time.Second, "keep-alives lost", func() error {
 		for _, r := range rs {
 			if err := r.Healthy(); !errors.Is(err, ErrNotRegistered) {
 				return fmt.Errorf("%s: %v", r.key, err)
@@ -235,7 +219,7 @@ func TestEtcdOutage(t *testing.T) {
 	began = time.Now()
 	e.Members[0].Start(t)
 	restarted := time.Since(began)
-	back := waitFor(t, 10*time.Second, "registered again", func() error {
+	back := poll.Until(t, 10*time.Second, "registered again", func() error {
 		if err := peersAre(3, rs...)(); err != nil {
 			return err
 		}
@@ -251,7 +235,7 @@ func TestEtcdOutage(t *testing.T) {
 		return nil
 	})
 	t.Logf("etcd started in %v; all re-registered %v after that", restarted, back)
-	waitFor(t, 3*time.Second, "old leases revoked", func() error {
+	poll.Until(t, 3*time.Second, "old leases revoked", func() error {
 		for id := range oldLeases {
 			ttl, err := cli.TimeToLive(context.Background(), clientv3.LeaseID(id))
 			if err != nil {
@@ -272,10 +256,10 @@ func TestThreeMembers(t *testing.T) {
 	const p = "/three/"
 	a1 := startReg(t, cli, p, "A", "a1")
 	a2 := startReg(t, cli, p, "A", "a2")
-	waitFor(t, 5*time.Second, "2 in A", peersAre(2, a1, a2))
+	poll.Until(t, 5*time.Second, "2 in A", peersAre(2, a1, a2))
 	e.Members[0].Stop(t)
 	a3 := startReg(t, cli, p, "A", "a3")
-	waitFor(t, 5*time.Second, "3 in A with a member down", peersAre(3, a1, a2, a3))
+	poll.Until(t, 5*time.Second, "3 in A with a member down", peersAre(3, a1, a2, a3))
 	// Through more than a TTL, nobody loses its registration.
 	deadline := time.Now().Add(testTTL + time.Second)
 	for time.Now().Before(deadline) {

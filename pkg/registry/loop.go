@@ -11,13 +11,19 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/allot-dev/allot/pkg/clock"
+	"github.com/allot-dev/allot/pkg/etcdwatch"
+	"github.com/allot-dev/allot/pkg/routine"
 )
 
-// loop is the state of the registry's one goroutine. Only run and the methods below
-// touch it; what others may read is copied out through Registry.publish.
+// loop is the state of the registry's goroutine. Only run and the methods below touch
+// it; what others may read is copied out through Registry.publish. The peer view is kept
+// by an etcdwatch.Loop in a goroutine of the loop's own (peerWatch), whose calls are handed
+// to the loop's goroutine (calls) and run there, in order, with the registration state
+// they touch.
 type loop struct {
 	r     *Registry
-	value string // the JSON record to register
+	ctx   context.Context // ended by Registry.Close; parent of every etcd call the loop makes
+	value string          // the JSON record to register
 
 	// The registration.
 	lease     clientv3.LeaseID // current lease; 0 while not registered
@@ -27,16 +33,15 @@ type loop struct {
 	kaCancel  context.CancelFunc
 	needReg   bool
 	regTimer  clock.Timer
-	regBack   *backoff
+	regBack   *etcdwatch.Backoff
 	conflict  *conflict
 
 	// The peer view.
 	peers     *peerSet
-	wch       clientv3.WatchChan
-	wCancel   context.CancelFunc
-	needList  bool
-	listTimer clock.Timer
-	listBack  *backoff
+	peerWatch routine.Routine // runs lw
+	lw        *etcdwatch.Loop
+	calls     chan func() // lw's handler calls, to run on the loop's goroutine
+	needList  bool        // not listed yet, or the watch ended and a new list is due
 
 	h         health
 	dirty     bool // peers changed since the last publish
@@ -44,15 +49,49 @@ type loop struct {
 	dupSent   bool
 }
 
-func newLoop(r *Registry, value string) *loop {
-	return &loop{
+func newLoop(r *Registry, value string) (*loop, error) {
+	l := &loop{
 		r:        r,
 		value:    value,
 		needReg:  true,
 		needList: true,
-		regBack:  newBackoff(r.cfg.BackoffMin, r.cfg.BackoffMax),
-		listBack: newBackoff(r.cfg.BackoffMin, r.cfg.BackoffMax),
+		regBack:  &etcdwatch.Backoff{Min: r.cfg.BackoffMin, Max: r.cfg.BackoffMax, Jitter: true},
 		peers:    newPeerSet(r.prefix, r.cfg.Region),
+		calls:    make(chan func()),
+	}
+	lw, err := etcdwatch.New(etcdClient{r.cli, r.watcher}, etcdwatch.Config{
+		Prefix: r.prefix, Timeout: r.cfg.RequestTimeout, Clock: r.cfg.Clock,
+		Backoff: etcdwatch.Backoff{Min: r.cfg.BackoffMin, Max: r.cfg.BackoffMax, Jitter: true},
+	}, etcdwatch.Handler{
+		OnList: func(ctx context.Context, kvs []*mvccpb.KeyValue, rev int64) {
+			l.onLoop(ctx, func() { l.listed(kvs, rev) })
+		},
+		OnEvents: func(ctx context.Context, evs []*clientv3.Event, _ int64) {
+			l.onLoop(ctx, func() { l.watched(evs) })
+		},
+		OnError: func(ctx context.Context, f etcdwatch.Failure) {
+			l.onLoop(ctx, func() { l.peersFailed(f) })
+		},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("registry: %w", err)
+	}
+	l.lw = lw
+	return l, nil
+}
+
+// etcdClient is the registry's client for its peer watch: reads through the caller's
+// client, the watch through the registry's own watcher (closed by Registry.Close).
+type etcdClient struct {
+	clientv3.KV
+	clientv3.Watcher
+}
+
+// onLoop hands f to the loop's goroutine, which runs it; it gives up when ctx ends.
+func (l *loop) onLoop(ctx context.Context, f func()) {
+	select {
+	case l.calls <- f:
+	case <-ctx.Done():
 	}
 }
 
@@ -63,22 +102,21 @@ func timerC(t clock.Timer) <-chan time.Time {
 	return t.C()
 }
 
-// run is the registry's goroutine: it registers, lists and watches, and reacts to lease
-// loss and watch failure, until Registry.ctx ends; then it releases the registration.
-func (l *loop) run() {
+// run is the registry's goroutine: it registers, starts the peer watch, and reacts to
+// lease loss and to what the peer watch reports, until ctx ends (Registry.Close); then it
+// releases the registration.
+func (l *loop) run(ctx context.Context) {
 	r := l.r
-	defer close(r.done)
+	l.ctx = ctx
+	_ = l.peerWatch.Start(l.lw.Run) // cannot fail: the first Start of a new Routine
 	for {
-		l.publish() // before the attempts below, which may block up to RequestTimeout
-		if l.needReg && l.regTimer == nil && r.ctx.Err() == nil {
+		l.publish() // before the attempt below, which may block up to RequestTimeout
+		if l.needReg && l.regTimer == nil && l.ctx.Err() == nil {
 			l.register()
-		}
-		if l.needList && l.listTimer == nil && r.ctx.Err() == nil {
-			l.list()
 		}
 		l.publish()
 		select {
-		case <-r.ctx.Done():
+		case <-l.ctx.Done():
 			l.shutdown()
 			return
 		case resp, ok := <-l.kaCh:
@@ -88,12 +126,10 @@ func (l *loop) run() {
 			}
 			l.h.lastRenew = r.cfg.Clock.Now()
 			l.h.ttl = time.Duration(resp.TTL) * time.Second
-		case wr, ok := <-l.wch:
-			l.watched(wr, ok)
+		case f := <-l.calls:
+			f()
 		case <-timerC(l.regTimer):
 			l.regTimer = nil
-		case <-timerC(l.listTimer):
-			l.listTimer = nil
 		}
 	}
 }
@@ -128,14 +164,14 @@ func (l *loop) ours(lease int64) bool {
 // other lease holds it and we wait for it to expire, or report a duplicate.
 func (l *loop) register() {
 	r := l.r
-	ctx, cancel := context.WithTimeout(r.ctx, r.cfg.RequestTimeout)
+	ctx, cancel := context.WithTimeout(l.ctx, r.cfg.RequestTimeout)
 	defer cancel()
 	if err := l.claim(ctx); err != nil {
-		if r.ctx.Err() != nil {
+		if l.ctx.Err() != nil {
 			return
 		}
 		l.h.regErr = err
-		d := l.regBack.next()
+		d := l.regBack.Next()
 		var ce *conflictErr
 		if errors.As(err, &ce) && !ce.c.expiresBy.IsZero() {
 			// Retry soon after the holder should have expired, not later.
@@ -196,7 +232,7 @@ func (l *loop) claim(ctx context.Context) error {
 			return fmt.Errorf("while reclaiming %s from lease %x: changed hands", r.key, holder)
 		}
 	}
-	kctx, kcancel := context.WithCancel(r.ctx)
+	kctx, kcancel := context.WithCancel(l.ctx)
 	ch, err := r.lessor.KeepAlive(kctx, lease)
 	if err != nil {
 		kcancel()
@@ -211,7 +247,7 @@ func (l *loop) claim(ctx context.Context) error {
 	l.lease, l.kaCh, l.kaCancel = lease, ch, kcancel
 	l.regRev = resp.Header.Revision
 	l.needReg, l.conflict = false, nil
-	l.regBack.reset()
+	l.regBack.Reset()
 	l.h = health{registered: true, lease: int64(lease), ttl: time.Duration(g.TTL) * time.Second,
 		lastRenew: now, listErr: l.h.listErr}
 	_ = l.peers.put(r.key, []byte(l.value), int64(lease), l.regRev)
@@ -280,69 +316,51 @@ func (l *loop) lost(why string) {
 	l.h.regErr = errors.New(why)
 }
 
-// list reads the region's registrations and (re)starts the watch just after them.
-func (l *loop) list() {
+// listed takes a listing of the region's registrations as of rev (the peer watch goes
+// on from there).
+func (l *loop) listed(kvs []*mvccpb.KeyValue, rev int64) {
 	r := l.r
-	ctx, cancel := context.WithTimeout(r.ctx, r.cfg.RequestTimeout)
-	resp, err := r.cli.Get(ctx, r.prefix, clientv3.WithPrefix())
-	cancel()
-	if err != nil {
-		if r.ctx.Err() != nil {
-			return
-		}
-		l.h.listErr = fmt.Errorf("while listing %s: %w", r.prefix, err)
-		d := l.listBack.next()
-		r.cfg.Logger.Warn("listing peers failed; will retry", "prefix", r.prefix, "retry-in", d, "error", err)
-		l.listTimer = r.cfg.Clock.NewTimer(d)
-		return
+	ps := make([]kv, len(kvs))
+	for i, e := range kvs {
+		ps[i] = kv{key: string(e.Key), value: e.Value, lease: e.Lease, rev: e.ModRevision}
 	}
-	kvs := make([]kv, len(resp.Kvs))
-	for i, e := range resp.Kvs {
-		kvs[i] = kv{key: string(e.Key), value: e.Value, lease: e.Lease, rev: e.ModRevision}
-	}
-	for _, err := range l.peers.reset(kvs) {
+	for _, err := range l.peers.reset(ps) {
 		r.cfg.Logger.Warn("odd registration; counted anyway", "error", err)
 	}
 	if l.lease != 0 {
 		// Keep our own claim if it is newer than this listing.
-		if resp.Header.Revision < l.regRev {
+		if rev < l.regRev {
 			_ = l.peers.put(r.key, []byte(l.value), int64(l.lease), l.regRev)
 		} else if m, ok := l.peers.get(r.key); !ok || m.Lease != int64(l.lease) {
 			l.lost("registration missing from the peer list")
 		}
 	}
 	l.dirty = true
-	if l.wCancel != nil {
-		l.wCancel()
-	}
-	wctx, wcancel := context.WithCancel(clientv3.WithRequireLeader(r.ctx))
-	l.wch = r.watcher.Watch(wctx, r.prefix, clientv3.WithPrefix(), clientv3.WithRev(resp.Header.Revision+1))
-	l.wCancel = wcancel
 	l.needList = false
 	l.h.listErr = nil
-	l.listBack.reset()
 }
 
-// watched applies one watch response, or arranges a fresh listing if the watch ended.
-func (l *loop) watched(wr clientv3.WatchResponse, ok bool) {
+// peersFailed records that the peer view is stale: a list failed, or the watch ended and
+// the peer watch lists again.
+func (l *loop) peersFailed(f etcdwatch.Failure) {
 	r := l.r
-	if !ok || wr.Err() != nil {
-		why := errors.New("watch channel closed")
-		if ok {
-			why = wr.Err()
-		}
-		if errors.Is(why, rpctypes.ErrCompacted) {
-			r.cfg.Logger.Info("peer watch compacted; listing again", "prefix", r.prefix)
-		} else {
-			r.cfg.Logger.Warn("peer watch ended; listing again", "prefix", r.prefix, "error", why)
-		}
-		l.wCancel()
-		l.wch, l.wCancel = nil, nil
-		l.needList = true
-		l.h.listErr = fmt.Errorf("while watching %s: %w", r.prefix, why)
+	l.h.listErr = f.Err
+	switch {
+	case f.Listing:
+		r.cfg.Logger.Warn("listing peers failed; will retry", "prefix", r.prefix, "retry-in", f.RetryIn, "error", f.Err)
 		return
+	case f.Compacted:
+		r.cfg.Logger.Info("peer watch compacted; listing again", "prefix", r.prefix)
+	default:
+		r.cfg.Logger.Warn("peer watch ended; listing again", "prefix", r.prefix, "error", f.Err)
 	}
-	for _, ev := range wr.Events {
+	l.needList = true
+}
+
+// watched applies one watch response's events.
+func (l *loop) watched(evs []*clientv3.Event) {
+	r := l.r
+	for _, ev := range evs {
 		key, rev := string(ev.Kv.Key), ev.Kv.ModRevision
 		own := key == r.key && l.lease != 0 && rev > l.regRev
 		switch ev.Type {
@@ -375,14 +393,9 @@ func (l *loop) shutdown() {
 	if l.kaCancel != nil {
 		l.kaCancel()
 	}
-	if l.wCancel != nil {
-		l.wCancel()
-	}
+	l.peerWatch.Close() // its context ends now; a list or a hand-over under way is abandoned
 	if l.regTimer != nil {
 		l.regTimer.Stop()
-	}
-	if l.listTimer != nil {
-		l.listTimer.Stop()
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.RevokeTimeout)
 	defer cancel()

@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"sort"
 	"strings"
 	"time"
@@ -182,35 +181,6 @@ func (h health) check(now time.Time) error {
 	}
 	return nil
 }
-
-// backoff is a jittered exponential backoff: each failure doubles the base delay from
-// min up to max, and the delay returned is uniform in [base/2, base]. The zero value
-// (after reset) starts at min. Not safe for concurrent use.
-type backoff struct {
-	min, max time.Duration
-	base     time.Duration
-	rnd      func(n int64) int64 // uniform in [0, n); rand.Int64N unless a test sets it
-}
-
-func newBackoff(min, max time.Duration) *backoff {
-	return &backoff{min: min, max: max, rnd: rand.Int64N}
-}
-
-// next returns the delay before the next attempt and doubles the base.
-func (b *backoff) next() time.Duration {
-	if b.base < b.min {
-		b.base = b.min
-	}
-	d := b.base
-	if b.base < b.max {
-		b.base = min(2*b.base, b.max)
-	}
-	half := d / 2
-	return half + time.Duration(b.rnd(int64(d-half)+1))
-}
-
-// reset starts the next failure from min again.
-func (b *backoff) reset() { b.base = 0 }
 
 // conflict is what the loop knows about another lease holding this enforcer's key.
 // A dead holder's lease expires within the remaining TTL it had when first seen; one

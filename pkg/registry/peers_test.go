@@ -109,34 +109,6 @@ func TestHealthCheck(t *testing.T) {
 	}
 }
 
-func TestBackoff(t *testing.T) {
-	b := newBackoff(100*time.Millisecond, time.Second)
-	for _, pick := range []string{"low", "high"} {
-		b.reset()
-		b.rnd = func(n int64) int64 {
-			if pick == "low" {
-				return 0
-			}
-			return n - 1
-		}
-		var got []time.Duration
-		for range 6 {
-			got = append(got, b.next())
-		}
-		bases := []time.Duration{100, 200, 400, 800, 1000, 1000}
-		for i, d := range got {
-			base := bases[i] * time.Millisecond
-			want := base / 2
-			if pick == "high" {
-				want = base
-			}
-			if d != want {
-				t.Fatalf("%s: delays %v; delay %d = %v, want %v", pick, got, i, d, want)
-			}
-		}
-	}
-}
-
 func TestConflict(t *testing.T) {
 	t0 := time.Unix(1000, 0)
 	c := &conflict{holder: 0x1f, member: Member{Addr: "h:1"}, firstSeen: t0, expiresBy: t0.Add(4 * time.Second)}

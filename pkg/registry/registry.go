@@ -23,11 +23,14 @@ package registry
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/allot-dev/allot/pkg/routine"
 )
 
 // Registry is one enforcer's registration in etcd and its view of the region's peers.
@@ -35,14 +38,12 @@ import (
 // Guarantees: Peers is always >= 1 and counts this enforcer exactly once; it is a single
 // atomic load, safe to call on the hot path. After Start returns nil the enforcer is
 // registered; if etcd is lost the registry keeps trying to re-register (with a new lease
-// once the old one has expired) until Close. Close revokes the lease, stops the one
-// goroutine the registry runs and waits for it.
+// once the old one has expired) until Close. Close revokes the lease, stops the
+// registry's goroutines (its loop and the peer watch the loop runs) and waits for them.
 //
 // Create with New; the zero value is not usable. All methods are safe for concurrent use.
 type Registry struct {
-	mu       sync.Mutex // mu guards started, closed, members, health, onChange and closeErr
-	started  bool
-	closed   bool
+	mu       sync.Mutex // mu guards members, health, onChange and closeErr
 	members  []Member
 	health   health
 	onChange func(n int)
@@ -57,12 +58,10 @@ type Registry struct {
 	key     string           // <Prefix><Region>/<ID>
 	prefix  string           // <Prefix><Region>/
 
-	ctx    context.Context // ended by Close; parent of every etcd call the loop makes
-	cancel context.CancelFunc
-	ready  chan struct{} // closed by the loop once registered and peers listed
-	dupc   chan struct{} // closed by the loop when a duplicate ID is confirmed
-	done   chan struct{} // closed by the loop as it exits
-	once   sync.Once     // closes the registry
+	loop      routine.Routine // the loop (loop.go); its context ends at Close
+	ready     chan struct{}   // closed by the loop once registered and peers listed
+	dupc      chan struct{}   // closed by the loop when a duplicate ID is confirmed
+	closeOnce sync.Once       // closes lessor and watcher
 }
 
 // New returns a Registry for cfg (zero optional fields take their defaults; see Config)
@@ -75,18 +74,14 @@ func New(cli *clientv3.Client, cfg Config) (*Registry, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	ctx, cancel := context.WithCancel(context.Background())
 	r := &Registry{
 		cfg:     cfg,
 		cli:     cli,
 		lessor:  clientv3.NewLease(cli),
 		watcher: clientv3.NewWatcher(cli),
 		prefix:  cfg.Prefix + cfg.Region + "/",
-		ctx:     ctx,
-		cancel:  cancel,
 		ready:   make(chan struct{}),
 		dupc:    make(chan struct{}),
-		done:    make(chan struct{}),
 	}
 	r.key = r.prefix + cfg.ID
 	r.peers.Store(1)
@@ -109,23 +104,20 @@ func (r *Registry) OnChange(f func(n int)) {
 // Close (so an enforcer started while etcd is down registers when etcd returns), and
 // Peers counts this enforcer meanwhile. Start may be called once.
 func (r *Registry) Start(ctx context.Context) error {
-	r.mu.Lock()
-	switch {
-	case r.closed:
-		r.mu.Unlock()
-		return ErrClosed
-	case r.started:
-		r.mu.Unlock()
-		return fmt.Errorf("registry: Start called twice")
-	}
-	r.started = true
 	rec, err := json.Marshal(record{ID: r.cfg.ID, Region: r.cfg.Region, Addr: r.cfg.Addr, HTTPAddr: r.cfg.HTTPAddr, Started: r.cfg.Clock.Now().UTC()})
 	if err != nil { // cannot happen: plain strings and a time
-		r.mu.Unlock()
 		return fmt.Errorf("registry: while encoding the registration: %w", err)
 	}
-	go newLoop(r, string(rec)).run()
-	r.mu.Unlock()
+	l, err := newLoop(r, string(rec))
+	if err != nil {
+		return err
+	}
+	switch err := r.loop.Start(l.run); {
+	case errors.Is(err, routine.ErrClosed):
+		return ErrClosed
+	case err != nil:
+		return fmt.Errorf("registry: Start called twice: %w", err)
+	}
 
 	select {
 	case <-r.ready:
@@ -134,7 +126,7 @@ func (r *Registry) Start(ctx context.Context) error {
 		r.mu.Lock()
 		defer r.mu.Unlock()
 		return r.health.dup
-	case <-r.done:
+	case <-r.loop.Done():
 		return ErrClosed
 	case <-ctx.Done():
 		return ctx.Err()
@@ -160,15 +152,15 @@ func (r *Registry) Members() []Member {
 // ErrDuplicateID, ErrNotRegistered, ErrLeaseStale or ErrPeersStale, with details.
 func (r *Registry) Healthy() error {
 	now := r.cfg.Clock.Now()
-	r.mu.Lock()
-	h, started, closed := r.health, r.started, r.closed
-	r.mu.Unlock()
 	switch {
-	case closed:
+	case r.loop.Closed():
 		return ErrClosed
-	case !started:
+	case !r.loop.Started():
 		return ErrNotStarted
 	}
+	r.mu.Lock()
+	h := r.health
+	r.mu.Unlock()
 	return h.check(now)
 }
 
@@ -177,16 +169,9 @@ func (r *Registry) Healthy() error {
 // registry's goroutine and waits for it. It returns the revoke error, if any, and is
 // idempotent: later calls return the same result.
 func (r *Registry) Close() error {
-	r.once.Do(func() {
-		r.mu.Lock()
-		r.closed = true
-		started := r.started
-		r.mu.Unlock()
-		r.cancel()
-		if started {
-			<-r.done
-		}
-		// The loop has revoked; now stop the client-side goroutines it used.
+	r.loop.Close() // the loop revokes as it exits
+	r.closeOnce.Do(func() {
+		// Now stop the client-side goroutines the loop used.
 		r.lessor.Close()
 		r.watcher.Close()
 	})

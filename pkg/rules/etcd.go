@@ -6,10 +6,10 @@ import (
 	"fmt"
 	"strings"
 	"sync"
-	"time"
 
+	"github.com/allot-dev/allot/pkg/etcdwatch"
+	"github.com/allot-dev/allot/pkg/routine"
 	"go.etcd.io/etcd/api/v3/mvccpb"
-	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -47,22 +47,19 @@ import (
 // the same version however they got there. Safe for concurrent use. The zero value is not
 // usable: call NewEtcdSource.
 type EtcdSource struct {
-	mu      sync.Mutex // mu guards kvs, rev, listed, lastVer, running, closed, cancel, cfg.base
-	kvs     map[string]*etcdEntry
-	rev     int64 // the revision kvs reflects
-	listed  bool  // kvs came from a list and the watch may continue from rev+1
+	mu      sync.Mutex            // mu guards kvs, rev, lastVer, cfg.base
+	kvs     map[string]*etcdEntry // nil until the first list
+	rev     int64                 // the revision kvs reflects
 	lastVer string
-	running bool
-	closed  bool
-	cancel  context.CancelFunc // cancels Run's context
 
+	loop   routine.Routine // Run's
+	lw     *etcdwatch.Loop
 	cli    *clientv3.Client
 	prefix string
 	h      *Holder
 	opt    CompileOptions
 	cfg    sourceConfig
 	st     status
-	done   chan struct{} // closed when Run returns
 }
 
 type etcdEntry struct {
@@ -91,45 +88,62 @@ func NewEtcdSource(cli *clientv3.Client, prefix string, h *Holder, opt CompileOp
 	if _, err := opt.withDefaults(); err != nil {
 		return nil, err
 	}
-	e := &EtcdSource{cli: cli, prefix: prefix, h: h, opt: opt, cfg: newSourceConfig(opts), done: make(chan struct{})}
+	e := &EtcdSource{cli: cli, prefix: prefix, h: h, opt: opt, cfg: newSourceConfig(opts)}
 	if e.cfg.base != nil {
 		if err := e.cfg.base.Validate(); err != nil {
 			return nil, fmt.Errorf("rules: NewEtcdSource: base set: %w", err)
 		}
 	}
+	lw, err := etcdwatch.New(cli, etcdwatch.Config{
+		Prefix: prefix, Timeout: e.cfg.timeout, Clock: e.cfg.clock,
+		Backoff:        etcdwatch.Backoff{Min: e.cfg.backoffMin, Max: e.cfg.backoffMax},
+		ProgressNotify: true, ProbeEvery: e.cfg.interval,
+	}, etcdwatch.Handler{
+		OnList:   func(ctx context.Context, kvs []*mvccpb.KeyValue, rev int64) { _ = e.install(ctx, kvs, rev) }, // reported inside
+		OnEvents: func(_ context.Context, evs []*clientv3.Event, rev int64) { e.apply(evs, rev) },
+		OnError:  e.failed,
+		OnProbe:  e.probe,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("rules: NewEtcdSource: %w", err)
+	}
+	e.lw = lw
 	return e, nil
 }
 
 // Load lists the prefix once and, if the rules are good, stores their snapshot. It returns
 // a network error, or the error that rejected the set (the Holder keeps its snapshot).
 func (e *EtcdSource) Load(ctx context.Context) error {
-	if err := e.list(ctx); err != nil {
+	kvs, rev, err := e.lw.List(ctx)
+	if err != nil {
+		err = fmt.Errorf("rules: %w", err)
 		e.cfg.report(&e.st, err, "listing rules in etcd failed", "prefix", e.prefix)
 		return err
 	}
+	return e.install(ctx, kvs, rev)
+}
+
+// install takes the whole prefix as of rev and rebuilds the snapshot; it returns the
+// error that rejected the set.
+func (e *EtcdSource) install(ctx context.Context, kvs []*mvccpb.KeyValue, rev int64) error {
+	e.take(ctx, kvs, rev)
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return e.rebuildLocked()
 }
 
-// list fetches the whole prefix and installs it if it is newer than what is held.
-func (e *EtcdSource) list(ctx context.Context) error {
-	lctx, cancel := context.WithTimeout(ctx, e.cfg.timeout)
-	defer cancel()
-	resp, err := e.cli.Get(lctx, e.prefix, clientv3.WithPrefix())
-	if err != nil {
-		return fmt.Errorf("rules: while listing %s in etcd: %w", e.prefix, err)
-	}
+// take replaces kvs with the prefix as of rev, unless what is held is newer.
+func (e *EtcdSource) take(ctx context.Context, kvs []*mvccpb.KeyValue, rev int64) {
 	e.mu.Lock()
-	if e.listed && resp.Header.Revision < e.rev {
+	if rev < e.rev {
 		e.mu.Unlock()
-		return nil // a watch already brought us further
+		return // a watch already brought us further (this was a Load racing it)
 	}
 	old := e.kvs
-	e.kvs = make(map[string]*etcdEntry, len(resp.Kvs))
+	e.kvs = make(map[string]*etcdEntry, len(kvs))
 	var lookBack []*etcdEntry // refused, with no good version known here, but with older versions in etcd
 	var lookKeys []string
-	for _, kv := range resp.Kvs {
+	for _, kv := range kvs {
 		k := string(kv.Key)
 		if o, ok := old[k]; ok && o.modRev == kv.ModRevision {
 			e.kvs[k] = o // unchanged: keep the parsed rule
@@ -141,7 +155,7 @@ func (e *EtcdSource) list(ctx context.Context) error {
 			lookBack, lookKeys = append(lookBack, en), append(lookKeys, k)
 		}
 	}
-	e.rev, e.listed = resp.Header.Revision, true
+	e.rev = rev
 	e.st.setRevision(e.rev)
 	e.mu.Unlock()
 	// A process that starts after a good rule was made bad never saw the good version; the
@@ -156,7 +170,6 @@ func (e *EtcdSource) list(ctx context.Context) error {
 			e.mu.Unlock()
 		}
 	}
-	return nil
 }
 
 // maxLookBack bounds how many older versions of a refused key previousGood reads.
@@ -304,7 +317,7 @@ func (e *EtcdSource) SetBase(base *Set) error {
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if !e.listed && e.kvs == nil { // nothing from etcd yet: Load or Run will build with the new base
+	if e.kvs == nil { // nothing from etcd yet: Load or Run will build with the new base
 		if base != nil {
 			opt := e.opt
 			opt.Now = e.cfg.clock.Now()
@@ -322,111 +335,26 @@ func (e *EtcdSource) SetBase(base *Set) error {
 }
 
 // Run keeps the Holder in step with etcd until ctx is done (it returns ctx.Err()) or Close
-// is called (ErrClosed). Only one Run may be active at a time.
+// is called (ErrClosed). Run may be called once.
 func (e *EtcdSource) Run(ctx context.Context) error {
-	e.mu.Lock()
-	switch {
-	case e.closed:
-		e.mu.Unlock()
-		return ErrClosed
-	case e.running:
-		e.mu.Unlock()
-		return errors.New("rules: EtcdSource.Run is already running")
-	}
-	e.running = true
-	ctx, e.cancel = context.WithCancel(ctx)
-	e.mu.Unlock()
-	defer close(e.done)
-	defer e.cancel()
-
-	backoff := e.cfg.backoffMin
-	for {
-		e.mu.Lock()
-		listed := e.listed
-		e.mu.Unlock()
-		if !listed {
-			if err := e.Load(ctx); err != nil && !errors.Is(err, ErrInvalid) {
-				if !e.sleep(ctx, backoff) {
-					return e.exitErr(ctx)
-				}
-				backoff = min(2*backoff, e.cfg.backoffMax)
-				continue
-			}
-			backoff = e.cfg.backoffMin
-		}
-		err := e.watch(ctx)
-		if ctx.Err() != nil {
-			return e.exitErr(ctx)
-		}
-		e.mu.Lock()
-		e.listed = false // list again before watching again
-		e.mu.Unlock()
-		if errors.Is(err, rpctypes.ErrCompacted) {
-			e.cfg.logger.Info("rules watch compacted; listing again", "prefix", e.prefix)
-			continue
-		}
-		e.cfg.report(&e.st, err, "rules watch failed; listing again", "prefix", e.prefix)
-		if !e.sleep(ctx, backoff) {
-			return e.exitErr(ctx)
-		}
-		backoff = min(2*backoff, e.cfg.backoffMax)
-	}
+	return runErr("EtcdSource", e.loop.Run(ctx, e.lw.Run)) // after a Load, it watches on from Load's revision
 }
 
-func (e *EtcdSource) exitErr(ctx context.Context) error {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.closed {
-		return ErrClosed
+// failed reports a failed list or an ended watch; the Holder keeps the snapshot in force.
+func (e *EtcdSource) failed(_ context.Context, f etcdwatch.Failure) {
+	err := fmt.Errorf("rules: %w", f.Err)
+	if f.Listing {
+		e.cfg.report(&e.st, err, "listing rules in etcd failed", "prefix", e.prefix)
+		return
 	}
-	return ctx.Err()
+	if f.Compacted {
+		e.cfg.logger.Info("rules watch compacted; listing again", "prefix", e.prefix)
+		return
+	}
+	e.cfg.report(&e.st, err, "rules watch failed; listing again", "prefix", e.prefix)
 }
 
-// sleep waits d on the source's clock; false if ctx ended first.
-func (e *EtcdSource) sleep(ctx context.Context, d time.Duration) bool {
-	t := e.cfg.clock.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C():
-		return true
-	}
-}
-
-var (
-	errWatchClosed = errors.New("rules: etcd watch channel closed")
-	errUnreachable = errors.New("rules: etcd unreachable")
-)
-
-// watch follows the prefix from e.rev+1 until the watch fails or ctx ends.
-func (e *EtcdSource) watch(ctx context.Context) error {
-	e.mu.Lock()
-	from := e.rev + 1
-	e.mu.Unlock()
-	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
-	defer cancel()
-	wch := e.cli.Watch(wctx, e.prefix, clientv3.WithPrefix(), clientv3.WithRev(from), clientv3.WithProgressNotify())
-	probe := e.cfg.clock.NewTimer(e.cfg.interval)
-	defer func() { probe.Stop() }()
-	for {
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-probe.C():
-			e.probe(ctx)
-			probe = e.cfg.clock.NewTimer(e.cfg.interval)
-		case wr, ok := <-wch:
-			if !ok {
-				return errWatchClosed
-			}
-			if err := wr.Err(); err != nil {
-				return fmt.Errorf("rules: while watching %s from revision %d: %w", e.prefix, from, err)
-			}
-			e.apply(wr)
-		}
-	}
-}
+var errUnreachable = errors.New("rules: etcd unreachable")
 
 // probe asks etcd for the prefix's key count: a failure means etcd is unreachable (or has
 // no leader) even if the watch has not noticed; it is reported, and a later success clears
@@ -449,18 +377,18 @@ func (e *EtcdSource) probe(ctx context.Context) {
 	}
 }
 
-// apply folds one watch response into kvs and rebuilds.
-func (e *EtcdSource) apply(wr clientv3.WatchResponse) {
+// apply folds one watch response's events (at revision rev) into kvs and rebuilds.
+func (e *EtcdSource) apply(evs []*clientv3.Event, rev int64) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if len(wr.Events) == 0 { // progress notification: everything up to it has been seen
-		if r := wr.Header.Revision; r > e.rev {
-			e.rev = r
-			e.st.setRevision(r)
+	if len(evs) == 0 { // progress notification: everything up to it has been seen
+		if rev > e.rev {
+			e.rev = rev
+			e.st.setRevision(rev)
 		}
 		return
 	}
-	for _, ev := range wr.Events {
+	for _, ev := range evs {
 		if ev.Kv.ModRevision <= e.rev {
 			continue // a list already brought us past it
 		}
@@ -480,20 +408,10 @@ func (e *EtcdSource) apply(wr clientv3.WatchResponse) {
 // Status reports the last good version, the last error and the revision.
 func (e *EtcdSource) Status() Status { return e.st.get() }
 
-// Close stops Run and waits for it to return. Idempotent; the Holder keeps its snapshot.
+// Close stops Run and waits for it to return. Idempotent: every call waits; the Holder
+// keeps its snapshot.
 func (e *EtcdSource) Close() error {
-	e.mu.Lock()
-	if e.closed {
-		e.mu.Unlock()
-		return nil
-	}
-	e.closed = true
-	running, cancel := e.running, e.cancel
-	e.mu.Unlock()
-	if running {
-		cancel()
-		<-e.done
-	}
+	e.loop.Close()
 	return nil
 }
 

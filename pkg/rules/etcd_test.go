@@ -9,23 +9,10 @@ import (
 	"time"
 
 	"github.com/allot-dev/allot/pkg/testenv"
+	"github.com/allot-dev/allot/pkg/testenv/poll"
 	"github.com/hashicorp/go-hclog"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
-
-// eventually polls cond every 10 ms until it holds or within passes (a bounded poll on a
-// real server, not a fixed sleep); it returns how long it took.
-func eventually(t *testing.T, within time.Duration, what string, cond func() bool) time.Duration {
-	t.Helper()
-	start := time.Now()
-	for !cond() {
-		if time.Since(start) > within {
-			t.Fatalf("%s: not within %v", what, within)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	return time.Since(start)
-}
 
 func put(t *testing.T, cli *clientv3.Client, key, val string) int64 {
 	t.Helper()
@@ -76,7 +63,7 @@ func TestEtcdSource(t *testing.T) {
 		base := mustParse(t, "rules:\n  - id: from-file\n    limits: [{name: s, rate: 1, per: 1s}]\n  - id: default\n    limits: [{name: s, rate: 2, per: 1s}]\n")
 		h := NewHolder(nil)
 		src, rec := startSource(t, cli, p, h, WithBase(base))
-		eventually(t, 5*time.Second, "initial list", func() bool { return limitOf(h, "default") == 10 })
+		poll.True(t, 5*time.Second, "initial list", func() bool { return limitOf(h, "default") == 10 })
 		if limitOf(h, "from-file") != 1 {
 			t.Fatal("base rule missing")
 		}
@@ -84,7 +71,7 @@ func TestEtcdSource(t *testing.T) {
 		// A new rule is live within 1 s.
 		start := time.Now()
 		put(t, cli, p+"pro", "id: pro\nmatch: {plan: pro}\nlimits: [{name: s, rate: 100, per: 1s}]\n")
-		eventually(t, time.Second, "new rule", func() bool { return limitOf(h, "pro") == 100 })
+		poll.True(t, time.Second, "new rule", func() bool { return limitOf(h, "pro") == 100 })
 		t.Logf("put sent → snapshot updated in %v", time.Since(start))
 		if m := h.Current().Match(&Attrs{APIKey: "k", Plan: "pro"}, time.Now(), nil); len(m) != 1 || m[0].Rule.ID != "pro" {
 			t.Fatalf("matched %s", ids(m))
@@ -94,7 +81,7 @@ func TestEtcdSource(t *testing.T) {
 		// snapshot (which never held it) is unchanged.
 		before := h.Current()
 		put(t, cli, p+"bad", "id: bad\nlimits:\n  - {name: s, rate: -1, per: 1s}\n")
-		eventually(t, 2*time.Second, "bad rule reported", func() bool { return rec.count() > 0 })
+		poll.True(t, 2*time.Second, "bad rule reported", func() bool { return rec.count() > 0 })
 		st := src.Status()
 		if len(st.Refused) != 1 || st.Refused[0].Key != p+"bad" || st.Refused[0].Kept ||
 			!strings.Contains(st.Refused[0].Err.Error(), p+`bad:3: rule "bad": limits[0].rate: -1`) {
@@ -105,7 +92,7 @@ func TestEtcdSource(t *testing.T) {
 		}
 		// A fix makes it apply.
 		put(t, cli, p+"bad", "id: bad\nlimits:\n  - {name: s, rate: 7, per: 1s}\n")
-		eventually(t, time.Second, "fixed rule", func() bool { return limitOf(h, "bad") == 7 })
+		poll.True(t, time.Second, "fixed rule", func() bool { return limitOf(h, "bad") == 7 })
 		if st := src.Status(); st.LastError != nil || len(st.Refused) != 0 {
 			t.Fatalf("error not cleared: %v %+v", st.LastError, st.Refused)
 		}
@@ -116,7 +103,7 @@ func TestEtcdSource(t *testing.T) {
 		if _, err := cli.Delete(ctx, p+"default"); err != nil {
 			t.Fatal(err)
 		}
-		eventually(t, time.Second, "base rule back", func() bool { return limitOf(h, "default") == 2 })
+		poll.True(t, time.Second, "base rule back", func() bool { return limitOf(h, "default") == 2 })
 
 		// A new base (SIGHUP on the base file) is layered under the etcd rules at once.
 		if err := src.SetBase(mustParse(t, "rules:\n  - id: default\n    limits: [{name: s, rate: 3, per: 1s}]\n")); err != nil {
@@ -155,9 +142,9 @@ func TestEtcdSource(t *testing.T) {
 		done := make(chan error, 1)
 		go func() { done <- src.Run(context.Background()) }()
 		defer func() { src.Close(); <-done }()
-		eventually(t, 3*time.Second, "re-list after compaction", func() bool { return limitOf(h, "r") == 5 })
+		poll.True(t, 3*time.Second, "re-list after compaction", func() bool { return limitOf(h, "r") == 5 })
 		put(t, cli, p+"r", `{"limits":[{"name":"s","rate":6,"per":"1s"}]}`)
-		eventually(t, time.Second, "watch after re-list", func() bool { return limitOf(h, "r") == 6 })
+		poll.True(t, time.Second, "watch after re-list", func() bool { return limitOf(h, "r") == 6 })
 		if st := src.Status(); st.Revision < rev {
 			t.Fatalf("revision %d, want >= %d", st.Revision, rev)
 		}
@@ -168,11 +155,11 @@ func TestEtcdSource(t *testing.T) {
 		put(t, cli, p+"r", `{"limits":[{"name":"s","rate":1,"per":"1s"}]}`)
 		h := NewHolder(nil)
 		src, rec := startSource(t, cli, p, h)
-		eventually(t, 5*time.Second, "initial list", func() bool { return limitOf(h, "r") == 1 })
+		poll.True(t, 5*time.Second, "initial list", func() bool { return limitOf(h, "r") == 1 })
 		good := h.Current()
 
 		e.Members[0].Stop(t)
-		eventually(t, 5*time.Second, "outage reported", func() bool { return rec.count() > 0 && src.Status().LastError != nil })
+		poll.True(t, 5*time.Second, "outage reported", func() bool { return rec.count() > 0 && src.Status().LastError != nil })
 		t.Logf("while down: %v", src.Status().LastError)
 		if h.Current() != good || len(h.Current().Match(&Attrs{APIKey: "k"}, time.Now(), nil)) != 1 {
 			t.Fatal("snapshot lost while etcd is down")
@@ -181,9 +168,9 @@ func TestEtcdSource(t *testing.T) {
 		e.Members[0].Start(t)
 		start := time.Now()
 		put(t, cli, p+"r", `{"limits":[{"name":"s","rate":2,"per":"1s"}]}`)
-		eventually(t, 10*time.Second, "watch resumed", func() bool { return limitOf(h, "r") == 2 })
+		poll.True(t, 10*time.Second, "watch resumed", func() bool { return limitOf(h, "r") == 2 })
 		t.Logf("after restart, put sent → snapshot updated in %v", time.Since(start))
-		eventually(t, 5*time.Second, "error cleared", func() bool { return src.Status().LastError == nil })
+		poll.True(t, 5*time.Second, "error cleared", func() bool { return src.Status().LastError == nil })
 	})
 }
 
@@ -262,24 +249,24 @@ func TestEtcdBadRuleRefusedAlone(t *testing.T) {
 	h := NewHolder(nil)
 	src, _ := startSource(t, cli, p, h, WithBase(base), WithLogger(logger))
 	put(t, cli, p+"pro", `{"match":{"plan":"pro"},"limits":[{"name":"s","rate":50,"per":"1s"}]}`)
-	eventually(t, 5*time.Second, "pro", func() bool { return limitOf(h, "pro") == 50 })
+	poll.True(t, 5*time.Second, "pro", func() bool { return limitOf(h, "pro") == 50 })
 
 	// An override without expires_at: refused alone.
 	put(t, cli, p+"k1", `{"match":{"api_key":"k1"},"limits":[{"name":"s","rate":500,"per":"1s"}]}`)
-	eventually(t, 2*time.Second, "k1 refused", func() bool { return len(src.Status().Refused) == 1 })
+	poll.True(t, 2*time.Second, "k1 refused", func() bool { return len(src.Status().Refused) == 1 })
 	if r := src.Status().Refused[0]; r.Key != p+"k1" || r.Kept || !strings.Contains(r.Err.Error(), "expires_at") {
 		t.Fatalf("refused %+v, want k1 for its expires_at", r)
 	}
 	// A valid rule written after it applies (it did not, before).
 	put(t, cli, p+"enterprise", `{"match":{"plan":"enterprise"},"limits":[{"name":"s","rate":900,"per":"1s"}]}`)
-	eventually(t, 2*time.Second, "a later good rule applies", func() bool { return limitOf(h, "enterprise") == 900 })
+	poll.True(t, 2*time.Second, "a later good rule applies", func() bool { return limitOf(h, "enterprise") == 900 })
 	if limitOf(h, "k1") != -1 || limitOf(h, "pro") != 50 || limitOf(h, "default") != 20 {
 		t.Fatalf("k1 %v pro %v default %v", limitOf(h, "k1"), limitOf(h, "pro"), limitOf(h, "default"))
 	}
 
 	// A good rule made bad keeps its previous version.
 	put(t, cli, p+"pro", `{"match":{"plan":"pro"},"limits":[{"name":"s","rate":0,"per":"1s"}]}`)
-	eventually(t, 2*time.Second, "pro refused", func() bool { return len(src.Status().Refused) == 2 })
+	poll.True(t, 2*time.Second, "pro refused", func() bool { return len(src.Status().Refused) == 2 })
 	for _, r := range src.Status().Refused {
 		if r.Key == p+"pro" && (!r.Kept || !strings.Contains(r.Err.Error(), "limits[0].rate")) {
 			t.Fatalf("pro refused %+v, want its previous version kept", r)
@@ -292,7 +279,7 @@ func TestEtcdBadRuleRefusedAlone(t *testing.T) {
 	// history, so it serves what the others serve.
 	h2 := NewHolder(nil)
 	fresh, _ := startSource(t, cli, p, h2, WithBase(base))
-	eventually(t, 5*time.Second, "a fresh source's rules", func() bool { return limitOf(h2, "enterprise") == 900 })
+	poll.True(t, 5*time.Second, "a fresh source's rules", func() bool { return limitOf(h2, "enterprise") == 900 })
 	if limitOf(h2, "pro") != 50 || h2.Current().Version() != h.Current().Version() {
 		t.Fatalf("fresh source: pro %v (want the previous 50 from etcd's history), version %s vs %s",
 			limitOf(h2, "pro"), h2.Current().Version(), h.Current().Version())
@@ -302,7 +289,7 @@ func TestEtcdBadRuleRefusedAlone(t *testing.T) {
 	}
 	// Two keys with one id: the later key (in key order) is refused.
 	put(t, cli, p+"zz-dup", `{"id":"enterprise","match":{"plan":"enterprise"},"limits":[{"name":"s","rate":1,"per":"1s"}]}`)
-	eventually(t, 2*time.Second, "duplicate id refused", func() bool { return len(src.Status().Refused) == 3 })
+	poll.True(t, 2*time.Second, "duplicate id refused", func() bool { return len(src.Status().Refused) == 3 })
 	if limitOf(h, "enterprise") != 900 {
 		t.Fatalf("enterprise %v, want the first key's 900", limitOf(h, "enterprise"))
 	}
@@ -315,14 +302,14 @@ func TestEtcdBadRuleRefusedAlone(t *testing.T) {
 	if _, err := cli.Delete(ctx, p+"zz-dup"); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 2*time.Second, "all applied", func() bool {
+	poll.True(t, 2*time.Second, "all applied", func() bool {
 		return limitOf(h, "k1") == 500 && limitOf(h, "pro") == 60 && len(src.Status().Refused) == 0
 	})
 
 	// The README's etcdctl example shadows the file's rule of the same id: it applies, and
 	// says so at warn.
 	put(t, cli, p+"acme-launch", `{"match":{"api_key":"k_acme"},"limits":[{"name":"second","rate":500,"per":"1s","burst":1000}],"expires_at":"2030-01-01T00:00:00Z","reason":"launch week"}`)
-	eventually(t, 2*time.Second, "etcd rule replaces the file rule", func() bool { return limitOf(h, "acme-launch") == 500 })
+	poll.True(t, 2*time.Second, "etcd rule replaces the file rule", func() bool { return limitOf(h, "acme-launch") == 500 })
 	logMu.Lock()
 	out := logs.String()
 	logMu.Unlock()

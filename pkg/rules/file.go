@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+
+	"github.com/allot-dev/allot/pkg/routine"
 )
 
 // FileSource keeps a Holder in step with a YAML rule file. It loads the file when created,
@@ -18,20 +20,17 @@ import (
 //
 // Safe for concurrent use. The zero value is not usable: call NewFileSource.
 type FileSource struct {
-	mu      sync.Mutex // mu guards lastSum, running and closed; never held while reading
+	mu      sync.Mutex // mu guards lastSum; never held while reading
 	lastSum [sha256.Size]byte
-	running bool
-	closed  bool
 
-	reloadMu    sync.Mutex // reloadMu serialises reloads so two never race to Store; guards readFailing
-	readFailing bool       // the last read failed: Run does not report the same outage every tick
+	reloadMu    sync.Mutex      // reloadMu serialises reloads so two never race to Store; guards readFailing
+	readFailing bool            // the last read failed: Run does not report the same outage every tick
+	loop        routine.Routine // Run's
 	path        string
 	h           *Holder
 	opt         CompileOptions
 	cfg         sourceConfig
 	st          status
-	stop        chan struct{} // closed by Close
-	done        chan struct{} // closed by Run when it returns
 }
 
 // NewFileSource loads path once and stores its snapshot in h. It returns an error (and
@@ -44,10 +43,7 @@ func NewFileSource(path string, h *Holder, opt CompileOptions, opts ...Option) (
 	if _, err := opt.withDefaults(); err != nil {
 		return nil, err
 	}
-	f := &FileSource{
-		path: path, h: h, opt: opt, cfg: newSourceConfig(opts),
-		stop: make(chan struct{}), done: make(chan struct{}),
-	}
+	f := &FileSource{path: path, h: h, opt: opt, cfg: newSourceConfig(opts)}
 	if _, err := f.reload(true); err != nil {
 		return nil, err
 	}
@@ -57,7 +53,7 @@ func NewFileSource(path string, h *Holder, opt CompileOptions, opts ...Option) (
 // Reload reads the file now and, if it is good and its content changed, stores the new
 // snapshot. It returns the error that rejected the file, nil otherwise.
 func (f *FileSource) Reload() error {
-	if f.isClosed() {
+	if f.loop.Closed() {
 		return ErrClosed
 	}
 	_, err := f.reload(true)
@@ -104,31 +100,19 @@ func (f *FileSource) reload(force bool) (changed bool, err error) {
 }
 
 // Run reads the file every interval (on the source's clock) and reloads it when its content
-// changed. It returns ErrClosed after Close, or ctx.Err() when ctx is done. Only one Run
-// may be active at a time.
+// changed. It returns ErrClosed after Close, or ctx.Err() when ctx is done. Run may be
+// called once.
 func (f *FileSource) Run(ctx context.Context) error {
-	f.mu.Lock()
-	switch {
-	case f.closed:
-		f.mu.Unlock()
-		return ErrClosed
-	case f.running:
-		f.mu.Unlock()
-		return errors.New("rules: FileSource.Run is already running")
-	}
-	f.running = true
-	f.mu.Unlock()
-	defer close(f.done)
+	return runErr("FileSource", f.loop.Run(ctx, f.poll))
+}
 
+func (f *FileSource) poll(ctx context.Context) {
 	for {
 		t := f.cfg.clock.NewTimer(f.cfg.interval)
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return ctx.Err()
-		case <-f.stop:
-			t.Stop()
-			return ErrClosed
+			return
 		case <-t.C():
 		}
 		// Errors were reported through the hook and Status; Run keeps going.
@@ -139,27 +123,11 @@ func (f *FileSource) Run(ctx context.Context) error {
 // Status reports the last good version and the last error.
 func (f *FileSource) Status() Status { return f.st.get() }
 
-// Close stops Run and waits for it to return. Idempotent; the Holder keeps its snapshot.
+// Close stops Run and waits for it to return. Idempotent: every call waits; the Holder
+// keeps its snapshot.
 func (f *FileSource) Close() error {
-	f.mu.Lock()
-	if f.closed {
-		f.mu.Unlock()
-		return nil
-	}
-	f.closed = true
-	running := f.running
-	close(f.stop)
-	f.mu.Unlock()
-	if running {
-		<-f.done
-	}
+	f.loop.Close()
 	return nil
-}
-
-func (f *FileSource) isClosed() bool {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	return f.closed
 }
 
 func (f *FileSource) String() string { return fmt.Sprintf("rules.FileSource(%s)", f.path) }

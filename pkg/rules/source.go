@@ -2,15 +2,29 @@ package rules
 
 import (
 	"errors"
+	"fmt"
 	"sync"
 	"time"
 
 	"github.com/allot-dev/allot/pkg/clock"
+	"github.com/allot-dev/allot/pkg/routine"
 	"github.com/hashicorp/go-hclog"
 )
 
 // ErrClosed is returned by a source's Run and Reload after Close.
 var ErrClosed = errors.New("rules: source closed")
+
+// runErr is what a source's Run returns for the error of its routine.Run: ErrClosed
+// after Close, ctx.Err() when its context ended.
+func runErr(source string, err error) error {
+	switch {
+	case errors.Is(err, routine.ErrClosed):
+		return ErrClosed
+	case errors.Is(err, routine.ErrStarted):
+		return fmt.Errorf("rules: %s.Run: %w", source, err)
+	}
+	return err
+}
 
 // Option configures a FileSource or an EtcdSource.
 type Option func(*sourceConfig)

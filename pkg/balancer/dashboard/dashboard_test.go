@@ -17,6 +17,7 @@ import (
 
 	"github.com/allot-dev/allot/pkg/balancer"
 	"github.com/allot-dev/allot/pkg/clock"
+	"github.com/allot-dev/allot/pkg/testenv/poll"
 	allotv1 "github.com/allot-dev/allot/proto/allot/v1"
 )
 
@@ -265,23 +266,12 @@ func TestRunSamplesEveryInterval(t *testing.T) {
 	done := make(chan struct{})
 	go func() { defer close(done); d.Run(ctx) }()
 	for i := range 3 {
-		waitFor(t, func() bool { return clk.Timers() > 0 })
+		poll.True(t, 5*time.Second, "Run waits for the next sample", func() bool { return clk.Timers() > 0 })
 		clk.Advance(10 * time.Second)
-		waitFor(t, func() bool { return d.History().Len() == before+i+1 })
+		poll.True(t, 5*time.Second, fmt.Sprintf("sample %d", i+1), func() bool { return d.History().Len() == before+i+1 })
 	}
 	cancel()
 	<-done
-}
-
-func waitFor(t *testing.T, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not met within 5s")
-		}
-		time.Sleep(time.Millisecond) // a bounded poll on another goroutine, not a wait for time to pass
-	}
 }
 
 func TestConfigValidate(t *testing.T) {

@@ -9,9 +9,10 @@ import (
 
 	"github.com/allot-dev/allot/pkg/clock"
 	"github.com/allot-dev/allot/pkg/contract"
+	"github.com/allot-dev/allot/pkg/etcdwatch"
+	"github.com/allot-dev/allot/pkg/routine"
 	"github.com/hashicorp/go-hclog"
 	"go.etcd.io/etcd/api/v3/mvccpb"
-	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -77,20 +78,16 @@ func (c *WatcherConfig) Validate() error {
 // good set (and lets it go stale after Config.Stale: see Holder). Safe for concurrent use.
 // The zero value is not usable: call NewWatcher.
 type Watcher struct {
-	mu      sync.Mutex // mu guards head, chunks, rev, listed, started, closed, cancel
-	head    *contract.Head
-	chunks  map[int]*mirrored
-	rev     int64 // the etcd revision the mirror reflects
-	listed  bool  // the mirror came from a list and a watch may continue from rev+1
-	started bool
-	closed  bool
-	cancel  context.CancelFunc
+	mu     sync.Mutex // mu guards head, chunks and rev
+	head   *contract.Head
+	chunks map[int]*mirrored
+	rev    int64 // the etcd revision the mirror reflects; 0 before the first list
 
-	cli  *clientv3.Client
+	loop routine.Routine // the goroutine Start begins
+	lw   *etcdwatch.Loop
 	h    *Holder
 	cfg  WatcherConfig
 	log  hclog.Logger
-	done chan struct{} // closed when the goroutine Start began has returned
 }
 
 // mirrored is one chunk as read: its fencing token and version, and its entries (nil and
@@ -114,181 +111,94 @@ func NewWatcher(cli *clientv3.Client, h *Holder, cfg WatcherConfig) (*Watcher, e
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	return &Watcher{cli: cli, h: h, cfg: cfg, log: cfg.Logger.Named("shares-watch"),
-		chunks: map[int]*mirrored{}, done: make(chan struct{})}, nil
+	w := &Watcher{h: h, cfg: cfg, log: cfg.Logger.Named("shares-watch"), chunks: map[int]*mirrored{}}
+	lw, err := etcdwatch.New(cli, etcdwatch.Config{
+		Prefix: cfg.Prefix, Timeout: cfg.Timeout, Clock: cfg.Clock,
+		Backoff: etcdwatch.Backoff{Min: cfg.BackoffMin, Max: cfg.BackoffMax},
+	}, etcdwatch.Handler{
+		OnList:   func(_ context.Context, kvs []*mvccpb.KeyValue, rev int64) { w.install(kvs, rev) },
+		OnEvents: func(_ context.Context, evs []*clientv3.Event, _ int64) { w.apply(evs) },
+		OnError:  w.failed,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	w.lw = lw
+	return w, nil
 }
 
 // Load lists the prefix once and offers the set it finds to the Holder. It returns the
 // etcd error, if any (the Holder keeps what it has).
 func (w *Watcher) Load(ctx context.Context) error {
-	w.mu.Lock()
-	closed := w.closed
-	w.mu.Unlock()
-	if closed {
+	if w.loop.Closed() {
 		return ErrClosed
 	}
-	return w.list(ctx)
+	kvs, rev, err := w.lw.List(ctx)
+	if err != nil {
+		return fmt.Errorf("shares: %w", err)
+	}
+	w.install(kvs, rev)
+	return nil
 }
 
 // Start begins watching in a goroutine the Watcher owns, until Close. It returns
 // ErrClosed after Close and an error when already started.
 func (w *Watcher) Start() error {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	switch {
-	case w.closed:
+	err := w.loop.Start(w.lw.Run) // after a Load, it watches on from Load's revision
+	if errors.Is(err, routine.ErrClosed) {
 		return ErrClosed
-	case w.started:
-		return errors.New("shares: watcher already started")
 	}
-	w.started = true
-	var ctx context.Context
-	ctx, w.cancel = context.WithCancel(context.Background())
-	go func() {
-		defer close(w.done)
-		w.run(ctx)
-	}()
-	return nil
-}
-
-// Close stops the watch and waits for its goroutine. Idempotent; the Holder keeps its set.
-func (w *Watcher) Close() error {
-	w.mu.Lock()
-	if w.closed {
-		w.mu.Unlock()
-		<-w.wait()
-		return nil
-	}
-	w.closed = true
-	started, cancel := w.started, w.cancel
-	w.mu.Unlock()
-	if started {
-		cancel()
-		<-w.done
-	}
-	return nil
-}
-
-// wait returns a channel closed once no goroutine of w runs.
-func (w *Watcher) wait() <-chan struct{} {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if !w.started {
-		c := make(chan struct{})
-		close(c)
-		return c
-	}
-	return w.done
-}
-
-func (w *Watcher) run(ctx context.Context) {
-	backoff := w.cfg.BackoffMin
-	for ctx.Err() == nil {
-		w.mu.Lock()
-		listed := w.listed
-		w.mu.Unlock()
-		if !listed {
-			if err := w.list(ctx); err != nil {
-				if ctx.Err() != nil {
-					return
-				}
-				w.log.Warn("listing shares in etcd failed; keeping the shares in force", "prefix", w.cfg.Prefix, "error", err, "retry-in", backoff)
-				if !w.sleep(ctx, backoff) {
-					return
-				}
-				backoff = min(2*backoff, w.cfg.BackoffMax)
-				continue
-			}
-			backoff = w.cfg.BackoffMin
-		}
-		err := w.watch(ctx)
-		if ctx.Err() != nil {
-			return
-		}
-		w.mu.Lock()
-		w.listed = false // list again before watching again
-		w.mu.Unlock()
-		if errors.Is(err, rpctypes.ErrCompacted) {
-			w.log.Info("shares watch compacted; listing again", "prefix", w.cfg.Prefix)
-			continue
-		}
-		w.log.Warn("shares watch failed; listing again", "prefix", w.cfg.Prefix, "error", err, "retry-in", backoff)
-		if !w.sleep(ctx, backoff) {
-			return
-		}
-		backoff = min(2*backoff, w.cfg.BackoffMax)
-	}
-}
-
-// sleep waits d on the watcher's clock; false if ctx ended first.
-func (w *Watcher) sleep(ctx context.Context, d time.Duration) bool {
-	t := w.cfg.Clock.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C():
-		return true
-	}
-}
-
-// list replaces the mirror with the whole prefix at one revision and offers the set.
-func (w *Watcher) list(ctx context.Context) error {
-	lctx, cancel := context.WithTimeout(ctx, w.cfg.Timeout)
-	defer cancel()
-	resp, err := w.cli.Get(lctx, w.cfg.Prefix, clientv3.WithPrefix())
 	if err != nil {
-		return fmt.Errorf("shares: while listing %s in etcd: %w", w.cfg.Prefix, err)
+		return fmt.Errorf("shares: watcher: %w", err)
 	}
+	return nil
+}
+
+// Close stops the watch and waits for its goroutine. Idempotent: every call waits; the
+// Holder keeps its set.
+func (w *Watcher) Close() error {
+	w.loop.Close()
+	return nil
+}
+
+// failed logs a failed list or an ended watch; the Holder keeps the set in force.
+func (w *Watcher) failed(_ context.Context, f etcdwatch.Failure) {
+	err := fmt.Errorf("shares: %w", f.Err)
+	if f.Listing {
+		w.log.Warn("listing shares in etcd failed; keeping the shares in force", "prefix", w.cfg.Prefix, "error", err, "retry-in", f.RetryIn)
+		return
+	}
+	if f.Compacted {
+		w.log.Info("shares watch compacted; listing again", "prefix", w.cfg.Prefix)
+		return
+	}
+	w.log.Warn("shares watch failed; listing again", "prefix", w.cfg.Prefix, "error", err, "retry-in", f.RetryIn)
+}
+
+// install replaces the mirror with the whole prefix as of rev and offers the set.
+func (w *Watcher) install(kvs []*mvccpb.KeyValue, rev int64) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if w.listed && resp.Header.Revision < w.rev {
-		return nil // a watch already brought the mirror further
+	if rev < w.rev {
+		return // a watch already brought the mirror further (this was a Load racing it)
 	}
 	w.head, w.chunks = nil, map[int]*mirrored{}
-	for _, kv := range resp.Kvs {
+	for _, kv := range kvs {
 		w.putLocked(string(kv.Key), kv.Value)
 	}
-	w.rev, w.listed = resp.Header.Revision, true
+	w.rev = rev
 	if w.head == nil {
 		w.h.MarkLoaded() // nothing published: the default split is what the balancer gave
 	}
 	w.offerLocked()
-	return nil
 }
 
-var errWatchClosed = errors.New("shares: etcd watch channel closed")
-
-// watch follows the prefix from rev+1 until the watch fails or ctx ends.
-func (w *Watcher) watch(ctx context.Context) error {
-	w.mu.Lock()
-	from := w.rev + 1
-	w.mu.Unlock()
-	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
-	defer cancel()
-	wch := w.cli.Watch(wctx, w.cfg.Prefix, clientv3.WithPrefix(), clientv3.WithRev(from))
-	for {
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case wr, ok := <-wch:
-			if !ok {
-				return errWatchClosed
-			}
-			if err := wr.Err(); err != nil {
-				return fmt.Errorf("shares: while watching %s from revision %d: %w", w.cfg.Prefix, from, err)
-			}
-			w.apply(wr)
-		}
-	}
-}
-
-// apply folds one watch response into the mirror, then offers the set once.
-func (w *Watcher) apply(wr clientv3.WatchResponse) {
+// apply folds one watch response's events into the mirror, then offers the set once.
+func (w *Watcher) apply(evs []*clientv3.Event) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	changed := false
-	for _, ev := range wr.Events {
+	for _, ev := range evs {
 		if ev.Kv.ModRevision <= w.rev {
 			continue // a list already brought us past it
 		}

@@ -11,6 +11,7 @@ import (
 	"github.com/allot-dev/allot/pkg/clock"
 	"github.com/allot-dev/allot/pkg/contract"
 	"github.com/allot-dev/allot/pkg/testenv"
+	"github.com/allot-dev/allot/pkg/testenv/poll"
 	"github.com/hashicorp/go-hclog"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -61,12 +62,12 @@ func (r *wrig) put(t *testing.T, key string, v []byte) int64 {
 // written up to it has been offered to the Holder.
 func (r *wrig) caughtUp(t *testing.T, rev int64) {
 	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
-		if r.w.Revision() >= rev {
-			return
+	poll.Until(t, 10*time.Second, fmt.Sprintf("watcher at revision %d", rev), func() error {
+		if got := r.w.Revision(); got < rev {
+			return fmt.Errorf("at revision %d", got)
 		}
-	}
-	t.Fatalf("watcher at revision %d, not %d, after 10s", r.w.Revision(), rev)
+		return nil
+	})
 }
 
 // putChunks writes entries as chunks of at most maxBytes (the balancer's first step) and
@@ -103,14 +104,13 @@ func (r *wrig) publish(t *testing.T, entries []contract.Entry, rev int64, ver ui
 // waitApplied polls (bounded) until the Holder applies (rev, ver); it returns how long.
 func (r *wrig) waitApplied(t *testing.T, rev int64, ver uint64, since time.Time) time.Duration {
 	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
-		if gr, gv := r.h.Applied(); gr == rev && gv == ver {
-			return time.Since(since)
+	poll.Until(t, 10*time.Second, fmt.Sprintf("set %d/%d applied", rev, ver), func() error {
+		if gr, gv := r.h.Applied(); gr != rev || gv != ver {
+			return fmt.Errorf("the holder has %d/%d", gr, gv)
 		}
-	}
-	gr, gv := r.h.Applied()
-	t.Fatalf("set %d/%d not applied within 10s (holder has %d/%d)", rev, ver, gr, gv)
-	return 0
+		return nil
+	})
+	return time.Since(since)
 }
 
 func entries(n int, us float64) []contract.Entry {
