@@ -16,6 +16,7 @@ import (
 	"github.com/allot-dev/allot/pkg/fallback"
 	"github.com/allot-dev/allot/pkg/lease"
 	"github.com/allot-dev/allot/pkg/testenv"
+	"github.com/allot-dev/allot/pkg/testenv/poll"
 	"github.com/hashicorp/go-hclog"
 	"github.com/redis/go-redis/v9"
 )
@@ -151,18 +152,6 @@ type tWriter struct{ t testing.TB }
 func (w tWriter) Write(p []byte) (int, error) {
 	w.t.Log(strings.TrimSpace(string(p)))
 	return len(p), nil
-}
-
-// waitFor polls cond every 5ms until it holds or limit passes.
-func waitFor(t *testing.T, what string, limit time.Duration, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(limit)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %v", what, limit)
-		}
-		time.Sleep(5 * time.Millisecond) // poll interval of a bounded poll
-	}
 }
 
 func runDrill(t *testing.T, c *testenv.Cluster, withLease bool) {
@@ -313,8 +302,8 @@ func runDrill(t *testing.T, c *testenv.Cluster, withLease bool) {
 	// Warm up: connections are dialled on first use, and a dial slower than the 5 ms
 	// deadline may trip a breaker at start. Wait for a steady state: every breaker closed
 	// and no transition for a second.
-	waitFor(t, "2,000 warm-up checks", 30*time.Second, func() bool { return done.Load() >= 2000 })
-	waitFor(t, "every breaker closed and quiet for 2s", 30*time.Second, func() bool {
+	poll.True(t, 30*time.Second, "2,000 warm-up checks", func() bool { return done.Load() >= 2000 })
+	poll.True(t, 30*time.Second, "every breaker closed and quiet for 2s", func() bool {
 		for _, st := range fs.States() {
 			if st != fallback.Closed {
 				return false
@@ -333,7 +322,7 @@ func runDrill(t *testing.T, c *testenv.Cluster, withLease bool) {
 	}()
 	paused1 := time.Now()
 	var openAt time.Time
-	waitFor(t, "breaker of the paused shard open", 10*time.Second, func() bool {
+	poll.True(t, 10*time.Second, "breaker of the paused shard open", func() bool {
 		var ok bool
 		openAt, ok = obs.first(paused, "closed->open", pauseAt)
 		return ok
@@ -342,20 +331,20 @@ func runDrill(t *testing.T, c *testenv.Cluster, withLease bool) {
 	// probe answered from a lease also goes back to open, but proves nothing: wait for a
 	// failed call after the calls in flight at openAt have ended (only probes reach the
 	// shard then).
-	waitFor(t, "a failed probe", cfg.OpenFor+5*time.Second, func() bool {
+	poll.True(t, cfg.OpenFor+5*time.Second, "a failed probe", func() bool {
 		return obs.count(paused, "fail", openAt.Add(cfg.ReplyTimeout+100*time.Millisecond), time.Now()) > 0
 	})
 	node.Unpause(t)
 	isPaused = false
 	unpauseAt := time.Now()
 	var closedAt time.Time
-	waitFor(t, "breaker closed after unpause", 2*cfg.OpenFor+5*time.Second, func() bool {
+	poll.True(t, 2*cfg.OpenFor+5*time.Second, "breaker closed after unpause", func() bool {
 		var ok bool
 		closedAt, ok = obs.first(paused, "half-open->closed", unpauseAt)
 		return ok
 	})
 	after := done.Load()
-	waitFor(t, "1,000 checks after recovery", 20*time.Second, func() bool { return done.Load() >= after+1000 })
+	poll.True(t, 20*time.Second, "1,000 checks after recovery", func() bool { return done.Load() >= after+1000 })
 	stopLoad()
 
 	var all []check

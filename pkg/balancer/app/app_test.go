@@ -15,6 +15,7 @@ import (
 	"github.com/allot-dev/allot/pkg/certs"
 	"github.com/allot-dev/allot/pkg/contract"
 	"github.com/allot-dev/allot/pkg/testenv"
+	"github.com/allot-dev/allot/pkg/testenv/poll"
 	allotv1 "github.com/allot-dev/allot/proto/allot/v1"
 	"github.com/hashicorp/go-hclog"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -85,7 +86,7 @@ func TestAppLeadsPublishesAndResigns(t *testing.T) {
 	cli := e.Client(t)
 	var head contract.Head
 	seq := uint64(0)
-	poll(t, 15*time.Second, "the busy key published", func() bool {
+	poll.True(t, 15*time.Second, "the busy key published", func() bool {
 		seq++
 		now := time.Now()
 		for _, region := range cfg.Regions {
@@ -133,7 +134,7 @@ func TestAppLeadsPublishesAndResigns(t *testing.T) {
 		b, _ := io.ReadAll(resp.Body)
 		return resp.StatusCode, string(b)
 	}
-	poll(t, 10*time.Second, "key:k1 on the dashboard, with the token", func() bool {
+	poll.True(t, 10*time.Second, "key:k1 on the dashboard, with the token", func() bool {
 		code, page := dash(dashSecret)
 		return code == 200 && strings.Contains(page, "key:k1")
 	})
@@ -170,17 +171,6 @@ func reportClient(t *testing.T, addr string, creds grpc.DialOption) allotv1.Bala
 	return allotv1.NewBalancerClient(cc)
 }
 
-func poll(t *testing.T, within time.Duration, what string, cond func() bool) {
-	t.Helper()
-	end := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(end) {
-			t.Fatalf("not within %v: %s", within, what)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
 type testWriter struct{ t testing.TB }
 
 func (w testWriter) Write(p []byte) (int, error) {
@@ -211,6 +201,6 @@ func startLeader(t *testing.T, endpoints []string, f certs.Files, extra ...strin
 	var runErr error
 	stop = func() error { once.Do(func() { cancel(); runErr = <-done }); return runErr }
 	t.Cleanup(func() { stop() })
-	poll(t, 10*time.Second, "leading", func() bool { ok, _ := a.Service().Leading(); return ok })
+	poll.True(t, 10*time.Second, "leading", func() bool { ok, _ := a.Service().Leading(); return ok })
 	return a, cfg, stop
 }

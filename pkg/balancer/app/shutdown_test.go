@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/allot-dev/allot/pkg/testenv"
+	"github.com/allot-dev/allot/pkg/testenv/poll"
 	"github.com/hashicorp/go-hclog"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -42,17 +43,17 @@ func TestShutdownBoundedWithEtcdGone(t *testing.T) {
 					ctx, cancel := context.WithCancel(context.Background())
 					t.Cleanup(cancel)
 					go a.Run(ctx) //nolint:errcheck // Close below
-					poll(t, 10*time.Second, "the first replica leading", func() bool { ok, _ := a.Service().Leading(); return ok })
+					poll.True(t, 10*time.Second, "the first replica leading", func() bool { ok, _ := a.Service().Leading(); return ok })
 				}
 			}
 			// the second replica campaigns against the first's key: it stands by in Campaign
 			ctx, cancel := context.WithCancel(context.Background())
 			t.Cleanup(cancel)
 			go apps[1].Run(ctx) //nolint:errcheck // Close below
-			poll(t, 10*time.Second, "the standby ready", func() bool { return apps[1].Ready() == nil })
+			poll.True(t, 10*time.Second, "the standby ready", func() bool { return apps[1].Ready() == nil })
 			// It waits in Campaign once its own election key stands behind the leader's.
 			cli := e.Client(t)
-			poll(t, 10*time.Second, "the standby campaigning", func() bool {
+			poll.True(t, 10*time.Second, "the standby campaigning", func() bool {
 				ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 				defer cancel()
 				resp, err := cli.Get(ctx, apps[1].cfg.Etcd.ElectionPrefix+"/", clientv3.WithPrefix(), clientv3.WithCountOnly())
@@ -60,7 +61,7 @@ func TestShutdownBoundedWithEtcdGone(t *testing.T) {
 			})
 			// Item 7: the standby's dashboard links to the leader's, not only its report address.
 			leaderDash := "http://" + apps[0].HTTPAddr() + "/dashboard/"
-			poll(t, 5*time.Second, "the standby's dashboard linking the leader's", func() bool {
+			poll.True(t, 5*time.Second, "the standby's dashboard linking the leader's", func() bool {
 				resp, err := http.Get("http://" + apps[1].HTTPAddr() + "/dashboard/")
 				if err != nil {
 					return false

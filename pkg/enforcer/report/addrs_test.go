@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/allot-dev/allot/pkg/testenv/poll"
 )
 
 func TestCheckAddr(t *testing.T) {
@@ -132,16 +134,16 @@ func TestReporterAddrsRotate(t *testing.T) {
 	})
 	g.tb.ObserveTake(rule("default", 10), "key:k1", 3, true, 0, t0)
 	g.tick(t, 10*time.Second)
-	poll(t, "a report at the leader", func() bool { return len(lead.reports()) == 1 })
+	poll.True(t, 10*time.Second, "a report at the leader", func() bool { return len(lead.reports()) == 1 })
 	if n := len(standby.reports()); n != 1 {
 		t.Fatalf("standby asked %d times, want 1", n)
 	}
 	g.tick(t, 10*time.Second)
-	poll(t, "a second report at the leader", func() bool { return len(lead.reports()) == 2 })
+	poll.True(t, 10*time.Second, "a second report at the leader", func() bool { return len(lead.reports()) == 2 })
 	if n := len(standby.reports()); n != 1 {
 		t.Fatalf("standby asked again (%d): the accepting address should be kept", n)
 	}
-	poll(t, "the sent counter", func() bool { return counter(t, g, "allot_usage_reports_sent_total") == 2 })
+	poll.True(t, 10*time.Second, "the sent counter", func() bool { return counter(t, g, "allot_usage_reports_sent_total") == 2 })
 	if f := counter(t, g, "allot_usage_report_failures_total"); f != 0 {
 		t.Fatalf("failures %v: an attempt that lands within the list is not a failure", f)
 	}
@@ -155,9 +157,9 @@ func TestReporterAddrsRotate(t *testing.T) {
 	standby.leader = true
 	standby.mu.Unlock()
 	g.tick(t, 10*time.Second)
-	poll(t, "a report at the new leader", func() bool { return len(standby.reports()) == 2 })
+	poll.True(t, 10*time.Second, "a report at the new leader", func() bool { return len(standby.reports()) == 2 })
 	g.tick(t, 10*time.Second)
-	poll(t, "the next report at the new leader", func() bool { return len(standby.reports()) == 3 })
+	poll.True(t, 10*time.Second, "the next report at the new leader", func() bool { return len(standby.reports()) == 3 })
 	if n := len(lead.reports()); n != 3 {
 		t.Fatalf("old leader asked %d times, want 3 (twice as leader, once redirecting)", n)
 	}
@@ -176,7 +178,7 @@ func TestReporterAddrsAllDown(t *testing.T) {
 	b := startBalancer(t, false, "10.9.9.9:1")
 	g := newRig(t, nil, func(c *ReporterConfig) { c.Addrs = []string{a.addr, b.addr} })
 	g.tick(t, 10*time.Second)
-	poll(t, "the drop", func() bool { return counter(t, g, "allot_usage_reports_dropped_total") == 1 })
+	poll.True(t, 10*time.Second, "the drop", func() bool { return counter(t, g, "allot_usage_reports_dropped_total") == 1 })
 	if na, nb := len(a.reports()), len(b.reports()); na != 2 || nb != 2 {
 		t.Fatalf("calls a %d b %d, want 2 each (the attempt and its retry, once round)", na, nb)
 	}

@@ -7,6 +7,7 @@ import (
 
 	"github.com/allot-dev/allot/pkg/contract"
 	"github.com/allot-dev/allot/pkg/testenv"
+	"github.com/allot-dev/allot/pkg/testenv/poll"
 	"go.etcd.io/etcd/client/v3/concurrency"
 )
 
@@ -44,7 +45,7 @@ func TestEtcdLeaderDiscovery(t *testing.T) {
 
 	g := newRig(t, EtcdLeader(cli, contract.ElectionPrefix), func(c *ReporterConfig) { c.SendTimeout = time.Second })
 	g.tick(t, 10*time.Second)
-	poll(t, "a report at the elected leader", func() bool { return len(first.reports()) == 1 })
+	poll.True(t, 10*time.Second, "a report at the elected leader", func() bool { return len(first.reports()) == 1 })
 
 	// The leader resigns and stops; a new one is elected. The next report fails at the
 	// cached address, re-reads the election, and its retry (same seq) lands at the new one.
@@ -55,11 +56,11 @@ func TestEtcdLeaderDiscovery(t *testing.T) {
 	second := startBalancer(t, true, "")
 	campaign(second.addr)
 	g.tick(t, 10*time.Second)
-	poll(t, "a report at the new leader", func() bool { return len(second.reports()) == 1 })
+	poll.True(t, 10*time.Second, "a report at the new leader", func() bool { return len(second.reports()) == 1 })
 	if got, want := second.reports()[0].Seq, first.reports()[0].Seq+1; got != want {
 		t.Fatalf("seq %d at the new leader, want %d", got, want)
 	}
-	poll(t, "the sent counter", func() bool { return counter(t, g, "allot_usage_reports_sent_total") == 2 })
+	poll.True(t, 10*time.Second, "the sent counter", func() bool { return counter(t, g, "allot_usage_reports_sent_total") == 2 })
 	if f := counter(t, g, "allot_usage_report_failures_total"); f != 1 {
 		t.Fatalf("failures %v, want 1 (the old leader's address)", f)
 	}

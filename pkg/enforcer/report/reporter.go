@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/allot-dev/allot/pkg/clock"
+	"github.com/allot-dev/allot/pkg/routine"
 	allotv1 "github.com/allot-dev/allot/proto/allot/v1"
 	"github.com/hashicorp/go-hclog"
 	"github.com/prometheus/client_golang/prometheus"
@@ -134,12 +135,11 @@ type Reporter struct {
 	conn     *grpc.ClientConn
 	connAddr string
 
-	ctx    context.Context // cancelled by Close: aborts an RPC in flight
-	cancel context.CancelFunc
-	stop   chan struct{}
-	done   chan struct{}
-	once   sync.Once
-	err    error // Close's result
+	ctx context.Context // the goroutine's (cancelled by Close: aborts an RPC in flight)
+
+	loop routine.Routine
+	once sync.Once // the first of Close and Leave decides
+	err  error     // Close's result
 }
 
 // NewReporter validates cfg, registers the metrics and starts the reporting goroutine.
@@ -158,7 +158,7 @@ func NewReporter(cfg ReporterConfig) (*Reporter, error) {
 		return nil, err
 	}
 	r := &Reporter{cfg: cfg, clock: cfg.Clock, log: cfg.Logger, m: m,
-		seq: uint64(cfg.Clock.Now().UnixMilli()), stop: make(chan struct{}), done: make(chan struct{})}
+		seq: uint64(cfg.Clock.Now().UnixMilli())}
 	r.creds = grpc.WithTransportCredentials(insecure.NewCredentials())
 	if cfg.TLS != nil {
 		r.creds = grpc.WithTransportCredentials(credentials.NewTLS(cfg.TLS))
@@ -166,8 +166,9 @@ func NewReporter(cfg ReporterConfig) (*Reporter, error) {
 	if len(cfg.Addrs) > 0 {
 		r.ring = &addrRing{addrs: append([]string(nil), cfg.Addrs...)}
 	}
-	r.ctx, r.cancel = context.WithCancel(context.Background())
-	go r.run()
+	if err := r.loop.Start(r.run); err != nil {
+		return nil, err
+	}
 	return r, nil
 }
 
@@ -185,19 +186,17 @@ func (r *Reporter) Leave() error { return r.close(true) }
 
 func (r *Reporter) close(final bool) error {
 	r.once.Do(func() {
-		close(r.stop)
-		r.cancel()
-		<-r.done
+		r.loop.Close()
 		if final { // the goroutine has exited: its fields are ours now
-			r.ctx, r.cancel = context.WithTimeout(context.Background(), r.cfg.SendTimeout)
+			ctx, cancel := context.WithTimeout(context.Background(), r.cfg.SendTimeout)
+			r.ctx = ctx
 			r.leave()
-			r.cancel()
+			cancel()
 		}
 		if r.conn != nil {
 			r.err = r.conn.Close()
 		}
 	})
-	<-r.done
 	return r.err
 }
 
@@ -221,8 +220,8 @@ func (r *Reporter) leave() {
 // run follows the Schedule (see it for the cadence): it reports when the schedule says
 // so and otherwise sleeps on the clock until the schedule's Wake, a jump in the table's
 // refusals (Table.Early) or a new share set (SharesChanged), and asks again.
-func (r *Reporter) run() {
-	defer close(r.done)
+func (r *Reporter) run(ctx context.Context) {
+	r.ctx = ctx
 	t := r.cfg.Table
 	s := NewSchedule(t.Config(), r.cfg.AckGap, t.Start())
 	for {
@@ -231,10 +230,8 @@ func (r *Reporter) run() {
 		if step.Report {
 			r.report(now, step.Early, step.Ack)
 			s.Reported(now)
-			select {
-			case <-r.stop:
+			if ctx.Err() != nil {
 				return
-			default:
 			}
 			continue
 		}
@@ -244,7 +241,7 @@ func (r *Reporter) run() {
 		case <-r.cfg.SharesChanged:
 			s.SharesChanged()
 		case <-t.Early():
-		case <-r.stop:
+		case <-ctx.Done():
 			tm.Stop()
 			return
 		}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/allot-dev/allot/pkg/clock"
+	"github.com/allot-dev/allot/pkg/testenv/poll"
 	allotv1 "github.com/allot-dev/allot/proto/allot/v1"
 	"github.com/hashicorp/go-hclog"
 	"github.com/prometheus/client_golang/prometheus"
@@ -66,18 +67,6 @@ func (b *fakeBalancer) reports() []*allotv1.ReportRequest {
 	return append([]*allotv1.ReportRequest(nil), b.got...)
 }
 
-// poll waits, bounded, for cond (the network parts run in real time).
-func poll(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
-}
-
 type rig struct {
 	clk *clock.Fake
 	tb  *Table
@@ -116,7 +105,7 @@ func (w testWriter) Write(p []byte) (int, error) {
 // tick waits until the Reporter has parked on its timer, then advances the fake clock.
 func (g *rig) tick(t *testing.T, d time.Duration) {
 	t.Helper()
-	poll(t, "the reporter to park on the clock", func() bool { return g.clk.Timers() == 1 })
+	poll.True(t, 10*time.Second, "the reporter to park on the clock", func() bool { return g.clk.Timers() == 1 })
 	g.clk.Advance(d)
 }
 
@@ -170,7 +159,7 @@ func TestReporterFollowsRedirect(t *testing.T) {
 	g.tb.ObserveTake(a, "key:k1", 4, false, 0, t0)
 
 	g.tick(t, 10*time.Second)
-	poll(t, "a report at the leader", func() bool { return len(lead.reports()) == 1 })
+	poll.True(t, 10*time.Second, "a report at the leader", func() bool { return len(lead.reports()) == 1 })
 	r := lead.reports()[0]
 	if r.Region != "us-east" || r.EnforcerId != "e1" || r.ShareLeaderRev != 42 || r.ShareVersion != 9 || r.Early {
 		t.Fatalf("report header %v", r)
@@ -186,14 +175,14 @@ func TestReporterFollowsRedirect(t *testing.T) {
 	}
 
 	g.tick(t, 10*time.Second)
-	poll(t, "a second report at the leader", func() bool { return len(lead.reports()) == 2 })
+	poll.True(t, 10*time.Second, "a second report at the leader", func() bool { return len(lead.reports()) == 2 })
 	if r2 := lead.reports()[1]; r2.Seq != r.Seq+1 || r2.IntervalStartMs != r.IntervalEndMs {
 		t.Fatalf("second report seq %d start %d, want %d and %d", r2.Seq, r2.IntervalStartMs, r.Seq+1, r.IntervalEndMs)
 	}
 	if n := len(standby.reports()); n != 1 {
 		t.Fatalf("standby asked again (%d reports): the leader should be cached", n)
 	}
-	poll(t, "the sent counter", func() bool { return counter(t, g, "allot_usage_reports_sent_total") == 2 })
+	poll.True(t, 10*time.Second, "the sent counter", func() bool { return counter(t, g, "allot_usage_reports_sent_total") == 2 })
 	if v := counter(t, g, "allot_usage_report_redirects_total"); v != 1 {
 		t.Fatalf("redirects %v, want 1", v)
 	}
@@ -209,7 +198,7 @@ func TestReporterRedirectsBounded(t *testing.T) {
 	a.mu.Unlock()
 	g := newRig(t, StaticLeader(a.addr), func(c *ReporterConfig) { c.MaxRedirects = 2 })
 	g.tick(t, 10*time.Second)
-	poll(t, "the drop", func() bool { return counter(t, g, "allot_usage_reports_dropped_total") == 1 })
+	poll.True(t, 10*time.Second, "the drop", func() bool { return counter(t, g, "allot_usage_reports_dropped_total") == 1 })
 	// Two attempts × (1 + 2 redirects) calls.
 	if n := len(a.reports()) + len(b.reports()); n != 6 {
 		t.Fatalf("%d calls, want 6", n)
@@ -223,12 +212,12 @@ func TestReporterRetriesOnceWithSameSeq(t *testing.T) {
 	g := newRig(t, StaticLeader(lead.addr), nil)
 	g.tb.ObserveTake(rule("default", 10), "key:k1", 1, true, 0, t0)
 	g.tick(t, 10*time.Second)
-	poll(t, "the retry", func() bool { return len(lead.reports()) == 2 })
+	poll.True(t, 10*time.Second, "the retry", func() bool { return len(lead.reports()) == 2 })
 	got := lead.reports()
 	if got[0].Seq != got[1].Seq || len(got[1].Usage) != 1 {
 		t.Fatalf("retry seq %d after %d, usage %v", got[1].Seq, got[0].Seq, got[1].Usage)
 	}
-	poll(t, "the sent counter", func() bool { return counter(t, g, "allot_usage_reports_sent_total") == 1 })
+	poll.True(t, 10*time.Second, "the sent counter", func() bool { return counter(t, g, "allot_usage_reports_sent_total") == 1 })
 	if f, d := counter(t, g, "allot_usage_report_failures_total"), counter(t, g, "allot_usage_reports_dropped_total"); f != 1 || d != 0 {
 		t.Fatalf("failures %v dropped %v, want 1 and 0", f, d)
 	}
@@ -252,7 +241,7 @@ func TestReporterLeaderDownDrops(t *testing.T) {
 		}
 		g.tick(t, 10*time.Second)
 		want := float64(i)
-		poll(t, "a drop", func() bool { return counter(t, g, "allot_usage_reports_dropped_total") == want })
+		poll.True(t, 10*time.Second, "a drop", func() bool { return counter(t, g, "allot_usage_reports_dropped_total") == want })
 	}
 	if f := counter(t, g, "allot_usage_report_failures_total"); f != 6 {
 		t.Fatalf("failures %v, want 2 per report", f)
@@ -270,7 +259,7 @@ func TestReporterLeaderDownDrops(t *testing.T) {
 	lead := startBalancer(t, true, "")
 	src.set(lead.addr)
 	g.tick(t, 10*time.Second)
-	poll(t, "a report at the new leader", func() bool { return len(lead.reports()) == 1 })
+	poll.True(t, 10*time.Second, "a report at the new leader", func() bool { return len(lead.reports()) == 1 })
 	r := lead.reports()[0]
 	if r.Seq != uint64(t0.UnixMilli())+4 || r.IntervalStartMs != t0.Add(30*time.Second).UnixMilli() {
 		t.Fatalf("seq %d start %d", r.Seq, r.IntervalStartMs)
@@ -300,27 +289,27 @@ func (m *movingLeader) Leader(context.Context) (string, error) {
 func TestReporterEarly(t *testing.T) {
 	lead := startBalancer(t, true, "")
 	g := newRig(t, StaticLeader(lead.addr), nil)
-	poll(t, "the reporter to park", func() bool { return g.clk.Timers() == 1 })
+	poll.True(t, 10*time.Second, "the reporter to park", func() bool { return g.clk.Timers() == 1 })
 	g.clk.Advance(time.Second)
 	g.tb.ObserveTake(rule("default", 10), "key:k1", 500, false, 0, t0) // a jump, 1 s in
 	// The Reporter wakes (Early channel), finds the gap not passed, and parks until t0+2s:
 	// wait for that timer (the one it had before also counts as one timer).
-	poll(t, "the reporter to park until t0+2s", func() bool { return g.clk.Waiting(t0.Add(2 * time.Second)) })
+	poll.True(t, 10*time.Second, "the reporter to park until t0+2s", func() bool { return g.clk.Waiting(t0.Add(2 * time.Second)) })
 	g.clk.Advance(time.Second)
-	poll(t, "an early report", func() bool { return len(lead.reports()) == 1 })
+	poll.True(t, 10*time.Second, "an early report", func() bool { return len(lead.reports()) == 1 })
 	r := lead.reports()[0]
 	if !r.Early || r.IntervalEndMs != t0.Add(2*time.Second).UnixMilli() || len(r.Usage) != 1 {
 		t.Fatalf("early %v end %d usage %v", r.Early, r.IntervalEndMs-t0.UnixMilli(), r.Usage)
 	}
 	// The regular schedule does not move for the early report: the next regular report
 	// is at t0+10s, as it would have been (every enforcer keeps its phase).
-	poll(t, "the reporter to park until t0+10s", func() bool { return g.clk.Waiting(t0.Add(10 * time.Second)) })
+	poll.True(t, 10*time.Second, "the reporter to park until t0+10s", func() bool { return g.clk.Waiting(t0.Add(10 * time.Second)) })
 	g.clk.Advance(8 * time.Second)
-	poll(t, "the regular report", func() bool { return len(lead.reports()) == 2 })
+	poll.True(t, 10*time.Second, "the regular report", func() bool { return len(lead.reports()) == 2 })
 	if r2 := lead.reports()[1]; r2.Early || r2.IntervalEndMs != t0.Add(10*time.Second).UnixMilli() {
 		t.Fatalf("second report early %v end %d", r2.Early, r2.IntervalEndMs-t0.UnixMilli())
 	}
-	poll(t, "counters", func() bool { return counter(t, g, "allot_usage_reports_sent_total") == 2 })
+	poll.True(t, 10*time.Second, "counters", func() bool { return counter(t, g, "allot_usage_reports_sent_total") == 2 })
 	if v := counter(t, g, "allot_usage_reports_early_total"); v != 1 {
 		t.Fatalf("early counter %v", v)
 	}
@@ -376,20 +365,20 @@ func TestReporterAcknowledgesNewSharesEarly(t *testing.T) {
 	g := newRig(t, StaticLeader(lead.addr), func(c *ReporterConfig) {
 		c.SharesChanged, c.AckGap = changed, 500*time.Millisecond
 	})
-	poll(t, "the reporter to park", func() bool { return g.clk.Timers() == 1 })
+	poll.True(t, 10*time.Second, "the reporter to park", func() bool { return g.clk.Timers() == 1 })
 	g.clk.Advance(100 * time.Millisecond)
 	changed <- struct{}{} // a set swapped in 100 ms after the interval began
 	// The Reporter wakes, finds AckGap not passed, and parks until t0+500ms.
-	poll(t, "the reporter to park until t0+500ms", func() bool { return g.clk.Waiting(t0.Add(500 * time.Millisecond)) })
+	poll.True(t, 10*time.Second, "the reporter to park until t0+500ms", func() bool { return g.clk.Waiting(t0.Add(500 * time.Millisecond)) })
 	g.clk.Advance(400 * time.Millisecond)
-	poll(t, "the acknowledging report", func() bool { return len(lead.reports()) == 1 })
+	poll.True(t, 10*time.Second, "the acknowledging report", func() bool { return len(lead.reports()) == 1 })
 	if r := lead.reports()[0]; !r.Ack || r.Early || r.IntervalEndMs != t0.Add(500*time.Millisecond).UnixMilli() || r.ShareVersion != 9 {
 		t.Fatalf("ack %v early %v end %dms version %d, want an acknowledgement (not early: no refusals jumped) at 500ms carrying version 9",
 			r.Ack, r.Early, r.IntervalEndMs-t0.UnixMilli(), r.ShareVersion)
 	}
 	// Without another change the regular schedule follows, from that report.
 	g.tick(t, 10*time.Second)
-	poll(t, "the regular report", func() bool { return len(lead.reports()) == 2 })
+	poll.True(t, 10*time.Second, "the regular report", func() bool { return len(lead.reports()) == 2 })
 	if r2 := lead.reports()[1]; r2.Early || r2.Ack {
 		t.Fatal("the regular report is marked early or ack")
 	}

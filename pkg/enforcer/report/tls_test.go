@@ -15,6 +15,8 @@ import (
 	allotv1 "github.com/allot-dev/allot/proto/allot/v1"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
+
+	"github.com/allot-dev/allot/pkg/testenv/poll"
 )
 
 // selfSigned is a CA certificate for 127.0.0.1 usable as server and client certificate.
@@ -62,14 +64,14 @@ func TestReporterTLS(t *testing.T) {
 		c.TLS = &tls.Config{RootCAs: pool, Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
 	})
 	g.tick(t, 10*time.Second)
-	poll(t, "a report over TLS", func() bool { return len(lead.reports()) == 1 })
+	poll.True(t, 10*time.Second, "a report over TLS", func() bool { return len(lead.reports()) == 1 })
 
 	bad := newRig(t, StaticLeader(lead.addr), func(c *ReporterConfig) {
 		c.TLS = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
 		c.SendTimeout = time.Second
 	})
 	bad.tick(t, 10*time.Second)
-	poll(t, "the drop without a client certificate", func() bool {
+	poll.True(t, 10*time.Second, "the drop without a client certificate", func() bool {
 		return counter(t, bad, "allot_usage_reports_dropped_total") == 1
 	})
 	if n := len(lead.reports()); n != 1 {
