@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"os"
 	"os/exec"
 	"strings"
 	"testing"
@@ -10,7 +11,7 @@ import (
 // package imports only packages of a lower layer, so no import runs back up, and the two
 // sides stay apart — nothing under pkg/enforcer imports pkg/balancer, nor the reverse;
 // only regionsim, the in-process stack and the commands hold both. A new package must be
-// given a layer here, which keeps the docs' table whole.
+// given a layer here and a line in README.md's package table and docs/design.md §4.
 var layers = [][]string{
 	// 0: leaves: time, certificates, the contract between the processes, the pure policy.
 	{"pkg/clock", "pkg/certs", "pkg/tlsfiles", "pkg/adminauth", "pkg/contract", "pkg/share",
@@ -53,11 +54,24 @@ func TestImportsRunDown(t *testing.T) {
 		}
 		return ""
 	}
+	readme, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	design, err := os.ReadFile("../docs/design.md")
+	if err != nil {
+		t.Fatal(err)
+	}
 	seen := map[string]bool{}
 	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
 		f := strings.Fields(line)
 		p := strings.TrimPrefix(f[0], mod)
 		seen[p] = true
+		for doc, text := range map[string][]byte{"README.md's package table": readme, "docs/design.md §4": design} {
+			if !strings.Contains(string(text), "`"+p+"`") {
+				t.Errorf("%s does not list %s", doc, p)
+			}
+		}
 		lp, ok := layer[p]
 		if !ok {
 			t.Errorf("%s has no layer: add it to layers (and to docs/design.md §4)", p)
