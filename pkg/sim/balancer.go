@@ -23,11 +23,9 @@ import (
 //     transport (node.Transport): it follows the Reporter's own report.Schedule — every
 //     Interval at a phase of its own (spread evenly over the interval), early when the
 //     table's refusals jumped, and early (AckGap after its last report) when the enforcer
-//     applied a new share set — and a report reaches the balancer ReportDelay later. One
-//     difference from the Reporter's goroutine, which Table.Early wakes at once: a virtual
-//     enforcer looks at its table's jump every EarlyPoll, so its early reports come up to
-//     EarlyPoll late, and a report it sends between two looks for another reason (an
-//     acknowledgement) is not flagged early;
+//     applied a new share set — and a report reaches the balancer ReportDelay later. As
+//     Table.Early wakes the Reporter's goroutine, the check that makes a table's refusals
+//     jump wakes its virtual enforcer (world.runUntil);
 //   - the balancer is the real balancer.Core, ticked every TickEvery; each Publication it
 //     returns lands at once in the virtual etcd (the set as a Watcher would list it:
 //     the head and the entries of the newest version) and reaches every enforcer's share
@@ -52,7 +50,6 @@ import (
 const (
 	ReportDelay = 50 * time.Millisecond  // enforcer → balancer, one way
 	TickEvery   = 250 * time.Millisecond // how often the balancer's core is ticked (a multiple of Slice)
-	EarlyPoll   = 100 * time.Millisecond // how often an enforcer looks at its table's jump
 )
 
 // reporter is one enforcer's report transport: what node.Build wired (the table, the
@@ -186,8 +183,9 @@ func (p *balancerPlane) start(w *world) {
 			// The schedule's regular reports fall on a chain of events, each scheduled an
 			// Interval before it runs (so a regular report keeps its place among the events
 			// of the same instant, whatever woke the enforcer in between); a wake the
-			// schedule asks for sooner (an acknowledgement's AckGap) is an event of its own
-			// (wake), and the table's jump is looked at every EarlyPoll (look).
+			// schedule asks for sooner (an acknowledgement's AckGap, an early report's
+			// EarlyGap) is an event of its own (wake), and a jump in the table's refusals
+			// wakes it at the check that made it (region.onJump).
 			var regular func()
 			regular = func() {
 				rep.regularAt = rep.regularAt.Add(p.sc.Interval)
@@ -196,19 +194,22 @@ func (p *balancerPlane) start(w *world) {
 			}
 			rep.regularAt = Epoch.Add(p.phase(r, e))
 			clk.at(p.phase(r, e), regular)
-			clk.every(EarlyPoll, EarlyPoll, end, func() { p.look(rep) })
+			w.regions[r].onJump(e, rep.rc.Table.Early(), func() { p.wake(rep) })
 		}
 	}
 	w.clk.every(TickEvery, TickEvery, end, p.tick)
 }
 
 // wake is the Reporter's loop at one instant: it reports while the schedule says so, then
-// sleeps until the schedule's Wake. The table's jump is left to look.
+// sleeps until the schedule's Wake. It runs on the enforcer's regular reports, on the
+// wakes the schedule asks for, and at the check that made its table's refusals jump (the
+// Reporter's Table.Early; see world.runUntil).
 func (p *balancerPlane) wake(rep *reporter) {
 	clk := p.w.regions[rep.region].clk
 	for {
 		now := clk.Now()
-		step := rep.sched.At(now, rep.rc.Table.Start(), false)
+		t := rep.rc.Table
+		step := rep.sched.At(now, t.Start(), t.Jumped())
 		if step.Report {
 			p.report(rep, step)
 			rep.sched.Reported(now)
@@ -224,17 +225,6 @@ func (p *balancerPlane) wake(rep *reporter) {
 			})
 		}
 		return
-	}
-}
-
-// look is the enforcer looking at its table's jump (every EarlyPoll): it reports early if
-// the schedule says the jump makes a report due now.
-func (p *balancerPlane) look(rep *reporter) {
-	now := p.w.regions[rep.region].clk.Now()
-	t := rep.rc.Table
-	if step := rep.sched.At(now, t.Start(), t.Jumped()); step.Report && step.Early {
-		p.report(rep, step)
-		rep.sched.Reported(now)
 	}
 }
 

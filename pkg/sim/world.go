@@ -56,6 +56,19 @@ type region struct {
 	store   *regionStore
 	rules   *rules.Holder
 	nodes   []*node.Node // the region's enforcers, built by node.Build
+	// early[e] is enforcer e's usage table's Table.Early and jumped[e] what wakes its
+	// reports (nil without a balancer): the check that makes the table's refusals jump
+	// wakes the enforcer's reporter at once, as the channel wakes the Reporter's goroutine.
+	early  []<-chan struct{}
+	jumped []func()
+}
+
+// onJump makes a jump in enforcer e's table's refusals (signalled on early) call wake.
+func (reg *region) onJump(e int, early <-chan struct{}, wake func()) {
+	if reg.early == nil {
+		reg.early, reg.jumped = make([]<-chan struct{}, len(reg.nodes)), make([]func(), len(reg.nodes))
+	}
+	reg.early[e], reg.jumped[e] = early, wake
 }
 
 // world is everything one run holds.
@@ -308,13 +321,18 @@ func (w *world) runUntil(reg *region, b int64) {
 			break
 		}
 		reg.clk.set(st.next)
-		nd := reg.nodes[st.rng.IntN(len(reg.nodes))] // a random enforcer of its region
+		e := st.rng.IntN(len(reg.nodes)) // a random enforcer of its region
+		nd := reg.nodes[e]
 		ks := &w.keys[st.key]
 		sec := int(st.next / int64(time.Second))
 		i := sec*R + reg.idx
 		cn := &ks.counts[i]
 		cn.offered++
 		d, err := nd.Enforcer().Check(ctx, &ks.req)
+		if reg.early != nil && len(reg.early[e]) > 0 { // this check made the refusals jump
+			<-reg.early[e]
+			reg.jumped[e]()
+		}
 		allowed := err == nil && d.Allowed
 		if allowed {
 			cn.admitted++
