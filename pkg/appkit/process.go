@@ -2,6 +2,7 @@ package appkit
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"os"
 	"os/signal"
@@ -15,7 +16,33 @@ import (
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
+
+	"github.com/allot-dev/allot/pkg/tlsfiles"
 )
+
+// EtcdClient is how both binaries' configs reach etcd (the etcd: section's endpoints,
+// credentials, client TLS and dial timeout; each config inlines it beside its own keys).
+type EtcdClient struct {
+	Endpoints   []string        `yaml:"endpoints"`
+	Username    string          `yaml:"username"`
+	Password    string          `yaml:"password"`
+	TLS         tlsfiles.Client `yaml:"tls"`
+	DialTimeout time.Duration   `yaml:"dial_timeout"`
+}
+
+// Dial builds the client (DialEtcd): what both binaries do with the section.
+func (c EtcdClient) Dial() (*clientv3.Client, error) {
+	tlsCfg, err := c.TLS.Build()
+	if err != nil {
+		return nil, fmt.Errorf("etcd tls: %w", err)
+	}
+	cli, err := DialEtcd(clientv3.Config{Endpoints: c.Endpoints, Username: c.Username, Password: c.Password,
+		TLS: tlsCfg, DialTimeout: c.DialTimeout})
+	if err != nil {
+		return nil, fmt.Errorf("while creating the etcd client: %w", err)
+	}
+	return cli, nil
+}
 
 // DialEtcd is clientv3.New as allot's processes dial etcd: without etcd's own logs, and
 // with a reconnect backoff of at most 0.5 s. gRPC's default grows to minutes; after an

@@ -75,16 +75,8 @@ func New(cfg Config, log hclog.Logger) (_ *App, err error) {
 	if a.cfg.ID == "" {
 		a.cfg.ID = cliconf.HostPID()
 	}
-	tlsCfg, err := cfg.Etcd.TLS.Build()
-	if err != nil {
-		return nil, fmt.Errorf("app: etcd tls: %w", err)
-	}
-	a.etcd, err = appkit.DialEtcd(clientv3.Config{
-		Endpoints: cfg.Etcd.Endpoints, Username: cfg.Etcd.Username, Password: cfg.Etcd.Password,
-		TLS: tlsCfg, DialTimeout: cfg.Etcd.DialTimeout,
-	})
-	if err != nil {
-		return nil, fmt.Errorf("app: while creating the etcd client: %w", err)
+	if a.etcd, err = cfg.Etcd.Dial(); err != nil {
+		return nil, fmt.Errorf("app: %w", err)
 	}
 	if err := a.buildRules(); err != nil {
 		return nil, err

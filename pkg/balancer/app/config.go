@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/allot-dev/allot/pkg/appkit"
 	"github.com/allot-dev/allot/pkg/balancer"
 	"github.com/allot-dev/allot/pkg/contract"
 	"github.com/allot-dev/allot/pkg/tlsfiles"
@@ -96,11 +97,8 @@ type TLSConfig = tlsfiles.Client
 
 // EtcdConfig: the cluster holding the election, the share sets and (optionally) rules.
 type EtcdConfig struct {
-	Endpoints   []string      `yaml:"endpoints"`
-	Username    string        `yaml:"username"`
-	Password    string        `yaml:"password"`
-	TLS         TLSConfig     `yaml:"tls"`
-	DialTimeout time.Duration `yaml:"dial_timeout"`
+	// endpoints, username, password, tls, dial_timeout: shared with the other binary.
+	appkit.EtcdClient `yaml:",inline"`
 	// ElectionPrefix is where replicas campaign. Default /allot/balancer/election.
 	ElectionPrefix string `yaml:"election_prefix"`
 	// SharesPrefix is where share sets are published. Default /allot/shares/.
@@ -153,7 +151,7 @@ func DefaultConfig() Config {
 		Listen:    ListenConfig{GRPC: "127.0.0.1:9090", HTTP: "127.0.0.1:9091"},
 		Admin:     defaultAdminConfig(),
 		Dashboard: DashboardConfig{TokensEnv: "ALLOT_DASHBOARD_TOKENS"},
-		Etcd: EtcdConfig{DialTimeout: 2 * time.Second, ElectionPrefix: contract.ElectionPrefix,
+		Etcd: EtcdConfig{EtcdClient: appkit.EtcdClient{DialTimeout: 2 * time.Second}, ElectionPrefix: contract.ElectionPrefix,
 			SharesPrefix: contract.SharesPrefix, SessionTTL: sc.SessionTTL, WriteTimeout: sc.WriteTimeout},
 		Rules: RulesConfig{PollInterval: 2 * time.Second, IPv6Prefix: 64},
 		Balance: BalanceConfig{Interval: cc.Interval, EarlyGap: cc.EarlyGap, ShiftGap: cc.ShiftGap, Learning: cc.Learning, AckTimeout: cc.AckTimeout,

@@ -106,16 +106,9 @@ func newApp(cfg Config, log hclog.Logger, store bucket.Store) (_ *App, err error
 	}
 
 	if len(cfg.Etcd.Endpoints) > 0 {
-		tlsCfg, err := cfg.Etcd.TLS.Build()
-		if err != nil {
-			return nil, fmt.Errorf("app: etcd tls: %w", err)
-		}
-		a.etcd, err = appkit.DialEtcd(clientv3.Config{
-			Endpoints: cfg.Etcd.Endpoints, Username: cfg.Etcd.Username, Password: cfg.Etcd.Password,
-			TLS: tlsCfg, DialTimeout: cfg.Etcd.DialTimeout,
-		})
-		if err != nil {
-			return nil, fmt.Errorf("app: while creating the etcd client: %w", err)
+		var err error
+		if a.etcd, err = cfg.Etcd.Dial(); err != nil {
+			return nil, fmt.Errorf("app: %w", err)
 		}
 	}
 	if err := a.buildRules(); err != nil {

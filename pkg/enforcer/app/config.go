@@ -15,6 +15,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/allot-dev/allot/pkg/appkit"
 	"github.com/allot-dev/allot/pkg/contract"
 	"github.com/allot-dev/allot/pkg/enforcer"
 	"github.com/allot-dev/allot/pkg/enforcer/httpapi"
@@ -118,11 +119,8 @@ type TLSConfig = tlsfiles.Client
 // EtcdConfig: with endpoints set the enforcer registers itself (so every enforcer knows
 // N) and may read rules from etcd.
 type EtcdConfig struct {
-	Endpoints   []string      `yaml:"endpoints"`
-	Username    string        `yaml:"username"`
-	Password    string        `yaml:"password"`
-	TLS         TLSConfig     `yaml:"tls"`
-	DialTimeout time.Duration `yaml:"dial_timeout"`
+	// endpoints, username, password, tls, dial_timeout: shared with the other binary.
+	appkit.EtcdClient `yaml:",inline"`
 	// RegistryPrefix is where enforcers register (<prefix><region>/<id>).
 	// Default contract.EnforcersPrefix.
 	RegistryPrefix string `yaml:"registry_prefix"`
@@ -237,7 +235,7 @@ func DefaultConfig() Config {
 			ReadTimeout: 100 * time.Millisecond, WriteTimeout: 100 * time.Millisecond, MaxKeys: 1 << 20,
 		},
 		Etcd: EtcdConfig{
-			DialTimeout: 2 * time.Second, RegistryPrefix: contract.EnforcersPrefix,
+			EtcdClient: appkit.EtcdClient{DialTimeout: 2 * time.Second}, RegistryPrefix: contract.EnforcersPrefix,
 			RegistrationTTL: 10 * time.Second, StartTimeout: 5 * time.Second,
 		},
 		Rules:          RulesConfig{PollInterval: 2 * time.Second, IPv6Prefix: 64},
