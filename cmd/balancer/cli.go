@@ -153,6 +153,10 @@ func cli(args []string, env cliEnv) int {
 		fmt.Fprint(env.stderr, flagError(cmd, err))
 		return 2
 	}
+	if len(pos) > 0 && !cmd.takesArg() {
+		fmt.Fprintf(env.stderr, "balancer %s: takes no arguments, got %q\nusage: balancer %s\n", cmd.name, pos, cmd.usage)
+		return 2
+	}
 	ctx := context.Background()
 	var cl *admin.Client
 	if !cmd.local {
@@ -223,6 +227,13 @@ func flagError(cmd *command, err error) string {
 		}
 	}
 	return fmt.Sprintf("balancer %s: %s\nusage: balancer %s\n%s\n", cmd.name, msg, cmd.usage, cmd.takes())
+}
+
+// takesArg says whether cmd takes a positional argument: its usage names one (KEY, ID)
+// right after the command's name.
+func (cmd *command) takesArg() bool {
+	f := strings.Fields(strings.TrimPrefix(cmd.usage, cmd.name))
+	return len(f) > 0 && f[0] == strings.ToUpper(f[0]) && !strings.HasPrefix(f[0], "-") && !strings.HasPrefix(f[0], "[")
 }
 
 // takes lists the flags cmd takes: its own, then the connection flags.

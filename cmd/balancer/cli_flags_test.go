@@ -90,6 +90,8 @@ func TestCLIFlagsOfEachCommand(t *testing.T) {
 			{[]string{"override", "delete", "k1", "-reason", "x", "-rate", "5"}, []string{"balancer override delete: -rate is not a flag of override delete (a flag of override set)"}},
 			{[]string{"override", "set", "k1", "-plan", "pro"}, []string{"-plan is not a flag of override set (a flag of explain)"}},
 			{[]string{"audit", "-frobnicate"}, []string{"balancer audit: -frobnicate is not a flag of audit\n"}},
+			{[]string{"audit", "5"}, []string{"balancer audit: takes no arguments, got [\"5\"]", "usage: balancer audit [-n 20]"}},
+			{[]string{"rules", "list", "extra"}, []string{"balancer rules list: takes no arguments"}},
 		} {
 			code, out, errOut := runCLI(env, tc.args...)
 			if code != 2 || out != "" {
