@@ -17,7 +17,7 @@ var layers = [][]string{
 	{"pkg/clock", "pkg/certs", "pkg/tlsfiles", "pkg/adminauth", "pkg/contract", "pkg/share",
 		"proto/allot/v1", "pkg/sim/scenario", "pkg/loadgen", "pkg/routine", "pkg/testenv/poll"},
 	// 1: primitives over the leaves.
-	{"pkg/bucket", "pkg/cliconf", "pkg/appkit", "pkg/etcdwatch", "pkg/testenv"},
+	{"pkg/bucket", "pkg/cliconf", "pkg/appkit", "pkg/etcdwatch", "pkg/testenv", "pkg/envoyrl"},
 	// 2: mechanisms: the rules, the layers over a bucket store, membership.
 	{"pkg/rules", "pkg/lease", "pkg/fallback", "pkg/registry", "pkg/bucket/buckettest"},
 	// 3: each side's core.
