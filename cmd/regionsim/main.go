@@ -24,6 +24,8 @@ import (
 	"os/signal"
 	"path/filepath"
 	"regexp"
+	"runtime"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"sync"
@@ -79,6 +81,8 @@ func runCmd(args []string, stdout, stderr io.Writer) int {
 	asJSON := fs.Bool("json", false, "print the summary JSON on stdout instead of the table")
 	out := fs.String("out", "", "write the per-second CSV and the plots (SVG, PNG) into this directory")
 	targets := fs.String("targets", "", "live mode: region=host:port of an enforcer's gRPC API, comma-separated")
+	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the run to this file (go tool pprof reads it)")
+	memProfile := fs.String("memprofile", "", "write a heap profile at the end of the run to this file")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -97,6 +101,22 @@ func runCmd(args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		fmt.Fprintln(stderr, err)
 		return 2
+	}
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			fmt.Fprintf(stderr, "regionsim run: -cpuprofile: %v\n", err)
+			return 2
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			fmt.Fprintf(stderr, "regionsim run: -cpuprofile: %v\n", err)
+			return 2
+		}
+		defer pprof.StopCPUProfile()
+	}
+	if *memProfile != "" {
+		defer writeHeapProfile(*memProfile, stderr)
 	}
 	var res *sim.Result
 	switch *mode {
@@ -133,6 +153,21 @@ func runCmd(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	return report(res, *summary, *asJSON, *out, stdout, stderr)
+}
+
+// writeHeapProfile writes the live heap (after a collection) for -memprofile.
+func writeHeapProfile(name string, stderr io.Writer) {
+	f, err := os.Create(name)
+	if err == nil {
+		runtime.GC()
+		err = pprof.WriteHeapProfile(f)
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "regionsim run: -memprofile: %v\n", err)
+	}
 }
 
 // report writes what was asked for and returns the exit status: 0 pass, 1 fail (or 1 when
