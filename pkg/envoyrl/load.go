@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 )
@@ -43,9 +44,8 @@ func loadDir(dir string, merge bool) ([]*Config, error) {
 	}
 	sort.Strings(names)
 	var (
-		errs  []error
-		out   []*Config
-		byDom = map[string]*Config{}
+		errs []error
+		cfgs []*Config
 	)
 	for _, n := range names {
 		path := filepath.Join(dir, n)
@@ -59,13 +59,42 @@ func loadDir(dir string, merge bool) ([]*Config, error) {
 			errs = append(errs, err)
 			continue
 		}
+		cfgs = append(cfgs, cfg)
+	}
+	out, err := Combine(cfgs, merge)
+	if err != nil {
+		errs = append(errs, err)
+	}
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
+	return out, nil
+}
+
+// Combine checks a set of parsed configurations as envoyproxy/ratelimit's loader does
+// across files (or xDS resources): one domain each, or (merge, MERGE_DOMAIN_CONFIG=true)
+// the configurations of one domain merged into the first, whose top-level descriptors must
+// then differ in composite key. It does not change cfgs' Configs unless merge joins some.
+func Combine(cfgs []*Config, merge bool) ([]*Config, error) {
+	var (
+		errs  []error
+		out   []*Config
+		byDom = map[string]*Config{}
+	)
+	for _, cfg := range cfgs {
 		first, dup := byDom[cfg.Domain]
 		switch {
 		case !dup:
+			if merge {
+				c := *cfg // merging appends to the first: never to the caller's Config
+				c.Descriptors = slices.Clip(c.Descriptors)
+				c.Warnings = slices.Clip(c.Warnings)
+				cfg = &c
+			}
 			byDom[cfg.Domain] = cfg
 			out = append(out, cfg)
 		case !merge:
-			errs = append(errs, &Error{File: path, Line: cfg.Line, Msg: fmt.Sprintf(
+			errs = append(errs, &Error{File: cfg.File, Line: cfg.Line, Msg: fmt.Sprintf(
 				"duplicate domain '%s' in config file (also in %s:%d; envoyproxy/ratelimit merges them only with MERGE_DOMAIN_CONFIG=true)",
 				cfg.Domain, first.File, first.Line)})
 		default:
@@ -75,7 +104,7 @@ func loadDir(dir string, merge bool) ([]*Config, error) {
 			}
 			for _, d := range cfg.Descriptors {
 				if prev, ok := have[d.CompositeKey()]; ok {
-					errs = append(errs, &Error{File: path, Line: d.Line, Msg: fmt.Sprintf(
+					errs = append(errs, &Error{File: cfg.File, Line: d.Line, Msg: fmt.Sprintf(
 						"duplicate descriptor composite key '%s.%s' (also in %s:%d)",
 						cfg.Domain, d.CompositeKey(), prev.File, prev.Line)})
 					continue
