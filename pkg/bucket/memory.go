@@ -1,8 +1,10 @@
 package bucket
 
 import (
+	"cmp"
 	"context"
 	"hash/maphash"
+	"slices"
 	"sync"
 
 	"github.com/allot-dev/allot/pkg/clock"
@@ -36,8 +38,44 @@ type memShard struct {
 }
 
 type memEntry struct {
-	fullAt  int64 // Unix µs when every bucket is full again: the entry may be forgotten then
-	buckets []memBucket
+	fullAt     int64 // Unix µs when every bucket is full again
+	sightUntil int64 // Unix µs when no sighting counts any more: the entry may be forgotten after both
+	buckets    []memBucket
+	sights     []memSight // Request.Sight: the takers sighted, at most MaxSightings
+}
+
+// memSight is one taker's last sighting of an identity (Unix µs).
+type memSight struct {
+	who string
+	at  int64
+}
+
+// sight records who's sighting at now and returns the distinct takers sighted within ttl
+// µs, as the Redis script does: the oldest dropped past MaxSightings.
+func (e *memEntry) sight(who string, now, ttl int64) int {
+	kept := e.sights[:0]
+	found := false
+	for _, x := range e.sights {
+		if x.who == who {
+			x.at, found = now, true
+		}
+		if x.at >= now-ttl {
+			kept = append(kept, x)
+		}
+	}
+	if !found {
+		kept = append(kept, memSight{who: who, at: now})
+	}
+	if len(kept) > MaxSightings {
+		slices.SortFunc(kept, func(a, b memSight) int { return cmp.Compare(a.at, b.at) })
+		kept = kept[len(kept)-MaxSightings:]
+	}
+	if len(kept) < len(e.sights) {
+		clear(e.sights[len(kept):]) // drop the strings of those that went
+	}
+	e.sights = kept
+	e.sightUntil = max(e.sightUntil, now+ttl)
+	return len(kept)
 }
 
 // memBucket is one named bucket of an identity. Buckets of names a request does not carry
@@ -99,6 +137,15 @@ func (m *Memory) TakeAt(req *Request, now int64) Result {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	e := s.entries[req.Identity]
+	seen := 0
+	if req.Sight != "" {
+		if e == nil {
+			s.makeRoom(m.max, now)
+			e = &memEntry{}
+			s.entries[req.Identity] = e
+		}
+		seen = e.sight(req.Sight, now, max(req.SightTTL.Microseconds(), 1))
+	}
 	for i, l := range req.Limits {
 		var st State
 		if e != nil && now < e.fullAt {
@@ -108,7 +155,9 @@ func (m *Memory) TakeAt(req *Request, now int64) Result {
 	}
 	d := Decide(req.Limits, tokens, req.Want, req.MinGrant())
 	if d.Granted == 0 {
-		return ResultOf(d, SourceMemory)
+		res := ResultOf(d, SourceMemory)
+		res.Seen = seen
+		return res
 	}
 	if e == nil {
 		s.makeRoom(m.max, now)
@@ -116,7 +165,9 @@ func (m *Memory) TakeAt(req *Request, now int64) Result {
 		s.entries[req.Identity] = e
 	}
 	e.store(req.Limits, tokens, now)
-	return ResultOf(d, SourceMemory)
+	res := ResultOf(d, SourceMemory)
+	res.Seen = seen
+	return res
 }
 
 func (e *memEntry) find(name string, now int64) State {
@@ -193,7 +244,7 @@ func (s *memShard) makeRoom(max int, now int64) {
 	var best int64
 	n, freed := 0, false
 	for k, e := range s.entries {
-		if e.fullAt <= now { // full again: forgetting it changes no answer
+		if e.fullAt <= now && e.sightUntil <= now { // full again, no sighting counts: forgetting it changes no answer
 			delete(s.entries, k)
 			freed = true
 		} else if n == 0 || e.fullAt < best {

@@ -93,7 +93,9 @@ func (o RedisOptions) Validate() error {
 // Keys are KeyPrefix + "{" + identity + "}:" + limit name, with '%', '{' and '}' in the
 // identity percent-escaped, so all buckets of one identity share one cluster slot (the
 // hash tag is exactly the escaped identity) and distinct (identity, name) pairs never
-// share a key. A bucket's key expires when the bucket would be full again.
+// share a key. A bucket's key expires when the bucket would be full again. An identity's
+// sightings (Request.Sight) are a sorted set at KeyPrefix + "{" + identity + "}#seen",
+// in the same slot, expiring with its last sighting.
 //
 // The script is called by SHA (EVALSHA). When a node answers NOSCRIPT (restart, failover,
 // SCRIPT FLUSH), Take sends the script itself once (EVAL), which runs it and caches it on
@@ -238,25 +240,27 @@ func (r *Redis) reply(ctx context.Context, c *redisCall, args []any, req *Reques
 		r.known.Store(true)
 	}
 	v := cmd.Val()
-	if len(v) != 5 || v[0] < 0 || v[0] > req.Want || v[1] < 0 || v[1] >= int64(len(req.Limits)) {
+	if len(v) != 6 || v[0] < 0 || v[0] > req.Want || v[1] < 0 || v[1] >= int64(len(req.Limits)) || v[5] < 0 || v[5] > MaxSightings {
 		return Result{}, fmt.Errorf("bucket: redis: unexpected script reply %v for identity %.64q", v, req.Identity)
 	}
-	return ResultOf(Decision{
+	res := ResultOf(Decision{
 		Granted:          v[0],
 		Limiting:         int(v[1]),
 		Remaining:        v[2],
 		RetryAfterMicros: v[3],
 		ResetMicros:      v[4],
-	}, SourceRedis), nil
+	}, SourceRedis)
+	res.Seen = int(v[5])
+	return res, nil
 }
 
 func isNoScript(err error) bool {
 	return err != nil && (errors.Is(err, redis.ErrNoScript) || redis.HasErrorPrefix(err, "NOSCRIPT"))
 }
 
-// maxArgs is the longest command: evalsha sha numkeys, the keys, want min, rate and burst
-// for each key.
-const maxArgs = 3 + MaxLimits + 2 + 2*MaxLimits
+// maxArgs is the longest command: evalsha sha numkeys, the keys and the sightings key,
+// want min, rate and burst for each key, and the sighting's three.
+const maxArgs = 3 + MaxLimits + 1 + 2 + 2*MaxLimits + 3
 
 // redisCall holds one command's arguments, reused through a sync.Pool so a Take builds
 // them without allocating: args[i] points at strs[i] (a *string goes into an interface
@@ -289,13 +293,23 @@ func (c *redisCall) init() {
 // build fills the call for req and returns its arguments.
 func (c *redisCall) build(prefix string, req *Request) []any {
 	n := len(req.Limits)
+	sight := req.Sight != ""
 	b := c.buf[:0]
 	k := 2
-	b = strconv.AppendInt(b, int64(n), 10)
+	if sight {
+		b = strconv.AppendInt(b, int64(n+1), 10)
+	} else {
+		b = strconv.AppendInt(b, int64(n), 10)
+	}
 	c.ends[k] = len(b)
 	k++
 	for _, l := range req.Limits {
 		b = appendKey(b, prefix, req.Identity, l.Name)
+		c.ends[k] = len(b)
+		k++
+	}
+	if sight {
+		b = appendSightKey(b, prefix, req.Identity)
 		c.ends[k] = len(b)
 		k++
 	}
@@ -311,6 +325,17 @@ func (c *redisCall) build(prefix string, req *Request) []any {
 		c.ends[k] = len(b)
 		k++
 		b = strconv.AppendFloat(b, l.Burst, 'g', -1, 64)
+		c.ends[k] = len(b)
+		k++
+	}
+	if sight {
+		b = append(b, req.Sight...)
+		c.ends[k] = len(b)
+		k++
+		b = strconv.AppendInt(b, max(req.SightTTL.Milliseconds(), 1), 10)
+		c.ends[k] = len(b)
+		k++
+		b = strconv.AppendInt(b, MaxSightings, 10)
 		c.ends[k] = len(b)
 		k++
 	}
@@ -333,6 +358,15 @@ func appendKey(b []byte, prefix, identity, name string) []byte {
 	b = appendEscaped(b, identity)
 	b = append(b, '}', ':')
 	return append(b, name...)
+}
+
+// appendSightKey appends identity's sightings key: prefix{escaped identity}#seen, in the
+// identity's slot and apart from its buckets (whose keys go on with ':').
+func appendSightKey(b []byte, prefix, identity string) []byte {
+	b = append(b, prefix...)
+	b = append(b, '{')
+	b = appendEscaped(b, identity)
+	return append(b, "}#seen"...)
 }
 
 // Slot returns the Redis Cluster hash slot of every bucket of identity: CRC16 (XMODEM) of

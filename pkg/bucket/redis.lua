@@ -5,11 +5,19 @@
 -- floating-point operations in the same order, so Redis and the memory store answer alike;
 -- a change to one must be made to the other (TestRedisMatchesDecide checks they agree).
 --
--- KEYS[i]      bucket i: absent (full) or "<tokens %.17g> <last Unix µs>"
+-- KEYS[i]      bucket i (i = 1..n): absent (full) or "<tokens %.17g> <last Unix µs>"
 -- ARGV[1]      want
 -- ARGV[2]      min (1 <= min <= want)
 -- ARGV[1+2i]   rate of bucket i, tokens a second
 -- ARGV[2+2i]   burst of bucket i
+--
+-- A sighting (bucket.Request.Sight) adds one key and three arguments, which the count of
+-- arguments tells (3 + 2 × #KEYS with one, 2 + 2 × #KEYS without):
+-- KEYS[n+1]    the identity's sightings: a sorted set of taker → last sighting (Unix ms)
+-- ARGV[3+2n]   the taker; ARGV[4+2n] how long a sighting counts (ms); ARGV[5+2n] the most
+--              takers kept (the oldest go first)
+-- It is recorded whether or not tokens are granted, and the set expires with its last
+-- sighting.
 --
 -- Time is the server's own (TIME, µs). A bucket's time never moves back: if the server's
 -- clock is behind a bucket's (failover to a replica on another host), nothing is refilled
@@ -17,7 +25,8 @@
 -- expire when it would be full again, so an idle identity's keys vanish; a refusal writes
 -- nothing.
 --
--- Reply: {granted, limiting (0-based), remaining, retry-after µs, reset µs}, all integers:
+-- Reply: {granted, limiting (0-based), remaining, retry-after µs, reset µs, seen}, all
+-- integers (seen: the distinct takers sighted within the time given, 0 without a sighting):
 -- Redis truncates Lua numbers in replies, and numbers passed to redis.call would be
 -- formatted with 14 significant digits, so everything written is formatted here.
 
@@ -29,7 +38,21 @@ local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local want = tonumber(ARGV[1])
 local min = tonumber(ARGV[2])
 local n = #KEYS
-local vals = redis.call('MGET', unpack(KEYS))
+local seen = 0
+if #ARGV == 3 + 2 * n then
+  n = n - 1
+  local sk, ttl, cap = KEYS[n + 1], tonumber(ARGV[4 + 2 * n]), tonumber(ARGV[5 + 2 * n])
+  local ms = math.floor(now / 1000)
+  redis.call('ZADD', sk, string.format('%.0f', ms), ARGV[3 + 2 * n])
+  redis.call('ZREMRANGEBYSCORE', sk, '-inf', '(' .. string.format('%.0f', ms - ttl))
+  seen = redis.call('ZCARD', sk)
+  if seen > cap then
+    redis.call('ZREMRANGEBYRANK', sk, 0, seen - cap - 1)
+    seen = cap
+  end
+  redis.call('PEXPIRE', sk, string.format('%.0f', ttl + 1))
+end
+local vals = redis.call('MGET', unpack(KEYS, 1, n))
 
 local rate, burst, tok, last = {}, {}, {}, {}
 
@@ -93,7 +116,7 @@ if avail < min then
       lim, ra = i, w
     end
   end
-  return {0, lim - 1, whole(tok[lim]), ra, wait(lim, tok[lim], burst[lim])}
+  return {0, lim - 1, whole(tok[lim]), ra, wait(lim, tok[lim], burst[lim]), seen}
 end
 
 local lim, best = 1, math.huge
@@ -112,4 +135,4 @@ for i = 1, n do
   local ms = math.ceil((last[i] - now + full) / 1000) + 1
   redis.call('SET', KEYS[i], string.format('%.17g %.0f', x, last[i]), 'PX', string.format('%.0f', ms))
 end
-return {avail, lim - 1, whole(tok[lim]), 0, wait(lim, tok[lim], burst[lim])}
+return {avail, lim - 1, whole(tok[lim]), 0, wait(lim, tok[lim], burst[lim]), seen}

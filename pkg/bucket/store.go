@@ -84,7 +84,26 @@ type Request struct {
 	// security rules (login, OTP) an outage must not become a brute-force window. Stores
 	// themselves ignore it.
 	FailClosed bool
+	// Sight, when not empty, records in the same atomic step that the taker it names (an
+	// enforcer's instance id, at most MaxSightLen bytes) serves this identity, and asks
+	// how many distinct takers did so within the last SightTTL (Result.Seen). It is
+	// recorded whether or not tokens are granted. Layers above the store send it about
+	// once a second per identity, not per request (pkg/lease).
+	Sight string
+	// SightTTL is how long a sighting counts, in [MinSightTTL, MaxSightTTL]; used only
+	// with Sight.
+	SightTTL time.Duration
 }
+
+// Sightings: the bounds of Request.Sight and Request.SightTTL, and the most distinct
+// takers a store remembers per identity (past it the oldest sightings are dropped, so
+// Result.Seen is at most MaxSightings).
+const (
+	MaxSightLen  = 64
+	MinSightTTL  = time.Millisecond
+	MaxSightTTL  = time.Hour
+	MaxSightings = 1024
+)
 
 // MinGrant returns the effective minimum grant.
 func (r *Request) MinGrant() int64 {
@@ -108,6 +127,10 @@ type Result struct {
 	Reset time.Duration
 	// Source says which layer answered.
 	Source Source
+	// Seen, for a request with Sight, is how many distinct takers sighted the identity
+	// within its SightTTL, this one included; 0 when the request asked nothing or the
+	// layer that answered does not know (pkg/fallback's local answers).
+	Seen int
 }
 
 // Allowed reports whether any tokens were granted.
@@ -171,6 +194,9 @@ func (r *Request) Validate() error {
 	}
 	if r.Min < 0 || r.Min > r.Want {
 		return fmt.Errorf("%w: min %d, must be in [0, want=%d]", ErrInvalid, r.Min, r.Want)
+	}
+	if r.Sight != "" && (len(r.Sight) > MaxSightLen || r.SightTTL < MinSightTTL || r.SightTTL > MaxSightTTL) {
+		return fmt.Errorf("%w: sight %.64q (%d bytes, at most %d) for %v (in [%v, %v])", ErrInvalid, r.Sight, len(r.Sight), MaxSightLen, r.SightTTL, MinSightTTL, MaxSightTTL)
 	}
 	for i, l := range r.Limits {
 		if err := l.validate(); err != nil {

@@ -98,6 +98,13 @@ type Config struct {
 	// of the real N.
 	Peers func() int
 
+	// Seen, if not nil, returns how many enforcers of the region serve identity (pkg/lease's
+	// Store.Seen: the count Redis kept of the enforcers that sighted the key lately), or 0
+	// when unknown. A key's local limits are then limit × Slack / min(N, Seen): a key served
+	// by 3 of 100 enforcers keeps two thirds of its limit on each of them during an outage,
+	// not 2%. Called once per local answer; it must be cheap and safe for concurrent use.
+	Seen func(identity string) int
+
 	// Slack multiplies the local share of a limit to allow for traffic spread unevenly over
 	// the enforcers (a key whose traffic all lands on one enforcer still gets
 	// limit × Slack / N there). Must be finite and > 0. Default 2.

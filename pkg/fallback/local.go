@@ -9,7 +9,8 @@ import (
 
 // Local answers: a check its shard does not answer (an open breaker, a wait that passed, a
 // failed call, the in-flight bound: LocalReason) is refused when its rule fails closed, and
-// otherwise answered from the Store's own table at limit × Slack / N.
+// otherwise answered from the Store's own table at limit × Slack / N (N: the live
+// enforcers of the region, or those that serve the key when Config.Seen knows fewer).
 
 // scratch is the space answerLocally builds the scaled request in.
 type scratch struct {
@@ -36,6 +37,13 @@ func (s *Store) answerLocally(b *breaker, req *bucket.Request, now time.Time, wh
 	if s.cfg.Peers != nil {
 		if p := s.cfg.Peers(); p > 1 {
 			n = p
+		}
+	}
+	if s.cfg.Seen != nil {
+		// Sized by the enforcers that serve the key, when this one is among them (it has a
+		// recent count only if it sighted the key): docs/design.md §10 bounds the error.
+		if k := s.cfg.Seen(req.Identity); k > 0 && k < n {
+			n = k
 		}
 	}
 	f := s.cfg.Slack / float64(n)

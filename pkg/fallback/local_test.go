@@ -22,24 +22,35 @@ func TestLocalLimits(t *testing.T) {
 		want, min    int64
 		seconds      int
 		wantAdmitted int64
+		seen         int // Config.Seen's count for the key (0: none)
 	}{
 		// rate' = 10×2/4 = 5/s, burst' = 20×2/4 = 10: 10 + 5×10 s.
-		{"N=4 slack 2", 4, 2, 10, 20, 1, 0, 10, 10 + 50},
+		{"N=4 slack 2", 4, 2, 10, 20, 1, 0, 10, 10 + 50, 0},
 		// rate' = 20/s, burst' = 40 (still below the offered 100/s).
-		{"N=1 slack 2", 1, 2, 10, 20, 1, 0, 10, 40 + 200},
+		{"N=1 slack 2", 1, 2, 10, 20, 1, 0, 10, 40 + 200, 0},
 		// rate' = 10×1/10 = 1/s, burst' = 2.
-		{"N=10 slack 1", 10, 1, 10, 20, 1, 0, 10, 2 + 10},
+		{"N=10 slack 1", 10, 1, 10, 20, 1, 0, 10, 2 + 10, 0},
 		// burst' = 3×2/100 = 0.06 → at least 1; rate' = 0.2/s: 1 + 2.
-		{"burst at least 1", 100, 2, 10, 3, 1, 0, 10, 1 + 2},
+		{"burst at least 1", 100, 2, 10, 3, 1, 0, 10, 1 + 2, 0},
 		// cost 5 (Min = Want = 5): burst' = max(20×2/100, 5) = 5, rate' = 0.2/s.
 		// Tokens: 5 at t=0, then 5 more after 25 s: two grants of 5 in 30 s.
-		{"burst at least the cost", 100, 2, 10, 20, 5, 0, 30, 10},
+		{"burst at least the cost", 100, 2, 10, 20, 5, 0, 30, 10, 0},
+		// A key served by 2 of 10 enforcers: rate' = 10×2/2 = 10/s, burst' = 20.
+		{"served by 2 of 10", 10, 2, 10, 20, 1, 0, 10, 20 + 100, 2},
+		// A count above N is not believed: N=4 as above.
+		{"seen above N", 4, 2, 10, 20, 1, 0, 10, 10 + 50, 9},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h := newHarness(t, func(c *Config) {
 				c.Peers = func() int { return tc.peers }
 				c.Slack = tc.slack
 				c.OpenFor = time.Hour // no probe during the timeline
+				c.Seen = func(id string) int {
+					if id != "a:busy" {
+						return 0 // the harness's key that trips the breaker
+					}
+					return tc.seen
+				}
 			})
 			h.trip(t, "a")
 			r := req("a:busy", tc.rate, tc.burst)

@@ -26,7 +26,8 @@ type callFor struct {
 // begin claims the one foreground call for e's key. Called with e's shard lock held. If
 // the key is busy the call asks for a batch, else it passes the check through as it is.
 func (s *Store) begin(e *entry, req *bucket.Request, now int64) callFor {
-	c := callFor{f: &flight{done: make(chan struct{})}, req: *req, gen: e.gen, peers: s.peers()}
+	c := callFor{f: &flight{done: make(chan struct{})}, req: *req, gen: e.gen, peers: s.peersOf(e, now)}
+	s.sight(e, &c.req, now)
 	e.flight = c.f
 	batch, ttl, lease, opening := s.leaseBatch(e, req.Limits, req.Want, c.peers, now)
 	c.ttl, c.opening, c.why = ttl, opening, e.callReason(lease)
@@ -59,6 +60,9 @@ func (s *Store) call(ctx context.Context, sh *shard, e *entry, req *bucket.Reque
 		return bucket.Result{}, err
 	}
 	current := c.gen == e.gen && !e.gone
+	if res.Seen > 0 && !e.gone {
+		e.seen, e.seenAt = res.Seen, start
+	}
 	if current {
 		e.observe(&c.req, res, start)
 		if c.lease {

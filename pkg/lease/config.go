@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/allot-dev/allot/pkg/bucket"
 	"github.com/allot-dev/allot/pkg/clock"
 )
 
@@ -78,6 +79,20 @@ type Config struct {
 	// be > 0 (a refill that hangs would hold the key's single flight).
 	RefillTimeout time.Duration
 
+	// ID names this enforcer to the next store for sightings (bucket.Request.Sight): a
+	// call for a key sights it at most once per SightEvery, and the store's count of the
+	// distinct enforcers that sighted it within SightTTL (bucket.Result.Seen) sizes the
+	// key's batches (and, through Seen, pkg/fallback's local limits) by the enforcers that
+	// actually serve it, not by all N. Empty: no sightings, every key is sized by Peers.
+	// At most bucket.MaxSightLen bytes.
+	ID string
+	// SightEvery is the least time between two sightings of one key by this enforcer.
+	// Default 1s.
+	SightEvery time.Duration
+	// SightTTL is how long a sighting counts, and how long a count is believed after the
+	// reply that carried it. At least 2 × SightEvery and LeaseTTL. Default 10s.
+	SightTTL time.Duration
+
 	// Observer, if not nil, is told about every decision and every call to the next store
 	// (see Event). It is called synchronously, sometimes with a shard lock held: it must be
 	// fast, safe for concurrent use, and must not call back into the Store.
@@ -96,6 +111,8 @@ func DefaultConfig() Config {
 		Refillers:     4,
 		RefillQueue:   1024,
 		RefillTimeout: 100 * time.Millisecond,
+		SightEvery:    time.Second,
+		SightTTL:      10 * time.Second,
 	}
 }
 
@@ -130,6 +147,13 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: RefillQueue %d, must be in [1, %d]", ErrConfig, c.RefillQueue, 1<<20)
 	case c.RefillTimeout <= 0:
 		return fmt.Errorf("%w: RefillTimeout %v, must be > 0", ErrConfig, c.RefillTimeout)
+	case len(c.ID) > bucket.MaxSightLen:
+		return fmt.Errorf("%w: ID is %d bytes, more than %d", ErrConfig, len(c.ID), bucket.MaxSightLen)
+	case c.ID != "" && c.SightEvery <= 0:
+		return fmt.Errorf("%w: SightEvery %v, must be > 0", ErrConfig, c.SightEvery)
+	case c.ID != "" && (c.SightTTL < 2*c.SightEvery || c.SightTTL < c.LeaseTTL || c.SightTTL > bucket.MaxSightTTL):
+		return fmt.Errorf("%w: SightTTL %v, must be at least 2 × SightEvery (%v) and LeaseTTL (%v), at most %v",
+			ErrConfig, c.SightTTL, c.SightEvery, c.LeaseTTL, bucket.MaxSightTTL)
 	}
 	return nil
 }

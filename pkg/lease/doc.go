@@ -35,7 +35,11 @@
 // # Batch size
 //
 // An enforcer is one of N in its region (Config.Peers) and the limits it is given are the
-// region's. Over a window W (Config.Window, 100 ms) the region may admit rate × W tokens of
+// region's. With Config.ID, N for a key is the count of enforcers that serve it when fewer:
+// each call for the key sights it in the next store at most once per Config.SightEvery
+// (bucket.Request.Sight), and the store answers how many enforcers did so within
+// Config.SightTTL; a count older than SightTTL is not believed (Store.Seen, which
+// pkg/fallback sizes its local limits by). Over a window W (Config.Window, 100 ms) the region may admit rate × W tokens of
 // a limit, and this enforcer's even part is rate × W / N. For a request of cost c:
 //
 //	byRate = ⌊ min over the request's limits of rate × W / N ⌋

@@ -51,6 +51,11 @@ type entry struct {
 	remaining         int64
 	resetAt           int64
 	flight            *flight // the one call to the next store in flight for this key, if any
+	// Sightings (Config.ID): when this enforcer last sighted the key, and the count of the
+	// enforcers that serve it from the store's last reply that carried one, at seenAt.
+	sightAt, seenAt int64
+	seen            int
+	sighted         bool // sightAt is set
 }
 
 // flight is one call to the next store; checks that miss while it is in flight wait for it

@@ -21,14 +21,18 @@ type counting struct {
 	next    bucket.Store
 	calls   atomic.Int64
 	granted atomic.Int64
-	mu      sync.Mutex // mu guards wants
+	mu      sync.Mutex // mu guards wants and sights
 	wants   []int64    // Want of each call, in order
+	sights  int        // calls that carried a sighting
 }
 
 func (c *counting) Take(ctx context.Context, req *bucket.Request) (bucket.Result, error) {
 	c.calls.Add(1)
 	c.mu.Lock()
 	c.wants = append(c.wants, req.Want)
+	if req.Sight != "" {
+		c.sights++
+	}
 	c.mu.Unlock()
 	res, err := c.next.Take(ctx, req)
 	c.granted.Add(res.Granted)

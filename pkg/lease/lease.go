@@ -118,6 +118,40 @@ func (s *Store) peers() int {
 	return max(s.cfg.Peers(), 1)
 }
 
+// peersOf is what e's key is sized by: N, or the enforcers that serve the key (the
+// store's count from a reply at most SightTTL old) when fewer. Called with e's shard lock
+// held.
+func (s *Store) peersOf(e *entry, now int64) int {
+	p := s.peers()
+	if e.seen > 0 && e.seen < p && now-e.seenAt < int64(s.cfg.SightTTL) {
+		return e.seen
+	}
+	return p
+}
+
+// sight adds a sighting of e's key to req when one is due. Called with e's shard lock held.
+func (s *Store) sight(e *entry, req *bucket.Request, now int64) {
+	if s.cfg.ID == "" || (e.sighted && now-e.sightAt < int64(s.cfg.SightEvery)) {
+		return
+	}
+	e.sightAt, e.sighted = now, true
+	req.Sight, req.SightTTL = s.cfg.ID, s.cfg.SightTTL
+}
+
+// Seen returns how many enforcers of the region serve identity, as the store counted them
+// at most SightTTL ago, or 0 when this enforcer has no such count (it has not sighted
+// the key, or not lately). pkg/fallback sizes its local limits by it during an outage.
+func (s *Store) Seen(identity string) int {
+	sh := s.shardOf(identity)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	e := sh.m[identity]
+	if e == nil || e.seen == 0 || s.now()-e.seenAt >= int64(s.cfg.SightTTL) {
+		return 0
+	}
+	return e.seen
+}
+
 // Take implements bucket.Store. A check is answered from leased tokens when the key holds
 // at least req.MinGrant() of them, from the refusal cache while the next store said it
 // cannot give that many, and otherwise by one call to the next store shared by every check

@@ -53,10 +53,11 @@ func (s *Store) refill(e *entry) {
 	sh.mu.Lock()
 	f := e.flight
 	var req *bucket.Request
-	peers := s.peers()
+	now := s.now()
+	peers := s.peersOf(e, now)
 	ttl, opening := s.ttl, false
 	if !e.gone {
-		if b, t, ok, o := s.leaseBatch(e, e.limits, e.lastCost, peers, s.now()); ok {
+		if b, t, ok, o := s.leaseBatch(e, e.limits, e.lastCost, peers, now); ok {
 			ttl, opening = t, o
 			e.batch = b
 			// Never above 1.5 batches held (but for one check's cost): a refill at half a
@@ -67,6 +68,7 @@ func (s *Store) refill(e *entry) {
 				want = max(b+b/2-held, e.lastCost)
 			}
 			req = &bucket.Request{Identity: e.key, Limits: e.limits, Want: want, Min: e.lastCost}
+			s.sight(e, req, now)
 		}
 	}
 	if req == nil { // evicted, gone quiet, or no longer worth a lease
@@ -86,6 +88,9 @@ func (s *Store) refill(e *entry) {
 	cancel()
 
 	sh.mu.Lock()
+	if err == nil && res.Seen > 0 && !e.gone {
+		e.seen, e.seenAt = res.Seen, start
+	}
 	switch {
 	case err != nil:
 		e.refillAfter = start + s.window

@@ -15,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -75,6 +76,7 @@ func Run(t *testing.T, h Harness) {
 	t.Run("IdentitiesDoNotCollide", s.noCollisions)
 	t.Run("ConcurrentTakesNeverOverGrant", s.concurrent)
 	t.Run("InvalidRequests", s.invalid)
+	t.Run("Sightings", s.sightings)
 	if h.Redis != nil {
 		t.Run("Redis", func(t *testing.T) { s.redis(t) })
 	}
@@ -368,6 +370,9 @@ func InvalidRequests() map[string]bucket.Request {
 		"zero burst":         {Identity: "k", Limits: lim(1, 0), Want: 1},
 		"negative burst":     {Identity: "k", Limits: lim(1, -5), Want: 1},
 		"absurd burst":       {Identity: "k", Limits: lim(1, 1e300), Want: 1},
+		"oversized sight":    {Identity: "k", Limits: []bucket.Limit{ok}, Want: 1, Sight: strings.Repeat("e", bucket.MaxSightLen+1), SightTTL: time.Second},
+		"sight without ttl":  {Identity: "k", Limits: []bucket.Limit{ok}, Want: 1, Sight: "e"},
+		"sight ttl too long": {Identity: "k", Limits: []bucket.Limit{ok}, Want: 1, Sight: "e", SightTTL: bucket.MaxSightTTL + 1},
 		"zero want":          {Identity: "k", Limits: []bucket.Limit{ok}, Want: 0},
 		"negative want":      {Identity: "k", Limits: []bucket.Limit{ok}, Want: -1},
 		"want above burst":   {Identity: "k", Limits: []bucket.Limit{ok}, Want: 11},
@@ -392,5 +397,60 @@ func (s *suite) invalid(t *testing.T) {
 		if n := s.h.Calls() - before; n != 0 {
 			t.Errorf("invalid requests made %d backend calls, want 0", n)
 		}
+	}
+}
+
+// sightings: a request with Sight records its taker and counts the distinct takers of
+// the identity within SightTTL, granted or refused; a taker seen again counts once; a
+// sighting older than the TTL no longer counts; an identity remembers MaxSightings.
+func (s *suite) sightings(t *testing.T) {
+	st, id := s.h.New(t), s.id(t, "k")
+	ttl := time.Hour
+	if !s.h.exact() {
+		ttl = 300 * time.Millisecond // long next to a call, short enough to wait out
+	}
+	one := slow("one", 1)
+	sight := func(who string) bucket.Result {
+		t.Helper()
+		r, err := st.Take(context.Background(), &bucket.Request{Identity: id, Limits: []bucket.Limit{one}, Want: 1, Sight: who, SightTTL: ttl})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	if r := sight("enf-a"); r.Granted != 1 || r.Seen != 1 {
+		t.Fatalf("first sighting: %+v, want granted and seen 1", r)
+	}
+	if r := sight("enf-b"); r.Granted != 0 || r.Seen != 2 {
+		t.Fatalf("second taker, refused: %+v, want seen 2", r)
+	}
+	if r := sight("enf-a"); r.Seen != 2 {
+		t.Fatalf("a taker seen again: %+v, want seen 2", r)
+	}
+	if r := s.take(t, st, id, 1, 0, one); r.Seen != 0 {
+		t.Fatalf("a request without Sight: %+v, want seen 0", r)
+	}
+	// Past the TTL only the newest sighting counts.
+	if s.h.exact() {
+		s.h.Clock.Advance(ttl + time.Millisecond)
+	} else {
+		time.Sleep(ttl + 20*time.Millisecond)
+	}
+	if r := sight("enf-c"); r.Seen != 1 {
+		t.Fatalf("after the TTL: %+v, want seen 1", r)
+	}
+	// A bounded set: the most distinct takers remembered per identity.
+	id2 := s.id(t, "many")
+	var last bucket.Result
+	for i := range bucket.MaxSightings + 5 {
+		r, err := st.Take(context.Background(), &bucket.Request{Identity: id2, Limits: []bucket.Limit{one}, Want: 1,
+			Sight: fmt.Sprint("enf-", i), SightTTL: time.Hour})
+		if err != nil {
+			t.Fatal(err)
+		}
+		last = r
+	}
+	if last.Seen != bucket.MaxSightings {
+		t.Fatalf("after %d takers: seen %d, want %d", bucket.MaxSightings+5, last.Seen, bucket.MaxSightings)
 	}
 }

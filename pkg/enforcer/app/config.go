@@ -165,6 +165,11 @@ type LeaseConfig struct {
 	Window   time.Duration `yaml:"window"`
 	BusyHits int           `yaml:"busy_hits"`
 	MaxKeys  int           `yaml:"max_keys"`
+	// SightEvery and SightTTL pace the sightings that count the enforcers serving a busy
+	// key (lease.Config): its batches and its local limits during an outage are sized by
+	// that count instead of every live enforcer of the region.
+	SightEvery time.Duration `yaml:"sight_every"`
+	SightTTL   time.Duration `yaml:"sight_ttl"`
 }
 
 // FallbackConfig tunes pkg/fallback (per-shard deadlines, breakers, local limits). Zero

@@ -52,6 +52,8 @@ func (c *Config) validateSections() []error {
 	dur("lease.window", l.Window)
 	num("lease.busy_hits", int64(l.BusyHits))
 	num("lease.max_keys", int64(l.MaxKeys))
+	dur("lease.sight_every", l.SightEvery)
+	dur("lease.sight_ttl", l.SightTTL)
 	f := c.Fallback
 	dur("fallback.timeout", f.Timeout)
 	dur("fallback.reply_timeout", f.ReplyTimeout)
@@ -126,5 +128,7 @@ func (c *Config) leaseConfig() lease.Config {
 	overrideIfSet(&lc.Window, l.Window)
 	overrideIfSet(&lc.BusyHits, l.BusyHits)
 	overrideIfSet(&lc.MaxKeys, l.MaxKeys)
+	overrideIfSet(&lc.SightEvery, l.SightEvery)
+	overrideIfSet(&lc.SightTTL, l.SightTTL)
 	return lc
 }

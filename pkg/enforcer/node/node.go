@@ -29,6 +29,8 @@
 package node
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"sync"
@@ -329,12 +331,25 @@ func (n *Node) newShares(reg prometheus.Registerer) (*overrides.Holder, error) {
 	return h, nil
 }
 
+// sightID is the name this enforcer sights keys under in Redis: its ID, or a digest of an
+// ID longer than bucket.MaxSightLen.
+func sightID(id string) string {
+	if len(id) <= bucket.MaxSightLen {
+		return id
+	}
+	h := sha256.Sum256([]byte(id))
+	return hex.EncodeToString(h[:16])
+}
+
 // buildLayers puts fallback → lease over deps.Store.
 func (n *Node) buildLayers(deps Deps) (err error) {
 	next := deps.Store
 	if !n.cfg.NoLease {
 		lc := n.cfg.Lease
 		lc.Clock, lc.Peers, lc.Observer, lc.SyncRefill = n.clock, deps.Peers, deps.LeaseObserver, deps.Inline
+		if lc.ID == "" {
+			lc.ID = sightID(n.cfg.ID)
+		}
 		if n.lease, err = lease.New(next, lc); err != nil {
 			return fmt.Errorf("node: lease: %w", err)
 		}
@@ -342,6 +357,9 @@ func (n *Node) buildLayers(deps Deps) (err error) {
 	}
 	fc := n.cfg.Fallback
 	fc.Clock, fc.Peers, fc.Shard, fc.Logger = n.clock, deps.Peers, deps.Shard, n.log.Named("fallback")
+	if n.lease != nil {
+		fc.Seen = n.lease.Seen
+	}
 	fc.Observer, fc.Inline = deps.FallbackObserver, deps.Inline
 	if n.fallback, err = fallback.New(next, fc); err != nil {
 		return fmt.Errorf("node: fallback: %w", err)
