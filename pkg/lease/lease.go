@@ -118,20 +118,22 @@ func (s *Store) peers() int {
 	return max(s.cfg.Peers(), 1)
 }
 
-// peersOf is what e's key is sized by: N, or the enforcers that serve the key (the
-// store's count from a reply at most SightTTL old) when fewer. Called with e's shard lock
-// held.
+// peersOf is what e's key is sized by: N, or, for a busy key, the enforcers that serve it
+// (the store's count from a reply at most SightTTL old) when fewer. A key that is not busy
+// keeps N: a small key spread over a few enforcers, each holding a larger quiet lot, would
+// strand its few tokens on one of them. Called with e's shard lock held.
 func (s *Store) peersOf(e *entry, now int64) int {
 	p := s.peers()
-	if e.seen > 0 && e.seen < p && now-e.seenAt < int64(s.cfg.SightTTL) {
+	if e.seen > 0 && e.seen < p && now-e.seenAt < int64(s.cfg.SightTTL) && e.busy(s.busyHits) {
 		return e.seen
 	}
 	return p
 }
 
-// sight adds a sighting of e's key to req when one is due. Called with e's shard lock held.
+// sight adds a sighting of e's busy key to req when one is due. Called with e's shard
+// lock held.
 func (s *Store) sight(e *entry, req *bucket.Request, now int64) {
-	if s.cfg.ID == "" || (e.sighted && now-e.sightAt < int64(s.cfg.SightEvery)) {
+	if s.cfg.ID == "" || !e.busy(s.busyHits) || (e.sighted && now-e.sightAt < int64(s.cfg.SightEvery)) {
 		return
 	}
 	e.sightAt, e.sighted = now, true

@@ -61,6 +61,13 @@ func TestSightingsSizeAKeyByItsEnforcers(t *testing.T) {
 	if n := f.s.Seen("k"); n != 0 {
 		t.Fatalf("after SightTTL without a call: Seen %d, want 0", n)
 	}
+	// A key that is not busy is not sighted, and keeps N.
+	d := f.store(f.next, func(c *Config) { c.ID = "enf-d" }, hooks{}) // BusyHits 3
+	before = f.next.sightCount()
+	f.take(d, req("quiet", 1000, 1000, 1))
+	if n := f.next.sightCount() - before; n != 0 {
+		t.Fatalf("a key seen once was sighted %d times", n)
+	}
 	// No ID: no sightings.
 	c := f.store(f.next, nil, hooks{})
 	before = f.next.sightCount()
@@ -98,7 +105,7 @@ func TestSightingsOnRedisCluster(t *testing.T) {
 			t.Fatal(err)
 		}
 		cfg := DefaultConfig()
-		cfg.ID, cfg.Peers, cfg.SightEvery = id, func() int { return 10 }, 50*time.Millisecond
+		cfg.ID, cfg.Peers, cfg.SightEvery, cfg.BusyHits = id, func() int { return 10 }, 50*time.Millisecond, 1
 		s, err := New(rs, cfg)
 		if err != nil {
 			t.Fatal(err)
