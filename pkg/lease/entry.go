@@ -54,6 +54,7 @@ type entry struct {
 	// Sightings (Config.ID): when this enforcer last sighted the key, and the count of the
 	// enforcers that serve it from the store's last reply that carried one, at seenAt.
 	sightAt, seenAt int64
+	sightFrom       int64 // the first sighting of the current run (none SightTTL long before it)
 	seen            int
 	sighted         bool // sightAt is set
 }

@@ -124,7 +124,10 @@ func (s *Store) peers() int {
 // strand its few tokens on one of them. Called with e's shard lock held.
 func (s *Store) peersOf(e *entry, now int64) int {
 	p := s.peers()
-	if e.seen > 0 && e.seen < p && now-e.seenAt < int64(s.cfg.SightTTL) && e.busy(s.busyHits) {
+	// A count is believed from the second sighting on (SightEvery after the first, when
+	// the other enforcers that serve the key busily have sighted it too), and for
+	// SightTTL after the reply that carried it.
+	if e.seen > 0 && e.seen < p && now-e.seenAt < int64(s.cfg.SightTTL) && e.seenAt-e.sightFrom >= int64(s.cfg.SightEvery) && e.busy(s.busyHits) {
 		return e.seen
 	}
 	return p
@@ -136,19 +139,22 @@ func (s *Store) sight(e *entry, req *bucket.Request, now int64) {
 	if s.cfg.ID == "" || !e.busy(s.busyHits) || (e.sighted && now-e.sightAt < int64(s.cfg.SightEvery)) {
 		return
 	}
+	if !e.sighted || now-e.sightAt >= int64(s.cfg.SightTTL) {
+		e.sightFrom = now // a new run of sightings
+	}
 	e.sightAt, e.sighted = now, true
 	req.Sight, req.SightTTL = s.cfg.ID, s.cfg.SightTTL
 }
 
 // Seen returns how many enforcers of the region serve identity, as the store counted them
-// at most SightTTL ago, or 0 when this enforcer has no such count (it has not sighted
-// the key, or not lately). pkg/fallback sizes its local limits by it during an outage.
+// at most SightTTL ago and at least SightEvery after this enforcer began sighting the key,
+// or 0 when this enforcer has no such count (it has not sighted the key, or not lately). pkg/fallback sizes its local limits by it during an outage.
 func (s *Store) Seen(identity string) int {
 	sh := s.shardOf(identity)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	e := sh.m[identity]
-	if e == nil || e.seen == 0 || s.now()-e.seenAt >= int64(s.cfg.SightTTL) {
+	if e == nil || e.seen == 0 || s.now()-e.seenAt >= int64(s.cfg.SightTTL) || e.seenAt-e.sightFrom < int64(s.cfg.SightEvery) {
 		return 0
 	}
 	return e.seen

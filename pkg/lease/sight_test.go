@@ -26,12 +26,11 @@ func TestSightingsSizeAKeyByItsEnforcers(t *testing.T) {
 	r := req("k", 1000, 1000, 1)
 
 	f.take(f.s, r)
-	if n := f.s.Seen("k"); n != 1 {
-		t.Fatalf("after enf-a's first call: Seen %d, want 1", n)
-	}
 	f.take(b, r)
-	if n := b.Seen("k"); n != 2 {
-		t.Fatalf("after enf-b's first call: Seen %d, want 2", n)
+	// A first sighting's count is not believed: the others serving the key may not have
+	// sighted it yet.
+	if n := f.s.Seen("k"); n != 0 {
+		t.Fatalf("after enf-a's first call: Seen %d, want 0 (not believed yet)", n)
 	}
 	// Many calls within SightEvery sight once.
 	before := f.next.sightCount()
@@ -48,6 +47,7 @@ func TestSightingsSizeAKeyByItsEnforcers(t *testing.T) {
 	if n := f.s.Seen("k"); n != 2 {
 		t.Fatalf("enf-a after SightEvery: Seen %d, want 2", n)
 	}
+
 	// Batches are enf-a's part of two, not of ten: rate × Window / 2 = 50 at most.
 	for range 200 {
 		f.take(f.s, r)
@@ -116,15 +116,14 @@ func TestSightingsOnRedisCluster(t *testing.T) {
 		}
 		stores = append(stores, s)
 	}
-	if n := stores[2].Seen(r.Identity); n != 3 {
-		t.Fatalf("the third enforcer's count: %d, want 3", n)
-	}
-	// The others learn it at their next sighting (SightEvery later).
-	time.Sleep(60 * time.Millisecond) // Redis counts on its own clock
-	if _, err := stores[0].Take(context.Background(), &bucket.Request{Identity: r.Identity, Limits: r.Limits, Want: 1000}); err != nil {
-		t.Fatal(err)
-	}
-	if n := stores[0].Seen(r.Identity); n != 3 {
-		t.Fatalf("the first enforcer's count after its next sighting: %d, want 3", n)
+	// Each learns it at its next sighting, SightEvery later (Redis counts on its own clock).
+	time.Sleep(60 * time.Millisecond)
+	for i, s := range stores {
+		if _, err := s.Take(context.Background(), &bucket.Request{Identity: r.Identity, Limits: r.Limits, Want: 1000}); err != nil {
+			t.Fatal(err)
+		}
+		if n := s.Seen(r.Identity); n != 3 {
+			t.Fatalf("enforcer %d's count after its second sighting: %d, want 3", i, n)
+		}
 	}
 }
