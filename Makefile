@@ -4,7 +4,7 @@ PKGS     ?= ./...
 TIMEOUT  ?= 30m
 BENCHTIME ?= 2s
 
-.PHONY: all build test test-short bench lint images proto demo clean tools release release-check
+.PHONY: all build test test-short bench lint images proto demo clean tools release release-check image
 
 all: build
 
@@ -70,6 +70,13 @@ release:
 # test with the cache shared (TestReleaseReproducible).
 release-check:
 	ALLOT_RELEASE_COLD_CACHE=1 $(GO) test -count=1 -run '^TestReleaseReproducible$$' -v -timeout 30m ./e2e/
+
+# The image (issue 24 §2): allot/allot:<version>, the release's static binaries for this
+# machine's arch on the local base image, running as uid 10001, with OCI labels and a
+# HEALTHCHECK (`enforcer probe`). Built locally like every image here; the tag is the
+# last line printed. e2e/image_test.go runs it.
+image:
+	bash scripts/images.sh allot
 
 # The local base image (redis-server, etcd) the tests run; built once per machine. The e2e
 # stack's images (allot/gateway: the base plus Debian's nginx; allot/stack:<hash>: plus
