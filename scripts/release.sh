@@ -97,7 +97,6 @@ case "$EPOCH" in
 esac
 
 changelog_file="${ALLOT_CHANGELOG:-CHANGELOG.md}"
-[ -f "$changelog_file" ] || { echo "release: $changelog_file: no such file" >&2; exit 2; }
 
 ldflags() { echo "-s -w -buildid= -X $pkg.version=$VERSION -X $pkg.commit=$COMMIT"; }
 
@@ -121,6 +120,7 @@ section() {
 
 # changelog: NOTES.md's changelog part for VERSION, or an error when a release has none.
 changelog() {
+  [ -f "$changelog_file" ] || { echo "release: $changelog_file: no such file" >&2; return 2; }
   if awk -v want="$VERSION" '/^## / && $2 == want { found = 1 } END { exit !found }' "$changelog_file"; then
     local body
     body=$(section "$VERSION")
