@@ -4,13 +4,15 @@ PKGS     ?= ./...
 TIMEOUT  ?= 30m
 BENCHTIME ?= 2s
 
-.PHONY: all build test test-short bench lint images proto demo clean tools
+.PHONY: all build test test-short bench lint images proto demo clean tools release release-check image
 
 all: build
 
+# The binaries in bin/, stamped like a release (`bin/enforcer -version`: the version from
+# git describe, else dev, and the commit; scripts/release.sh ldflags).
 build:
 	$(GO) build ./...
-	$(GO) build -o bin/ ./cmd/...
+	$(GO) build -ldflags "$$(bash scripts/release.sh ldflags)" -o bin/ ./cmd/...
 
 # Everything, including the tests against real Redis, Redis Cluster and etcd in containers.
 # The images are built locally on first use (no registry is needed).
@@ -54,6 +56,27 @@ bench-load: images
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
+
+# A versioned release (issue 24 §1): static linux/amd64 and linux/arm64 archives of the
+# three binaries, NOTES.md (CHANGELOG.md's section for the version) and SHA256SUMS, in
+# bin/release/<version>/; the version is git describe's (a tag), else dev. Reproducible:
+# the same commit and Go give the same bytes (scripts/release.sh says how).
+# ALLOT_RELEASE_ARCHES=amd64 builds one arch.
+release:
+	bash scripts/release.sh archives
+
+# The reproducibility test with nothing shared: the release for linux/amd64 built twice,
+# the second time with an empty Go build cache (a few minutes). `make test` runs the same
+# test with the cache shared (TestReleaseReproducible).
+release-check:
+	ALLOT_RELEASE_COLD_CACHE=1 $(GO) test -count=1 -run '^TestReleaseReproducible$$' -v -timeout 30m ./e2e/
+
+# The image (issue 24 §2): allot/allot:<version>, the release's static binaries for this
+# machine's arch on the local base image, running as uid 10001, with OCI labels and a
+# HEALTHCHECK (`enforcer probe`). Built locally like every image here; the tag is the
+# last line printed. e2e/image_test.go runs it.
+image:
+	bash scripts/images.sh allot
 
 # The local base image (redis-server, etcd) the tests run; built once per machine. The e2e
 # stack's images (allot/gateway: the base plus Debian's nginx; allot/stack:<hash>: plus

@@ -12,6 +12,14 @@
 #                              /usr/local/bin. <hash> is a content hash of the binaries and
 #                              the gateway image, so a rerun with unchanged code reuses the
 #                              image; the tag is the last line printed.
+#   scripts/images.sh allot    allot/allot:<version>: the image users run (issue 24 §2; `make
+#                              image`). The release's static binaries for this machine's arch
+#                              (scripts/release.sh binaries: stamped with the version and
+#                              commit) in /usr/local/bin and the shipped configs in
+#                              /etc/allot, on the base image; runs as allot (uid:gid
+#                              10001:10001), OCI labels, a HEALTHCHECK running `enforcer
+#                              probe`, CMD enforcer. ALLOT_IMAGE_TAG overrides the tag; the
+#                              tag is the last line printed.
 #
 # The package mirror is read from this machine's apt configuration, never hard-coded
 # (ALLOT_DEBIAN_MIRROR overrides it). The base and gateway images are cached by tag: a
@@ -119,9 +127,67 @@ build_stack() {
   echo "$stack_tag"
 }
 
+# The allot image. Its labels (OCI image-spec annotations): version and revision from
+# scripts/release.sh describe, created at the commit's time, source the module path (no
+# URL is invented here). A health check needs no curl: the enforcer probes itself (GET
+# /readyz at the HTTP address its environment gives, loopback for ":8080").
+build_allot() {
+  build_base >&2
+  local root
+  root=$(cd "$(dirname "$0")/.." && pwd)
+  local version commit epoch
+  { read -r version; read -r commit; read -r epoch; } < <(bash "$root/scripts/release.sh" describe)
+  local allot_tag="${ALLOT_IMAGE_TAG:-allot/allot:${version//+/-}}"
+  allot_out=$(mktemp -d /tmp/allot-image.XXXXXX)
+  trap 'rm -rf "$allot_out"' EXIT
+  mkdir -p "$allot_out/bin" "$allot_out/etc"
+  bash "$root/scripts/release.sh" binaries "$allot_out/bin" >&2
+  (cd "$root/configs" && find . -type f ! -name '*.go' ! -path '*/testdata/*') | while read -r f; do
+    mkdir -p "$allot_out/etc/$(dirname "$f")"
+    cp "$root/configs/$f" "$allot_out/etc/$f"
+  done
+  # docker cp gives what it copies root as owner and keeps the modes: readable by all,
+  # writable by none but root, whatever this shell's umask.
+  chmod -R a+rX,go-w "$allot_out"
+  local name="allot-images-allot-$$"
+  docker rm -f "$name" >/dev/null 2>&1 || true
+  if ! docker run --name "$name" --network none --user 0 "$tag" sh -c '
+      groupadd --system --gid 10001 allot &&
+      useradd --system --uid 10001 --gid 10001 --home-dir /var/lib/allot --create-home \
+        --shell /usr/sbin/nologin allot &&
+      mkdir -p /etc/allot' >"$allot_out/run.log" 2>&1; then
+    cat "$allot_out/run.log" >&2
+    docker rm -f "$name" >/dev/null 2>&1 || true
+    exit 1
+  fi
+  docker cp "$allot_out/bin/." "$name:/usr/local/bin/"
+  docker cp "$allot_out/etc/." "$name:/etc/allot/"
+  local old
+  old=$(docker image inspect -f '{{.Id}}' "$allot_tag" 2>/dev/null || true)
+  local created
+  created=$(date -u -d "@$epoch" +%Y-%m-%dT%H:%M:%SZ)
+  docker commit \
+    -c 'USER 10001:10001' \
+    -c 'WORKDIR /var/lib/allot' \
+    -c 'EXPOSE 8080 8081' \
+    -c 'CMD ["enforcer"]' \
+    -c 'HEALTHCHECK --interval=5s --timeout=3s --start-period=10s --retries=3 CMD ["enforcer", "probe"]' \
+    -c "LABEL org.opencontainers.image.title=\"allot\" org.opencontainers.image.description=\"allot's enforcer, balancer and regionsim\" org.opencontainers.image.version=\"$version\" org.opencontainers.image.revision=\"$commit\" org.opencontainers.image.created=\"$created\" org.opencontainers.image.source=\"github.com/allot-dev/allot\"" \
+    "$name" "$allot_tag" >/dev/null
+  docker rm -f "$name" >/dev/null
+  local new
+  new=$(docker image inspect -f '{{.Id}}' "$allot_tag")
+  if [ -n "$old" ] && [ "$old" != "$new" ]; then
+    docker rmi "$old" >/dev/null 2>&1 || true # the image this tag named before, unless in use
+  fi
+  echo "images: built $allot_tag ($version, commit $commit)" >&2
+  echo "$allot_tag"
+}
+
 case "$what" in
   base) build_base ;;
   gateway) build_gateway ;;
   stack) build_stack ;;
-  *) echo "usage: scripts/images.sh [base|gateway|stack]" >&2; exit 2 ;;
+  allot) build_allot ;;
+  *) echo "usage: scripts/images.sh [base|gateway|stack|allot]" >&2; exit 2 ;;
 esac

@@ -7,12 +7,16 @@
 //	balancer -config configs/balancer.yaml [flags]
 //	balancer rules|override|shares|explain|audit ...   (the admin API's CLI: cli.go)
 //	balancer certs [-dir bin/certs] [-regions ...]      (report mTLS certificates: certs.go)
+//	balancer probe [flags]                              (a health check: GET /readyz, exit 0 when ready)
+//	balancer -version
 //
 // SIGINT/SIGTERM shut down gracefully: leadership is resigned so a standby takes over at
 // once.
 package main
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -20,6 +24,8 @@ import (
 
 	"github.com/allot-dev/allot/pkg/appkit"
 	"github.com/allot-dev/allot/pkg/balancer/app"
+	"github.com/allot-dev/allot/pkg/cliconf"
+	"github.com/allot-dev/allot/pkg/version"
 )
 
 func main() {
@@ -29,12 +35,19 @@ func main() {
 	if isCLI(os.Args[1:]) { // balancer rules|override|shares|explain|audit (cli.go)
 		os.Exit(cli(os.Args[1:], cliEnv{getenv: os.Getenv, stdout: os.Stdout, stderr: os.Stderr}))
 	}
-	os.Exit(run(os.Args[1:], os.Getenv, os.Stderr))
+	if len(os.Args) > 1 && os.Args[1] == "probe" {
+		os.Exit(probeCmd(os.Args[2:], os.Getenv, os.Stdout, os.Stderr))
+	}
+	os.Exit(run(os.Args[1:], os.Getenv, os.Stdout, os.Stderr))
 }
 
-func run(args []string, getenv func(string) string, stderr io.Writer) int {
+func run(args []string, getenv func(string) string, stdout, stderr io.Writer) int {
 	cfg, err := app.Parse(args, getenv, stderr)
 	if app.IsHelp(err) {
+		return 0
+	}
+	if errors.Is(err, cliconf.ErrVersion) {
+		fmt.Fprintln(stdout, version.Get().Line("balancer"))
 		return 0
 	}
 	if err != nil {
@@ -42,10 +55,44 @@ func run(args []string, getenv func(string) string, stderr io.Writer) int {
 		return 2
 	}
 	log := appkit.Logger("balancer", cfg.LogLevel, cfg.LogJSON, stderr)
+	v := version.Get()
+	log.Info("starting", "version", v.Version, "commit", v.Commit, "go", v.Go)
 	a, err := app.New(cfg, log)
 	if err != nil {
 		log.Error("could not start", "error", err)
 		return 1
 	}
 	return appkit.RunUntilSignal(log, a.Run, nil)
+}
+
+// probeTimeout bounds `balancer probe`.
+const probeTimeout = 2 * time.Second
+
+// probeCmd is `balancer probe [flags]`: GET /readyz on the HTTP address that the flags,
+// ALLOT_CONFIG and the ALLOT_* variables give (as the balancer reads them, unvalidated),
+// on loopback, over TLS when admin.tls puts it there. A standby is ready. Exit 0 when
+// ready (the answer, "ready: leader" or "ready: standby", on stdout), 1 when not or
+// unreachable (why on stderr), 2 for bad flags.
+func probeCmd(args []string, getenv func(string) string, stdout, stderr io.Writer) int {
+	cfg, err := app.ParseUnchecked(args, getenv, stderr)
+	if app.IsHelp(err) {
+		return 0
+	}
+	if errors.Is(err, cliconf.ErrVersion) {
+		fmt.Fprintln(stdout, version.Get().Line("balancer"))
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintln(stderr, err)
+		return 2
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), probeTimeout)
+	defer cancel()
+	answer, err := appkit.Probe(ctx, cfg.Listen.HTTP, "/readyz", cfg.HTTPOverTLS())
+	if err != nil {
+		fmt.Fprintln(stderr, "balancer probe:", err)
+		return 1
+	}
+	fmt.Fprintln(stdout, answer)
+	return 0
 }

@@ -4,19 +4,26 @@
 //
 //	enforcer -config configs/regions/us-east.yaml [flags]
 //	enforcer rules check FILE
+//	enforcer probe [flags]     (the image's health check: GET /readyz, exit 0 when ready)
+//	enforcer -version
 //
 // SIGINT/SIGTERM shut down gracefully; SIGHUP reloads the rules file.
 package main
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/allot-dev/allot/pkg/appkit"
+	"github.com/allot-dev/allot/pkg/cliconf"
 	"github.com/allot-dev/allot/pkg/enforcer/app"
 	"github.com/allot-dev/allot/pkg/rules"
+	"github.com/allot-dev/allot/pkg/version"
 )
 
 func main() { os.Exit(run(os.Args[1:], os.Getenv, os.Stdout, os.Stderr)) }
@@ -25,8 +32,15 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 	if len(args) > 0 && args[0] == "rules" {
 		return rulesCmd(args[1:], stdout, stderr)
 	}
+	if len(args) > 0 && args[0] == "probe" {
+		return probeCmd(args[1:], getenv, stdout, stderr)
+	}
 	cfg, err := app.Parse(args, getenv, stderr)
 	if app.IsHelp(err) {
+		return 0
+	}
+	if errors.Is(err, cliconf.ErrVersion) {
+		fmt.Fprintln(stdout, version.Get().Line("enforcer"))
 		return 0
 	}
 	if err != nil {
@@ -34,6 +48,8 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 		return 2
 	}
 	log := appkit.Logger("enforcer", cfg.LogLevel, cfg.LogJSON, stderr)
+	v := version.Get()
+	log.Info("starting", "version", v.Version, "commit", v.Commit, "go", v.Go)
 	gc, stopGC := app.ApplyRuntime(&cfg, getenv)
 	defer stopGC()
 	log.Info("go runtime", "gc", gc)
@@ -69,5 +85,36 @@ func rulesCmd(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	fmt.Fprintf(stdout, "%s: ok, %d rules\n", path, len(set.Rules))
+	return 0
+}
+
+// probeTimeout bounds `enforcer probe`; Docker's HEALTHCHECK gives it 3 s (scripts/images.sh).
+const probeTimeout = 2 * time.Second
+
+// probeCmd is `enforcer probe [flags]`: GET /readyz on the HTTP address that the flags,
+// ALLOT_CONFIG and the ALLOT_* variables give (as the enforcer reads them, unvalidated),
+// on loopback. Exit 0 when ready (the answer on stdout), 1 when not or unreachable (why
+// on stderr), 2 for bad flags.
+func probeCmd(args []string, getenv func(string) string, stdout, stderr io.Writer) int {
+	cfg, err := app.ParseUnchecked(args, getenv, stderr)
+	if app.IsHelp(err) {
+		return 0
+	}
+	if errors.Is(err, cliconf.ErrVersion) {
+		fmt.Fprintln(stdout, version.Get().Line("enforcer"))
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintln(stderr, err)
+		return 2
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), probeTimeout)
+	defer cancel()
+	answer, err := appkit.Probe(ctx, cfg.Listen.HTTP, "/readyz", false)
+	if err != nil {
+		fmt.Fprintln(stderr, "enforcer probe:", err)
+		return 1
+	}
+	fmt.Fprintln(stdout, answer)
 	return 0
 }

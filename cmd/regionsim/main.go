@@ -8,6 +8,7 @@
 //	regionsim rules -scenario FILE
 //	regionsim demo [-scenario configs/scenarios/demo.yaml] [-out bin/demo] [-redis ...]
 //	regionsim population [-keys 10000] [-seed 26] ... > configs/scenarios/long-tail.yaml
+//	regionsim -version
 //
 // Exit status: 0 when every key met its expectations, 1 when one did not, 2 for a bad
 // scenario or bad flags.
@@ -34,6 +35,7 @@ import (
 
 	"github.com/allot-dev/allot/pkg/sim"
 	"github.com/allot-dev/allot/pkg/sim/scenario"
+	"github.com/allot-dev/allot/pkg/version"
 )
 
 func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
@@ -47,6 +49,8 @@ const usage = `usage:
   regionsim population [-keys 10000] [-busy 20] [-middle 1000] [-seed 26] [-duration 10m]
                  [-regions us-east=3,eu-west=3,ap-south=3]
                  write a scenario of a realistic key population (configs/scenarios/long-tail.yaml)
+  regionsim -version
+                 print the version, the commit and the Go version
 `
 
 func run(args []string, stdout, stderr io.Writer) int {
@@ -65,6 +69,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return populationCmd(args[1:], stdout, stderr)
 	case "-h", "-help", "--help", "help":
 		fmt.Fprint(stdout, usage)
+		return 0
+	case "-version", "--version":
+		fmt.Fprintln(stdout, version.Get().Line("regionsim"))
 		return 0
 	}
 	fmt.Fprintf(stderr, "regionsim: unknown command %q\n%s", args[0], usage)

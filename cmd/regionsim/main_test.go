@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 
@@ -89,5 +90,22 @@ func TestExitStatus(t *testing.T) {
 	}
 	if rc := run([]string{"run", "-scenario", ok, "-policy", "nope"}, &out, &errb); rc != 2 {
 		t.Fatalf("bad policy: rc %d, want 2", rc)
+	}
+}
+
+func TestVersion(t *testing.T) {
+	for _, arg := range []string{"-version", "--version"} {
+		var out, errb bytes.Buffer
+		if rc := run([]string{arg}, &out, &errb); rc != 0 {
+			t.Fatalf("%s: rc %d: %s", arg, rc, errb.String())
+		}
+		want := "regionsim dev (commit unknown, " + runtime.Version() + ", " + runtime.GOOS + "/" + runtime.GOARCH + ")\n"
+		if out.String() != want {
+			t.Fatalf("%s: stdout %q, want %q", arg, out.String(), want)
+		}
+	}
+	var out, errb bytes.Buffer
+	if rc := run([]string{"-h"}, &out, &errb); rc != 0 || !strings.Contains(out.String(), "regionsim -version") {
+		t.Fatalf("usage does not list -version: %q", out.String())
 	}
 }

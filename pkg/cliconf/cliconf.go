@@ -19,6 +19,7 @@ package cliconf
 
 import (
 	"bytes"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -115,6 +116,11 @@ func LoadYAML[C any](path string, cfg *C) error {
 	return nil
 }
 
+// ErrVersion is Parse's error when -version was given: the program prints its version
+// (pkg/version) and exits 0. Nothing else is read: not the config file, not the
+// environment.
+var ErrVersion = errors.New("version requested")
+
 // Command is one program's command line. The zero value is not usable: Name, Default
 // and Overrides are needed. Parse does not change a Command, so one may serve concurrent
 // calls.
@@ -160,12 +166,14 @@ func (cmd *Command[C]) usage() string {
 // file (-config, else ALLOT_CONFIG; read by Load), ALLOT_* environment variables, and
 // flags. A variable is not read for a setting a flag gives. getenv is os.Getenv in main.
 // Usage and the flag package's errors go to out. On -h or -help the error is
-// flag.ErrHelp. Last it calls Validate.
+// flag.ErrHelp; on -version it is ErrVersion, before any file or variable is read. Last
+// it calls Validate.
 func (cmd *Command[C]) Parse(args []string, getenv func(string) string, out io.Writer) (C, error) {
 	var zero C
 	fs := flag.NewFlagSet(cmd.Name, flag.ContinueOnError)
 	fs.SetOutput(out)
 	configPath := fs.String("config", "", "YAML config file, e.g. "+cmd.ConfigExample+" (env ALLOT_CONFIG)")
+	showVersion := fs.Bool("version", false, "print the version, the commit and the Go version, and exit")
 	type given struct {
 		o *Override[C]
 		v string
@@ -191,6 +199,9 @@ func (cmd *Command[C]) Parse(args []string, getenv func(string) string, out io.W
 	}
 	if err := fs.Parse(args); err != nil {
 		return zero, err
+	}
+	if *showVersion {
+		return zero, ErrVersion
 	}
 	if fs.NArg() > 0 {
 		return zero, fmt.Errorf("%sunexpected arguments %q", cmd.Prefix, fs.Args())

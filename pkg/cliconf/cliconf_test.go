@@ -187,3 +187,23 @@ func TestHelp(t *testing.T) {
 		}
 	}
 }
+
+// -version stops Parse before anything is read or checked: a config file that does not
+// exist, a bad variable and a config that fails Validate do not hide it.
+func TestVersion(t *testing.T) {
+	env := map[string]string{"ALLOT_CONFIG": "/nonexistent", "ALLOT_WAIT": "soon"}
+	for _, args := range [][]string{{"-version"}, {"--version"}, {"-count", "-1", "-version"}, {"-version", "-config", "/nonexistent"}} {
+		_, err := testCommand().Parse(args, func(k string) string { return env[k] }, io.Discard)
+		if !errors.Is(err, ErrVersion) {
+			t.Errorf("Parse(%q): %v, want ErrVersion", args, err)
+		}
+	}
+	if _, err := testCommand().Parse([]string{"-version", "-nope"}, func(string) string { return "" }, io.Discard); err == nil || errors.Is(err, ErrVersion) {
+		t.Errorf("a flag it does not know beside -version: %v, want the flag error", err)
+	}
+	var out strings.Builder
+	testCommand().Parse([]string{"-h"}, func(string) string { return "" }, &out)
+	if !strings.Contains(out.String(), "-version") {
+		t.Errorf("usage does not list -version:\n%s", out.String())
+	}
+}

@@ -75,6 +75,7 @@ var overrides = slices.Concat([]cliconf.Override[Config]{
 // command is the balancer's command line: the overrides above over the config file.
 var command = cliconf.Command[Config]{
 	Name:          "balancer",
+	Synopsis:      []string{"balancer probe [flags]   (GET /readyz on the HTTP address these flags give; exit 0 when ready)"},
 	ConfigExample: "configs/balancer.yaml",
 	Prefix:        "app: ", Overrides: overrides, Default: DefaultConfig, Validate: (*Config).Validate,
 }
@@ -85,6 +86,19 @@ var command = cliconf.Command[Config]{
 func Parse(args []string, getenv func(string) string, out io.Writer) (Config, error) {
 	return command.Parse(args, getenv, out)
 }
+
+// ParseUnchecked is Parse without Validate, for `balancer probe`, which needs only the
+// HTTP address and whether it is TLS: a container's health check runs with the
+// container's environment but not the server's command line.
+func ParseUnchecked(args []string, getenv func(string) string, out io.Writer) (Config, error) {
+	c := command
+	c.Validate = nil
+	return c.Parse(args, getenv, out)
+}
+
+// HTTPOverTLS reports whether the HTTP listener of a replica with this configuration
+// serves TLS (the admin API's admin.tls puts it there).
+func (c *Config) HTTPOverTLS() bool { return c.Admin.Enabled && c.Admin.TLS.Enabled }
 
 // IsHelp reports whether err is the -h/-help request (Parse has printed the usage).
 func IsHelp(err error) bool { return errors.Is(err, flag.ErrHelp) }

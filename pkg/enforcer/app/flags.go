@@ -91,7 +91,7 @@ var settingOverrides = slices.Concat([]cliconf.Override[Config]{
 // command is the enforcer's command line: the overrides above over the config file.
 var command = cliconf.Command[Config]{
 	Name:          "enforcer",
-	Synopsis:      []string{"enforcer rules check FILE"},
+	Synopsis:      []string{"enforcer rules check FILE", "enforcer probe [flags]   (GET /readyz on the HTTP address these flags give; exit 0 when ready)"},
 	ConfigExample: "configs/regions/us-east.yaml",
 	Prefix:        "app: ", Overrides: settingOverrides, Default: DefaultConfig, Validate: (*Config).Validate,
 }
@@ -108,4 +108,14 @@ func IsHelp(err error) bool { return errors.Is(err, flag.ErrHelp) }
 // to out.
 func Parse(args []string, getenv func(string) string, out io.Writer) (Config, error) {
 	return command.Parse(args, getenv, out)
+}
+
+// ParseUnchecked is Parse without Validate, for `enforcer probe`, which needs only the
+// HTTP address: a container's health check runs with the container's environment but
+// not the server's command line, so the rest of a configuration given by flags (the
+// region, say) may be missing, and the address is then the default or ALLOT_HTTP_ADDR.
+func ParseUnchecked(args []string, getenv func(string) string, out io.Writer) (Config, error) {
+	c := command
+	c.Validate = nil
+	return c.Parse(args, getenv, out)
 }
