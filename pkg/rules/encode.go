@@ -20,14 +20,25 @@ type jsonRule struct {
 	ExpiresAt string             `json:"expires_at,omitempty"`
 	Reason    string             `json:"reason,omitempty"`
 	Shares    map[string]float64 `json:"shares,omitempty"`
+	Unlimited bool               `json:"unlimited,omitempty"`
+	Refuse    bool               `json:"refuse,omitempty"`
+	Replaces  []string           `json:"replaces,omitempty"`
 }
 
 type jsonMatch struct {
-	APIKey   string `json:"api_key,omitempty"`
-	Plan     string `json:"plan,omitempty"`
-	Org      string `json:"org,omitempty"`
-	Endpoint string `json:"endpoint,omitempty"`
-	IP       string `json:"ip,omitempty"`
+	APIKey     string          `json:"api_key,omitempty"`
+	Plan       string          `json:"plan,omitempty"`
+	Org        string          `json:"org,omitempty"`
+	Endpoint   string          `json:"endpoint,omitempty"`
+	IP         string          `json:"ip,omitempty"`
+	Domain     string          `json:"domain,omitempty"`
+	Descriptor []jsonDescEntry `json:"descriptor,omitempty"`
+}
+
+type jsonDescEntry struct {
+	Key    string `json:"key"`
+	Value  string `json:"value,omitempty"`
+	Shared bool   `json:"shared,omitempty"`
 }
 
 type jsonLimit struct {
@@ -41,12 +52,20 @@ type jsonLimit struct {
 // under the rules prefix (EtcdSource), which ParseRule reads back into an equal Rule.
 // Fields at their defaults are left out. It checks nothing: validate the set first.
 func EncodeRule(r *Rule) ([]byte, error) {
-	j := jsonRule{ID: r.ID, Cost: r.Cost, Reason: r.Reason, Shares: r.Shares}
-	if r.Match != (Match{}) {
-		m := jsonMatch(r.Match)
-		j.Match = &m
+	j := jsonRule{ID: r.ID, Cost: r.Cost, Reason: r.Reason, Shares: r.Shares, Unlimited: r.Unlimited, Refuse: r.Refuse, Replaces: r.Replaces}
+	if m := &r.Match; !m.IsZero() {
+		j.Match = &jsonMatch{APIKey: m.APIKey, Plan: m.Plan, Org: m.Org, Endpoint: m.Endpoint, IP: m.IP, Domain: m.Domain}
+		for _, e := range m.Descriptor {
+			j.Match.Descriptor = append(j.Match.Descriptor, jsonDescEntry(e))
+		}
 	}
-	if r.By != ByAPIKey {
+	// by is left out when it is the default a reader gives: descriptor for a descriptor
+	// rule, api_key for the others.
+	def := ByAPIKey
+	if len(r.Match.Descriptor) > 0 {
+		def = ByDescriptor
+	}
+	if r.By != def {
 		j.By = r.By.String()
 	}
 	if r.Mode != ModeEnforce {
@@ -58,7 +77,7 @@ func EncodeRule(r *Rule) ([]byte, error) {
 	if !r.ExpiresAt.IsZero() {
 		j.ExpiresAt = r.ExpiresAt.UTC().Format(time.RFC3339)
 	}
-	j.Limits = make([]jsonLimit, len(r.Limits))
+	j.Limits = make([]jsonLimit, len(r.Limits)) // [] when unlimited or refuse: the field is always there
 	for i, l := range r.Limits {
 		j.Limits[i] = jsonLimit{Name: l.Name, Rate: l.Rate, Per: formatPer(l.Per), Burst: l.Burst}
 	}
