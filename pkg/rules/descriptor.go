@@ -290,6 +290,10 @@ func appendEscaped(b []byte, s string) []byte {
 	return b
 }
 
+// HasDescriptors reports whether s has descriptor rules: only then need a front end pass
+// a request's descriptor entries (Attrs.Entries).
+func (s *Snapshot) HasDescriptors() bool { return s.domains != nil }
+
 // HasReplaces reports whether some rule of s replaces others (Rule.Replaces): only then
 // need a caller look for replaced rules (DropReplaced, Replacing).
 func (s *Snapshot) HasReplaces() bool { return s.hasReplaces }
