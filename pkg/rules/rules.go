@@ -39,7 +39,9 @@
 // them too). By: descriptor counts every distinct descriptor separately (the domain and
 // every entry's key and value make the identity), as envoyproxy/ratelimit counts them; an
 // entry matched by a Shared wildcard is counted by the wildcard instead, so all its values
-// share one bucket. See docs/envoy-ratelimit.md.
+// share one bucket. The domain selects descriptor rules only: the rules of the named
+// dimensions apply to a request whatever its domain, as before. See
+// docs/envoy-ratelimit.md.
 //
 // # Errors
 //
