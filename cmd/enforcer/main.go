@@ -3,7 +3,8 @@
 // configs/regions/ for example configs.
 //
 //	enforcer -config configs/regions/us-east.yaml [flags]
-//	enforcer rules check FILE
+//	enforcer rules check [--format allot|envoy-ratelimit] [--merge-domains] PATH
+//	enforcer rules import [--merge-domains] DIR
 //	enforcer probe [flags]     (the image's health check: GET /readyz, exit 0 when ready)
 //	enforcer -version
 //
@@ -16,13 +17,11 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"strings"
 	"time"
 
 	"github.com/allot-dev/allot/pkg/appkit"
 	"github.com/allot-dev/allot/pkg/cliconf"
 	"github.com/allot-dev/allot/pkg/enforcer/app"
-	"github.com/allot-dev/allot/pkg/rules"
 	"github.com/allot-dev/allot/pkg/version"
 )
 
@@ -65,27 +64,6 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 			log.Info("reloaded", "rules", a.Rules().Current().Version())
 		}
 	})
-}
-
-// rulesCmd is `enforcer rules check FILE`: it validates FILE and exits non-zero with every
-// error, naming rule, field and line.
-func rulesCmd(args []string, stdout, stderr io.Writer) int {
-	if len(args) != 2 || args[0] != "check" {
-		fmt.Fprintln(stderr, "usage: enforcer rules check FILE")
-		return 2
-	}
-	path := args[1]
-	if err := rules.CheckFile(path); err != nil {
-		fmt.Fprintln(stderr, strings.TrimSpace(err.Error()))
-		return 1
-	}
-	set, err := rules.LoadFile(path)
-	if err != nil { // CheckFile passed, so this cannot fail short of a race on the file
-		fmt.Fprintln(stderr, err)
-		return 1
-	}
-	fmt.Fprintf(stdout, "%s: ok, %d rules\n", path, len(set.Rules))
-	return 0
 }
 
 // probeTimeout bounds `enforcer probe`; Docker's HEALTHCHECK gives it 3 s (scripts/images.sh).

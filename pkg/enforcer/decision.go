@@ -62,7 +62,8 @@ type Decision struct {
 	Share float64
 	// CountedBy names what the deciding rule counted this request by (rules.CountedBy):
 	// "api_key", "ip" (also for a keyless request under a rule counted by api_key),
-	// "anonymous" (neither key nor IP), "org", "endpoint" or "global"; "" when no rule.
+	// "anonymous" (neither key nor IP), "org", "endpoint", "global" or "descriptor"; ""
+	// when no rule.
 	CountedBy string
 
 	shadowN     int
@@ -112,6 +113,9 @@ func ceilSeconds(t time.Duration) int64 {
 // quotaWindow states a token bucket as an IETF quota policy: q = burst (whole tokens),
 // w = burst / rate seconds rounded up (at least 1).
 func quotaWindow(l *bucket.Limit) (q, w int64) {
+	if !(l.Rate > 0) {
+		return 0, 1 // a limit of nothing (a refuse rule's)
+	}
 	q = int64(math.Floor(l.Burst))
 	secs := math.Ceil(l.Burst/l.Rate - 1e-9)
 	if secs < 1 {

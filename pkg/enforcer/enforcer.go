@@ -37,6 +37,9 @@ type Request struct {
 	// Hits is how many requests this check stands for; 0 means 1. Each rule takes
 	// Hits × its cost for the endpoint.
 	Hits int64
+	// Replaced names rules (by id) that do not apply to this check because a rule matching
+	// another check of the same gateway request replaces them (JoinReplaces fills it).
+	Replaced []string
 }
 
 // UsageObserver is told the outcome of every enforcing take; it is the seam for
@@ -156,6 +159,11 @@ func (e *Enforcer) Validate(req *Request) error {
 	if req.Hits < 0 || req.Hits > l.MaxHits {
 		return fmt.Errorf("%w: hits %d, must be in [0, %d]", ErrInvalid, req.Hits, l.MaxHits)
 	}
+	if len(a.Entries) > 0 || a.Domain != "" {
+		if err := l.validateDescriptor(a); err != nil {
+			return err
+		}
+	}
 	// One route, one spelling: "/v1/login/", "//v1/login", "/V1/%6cogin;x" all match rules
 	// written for "/v1/login" (rules.NormalizeEndpoint says how).
 	// Written only when it changes: a request already normal (most are, and a shared
@@ -194,6 +202,9 @@ func (e *Enforcer) Check(ctx context.Context, req *Request) (Decision, error) {
 	sc := e.scratch.Get().(*scratch)
 	defer e.putScratch(sc)
 	sc.matched = snap.Match(&req.Attrs, now, sc.matched[:0])
+	if snap.HasReplaces() {
+		sc.matched = rules.DropReplaced(sc.matched, req.Replaced)
+	}
 	orderTakes(sc.matched)
 
 	chosen := false // d holds an allowed rule's budget
@@ -221,10 +232,14 @@ func (e *Enforcer) Check(ctx context.Context, req *Request) (Decision, error) {
 			// This region holds none of the burst for the identity (its share of it is under
 			// one request's cost, docs/design.md §9): refused from memory, and observed as refused
 			// demand so the region reports it and the balancer moves a token here.
+			// A rule that refuses everything (rules.Rule.Refuse) holds nothing anywhere: no
+			// token can be moved, so it is not reported.
 			retry := noTokensRetry(m.Rule, want)
 			e.fill(&d, m, limits{m.Rule.Global, lim.share}, 0, &bucket.Result{Reset: retry, RetryAfter: retry})
 			d.Allowed, d.Source, d.Remaining, d.Quota = false, SourceRefusalCache, 0, 0
-			e.observeUsage(m, want, false, SourceRefusalCache, now)
+			if !m.Rule.Refuses() {
+				e.observeUsage(m, want, false, SourceRefusalCache, now)
+			}
 			continue
 		case !ok || errors.Is(err, bucket.ErrInvalid):
 			// Only the cost can make a compiled rule's request invalid: it can never fit.
@@ -424,7 +439,8 @@ func tokens(cost, hits int64) (int64, bool) {
 }
 
 // orderTakes sorts matched rules so enforcing rules come first, narrowest identity first
-// (the order of rules.By: api key, ip, org, endpoint, global), shadow rules last; stable,
+// (the order of rules.By: api key, ip, org, endpoint, global, then descriptor rules
+// counted by descriptor, whose breadth their values decide), shadow rules last; stable,
 // so the snapshot's order breaks ties. Insertion sort: a request matches a handful of
 // rules and this must not allocate.
 func orderTakes(ms []rules.Matched) {

@@ -113,6 +113,9 @@ func (e *Enforcer) Explain(ctx context.Context, req *Request, admin bool) (Expla
 	}
 	x.RulesVersion = snap.Version()
 	matched := snap.Match(&req.Attrs, now, nil)
+	if snap.HasReplaces() {
+		matched = rules.DropReplaced(matched, req.Replaced)
+	}
 	orderTakes(matched)
 	cands := snap.Candidates(&req.Attrs, now)
 	peek := e.cfg.Peek
@@ -147,7 +150,11 @@ func (e *Enforcer) Explain(ctx context.Context, req *Request, admin bool) (Expla
 			x.Rules = append(x.Rules, re)
 			continue
 		}
-		if rules.NoTokens(lim.l) {
+		if c.Refuses() {
+			for j := range re.Limits {
+				re.Limits[j].LevelError = "the rule refuses every request (refuse: true); no bucket is kept"
+			}
+		} else if rules.NoTokens(lim.l) {
 			for j := range re.Limits {
 				re.Limits[j].LevelError = "this region holds none of the burst: its share is under one request's cost, so it refuses until the balancer moves a token here"
 			}
@@ -208,6 +215,10 @@ func matchedFields(m rules.Match, a *rules.Attrs) map[string]string {
 	if m.IP != "" {
 		out["ip"] = a.IP.String() + " in " + m.IP
 	}
+	if len(m.Descriptor) > 0 {
+		out["domain"] = a.Domain
+		out["descriptor"] = rules.DescriptorIdentity(a.Domain, a.Entries, nil)
+	}
 	return out
 }
 
@@ -225,6 +236,9 @@ func why(re *RuleExplain) string {
 	}
 	if b.Specificity < re.Specificity {
 		return s + fmt.Sprintf(": specificity %d over %d (api_key 16, org 8, plan 4, endpoint 2, ip 1)", re.Specificity, b.Specificity)
+	}
+	if _, ok := re.Matched["descriptor"]; ok {
+		return s + ": its descriptor path is the one the request's entries take (at each depth an exact value before a wildcard before any value), or same specificity and written first"
 	}
 	return s + ": same specificity, a longer IP prefix or written first"
 }

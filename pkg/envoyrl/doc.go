@@ -1,5 +1,6 @@
 // Package envoyrl loads envoyproxy/ratelimit's YAML configuration files strictly into a
-// model (issue 23, §2's first bullet). Nothing serves the model yet.
+// model (issue 23, §2's first bullet). pkg/rules serves it: rules.FromEnvoy turns the
+// model into descriptor rules and rules.EnvoyDirSource watches a directory of the files.
 //
 // The rules mirror envoyproxy/ratelimit's loader (src/config/config_impl.go): a file it
 // rejects, Parse rejects, naming file and line and every problem of the file at once,

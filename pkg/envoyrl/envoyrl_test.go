@@ -465,3 +465,41 @@ func FuzzParse(f *testing.F) {
 		}
 	})
 }
+
+func TestReadDir(t *testing.T) {
+	dir := writeDir(t, map[string]string{
+		"a.yaml":    readmeExamples["example1"],
+		"notes.txt": "not yaml: [",
+		".hidden":   "nonsense: [",
+	})
+	if err := os.Mkdir(filepath.Join(dir, "sub"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(filepath.Join(dir, "..data"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "..data", "b.yaml"), []byte(readmeExamples["example2"]), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// A ConfigMap mount: the file is a symbolic link into the dot directory.
+	if err := os.Symlink(filepath.Join("..data", "b.yaml"), filepath.Join(dir, "b.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	files, skipped, err := ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(files) != 2 || filepath.Base(files[0].Name) != "a.yaml" || filepath.Base(files[1].Name) != "b.yaml" || !strings.Contains(string(files[1].Data), "messaging") {
+		t.Fatalf("files %+v", files)
+	}
+	if len(skipped) != 2 || filepath.Base(skipped[0]) != "notes.txt" || filepath.Base(skipped[1]) != "sub" {
+		t.Errorf("skipped %q, want notes.txt and sub", skipped)
+	}
+	cfgs, err := ParseFiles(files, false)
+	if err != nil || len(cfgs) != 2 || cfgs[1].Domain != "messaging" {
+		t.Fatalf("ParseFiles: %v %+v", err, cfgs)
+	}
+	if _, _, err := ReadDir(filepath.Join(dir, "missing")); err == nil || !errors.Is(err, ErrInvalid) {
+		t.Errorf("missing directory: %v", err)
+	}
+}

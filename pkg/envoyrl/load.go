@@ -1,16 +1,35 @@
 package envoyrl
 
-// LoadDir and LoadDirMerged: the files of a directory, one domain each or merged.
+// LoadDir and LoadDirMerged: the files of a directory, one domain each or merged; ReadDir
+// and ParseFiles, the two halves of each, for a source that looks for changes before it
+// parses.
 
 import (
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
 	"sort"
 	"strings"
 )
+
+// Bounds on what one directory may hold; more is an error, not a slow start.
+const (
+	// MaxFileSize is the largest file ReadDir reads.
+	MaxFileSize = 32 << 20
+	// MaxDirSize is the most bytes ReadDir reads from one directory, all files together.
+	MaxDirSize = 64 << 20
+	// MaxFiles is the most configuration files one directory may hold.
+	MaxFiles = 10_000
+)
+
+// File is one configuration file as read: its path (dir joined with its name) and content.
+type File struct {
+	Name string
+	Data []byte
+}
 
 // LoadDir loads every *.yaml and *.yml file of dir (not its subdirectories, not dot
 // files), in name order, each one domain: a domain in two files is an error, as in
@@ -24,37 +43,93 @@ func LoadDir(dir string) ([]*Config, error) { return loadDir(dir, false) }
 func LoadDirMerged(dir string) ([]*Config, error) { return loadDir(dir, true) }
 
 func loadDir(dir string, merge bool) ([]*Config, error) {
+	files, _, err := ReadDir(dir)
+	if err != nil {
+		return nil, err
+	}
+	return ParseFiles(files, merge)
+}
+
+// ReadDir reads the files LoadDir loads: every regular *.yaml and *.yml file of dir (a
+// symbolic link to one counts), in name order. skipped names what it passed over that
+// envoyproxy/ratelimit would read (other files, subdirectories); dot files and dot
+// directories (a Kubernetes ConfigMap mount's ..data) are not named. A file or
+// directory it cannot read, or more than MaxFiles, MaxFileSize or MaxDirSize, is an
+// error wrapping ErrInvalid.
+func ReadDir(dir string) (files []File, skipped []string, err error) {
 	ents, err := os.ReadDir(dir)
 	if err != nil {
-		return nil, &Error{File: dir, Msg: err.Error()}
+		return nil, nil, &Error{File: dir, Msg: err.Error()}
 	}
 	var names []string
 	for _, e := range ents {
 		n := e.Name()
-		ext := filepath.Ext(n)
-		if strings.HasPrefix(n, ".") || (ext != ".yaml" && ext != ".yml") {
+		if strings.HasPrefix(n, ".") {
 			continue
 		}
-		if !e.Type().IsRegular() {
-			if fi, err := os.Stat(filepath.Join(dir, n)); err != nil || !fi.Mode().IsRegular() {
-				continue
-			}
+		path := filepath.Join(dir, n)
+		regular := e.Type().IsRegular()
+		if !regular {
+			fi, err := os.Stat(path)
+			regular = err == nil && fi.Mode().IsRegular()
+		}
+		if ext := filepath.Ext(n); !regular || (ext != ".yaml" && ext != ".yml") {
+			skipped = append(skipped, path)
+			continue
 		}
 		names = append(names, n)
 	}
+	if len(names) > MaxFiles {
+		return nil, nil, &Error{File: dir, Msg: fmt.Sprintf("%d configuration files, more than %d", len(names), MaxFiles)}
+	}
 	sort.Strings(names)
+	var errs []error
+	total := 0
+	for _, n := range names {
+		path := filepath.Join(dir, n)
+		data, err := readLimited(path, min(MaxFileSize, MaxDirSize-total))
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		total += len(data)
+		files = append(files, File{Name: path, Data: data})
+	}
+	if len(errs) > 0 {
+		return nil, skipped, errors.Join(errs...)
+	}
+	return files, skipped, nil
+}
+
+// readLimited reads at most max bytes of path; a longer file is an error.
+func readLimited(path string, max int) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, &Error{File: path, Msg: err.Error()}
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, int64(max)+1))
+	switch {
+	case err != nil:
+		return nil, &Error{File: path, Msg: err.Error()}
+	case len(data) > max && max < MaxFileSize:
+		return nil, &Error{File: path, Msg: fmt.Sprintf("the directory's files are more than %d bytes together", MaxDirSize)}
+	case len(data) > max:
+		return nil, &Error{File: path, Msg: fmt.Sprintf("file is larger than %d bytes", MaxFileSize)}
+	}
+	return data, nil
+}
+
+// ParseFiles parses files, in their order, as LoadDir (merge false: a domain in two
+// files is an error) or LoadDirMerged (merge true) does. Every problem of every file is
+// in the one error, each wrapping ErrInvalid.
+func ParseFiles(files []File, merge bool) ([]*Config, error) {
 	var (
 		errs []error
 		cfgs []*Config
 	)
-	for _, n := range names {
-		path := filepath.Join(dir, n)
-		data, err := os.ReadFile(path)
-		if err != nil {
-			errs = append(errs, &Error{File: path, Msg: err.Error()})
-			continue
-		}
-		cfg, err := Parse(path, data)
+	for _, f := range files {
+		cfg, err := Parse(f.Name, f.Data)
 		if err != nil {
 			errs = append(errs, err)
 			continue
@@ -74,7 +149,7 @@ func loadDir(dir string, merge bool) ([]*Config, error) {
 // Combine checks a set of parsed configurations as envoyproxy/ratelimit's loader does
 // across files (or xDS resources): one domain each, or (merge, MERGE_DOMAIN_CONFIG=true)
 // the configurations of one domain merged into the first, whose top-level descriptors must
-// then differ in composite key. It does not change cfgs' Configs unless merge joins some.
+// then differ in composite key. It does not change cfgs' Configs.
 func Combine(cfgs []*Config, merge bool) ([]*Config, error) {
 	var (
 		errs  []error

@@ -27,7 +27,7 @@ func (s *Snapshot) Candidates(a *Attrs, now time.Time) []Candidate {
 		if !known(r.c.By, a, ip) {
 			continue
 		}
-		fits := r.matches(a, ip, time.Time{}) // the zero time: before every expiry
+		fits := r.matches(a, ip, time.Time{}) && (r.desc == nil || r.fitsDescriptor(a)) // the zero time: before every expiry
 		if !fits {
 			continue
 		}

@@ -123,9 +123,17 @@ type Compiled struct {
 	// nil without): what the balancer starts from and returns an identity to.
 	Split map[string]float64
 	Match Match // as written, for logs and tools
+	// Unlimited rules have no limits; Match never returns them (see Rule.Unlimited).
+	Unlimited bool
+	// Replaces are the ids of the rules this one replaces (see Rule.Replaces).
+	Replaces []string
 
 	maxCost float64 // max(1, the largest cost): the burst clamp
 }
+
+// Refuses reports whether the rule refuses every request everywhere (Rule.Refuse): its
+// global limit holds nothing, so no share of it can.
+func (c *Compiled) Refuses() bool { return NoTokens(c.Global) }
 
 // LimitsFor appends to dst the rule's limits scaled by share (in [0, 1]) as described on
 // Compiled, and returns the extended slice: LimitsFor(c.Share, nil) equals c.Limits. It
@@ -169,6 +177,9 @@ func NoTokens(limits []bucket.Limit) bool {
 const burstEpsilon = 1e-9
 
 func scaleLimit(g bucket.Limit, share, maxCost float64) bucket.Limit {
+	if g.Burst == 0 {
+		return bucket.Limit{Name: g.Name} // a refuse rule's limit of nothing, at any share
+	}
 	if share >= 1 {
 		// The global limit: Validate keeps burst ≥ the largest cost and the refill time
 		// within MaxRefill, so neither clamp bites on a valid rule.
@@ -192,6 +203,9 @@ type crule struct {
 	cost   map[string]int64
 	score  int // see Specificity
 	order  int // position in the set
+	// desc is the descriptor match with its wildcards split, for Candidates; nil for a
+	// rule of the named dimensions.
+	desc []descEdge
 }
 
 // Specificity is how specific a match is: the sum of api_key 16, org 8, plan 4,
@@ -257,12 +271,18 @@ func Compile(s *Set, opt CompileOptions) (*Snapshot, error) {
 		if NoTokens(lims) {
 			lims = cr.c.Global
 		}
+		if len(lims) == 0 || NoTokens(lims) {
+			continue // unlimited or refuse: no store is ever asked
+		}
 		req := bucket.Request{Identity: "check", Limits: lims, Want: 1}
 		if err := req.Validate(); err != nil {
 			return nil, ruleErr(r, i, s.file, "limits", "after scaling by share %g: %v", cr.c.Share, err)
 		}
 	}
 	snap.buildLanes()
+	if err := snap.buildDescriptors(s); err != nil {
+		return nil, err
+	}
 	return snap, nil
 }
 
@@ -286,7 +306,8 @@ func compileRule(r *Rule, order int, opt CompileOptions, cr *crule) {
 		c: Compiled{
 			ID: r.ID, Mode: r.Mode, FailMode: r.FailMode, By: r.By,
 			Global:    make([]bucket.Limit, len(r.Limits)),
-			ExpiresAt: r.ExpiresAt, Reason: r.Reason, Policy: r.ID, Share: share, Split: split, Match: r.Match,
+			ExpiresAt: r.ExpiresAt, Reason: r.Reason, Policy: r.ID, Share: share, Split: split, Match: cloneMatch(r.Match),
+			Unlimited: r.Unlimited, Replaces: slices.Clone(r.Replaces),
 			maxCost: float64(maxCost),
 		},
 		m:     normalMatch(r.Match),
@@ -296,6 +317,10 @@ func compileRule(r *Rule, order int, opt CompileOptions, cr *crule) {
 	}
 	if r.Match.IP != "" {
 		cr.prefix, _ = parseIPMatch(r.Match.IP) // Validate checked it
+	}
+	cr.desc = descEdges(r.Match.Descriptor)
+	if r.Refuse {
+		cr.c.Global = []bucket.Limit{{Name: r.ID + "/refuse"}} // holds nothing: NoTokens
 	}
 	for j, l := range r.Limits {
 		burst := l.Burst
@@ -381,6 +406,12 @@ func (l *lane) sort() {
 func (s *Snapshot) buildLanes() {
 	for i := range s.rules {
 		r := &s.rules[i]
+		if len(r.c.Replaces) > 0 {
+			s.hasReplaces = true
+		}
+		if r.desc != nil {
+			continue // filed in its domain's descriptor tree (buildDescriptors)
+		}
 		ln := &s.lanes[r.c.By][r.c.Mode]
 		if *ln == nil {
 			*ln = &lane{}
@@ -403,6 +434,14 @@ func (s *Snapshot) buildLanes() {
 
 // normalMatch is m with its endpoint in the form requests' endpoints are matched in.
 func normalMatch(m Match) Match {
+	m = cloneMatch(m)
 	m.Endpoint = NormalizeEndpoint(m.Endpoint)
+	return m
+}
+
+// cloneMatch is m with its own copy of the descriptor: the snapshot must not change if
+// the Set does.
+func cloneMatch(m Match) Match {
+	m.Descriptor = slices.Clone(m.Descriptor)
 	return m
 }

@@ -1,10 +1,13 @@
 package rules
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"strings"
 	"time"
+
+	"gopkg.in/yaml.v3"
 )
 
 // jsonRule is one rule in the schema ParseYAML reads (an entry of `rules:`), as JSON: what
@@ -20,14 +23,25 @@ type jsonRule struct {
 	ExpiresAt string             `json:"expires_at,omitempty"`
 	Reason    string             `json:"reason,omitempty"`
 	Shares    map[string]float64 `json:"shares,omitempty"`
+	Unlimited bool               `json:"unlimited,omitempty"`
+	Refuse    bool               `json:"refuse,omitempty"`
+	Replaces  []string           `json:"replaces,omitempty"`
 }
 
 type jsonMatch struct {
-	APIKey   string `json:"api_key,omitempty"`
-	Plan     string `json:"plan,omitempty"`
-	Org      string `json:"org,omitempty"`
-	Endpoint string `json:"endpoint,omitempty"`
-	IP       string `json:"ip,omitempty"`
+	APIKey     string          `json:"api_key,omitempty"`
+	Plan       string          `json:"plan,omitempty"`
+	Org        string          `json:"org,omitempty"`
+	Endpoint   string          `json:"endpoint,omitempty"`
+	IP         string          `json:"ip,omitempty"`
+	Domain     string          `json:"domain,omitempty"`
+	Descriptor []jsonDescEntry `json:"descriptor,omitempty"`
+}
+
+type jsonDescEntry struct {
+	Key    string `json:"key"`
+	Value  string `json:"value,omitempty"`
+	Shared bool   `json:"shared,omitempty"`
 }
 
 type jsonLimit struct {
@@ -41,12 +55,20 @@ type jsonLimit struct {
 // under the rules prefix (EtcdSource), which ParseRule reads back into an equal Rule.
 // Fields at their defaults are left out. It checks nothing: validate the set first.
 func EncodeRule(r *Rule) ([]byte, error) {
-	j := jsonRule{ID: r.ID, Cost: r.Cost, Reason: r.Reason, Shares: r.Shares}
-	if r.Match != (Match{}) {
-		m := jsonMatch(r.Match)
-		j.Match = &m
+	j := jsonRule{ID: r.ID, Cost: r.Cost, Reason: r.Reason, Shares: r.Shares, Unlimited: r.Unlimited, Refuse: r.Refuse, Replaces: r.Replaces}
+	if m := &r.Match; !m.IsZero() {
+		j.Match = &jsonMatch{APIKey: m.APIKey, Plan: m.Plan, Org: m.Org, Endpoint: m.Endpoint, IP: m.IP, Domain: m.Domain}
+		for _, e := range m.Descriptor {
+			j.Match.Descriptor = append(j.Match.Descriptor, jsonDescEntry(e))
+		}
 	}
-	if r.By != ByAPIKey {
+	// by is left out when it is the default a reader gives: descriptor for a descriptor
+	// rule, api_key for the others.
+	def := ByAPIKey
+	if len(r.Match.Descriptor) > 0 {
+		def = ByDescriptor
+	}
+	if r.By != def {
 		j.By = r.By.String()
 	}
 	if r.Mode != ModeEnforce {
@@ -58,11 +80,139 @@ func EncodeRule(r *Rule) ([]byte, error) {
 	if !r.ExpiresAt.IsZero() {
 		j.ExpiresAt = r.ExpiresAt.UTC().Format(time.RFC3339)
 	}
-	j.Limits = make([]jsonLimit, len(r.Limits))
+	j.Limits = make([]jsonLimit, len(r.Limits)) // [] when unlimited or refuse: the field is always there
 	for i, l := range r.Limits {
 		j.Limits[i] = jsonLimit{Name: l.Name, Rate: l.Rate, Per: formatPer(l.Per), Burst: l.Burst}
 	}
 	return json.MarshalIndent(j, "", "  ") // one field a line: errors name lines usefully
+}
+
+// yamlSet and yamlRule are a set in the rule file schema as YAML: what EncodeSet writes.
+type yamlSet struct {
+	Version string     `yaml:"version,omitempty"`
+	Rules   []yamlRule `yaml:"rules"`
+}
+
+type yamlRule struct {
+	ID        string             `yaml:"id"`
+	Match     *yamlMatch         `yaml:"match,omitempty"`
+	By        string             `yaml:"by,omitempty"`
+	Limits    []yamlLimit        `yaml:"limits,omitempty"`
+	Unlimited bool               `yaml:"unlimited,omitempty"`
+	Refuse    bool               `yaml:"refuse,omitempty"`
+	Replaces  []string           `yaml:"replaces,omitempty,flow"`
+	Cost      map[string]int64   `yaml:"cost,omitempty"`
+	Mode      string             `yaml:"mode,omitempty"`
+	FailMode  string             `yaml:"fail_mode,omitempty"`
+	ExpiresAt string             `yaml:"expires_at,omitempty"`
+	Reason    string             `yaml:"reason,omitempty"`
+	Shares    map[string]float64 `yaml:"shares,omitempty"`
+}
+
+type yamlMatch struct {
+	APIKey     string          `yaml:"api_key,omitempty"`
+	Plan       string          `yaml:"plan,omitempty"`
+	Org        string          `yaml:"org,omitempty"`
+	Endpoint   string          `yaml:"endpoint,omitempty"`
+	IP         string          `yaml:"ip,omitempty"`
+	Domain     string          `yaml:"domain,omitempty"`
+	Descriptor []yamlDescEntry `yaml:"descriptor,omitempty"`
+}
+
+type yamlDescEntry struct {
+	Key    string `yaml:"key"`
+	Value  string `yaml:"value,omitempty"`
+	Shared bool   `yaml:"shared,omitempty"`
+}
+
+type yamlLimit struct {
+	Name  string  `yaml:"name"`
+	Rate  float64 `yaml:"rate"`
+	Per   string  `yaml:"per"`
+	Burst float64 `yaml:"burst,omitempty"`
+}
+
+// EncodeSet writes s as a rule file (YAML) that LoadFile and ParseYAML read back into the
+// same rules: what `enforcer rules import` prints. Fields at their defaults are left out,
+// each descriptor entry and limit is one line. It checks nothing: compile the set first.
+func EncodeSet(s *Set) []byte {
+	out := yamlSet{Version: s.Version, Rules: make([]yamlRule, len(s.Rules))}
+	for i := range s.Rules {
+		r := &s.Rules[i]
+		// EncodeRule's JSON is the one place defaults are left out; read it back as YAML.
+		j, err := EncodeRule(r)
+		if err == nil {
+			var jr jsonRule
+			if err = json.Unmarshal(j, &jr); err == nil {
+				out.Rules[i] = yamlRuleOf(&jr)
+			}
+		}
+		if err != nil { // a time json refuses (year > 9999): say it where the rule goes
+			out.Rules[i] = yamlRule{ID: r.ID, Reason: "cannot encode: " + err.Error()}
+		}
+	}
+	var b bytes.Buffer
+	enc := yaml.NewEncoder(&b)
+	enc.SetIndent(2)
+	_ = enc.Encode(out) // plain structs of strings, numbers and maps: never fails
+	_ = enc.Close()
+	// One descriptor entry or limit a line: flow mappings inside the block lists.
+	return flowLeaves(b.Bytes())
+}
+
+func yamlRuleOf(j *jsonRule) yamlRule {
+	y := yamlRule{ID: j.ID, By: j.By, Unlimited: j.Unlimited, Refuse: j.Refuse, Replaces: j.Replaces, Cost: j.Cost,
+		Mode: j.Mode, FailMode: j.FailMode, ExpiresAt: j.ExpiresAt, Reason: j.Reason, Shares: j.Shares}
+	if m := j.Match; m != nil {
+		y.Match = &yamlMatch{APIKey: m.APIKey, Plan: m.Plan, Org: m.Org, Endpoint: m.Endpoint, IP: m.IP, Domain: m.Domain}
+		for _, e := range m.Descriptor {
+			y.Match.Descriptor = append(y.Match.Descriptor, yamlDescEntry(e))
+		}
+	}
+	for _, l := range j.Limits {
+		y.Limits = append(y.Limits, yamlLimit(l))
+	}
+	return y
+}
+
+// flowLeaves rewrites each list item that is a mapping of scalars (a descriptor entry, a
+// limit) as one flow mapping line: "- {key: k, value: v}".
+func flowLeaves(in []byte) []byte {
+	var doc yaml.Node
+	if err := yaml.Unmarshal(in, &doc); err != nil {
+		return in
+	}
+	var walk func(n *yaml.Node)
+	walk = func(n *yaml.Node) {
+		if n.Kind == yaml.SequenceNode {
+			for _, c := range n.Content {
+				if c.Kind == yaml.MappingNode && scalarsOnly(c) {
+					c.Style = yaml.FlowStyle
+				}
+			}
+		}
+		for _, c := range n.Content {
+			walk(c)
+		}
+	}
+	walk(&doc)
+	var b bytes.Buffer
+	enc := yaml.NewEncoder(&b)
+	enc.SetIndent(2)
+	if err := enc.Encode(&doc); err != nil {
+		return in
+	}
+	_ = enc.Close()
+	return b.Bytes()
+}
+
+func scalarsOnly(m *yaml.Node) bool {
+	for _, c := range m.Content {
+		if c.Kind != yaml.ScalarNode {
+			return false
+		}
+	}
+	return true
 }
 
 // formatPer writes a period the way rule files do: "1s", "1m", "1h30m" (not "1m0s").

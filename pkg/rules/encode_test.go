@@ -2,6 +2,7 @@ package rules
 
 import (
 	"reflect"
+	"strings"
 	"testing"
 )
 
@@ -63,5 +64,24 @@ func TestEtcdSet(t *testing.T) {
 	_, err = EtcdSet("/r/", map[string][]byte{"/r/c": []byte("{\n\"limits\": [{\"name\": \"s\", \"rate\": 2, \"per\": \"1s\"}],\n\"colour\": 1\n}")}, nil)
 	if err == nil || err.Error() != `rules: /r/c:3: rule #1 (no id): colour: unknown field "colour"` {
 		t.Fatalf("error %v", err)
+	}
+}
+
+// EncodeSet's file parses back into the rules it came from.
+func TestEncodeSetRoundTrip(t *testing.T) {
+	s := mustParse(t, specificitySet+strings.TrimPrefix(descriptorSet, "\nrules:\n"))
+	back, err := ParseYAML(EncodeSet(s))
+	if err != nil {
+		t.Fatalf("%v\n%s", err, EncodeSet(s))
+	}
+	if back.Version != s.Version || len(back.Rules) != len(s.Rules) {
+		t.Fatalf("version %q, %d rules", back.Version, len(back.Rules))
+	}
+	for i := range s.Rules {
+		want, got := s.Rules[i], back.Rules[i]
+		want.pos, got.pos = nil, nil
+		if !reflect.DeepEqual(got, want) {
+			t.Errorf("rule %d:\n got %+v\nwant %+v", i, got, want)
+		}
 	}
 }

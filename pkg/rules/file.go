@@ -20,17 +20,8 @@ import (
 //
 // Safe for concurrent use. The zero value is not usable: call NewFileSource.
 type FileSource struct {
-	mu      sync.Mutex // mu guards lastSum; never held while reading
-	lastSum [sha256.Size]byte
-
-	reloadMu    sync.Mutex      // reloadMu serialises reloads so two never race to Store; guards readFailing
-	readFailing bool            // the last read failed: Run does not report the same outage every tick
-	loop        routine.Routine // Run's
-	path        string
-	h           *Holder
-	opt         CompileOptions
-	cfg         sourceConfig
-	st          status
+	p    polled
+	path string
 }
 
 // NewFileSource loads path once and stores its snapshot in h. It returns an error (and
@@ -40,11 +31,18 @@ func NewFileSource(path string, h *Holder, opt CompileOptions, opts ...Option) (
 	if h == nil {
 		return nil, errors.New("rules: NewFileSource: nil Holder")
 	}
-	if _, err := opt.withDefaults(); err != nil {
-		return nil, err
+	f := &FileSource{path: path}
+	f.p = polled{
+		name: "FileSource", what: "rule file", from: "file", kv: []any{"path", path}, h: h, opt: opt, cfg: newSourceConfig(opts),
+		read: func() ([sha256.Size]byte, func() (*Set, error), error) {
+			data, err := readFileLimited(path)
+			if err != nil {
+				return [sha256.Size]byte{}, nil, err
+			}
+			return sha256.Sum256(data), func() (*Set, error) { return parseSet(data, path) }, nil
+		},
 	}
-	f := &FileSource{path: path, h: h, opt: opt, cfg: newSourceConfig(opts)}
-	if _, err := f.reload(true); err != nil {
+	if err := f.p.start(); err != nil {
 		return nil, err
 	}
 	return f, nil
@@ -52,63 +50,106 @@ func NewFileSource(path string, h *Holder, opt CompileOptions, opts ...Option) (
 
 // Reload reads the file now and, if it is good and its content changed, stores the new
 // snapshot. It returns the error that rejected the file, nil otherwise.
-func (f *FileSource) Reload() error {
-	if f.loop.Closed() {
-		return ErrClosed
-	}
-	_, err := f.reload(true)
-	return err
-}
-
-// reload reads and compiles the file. force retries content that failed before.
-func (f *FileSource) reload(force bool) (changed bool, err error) {
-	f.reloadMu.Lock()
-	defer f.reloadMu.Unlock()
-	data, err := readFileLimited(f.path)
-	if err != nil {
-		if force || !f.readFailing {
-			f.cfg.report(&f.st, err, "rule file unreadable; keeping the rules in force", "path", f.path)
-		}
-		f.readFailing = true
-		return false, err
-	}
-	f.readFailing = false
-	sum := sha256.Sum256(data)
-	f.mu.Lock()
-	same := sum == f.lastSum
-	f.lastSum = sum
-	f.mu.Unlock()
-	if same && !force {
-		return false, nil
-	}
-	set, err := parseSet(data, f.path)
-	if err == nil {
-		opt := f.opt
-		opt.Now = f.cfg.clock.Now()
-		var snap *Snapshot
-		if snap, err = Compile(set, opt); err == nil {
-			if cur := f.st.get(); cur.Version == snap.Version() && cur.Version != "" && same {
-				f.st.ok()
-				return false, nil // unchanged: keep the snapshot (and its Created) in force
-			}
-			f.cfg.store(&f.st, f.h, snap, "rules loaded from file", "path", f.path)
-			return true, nil
-		}
-	}
-	f.cfg.report(&f.st, err, "rule file rejected; keeping the rules in force", "path", f.path)
-	return false, err
-}
+func (f *FileSource) Reload() error { return f.p.Reload() }
 
 // Run reads the file every interval (on the source's clock) and reloads it when its content
 // changed. It returns ErrClosed after Close, or ctx.Err() when ctx is done. Run may be
 // called once.
-func (f *FileSource) Run(ctx context.Context) error {
-	return runErr("FileSource", f.loop.Run(ctx, f.poll))
+func (f *FileSource) Run(ctx context.Context) error { return f.p.Run(ctx) }
+
+// Status reports the last good version and the last error.
+func (f *FileSource) Status() Status { return f.p.st.get() }
+
+// Close stops Run and waits for it to return. Idempotent: every call waits; the Holder
+// keeps its snapshot.
+func (f *FileSource) Close() error { return f.p.Close() }
+
+func (f *FileSource) String() string { return fmt.Sprintf("rules.FileSource(%s)", f.path) }
+
+// polled is what FileSource and EnvoyDirSource share: read the input (read returns its
+// digest and how to parse it), and when the digest changed, parse and compile it and
+// store the snapshot, or report the error and keep the snapshot in force.
+type polled struct {
+	mu      sync.Mutex // mu guards lastSum; never held while reading
+	lastSum [sha256.Size]byte
+
+	reloadMu    sync.Mutex      // reloadMu serialises reloads so two never race to Store; guards readFailing
+	readFailing bool            // the last read failed: Run does not report the same outage every tick
+	loop        routine.Routine // Run's
+	name, what  string          // the source's type, and what it reads ("rule file")
+	from        string          // where a loaded snapshot came from, for the log ("file")
+	kv          []any           // what its logs say it reads ("path", path)
+	read        func() (sum [sha256.Size]byte, parse func() (*Set, error), err error)
+	h           *Holder
+	opt         CompileOptions
+	cfg         sourceConfig
+	st          status
 }
 
-func (f *FileSource) poll(ctx context.Context) {
+// start checks the options and loads the input once.
+func (p *polled) start() error {
+	if _, err := p.opt.withDefaults(); err != nil {
+		return err
+	}
+	_, err := p.reload(true)
+	return err
+}
+
+// Reload reads the input now and stores its snapshot if it is good and changed.
+func (p *polled) Reload() error {
+	if p.loop.Closed() {
+		return ErrClosed
+	}
+	_, err := p.reload(true)
+	return err
+}
+
+// reload reads and compiles the input. force retries content that failed before.
+func (p *polled) reload(force bool) (changed bool, err error) {
+	p.reloadMu.Lock()
+	defer p.reloadMu.Unlock()
+	sum, parse, err := p.read()
+	if err != nil {
+		if force || !p.readFailing {
+			p.cfg.report(&p.st, err, p.what+" unreadable; keeping the rules in force", p.kv...)
+		}
+		p.readFailing = true
+		return false, err
+	}
+	p.readFailing = false
+	p.mu.Lock()
+	same := sum == p.lastSum
+	p.lastSum = sum
+	p.mu.Unlock()
+	if same && !force {
+		return false, nil
+	}
+	set, err := parse()
+	if err == nil {
+		opt := p.opt
+		opt.Now = p.cfg.clock.Now()
+		var snap *Snapshot
+		if snap, err = Compile(set, opt); err == nil {
+			if cur := p.st.get(); cur.Version == snap.Version() && cur.Version != "" && same {
+				p.st.ok()
+				return false, nil // unchanged: keep the snapshot (and its Created) in force
+			}
+			p.cfg.store(&p.st, p.h, snap, "rules loaded from "+p.from, p.kv...)
+			return true, nil
+		}
+	}
+	p.cfg.report(&p.st, err, p.what+" rejected; keeping the rules in force", p.kv...)
+	return false, err
+}
+
+// Run reads the input every interval and reloads it when it changed.
+func (p *polled) Run(ctx context.Context) error {
+	return runErr(p.name, p.loop.Run(ctx, p.poll))
+}
+
+func (p *polled) poll(ctx context.Context) {
 	for {
-		t := f.cfg.clock.NewTimer(f.cfg.interval)
+		t := p.cfg.clock.NewTimer(p.cfg.interval)
 		select {
 		case <-ctx.Done():
 			t.Stop()
@@ -116,18 +157,12 @@ func (f *FileSource) poll(ctx context.Context) {
 		case <-t.C():
 		}
 		// Errors were reported through the hook and Status; Run keeps going.
-		_, _ = f.reload(false)
+		_, _ = p.reload(false)
 	}
 }
 
-// Status reports the last good version and the last error.
-func (f *FileSource) Status() Status { return f.st.get() }
-
-// Close stops Run and waits for it to return. Idempotent: every call waits; the Holder
-// keeps its snapshot.
-func (f *FileSource) Close() error {
-	f.loop.Close()
+// Close stops Run and waits for it.
+func (p *polled) Close() error {
+	p.loop.Close()
 	return nil
 }
-
-func (f *FileSource) String() string { return fmt.Sprintf("rules.FileSource(%s)", f.path) }

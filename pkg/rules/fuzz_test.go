@@ -15,6 +15,7 @@ func FuzzParseYAML(f *testing.F) {
 		f.Add(b)
 	}
 	f.Add([]byte(specificitySet))
+	f.Add([]byte(descriptorSet))
 	f.Add([]byte(`{"rules":[{"id":"a","limits":[{"name":"s","rate":5,"per":"1s","burst":9}],"cost":{"x":3},"shares":{"us-east":0.1}}]}`))
 	f.Add([]byte("rules:\n  - id: a\n    match: {ip: \"::ffff:10.0.0.0/104\"}\n    by: ip\n    limits: [{name: s, rate: 1e-3, per: 24h, burst: 1}]\n"))
 	f.Add([]byte("rules: [{id: a, limits: [{name: s, rate: .inf, per: 1ns}]}]\n"))
@@ -40,9 +41,10 @@ func FuzzParseYAML(f *testing.F) {
 				return
 			}
 			// Every compiled rule is a request a store accepts, at its largest cost too,
-			// unless its limits hold no tokens in this region (no store is asked then).
+			// unless its limits hold no tokens in this region or it has none (unlimited):
+			// no store is asked then.
 			for _, c := range snap.Rules() {
-				if NoTokens(c.Limits) {
+				if NoTokens(c.Limits) || c.Unlimited {
 					continue
 				}
 				req := bucket.Request{Identity: "key:x", Limits: c.Limits, Want: 1}
@@ -59,6 +61,21 @@ func FuzzParseYAML(f *testing.F) {
 			}
 			a := Attrs{APIKey: "k", Plan: "pro", Org: "o", Endpoint: "GET /", IP: netip.MustParseAddr("10.1.2.3")}
 			checkMatch(t, snap, &a, t0)
+			for _, r := range s.Rules {
+				if d := r.Match.Descriptor; len(d) > 0 {
+					// A request descriptor made of the rule's own entries (any: "v", a
+					// wildcard: the wildcard read literally, which it matches).
+					a := Attrs{APIKey: "k", Plan: "pro", Domain: r.Match.Domain}
+					for _, e := range d {
+						v := e.Value
+						if v == "" {
+							v = "v"
+						}
+						a.Entries = append(a.Entries, Entry{e.Key, v})
+					}
+					checkDescriptorMatch(t, snap, &a, t0)
+				}
+			}
 		}
 		// With regions: the default split of every rule is in [0, 1] per region and sums
 		// to at most 1, and each region's limits are its share of the global ones.
@@ -99,6 +116,53 @@ func FuzzParseYAML(f *testing.F) {
 	})
 }
 
+// FuzzDescriptorMatch walks the descriptor rules of descriptorSet with any descriptor.
+func FuzzDescriptorMatch(f *testing.F) {
+	f.Add("messaging", "message_type", "marketing", "to_number", "2061111111", "pro")
+	f.Add("web", "path", "/files/a", "", "", "")
+	f.Add("web", "path", "/api/*/action", "x", "y", "")
+	f.Add("saas", "tenant", "acme", "user", "u1", "pro")
+	snap := mustCompile(f, descriptorSet, CompileOptions{})
+	f.Fuzz(func(t *testing.T, domain, k1, v1, k2, v2, plan string) {
+		a := Attrs{Domain: domain, Plan: plan, Entries: []Entry{{k1, v1}}}
+		if k2 != "" {
+			a.Entries = append(a.Entries, Entry{k2, v2})
+		}
+		checkDescriptorMatch(t, snap, &a, t0)
+	})
+}
+
+// checkDescriptorMatch checks the shape of what Match gives for a request descriptor:
+// at most one enforcing and one shadow descriptor rule, each fitting the descriptor,
+// limited, with a bounded identity.
+func checkDescriptorMatch(t *testing.T, snap *Snapshot, a *Attrs, now time.Time) {
+	t.Helper()
+	var modes [2]int
+	for _, m := range snap.Match(a, now, nil) {
+		if len(m.Rule.Match.Descriptor) == 0 {
+			continue
+		}
+		modes[m.Rule.Mode]++
+		var cr *crule
+		for i := range snap.rules {
+			if &snap.rules[i].c == m.Rule {
+				cr = &snap.rules[i]
+			}
+		}
+		switch {
+		case cr == nil || !cr.fitsDescriptor(a):
+			t.Fatalf("Match(%+v) gave %s, whose descriptor does not fit", a, m.Rule.ID)
+		case m.Rule.Unlimited:
+			t.Fatalf("Match(%+v) gave the unlimited %s", a, m.Rule.ID)
+		case m.Identity == "" || len(m.Identity) > bucket.MaxIdentityLen || m.Cost < 1:
+			t.Fatalf("bad match %+v", m)
+		}
+	}
+	if modes[0] > 1 || modes[1] > 1 {
+		t.Fatalf("Match(%+v): %v descriptor rules by mode", a, modes)
+	}
+}
+
 func FuzzMatch(f *testing.F) {
 	f.Add("k1", "pro", "acme", "GET /search", []byte{10, 1, 2, 3}, int64(0))
 	f.Add("k9", "free", "", "", []byte{0x20, 1, 0xd, 0xb8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1}, int64(time.Hour))
@@ -127,11 +191,12 @@ func checkMatch(t *testing.T, snap *Snapshot, a *Attrs, now time.Time) {
 			var best *crule
 			for i := range snap.rules {
 				r := &snap.rules[i]
-				if r.c.By == by && r.c.Mode == mode && r.matches(a, ip, now) && (best == nil || better(r, best) < 0) {
+				// Descriptor rules are the tree's (a has no entries here: checkDescriptorMatch).
+				if r.desc == nil && r.c.By == by && r.c.Mode == mode && r.matches(a, ip, now) && (best == nil || better(r, best) < 0) {
 					best = r
 				}
 			}
-			if best != nil {
+			if best != nil && !best.c.Unlimited { // an unlimited winner takes nothing
 				want = append(want, best)
 			}
 		}

@@ -44,14 +44,25 @@ type rawRule struct {
 	ExpiresAt string             `yaml:"expires_at"`
 	Reason    string             `yaml:"reason"`
 	Shares    map[string]float64 `yaml:"shares"`
+	Unlimited bool               `yaml:"unlimited"`
+	Refuse    bool               `yaml:"refuse"`
+	Replaces  []string           `yaml:"replaces"`
 }
 
 type rawMatch struct {
-	APIKey   string `yaml:"api_key"`
-	Plan     string `yaml:"plan"`
-	Org      string `yaml:"org"`
-	Endpoint string `yaml:"endpoint"`
-	IP       string `yaml:"ip"`
+	APIKey     string         `yaml:"api_key"`
+	Plan       string         `yaml:"plan"`
+	Org        string         `yaml:"org"`
+	Endpoint   string         `yaml:"endpoint"`
+	IP         string         `yaml:"ip"`
+	Domain     string         `yaml:"domain"`
+	Descriptor []rawDescEntry `yaml:"descriptor"`
+}
+
+type rawDescEntry struct {
+	Key    string `yaml:"key"`
+	Value  string `yaml:"value"`
+	Shared bool   `yaml:"shared"`
 }
 
 type rawLimit struct {
@@ -103,6 +114,21 @@ func (p *rulePos) lineOf(field string) int {
 //	    expires_at: 2024-07-01T00:00:00Z   # RFC 3339; mandatory when match.api_key is set
 //	    reason: "launch week"
 //	    shares: {us-east: 0.5, eu-west: 0.3, ap-south: 0.2}
+//	  - id: marketing-sms                # a descriptor rule (Envoy RLS; see the package doc)
+//	    match:
+//	      domain: messaging
+//	      descriptor:                    # entries in order; value: exact, wildcard (*) or absent (any)
+//	        - {key: message_type, value: marketing}
+//	        - {key: to_number}
+//	    by: descriptor                   # the default with a descriptor: each distinct descriptor its own bucket
+//	    limits: [{name: day, rate: 5, per: 24h}]
+//	    replaces: [sms-default]          # rules that then do not apply to the request
+//	  - id: internal
+//	    match: {domain: internal, descriptor: [{key: ldap}]}
+//	    unlimited: true                  # no limits: what it wins is not limited
+//	  - id: blocked
+//	    match: {domain: edge, descriptor: [{key: remote_address, value: 50.0.0.5}]}
+//	    refuse: true                     # no limits: what it wins is refused
 //
 // It is strict: unknown fields, wrong types, a second document, unknown words for mode,
 // fail_mode and by, bad durations, times and IPs are errors. Each error wraps ErrInvalid and
@@ -319,7 +345,8 @@ var (
 		"rules.rawSet", "a rule set (a mapping with version and rules)",
 		"rules.rawMatch", "a match (a mapping)",
 		"[]rules.rawLimit", "a list of limits", "rules.rawLimit", "a limit (a mapping)",
-		"map[string]float64", "a mapping of names to numbers",
+		"[]rules.rawDescEntry", "a list of descriptor entries", "rules.rawDescEntry", "a descriptor entry (a mapping with key and value)",
+		"map[string]float64", "a mapping of names to numbers", "[]string", "a list of rule ids",
 	)
 )
 
@@ -369,7 +396,7 @@ func fieldAtLine(p *rulePos, line int) string {
 
 var modeWords = map[string]Mode{"": ModeEnforce, "enforce": ModeEnforce, "shadow": ModeShadow}
 var failWords = map[string]FailMode{"": FailOpen, "open": FailOpen, "closed": FailClosed}
-var byWords = map[string]By{"": ByAPIKey, "api_key": ByAPIKey, "ip": ByIP, "org": ByOrg, "endpoint": ByEndpoint, "global": ByGlobal}
+var byWords = map[string]By{"": ByAPIKey, "api_key": ByAPIKey, "ip": ByIP, "org": ByOrg, "endpoint": ByEndpoint, "global": ByGlobal, "descriptor": ByDescriptor}
 
 // convertRule checks the form of one raw rule and fills r. Values (bounds, uniqueness) are
 // Validate's job.
@@ -378,12 +405,22 @@ func convertRule(raw *rawRule, index int, pos *rulePos, r *Rule) error {
 	bad := func(field, format string, a ...any) {
 		errs.add(&Error{File: pos.file, Line: pos.lineOf(field), Rule: raw.ID, Index: index, Field: field, Msg: fmt.Sprintf(format, a...)})
 	}
+	m := raw.Match
 	*r = Rule{
-		ID:     raw.ID,
-		Match:  Match(raw.Match),
-		Reason: raw.Reason,
-		Shares: raw.Shares,
-		pos:    pos,
+		ID:        raw.ID,
+		Match:     Match{APIKey: m.APIKey, Plan: m.Plan, Org: m.Org, Endpoint: m.Endpoint, IP: m.IP, Domain: m.Domain},
+		Reason:    raw.Reason,
+		Shares:    raw.Shares,
+		Unlimited: raw.Unlimited,
+		Refuse:    raw.Refuse,
+		Replaces:  raw.Replaces,
+		pos:       pos,
+	}
+	if len(m.Descriptor) > 0 {
+		r.Match.Descriptor = make([]DescriptorEntry, len(m.Descriptor))
+		for i, e := range m.Descriptor {
+			r.Match.Descriptor[i] = DescriptorEntry(e)
+		}
 	}
 	var ok bool
 	if r.Mode, ok = modeWords[raw.Mode]; !ok {
@@ -393,7 +430,9 @@ func convertRule(raw *rawRule, index int, pos *rulePos, r *Rule) error {
 		bad("fail_mode", "%q, want open or closed", raw.FailMode)
 	}
 	if r.By, ok = byWords[raw.By]; !ok {
-		bad("by", "%q, want api_key, ip, org, endpoint or global", raw.By)
+		bad("by", "%q, want api_key, ip, org, endpoint, global or descriptor", raw.By)
+	} else if raw.By == "" && len(m.Descriptor) > 0 {
+		r.By = ByDescriptor // a descriptor rule counts each descriptor, as envoyproxy/ratelimit does
 	}
 	if raw.ExpiresAt != "" {
 		t, err := time.Parse(time.RFC3339, raw.ExpiresAt)

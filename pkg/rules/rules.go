@@ -22,6 +22,27 @@
 // org, plan and endpoint, and a short sorted list for IP-only and default rules), so Match
 // does a few map lookups and allocates only the identity strings.
 //
+// # Descriptor rules
+//
+// A rule with Match.Descriptor matches the entries of an Envoy RLS descriptor (Attrs.Domain
+// and Attrs.Entries) the way envoyproxy/ratelimit matches its configuration: in its domain,
+// entry by entry in order, each rule entry a key with an exact value, a wildcard value
+// ("foo*", "/api/*/action") or any value. Compile files the descriptor rules of a domain in
+// a tree, one level per entry, and Match walks it once per request: at each depth the most
+// specific edge wins — the exact value, else the first wildcard (in the order written)
+// that matches, else the key alone — with no going back, and the rules at the node reached
+// by the descriptor's last entry apply (none if the walk stops sooner, or the descriptor
+// has more entries than the path). Among that node's rules the named fields decide, as in
+// a lane (a key's override beats a plan beats the rest). So a request descriptor gets at
+// most one enforcing and one shadow descriptor rule, beside the rules of the named
+// dimensions, which see the same request's attributes (the RLS front end maps entries to
+// them too). By: descriptor counts every distinct descriptor separately (the domain and
+// every entry's key and value make the identity), as envoyproxy/ratelimit counts them; an
+// entry matched by a Shared wildcard is counted by the wildcard instead, so all its values
+// share one bucket. The domain selects descriptor rules only: the rules of the named
+// dimensions apply to a request whatever its domain, as before. See
+// docs/envoy-ratelimit.md.
+//
 // # Errors
 //
 // Parsing is strict (unknown fields, wrong types and unknown words are errors) and every
@@ -48,12 +69,23 @@ import (
 // (docs/design.md §8): a rule counted by api_key counts a keyless request by its client IP
 // (IPv6 per prefix), and a rule counted by api_key or ip counts a request with neither
 // key nor IP in one bucket set shared by all such requests (Anonymous).
+//
+// Domain and Entries are an Envoy RLS descriptor as the gateway sent it, for descriptor
+// rules (Match.Descriptor): every entry, in order. Other front ends leave them empty, and
+// descriptor rules then do not apply.
 type Attrs struct {
 	APIKey   string
 	Plan     string
 	Org      string
 	Endpoint string // the route, e.g. "GET /v1/search"
 	IP       netip.Addr
+	Domain   string
+	Entries  []Entry
+}
+
+// Entry is one entry of a request's descriptor: a key and its value.
+type Entry struct {
+	Key, Value string
 }
 
 // Mode says whether a rule is enforced or only evaluated. The zero value is ModeEnforce.
@@ -94,6 +126,11 @@ const (
 	ByEndpoint
 	// ByGlobal: one bucket set for every matching request ("global").
 	ByGlobal
+	// ByDescriptor: one bucket set per distinct descriptor: its domain and every entry's
+	// key and value ("desc:<domain>/<key>=<value>/...", see DescriptorIdentity), as
+	// envoyproxy/ratelimit counts. Only for descriptor rules (Match.Descriptor), whose
+	// default it is in rule files.
+	ByDescriptor
 
 	numBy = iota
 )
@@ -105,8 +142,8 @@ const (
 const Anonymous = "anonymous"
 
 // CountedBy names the kind of identity that counted a request, from a Matched.Identity:
-// "api_key", "ip" (IPv4 address or IPv6 prefix), "org", "endpoint", "global" or
-// "anonymous" ("" for anything else). It allocates nothing.
+// "api_key", "ip" (IPv4 address or IPv6 prefix), "org", "endpoint", "global",
+// "descriptor" or "anonymous" ("" for anything else). It allocates nothing.
 func CountedBy(identity string) string {
 	switch {
 	case len(identity) > 4 && identity[:4] == "key:":
@@ -119,6 +156,8 @@ func CountedBy(identity string) string {
 		return "endpoint"
 	case identity == "global":
 		return "global"
+	case len(identity) > 5 && identity[:5] == "desc:":
+		return "descriptor"
 	case identity == Anonymous:
 		return "anonymous"
 	}
@@ -134,10 +173,24 @@ type Rule struct {
 	// Match selects the requests the rule applies to; all set fields must match. An empty
 	// Match is a default rule.
 	Match Match
-	// By says what one bucket counts (default ByAPIKey).
+	// By says what one bucket counts (default ByAPIKey; rule files default a descriptor
+	// rule to ByDescriptor).
 	By By
-	// Limits are the buckets every matching request takes from, all or nothing.
+	// Limits are the buckets every matching request takes from, all or nothing. Empty
+	// exactly when Unlimited or Refuse.
 	Limits []LimitSpec
+	// Unlimited rules take nothing: a request they win is not limited in their dimension
+	// (envoyproxy/ratelimit's unlimited: true), and the less specific rules there do not
+	// apply to it.
+	Unlimited bool
+	// Refuse rules refuse every request they win, without asking a store: a limit of
+	// nothing (envoyproxy/ratelimit's requests_per_unit: 0). Their one compiled limit,
+	// named "<rule id>/refuse", holds no tokens.
+	Refuse bool
+	// Replaces names rules (by id) that do not apply to a request this rule applies to —
+	// nor to any other descriptor of the same Envoy RLS request (envoyproxy/ratelimit's
+	// replaces).
+	Replaces []string
 	// Cost maps an endpoint to the tokens a request to it takes; absent endpoints cost 1.
 	Cost map[string]int64
 	// Mode is enforce (default) or shadow.
@@ -167,6 +220,29 @@ type Match struct {
 	// IP is an address ("192.0.2.7", "2001:db8::1") or a prefix ("10.0.0.0/8",
 	// "2001:db8::/48"). IPv4-mapped IPv6 forms are treated as IPv4.
 	IP string
+	// Domain and Descriptor make a descriptor rule (see the package doc): the Envoy RLS
+	// domain it serves (required with Descriptor, not without) and the entries a request's
+	// descriptor must have, in order.
+	Domain     string
+	Descriptor []DescriptorEntry
+}
+
+// DescriptorEntry is one entry of a descriptor rule's match.
+type DescriptorEntry struct {
+	Key string
+	// Value is the entry's value: "" matches any value (each counted separately under
+	// by: descriptor), a value with '*' is a wildcard ('*' matches any run of
+	// characters: "foo*", "/api/*/action"), any other must be equal.
+	Value string
+	// Shared, only with a wildcard, counts every value the wildcard matches as one
+	// (envoyproxy/ratelimit's share_threshold).
+	Shared bool
+}
+
+// IsZero reports whether m matches every request (a default rule).
+func (m *Match) IsZero() bool {
+	return m.APIKey == "" && m.Plan == "" && m.Org == "" && m.Endpoint == "" && m.IP == "" &&
+		m.Domain == "" && len(m.Descriptor) == 0
 }
 
 // LimitSpec is one limit as written: Rate tokens per Per, holding up to Burst tokens.
@@ -212,9 +288,10 @@ func (f FailMode) String() string {
 	return "unknown"
 }
 
-var byNames = [numBy]string{"api_key", "ip", "org", "endpoint", "global"}
+var byNames = [numBy]string{"api_key", "ip", "org", "endpoint", "global", "descriptor"}
 
-// String returns the word the rule files use: "api_key", "ip", "org", "endpoint", "global".
+// String returns the word the rule files use: "api_key", "ip", "org", "endpoint",
+// "global", "descriptor".
 func (b By) String() string {
 	if b < numBy {
 		return byNames[b]

@@ -25,6 +25,10 @@ type Snapshot struct {
 	byID     map[string]*Compiled
 	lanes    [numBy][2]*lane // [by][mode]; nil when no rule of that kind
 	dims     []By            // the Bys that have a lane, in order
+	// domains holds the descriptor rules, a tree per domain (descriptor.go); nil when
+	// there are none.
+	domains     map[string]*dnode
+	hasReplaces bool // some rule replaces others
 }
 
 // Version names the rule set: Set.Version, or "sha256:<16 hex>" of the content.
@@ -77,6 +81,9 @@ func (s *Snapshot) NextExpiry(now time.Time) time.Time {
 // "global"), and nothing else if dst has room. It does not check identity length against
 // bucket.MaxIdentityLen: callers bound their inputs.
 func (s *Snapshot) Match(a *Attrs, now time.Time, dst []Matched) []Matched {
+	if s.domains != nil && len(a.Entries) > 0 {
+		dst = s.matchDescriptor(a, now, dst)
+	}
 	if len(s.dims) == 0 {
 		return dst
 	}
@@ -88,7 +95,7 @@ func (s *Snapshot) Match(a *Attrs, now time.Time, dst []Matched) []Matched {
 		var win [2]*crule
 		for mode, ln := range s.lanes[by] {
 			if ln != nil {
-				win[mode] = ln.match(a, ip, now)
+				win[mode] = limited(ln.match(a, ip, now))
 			}
 		}
 		if win[0] == nil && win[1] == nil {
@@ -107,6 +114,15 @@ func (s *Snapshot) Match(a *Attrs, now time.Time, dst []Matched) []Matched {
 	return dst
 }
 
+// limited is r unless it is unlimited: an unlimited winner takes nothing, and the less
+// specific rules it beat do not apply either.
+func limited(r *crule) *crule {
+	if r != nil && r.c.Unlimited {
+		return nil
+	}
+	return r
+}
+
 // known says whether a request can be counted under dimension by: it carries the
 // attribute by counts, or (api_key, ip) a fallback for it.
 func known(by By, a *Attrs, ip netip.Addr) bool {
@@ -115,6 +131,8 @@ func known(by By, a *Attrs, ip netip.Addr) bool {
 		return a.Org != ""
 	case ByEndpoint:
 		return a.Endpoint != ""
+	case ByDescriptor:
+		return len(a.Entries) > 0
 	}
 	return true
 }
@@ -133,6 +151,8 @@ func (s *Snapshot) identity(by By, a *Attrs, ip netip.Addr) (string, bool) {
 		return "ep:" + a.Endpoint, a.Endpoint != ""
 	case ByGlobal:
 		return "global", true
+	case ByDescriptor:
+		return DescriptorIdentity(a.Domain, a.Entries, nil), len(a.Entries) > 0
 	case ByIP:
 		if !ip.IsValid() {
 			// A keyed request without an address is counted by its key elsewhere.

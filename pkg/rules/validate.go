@@ -19,6 +19,10 @@ const (
 	MaxRefill = 400 * 24 * time.Hour
 	// MaxMatchLen is the longest match value, in bytes.
 	MaxMatchLen = 256
+	// MaxDescriptorDepth is the most entries a descriptor rule's match may have.
+	MaxDescriptorDepth = 64
+	// MaxReplaces is the most rules one rule may replace.
+	MaxReplaces = 64
 )
 
 var (
@@ -49,6 +53,14 @@ func (s *Set) Validate() error {
 				errs.add(ruleErr(r, i, s.file, "id", "%q is also the id of rule #%d; ids must be unique", r.ID, j+1))
 			} else {
 				seen[r.ID] = i
+			}
+		}
+	}
+	for i := range s.Rules {
+		r := &s.Rules[i]
+		for j, id := range r.Replaces {
+			if _, ok := seen[id]; !ok && id != r.ID {
+				errs.add(ruleErr(r, i, s.file, fmt.Sprintf("replaces[%d]", j), "%.100q is the id of no rule of the set", id))
 			}
 		}
 	}
@@ -89,6 +101,15 @@ func validateRule(r *Rule, i int, file string, errs *errList) {
 	if m.APIKey != "" && r.ExpiresAt.IsZero() {
 		bad("expires_at", "missing; a per-key override (match.api_key %.40q) must expire", m.APIKey)
 	}
+	validateDescriptor(r, bad)
+	for j, id := range r.Replaces {
+		if id == r.ID {
+			bad(fmt.Sprintf("replaces[%d]", j), "%q is the rule itself", id)
+		}
+	}
+	if len(r.Replaces) > MaxReplaces {
+		bad("replaces", "%d rules, more than %d", len(r.Replaces), MaxReplaces)
+	}
 	if r.Mode > ModeShadow {
 		bad("mode", "%d is not enforce or shadow", r.Mode)
 	}
@@ -96,12 +117,19 @@ func validateRule(r *Rule, i int, file string, errs *errList) {
 		bad("fail_mode", "%d is not open or closed", r.FailMode)
 	}
 	if r.By >= numBy {
-		bad("by", "%d is not api_key, ip, org, endpoint or global", r.By)
+		bad("by", "%d is not api_key, ip, org, endpoint, global or descriptor", r.By)
 	}
 
 	switch n := len(r.Limits); {
+	case r.Unlimited && r.Refuse:
+		bad("refuse", "beside unlimited: true; a rule is one or the other")
+	case r.Unlimited && n > 0:
+		bad("limits", "%d limits beside unlimited: true; an unlimited rule has none", n)
+	case r.Refuse && n > 0:
+		bad("limits", "%d limits beside refuse: true; a rule that refuses everything has none", n)
+	case r.Unlimited || r.Refuse:
 	case n == 0:
-		bad("limits", "missing; a rule needs at least one limit")
+		bad("limits", "missing; a rule needs at least one limit (or unlimited: true, or refuse: true)")
 	case n > bucket.MaxLimits:
 		bad("limits", "%d limits, more than %d", n, bucket.MaxLimits)
 	}
@@ -178,6 +206,43 @@ func validateRule(r *Rule, i int, file string, errs *errList) {
 	}
 	if sumOK && sum > 1+shareSumSlack {
 		bad("shares", "%s sum to %g, more than 1: the regions would admit more than the global limit", formatShares(r.Shares), sum)
+	}
+}
+
+// validateDescriptor checks a descriptor rule's match, and that only descriptor rules
+// count by descriptor.
+func validateDescriptor(r *Rule, bad func(field, format string, a ...any)) {
+	m := &r.Match
+	d := m.Descriptor
+	switch {
+	case len(d) == 0 && m.Domain != "":
+		bad("match.domain", "%.60q without match.descriptor; a domain only selects descriptor rules", m.Domain)
+	case len(d) == 0 && r.By == ByDescriptor:
+		bad("by", "descriptor without match.descriptor; only a descriptor rule counts by descriptor")
+	case len(d) == 0:
+		return
+	case m.Domain == "":
+		bad("match.domain", "missing; a descriptor rule names the Envoy RLS domain it serves")
+	case len(m.Domain) > MaxMatchLen:
+		bad("match.domain", "%d bytes, more than %d", len(m.Domain), MaxMatchLen)
+	}
+	if len(d) > MaxDescriptorDepth {
+		bad("match.descriptor", "%d entries, more than %d", len(d), MaxDescriptorDepth)
+	}
+	for i, e := range d {
+		f := func(s string) string { return fmt.Sprintf("match.descriptor[%d].%s", i, s) }
+		switch {
+		case e.Key == "":
+			bad(f("key"), "missing")
+		case len(e.Key) > MaxMatchLen:
+			bad(f("key"), "%d bytes, more than %d", len(e.Key), MaxMatchLen)
+		}
+		if len(e.Value) > MaxMatchLen {
+			bad(f("value"), "%d bytes, more than %d", len(e.Value), MaxMatchLen)
+		}
+		if e.Shared && !strings.Contains(e.Value, "*") {
+			bad(f("shared"), "only with a wildcard value (containing '*'), not %.60q", e.Value)
+		}
 	}
 }
 

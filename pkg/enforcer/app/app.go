@@ -42,8 +42,8 @@ type App struct {
 	reg   *prometheus.Registry
 
 	holder *rules.Holder
-	file   *rules.FileSource // file-only rules; nil otherwise
-	base   string            // rules file layered under etcd rules ("" if none)
+	file   polledRules // file-only rules (a rules file, or a directory of envoyproxy/ratelimit files); nil otherwise
+	base   string      // rules file layered under etcd rules ("" if none)
 
 	etcd     *clientv3.Client
 	registry *registry.Registry
@@ -162,6 +162,14 @@ func (a *App) sourceOptions() []rules.Option {
 func (a *App) buildRules() error {
 	a.holder = rules.NewHolder(nil)
 	rc := a.cfg.Rules
+	if rc.Format == FormatEnvoy {
+		src, err := rules.NewEnvoyDirSource(rc.Dir, rc.MergeDomains, a.holder, a.compileOptions(), a.sourceOptions()...)
+		if err != nil {
+			return fmt.Errorf("app: rules dir (%s): %w", FormatEnvoy, err)
+		}
+		a.file = src
+		return nil
+	}
 	if rc.EtcdPrefix == "" {
 		f, err := rules.NewFileSource(rc.File, a.holder, a.compileOptions(), a.sourceOptions()...)
 		if err != nil {
@@ -199,6 +207,15 @@ func (a *App) buildRules() error {
 	a.etcdSrc = src
 	a.mu.Unlock()
 	return nil
+}
+
+// polledRules is a rules source the process polls and reloads on SIGHUP:
+// *rules.FileSource or *rules.EnvoyDirSource.
+type polledRules interface {
+	Run(ctx context.Context) error
+	Reload() error
+	Status() rules.Status
+	Close() error
 }
 
 // newEtcdSource builds an etcd rules source layered over base (nil: none).

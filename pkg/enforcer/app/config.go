@@ -133,9 +133,20 @@ type EtcdConfig struct {
 }
 
 // RulesConfig says where rules come from: a file, an etcd prefix, or both (the file is
-// then the base set and etcd rules replace file rules of the same id).
+// then the base set and etcd rules replace file rules of the same id); or, in format
+// envoy-ratelimit, a directory of envoyproxy/ratelimit's configuration files.
 type RulesConfig struct {
-	File string `yaml:"file"`
+	// Format is the rules' format: allot (the default: File and/or EtcdPrefix) or
+	// envoy-ratelimit (Dir; see docs/envoy-ratelimit.md).
+	Format string `yaml:"format"`
+	File   string `yaml:"file"`
+	// Dir is the directory of envoyproxy/ratelimit YAML files (format envoy-ratelimit):
+	// their runtime layout's RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/config, a ConfigMap mount,
+	// or any directory. Watched like File (PollInterval, SIGHUP).
+	Dir string `yaml:"dir"`
+	// MergeDomains merges the files of one domain, as their MERGE_DOMAIN_CONFIG=true
+	// does; without it a domain in two files is refused.
+	MergeDomains bool `yaml:"merge_domains"`
 	// EtcdPrefix, e.g. "/allot/rules/", each key one rule; needs etcd endpoints.
 	EtcdPrefix string `yaml:"etcd_prefix"`
 	// PollInterval is how often the file is checked for changes. Default 2s.
@@ -145,6 +156,12 @@ type RulesConfig struct {
 	// IPv6Prefix is the prefix IPv6 clients are limited by. Default 64.
 	IPv6Prefix int `yaml:"ipv6_prefix"`
 }
+
+// The rules formats (RulesConfig.Format).
+const (
+	FormatAllot = "allot"
+	FormatEnvoy = "envoy-ratelimit"
+)
 
 // ListenConfig: addresses to serve on.
 type ListenConfig struct {
@@ -273,8 +290,23 @@ func (c *Config) Validate() error {
 	default:
 		bad("store.kind %q, want memory, redis or redis-cluster", c.Store.Kind)
 	}
-	if c.Rules.File == "" && c.Rules.EtcdPrefix == "" {
-		bad("no rules: set rules.file and/or rules.etcd_prefix")
+	switch r := c.Rules; r.Format {
+	case "", FormatAllot:
+		if r.File == "" && r.EtcdPrefix == "" {
+			bad("no rules: set rules.file and/or rules.etcd_prefix (or rules.format %s with rules.dir)", FormatEnvoy)
+		}
+		if r.Dir != "" || r.MergeDomains {
+			bad("rules.dir and rules.merge_domains are for rules.format %s (format is %q)", FormatEnvoy, r.Format)
+		}
+	case FormatEnvoy:
+		if r.Dir == "" {
+			bad("rules.format %s needs rules.dir (a directory of envoyproxy/ratelimit files)", FormatEnvoy)
+		}
+		if r.File != "" || r.EtcdPrefix != "" {
+			bad("rules.format %s reads rules.dir only; rules.file and rules.etcd_prefix are for format %s", FormatEnvoy, FormatAllot)
+		}
+	default:
+		bad("rules.format %q, want %s or %s", r.Format, FormatAllot, FormatEnvoy)
 	}
 	if c.Balancer.Enabled && len(c.Etcd.Endpoints) == 0 && len(c.Balancer.Addrs) == 0 {
 		bad("balancer.enabled needs etcd.endpoints (the leader is found there) or balancer.addrs")

@@ -38,6 +38,9 @@ var settingOverrides = slices.Concat([]cliconf.Override[Config]{
 	{Name: "rules-file", Usage: "YAML rules file", Apply: cliconf.Str(func(c *Config) *string { return &c.Rules.File })},
 	{Name: "rules-etcd-prefix", Usage: "etcd prefix holding one rule per key", Apply: cliconf.Str(func(c *Config) *string { return &c.Rules.EtcdPrefix })},
 	{Name: "rules-poll-interval", Usage: "how often the rules file is checked for changes", Apply: cliconf.Dur(func(c *Config) *time.Duration { return &c.Rules.PollInterval })},
+	{Name: "rules-format", Usage: "rules format: allot (rules file, etcd) | envoy-ratelimit (a directory of envoyproxy/ratelimit files)", Apply: cliconf.Str(func(c *Config) *string { return &c.Rules.Format })},
+	{Name: "rules-dir", Usage: "directory of envoyproxy/ratelimit YAML files (rules format envoy-ratelimit)", Apply: cliconf.Str(func(c *Config) *string { return &c.Rules.Dir })},
+	{Name: "rules-merge-domains", Usage: "merge the files of one domain (envoyproxy/ratelimit's MERGE_DOMAIN_CONFIG)", IsBool: true, Apply: cliconf.Bool(func(c *Config) *bool { return &c.Rules.MergeDomains })},
 	{Name: "default-share", Usage: "removed (an error if set): the default split now comes from -regions", Apply: func(c *Config, v string) error {
 		f, err := strconv.ParseFloat(v, 64)
 		c.Rules.DefaultShare = &f
@@ -90,8 +93,9 @@ var settingOverrides = slices.Concat([]cliconf.Override[Config]{
 
 // command is the enforcer's command line: the overrides above over the config file.
 var command = cliconf.Command[Config]{
-	Name:          "enforcer",
-	Synopsis:      []string{"enforcer rules check FILE", "enforcer probe [flags]   (GET /readyz on the HTTP address these flags give; exit 0 when ready)"},
+	Name: "enforcer",
+	Synopsis: []string{"enforcer rules check [--format allot|envoy-ratelimit] PATH", "enforcer rules import [--merge-domains] DIR",
+		"enforcer probe [flags]   (GET /readyz on the HTTP address these flags give; exit 0 when ready)"},
 	ConfigExample: "configs/regions/us-east.yaml",
 	Prefix:        "app: ", Overrides: settingOverrides, Default: DefaultConfig, Validate: (*Config).Validate,
 }

@@ -67,8 +67,8 @@ func (a *App) isClosed() bool {
 	}
 }
 
-// Reload re-reads the rules file (SIGHUP). A bad file is refused with its error and the
-// rules in force keep serving. With etcd rules layered over a file, the running etcd
+// Reload re-reads the rules file, or the directory of envoyproxy/ratelimit files
+// (SIGHUP). A bad file is refused with its error and the rules in force keep serving. With etcd rules layered over a file, the running etcd
 // source gets the new base (EtcdSource.SetBase: rebuilt with the etcd rules it already
 // knows, no restart, no re-list); with etcd rules alone there is nothing to reload.
 func (a *App) Reload() error {

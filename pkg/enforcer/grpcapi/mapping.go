@@ -15,16 +15,23 @@
 //	                                      (the query string dropped from path)
 //	remote_address, ip, client_ip       → client IP (IPv6 limited by prefix)
 //
-// Keys not in the map are ignored (an Envoy config may carry descriptors meant for
-// another service). A key given twice in one descriptor, or an unparsable address, is
-// InvalidArgument. Put every attribute of a request in one descriptor: a rule that applies
-// to two descriptors of one request is taken from twice.
+// Keys not in the map fill no attribute (an Envoy config may carry descriptors meant for
+// another service). A key of the map given twice in one descriptor, or an unparsable
+// address, is InvalidArgument. Put every attribute of a request in one descriptor: a rule
+// that applies to two descriptors of one request is taken from twice.
+//
+// Besides, every descriptor goes whole to the descriptor rules (rules.Match.Descriptor,
+// envoyproxy/ratelimit's model): the request's domain and all the descriptor's entries,
+// mapped or not, in order (rules.Attrs.Domain and Entries). So one descriptor is matched
+// by the rules of the named dimensions through the key map and by the descriptor rules of
+// its domain through its entries. When a rule matching one descriptor replaces others
+// (rules.Rule.Replaces), they apply to none of the request's descriptors.
 //
 // Hits: a descriptor's hits_addend, when set and > 0, else the request's hits_addend,
 // else 1. A descriptor with is_negative_hits asks to return tokens, which allot does not
 // do: it is answered OK without taking anything. A descriptor's own limit override is
 // ignored: the rules decide. The domain is checked for length (and, when
-// Config.Domain is set, must equal it) and otherwise unused.
+// Config.Domain is set, must equal it) and selects the descriptor rules of that domain.
 //
 // Every descriptor is checked, even after one is over its limit (as envoyproxy/ratelimit
 // does), so a refused request may still spend tokens of its other descriptors: this
@@ -37,6 +44,7 @@ import (
 	"strings"
 
 	"github.com/allot-dev/allot/pkg/enforcer"
+	"github.com/allot-dev/allot/pkg/rules"
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 )
 
@@ -82,6 +90,15 @@ func FieldByName(s string) (Field, error) {
 }
 
 var fieldNames = [...]string{"ignore", "api_key", "plan", "org", "endpoint", "method", "path", "ip"}
+
+// appendEntries appends d's entries to buf, in order, for the descriptor rules; the
+// strings are shared, not copied. descriptorRequest has checked their number and sizes.
+func appendEntries(buf []rules.Entry, d *ratelimitv3.RateLimitDescriptor) []rules.Entry {
+	for _, e := range d.GetEntries() {
+		buf = append(buf, rules.Entry{Key: e.GetKey(), Value: e.GetValue()})
+	}
+	return buf
+}
 
 // descriptorRequest turns one descriptor into a check. reqHits is the request-level
 // hits_addend. skip is true for a negative-hits descriptor, which is answered OK without a

@@ -11,6 +11,7 @@ import (
 
 	"github.com/allot-dev/allot/pkg/bucket"
 	"github.com/allot-dev/allot/pkg/enforcer"
+	"github.com/allot-dev/allot/pkg/rules"
 	allotv1 "github.com/allot-dev/allot/proto/allot/v1"
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
@@ -88,9 +89,26 @@ func (s *Server) shouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 	} else {
 		checks, skips = make([]enforcer.Request, len(descs)), make([]bool, len(descs))
 	}
+	// Every descriptor's entries go to the descriptor rules, when the rules have some, in
+	// room lent for the call (a check's input escapes, so a buffer here would not stay on
+	// the stack). A swap to rules with descriptor rules during this call is seen by the
+	// next one.
+	var lent *entryBuf
+	var entries []rules.Entry
+	if s.e.Rules().Current().HasDescriptors() {
+		lent = entryBufs.Get().(*entryBuf)
+		entries = lent[:0]
+		defer lent.release()
+	}
 	for i, d := range descs {
 		skip, err := descriptorRequest(s.keys, &lim, i, d, req.GetHitsAddend(), &checks[i])
 		if err == nil && !skip {
+			checks[i].Attrs.Domain = req.GetDomain()
+			if lent != nil {
+				from := len(entries)
+				entries = appendEntries(entries, d)
+				checks[i].Attrs.Entries = entries[from:len(entries):len(entries)]
+			}
 			err = s.e.Validate(&checks[i])
 		}
 		if err != nil {
@@ -99,6 +117,7 @@ func (s *Server) shouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 		}
 		skips[i] = skip
 	}
+	s.e.JoinReplaces(checks) // what a rule of one descriptor replaces, it replaces in all
 	r := newReply(len(descs))
 	resp := &r.resp
 	var decider enforcer.Decision
@@ -165,6 +184,18 @@ func (s *Server) checkRLS(req *rlsv3.RateLimitRequest, lim *enforcer.InputLimits
 		return fmt.Errorf("%w: hits_addend %d, more than %d", enforcer.ErrInvalid, h, lim.MaxHits)
 	}
 	return nil
+}
+
+// entryBuf is room for the entries of a request's descriptors (more go to the heap),
+// lent by entryBufs for one call.
+type entryBuf [16]rules.Entry
+
+var entryBufs = sync.Pool{New: func() any { return new(entryBuf) }}
+
+// release empties b, so that it keeps no request's strings alive, and returns it.
+func (b *entryBuf) release() {
+	*b = entryBuf{}
+	entryBufs.Put(b)
 }
 
 // reply is one Envoy RLS response with room for what it points at: one descriptor's
