@@ -21,8 +21,12 @@
 //	                         of the enforcer's allot.report
 //	allot.balancer.recompute balancer leader, one per recompute of the shares
 //	allot.balancer.publish   balancer leader, one per share set (or head refresh) written
-//	                         to etcd; linked to the recompute of the same tick and to
-//	                         the report that asked for the tick, if any
+//	                         to etcd; linked to the recompute of the same tick
+//
+// A recompute and a publication are each the root of a trace of their own (many reports
+// feed one recompute); both link to the balancer's span of the last report that asked for
+// a tick at once (early, an acknowledgement, a final report), so a trace search from an
+// enforcer's report reaches the share set it caused.
 //
 // No span or attribute carries an identity in clear: a check span names the deciding
 // identity by AttrIdentityDigest, the keyed digest the sampled refusal logs carry
@@ -76,6 +80,7 @@ const (
 	// Balancer spans.
 	AttrTerm      = attribute.Key("allot.balancer.term")       // the leader's fencing token (election revision)
 	AttrTracked   = attribute.Key("allot.balancer.identities") // identities tracked
+	AttrPending   = attribute.Key("allot.balancer.pending")    // identities whose change plan is not finished
 	AttrVersion   = attribute.Key("allot.balancer.version")    // the share set's version
 	AttrEntries   = attribute.Key("allot.balancer.entries")    // identities listed in it
 	AttrChanged   = attribute.Key("allot.balancer.changed")    // a new version (false: a head refresh)
