@@ -106,9 +106,17 @@ func InjectGRPC(ctx context.Context) context.Context {
 
 // ExtractGRPC returns ctx with the remote span context the incoming gRPC metadata carries
 // (traceparent, tracestate), which a span started from it takes as its parent. Without a
-// valid traceparent it returns ctx as it is.
+// valid traceparent it returns ctx as it is, and without any it allocates nothing.
 func ExtractGRPC(ctx context.Context) context.Context {
-	return propagator.Extract(ctx, incoming{ctx})
+	tp := metadata.ValueFromIncomingContext(ctx, traceparent)
+	if len(tp) == 0 {
+		return ctx
+	}
+	c := incoming{traceparent: tp[0]}
+	if ts := metadata.ValueFromIncomingContext(ctx, tracestate); len(ts) > 0 {
+		c.tracestate = ts[0]
+	}
+	return propagator.Extract(ctx, &c)
 }
 
 // ExtractHTTP is ExtractGRPC for an HTTP request's headers.
@@ -131,15 +139,24 @@ func (c *outgoing) Set(k, v string) {
 	}
 }
 
-// incoming reads the propagator's keys from ctx's incoming metadata, without copying the
-// rest of it.
-type incoming struct{ ctx context.Context }
+// The W3C Trace Context fields, as gRPC metadata keys (lower case).
+const (
+	traceparent = "traceparent"
+	tracestate  = "tracestate"
+)
 
-func (c incoming) Get(k string) string {
-	if v := metadata.ValueFromIncomingContext(c.ctx, k); len(v) > 0 {
-		return v[0]
+// incoming is what the propagator reads: the trace context fields of the incoming
+// metadata.
+type incoming struct{ traceparent, tracestate string }
+
+func (c *incoming) Get(k string) string {
+	switch k {
+	case traceparent:
+		return c.traceparent
+	case tracestate:
+		return c.tracestate
 	}
 	return ""
 }
-func (c incoming) Keys() []string  { return propagator.Fields() }
-func (c incoming) Set(_, _ string) {}
+func (c *incoming) Keys() []string  { return []string{traceparent, tracestate} }
+func (c *incoming) Set(_, _ string) {}
