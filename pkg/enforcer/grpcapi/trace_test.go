@@ -2,6 +2,7 @@ package grpcapi
 
 import (
 	"context"
+	"fmt"
 	"testing"
 
 	"github.com/allot-dev/allot/pkg/enforcer"
@@ -55,5 +56,42 @@ func TestChecksJoinTheCallersTrace(t *testing.T) {
 	}
 	if p := checks[3].Parent(); p.IsValid() {
 		t.Errorf("a check without traceparent has parent %v", p.SpanID())
+	}
+}
+
+// discard drops the spans it is given: the benchmark measures the handler's part of
+// tracing, not an exporter's.
+type discard struct{}
+
+func (discard) ExportSpans(context.Context, []sdktrace.ReadOnlySpan) error { return nil }
+func (discard) Shutdown(context.Context) error                             { return nil }
+
+// BenchmarkShouldRateLimitTraced is BenchmarkShouldRateLimit with tracing on: the
+// sampler keeps ratio of the checks (parentbased_traceidratio), the request carries
+// gRPC metadata but no traceparent (an Envoy that does not trace), spans are batched to
+// an exporter that drops them.
+func BenchmarkShouldRateLimitTraced(b *testing.B) {
+	for _, ratio := range []float64{0, 0.01, 1} {
+		b.Run(fmt.Sprintf("ratio=%g", ratio), func(b *testing.B) {
+			tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(discard{}),
+				sdktrace.WithSampler(sdktrace.ParentBased(sdktrace.TraceIDRatioBased(ratio))))
+			defer tp.Shutdown(context.Background())
+			rig := enforcertest.New(b, `
+rules:
+  - id: default
+    limits: [{name: second, rate: 1000000, per: 1s}]
+`, func(c *enforcer.Config) { c.Tracer = tp.Tracer("bench") })
+			s := New(rig.E, Config{})
+			req := &rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*ratelimitv3.RateLimitDescriptor{
+				desc("api_key", "k1", "remote_address", "192.0.2.7", "method", "GET", "path", "/v1/items"),
+			}}
+			ctx := metadata.NewIncomingContext(context.Background(), metadata.Pairs("content-type", "application/grpc", "user-agent", "envoy"))
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := s.ShouldRateLimit(ctx, req); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }
