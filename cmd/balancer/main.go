@@ -42,6 +42,7 @@ func run(args []string, getenv func(string) string, stderr io.Writer) int {
 		return 2
 	}
 	log := appkit.Logger("balancer", cfg.LogLevel, cfg.LogJSON, stderr)
+	appkit.LogOTelErrors(log.Named("otel"))
 	a, err := app.New(cfg, log)
 	if err != nil {
 		log.Error("could not start", "error", err)

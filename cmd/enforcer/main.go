@@ -34,6 +34,7 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 		return 2
 	}
 	log := appkit.Logger("enforcer", cfg.LogLevel, cfg.LogJSON, stderr)
+	appkit.LogOTelErrors(log.Named("otel"))
 	gc, stopGC := app.ApplyRuntime(&cfg, getenv)
 	defer stopGC()
 	log.Info("go runtime", "gc", gc)
