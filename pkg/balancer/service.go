@@ -374,7 +374,7 @@ func (s *Service) lead(ctx context.Context, sess *concurrency.Session, e *concur
 			t.Stop()
 		}
 		before, _, _ := core.progress()
-		kicked := s.kick0()
+		kicked := s.kickedSpan()
 		began := time.Now()
 		p := core.Tick(s.cfg.Clock.Now())
 		after, tracked, pending := core.progress()
@@ -436,11 +436,11 @@ func (s *Service) publish(ctx context.Context, pub *publisher, p *Publication, l
 	return err
 }
 
-// kick0 returns the span of the report that last asked for a tick (read before the tick:
-// that report was ingested, so the tick sees it). A tick that recomputes or publishes
-// links its spans to it and forgets it (kickUsed); one that does neither leaves it to
-// the next.
-func (s *Service) kick0() trace.SpanContext {
+// kickedSpan returns the span of the report that last asked for a tick (read before the
+// tick: that report was ingested, so the tick sees it). A tick that recomputes or
+// publishes links its spans to it and forgets it (kickUsed); one that does neither leaves
+// it to the next.
+func (s *Service) kickedSpan() trace.SpanContext {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.kickedBy
