@@ -15,7 +15,8 @@ import (
 var layers = [][]string{
 	// 0: leaves: time, certificates, the contract between the processes, the pure policy.
 	{"pkg/clock", "pkg/certs", "pkg/tlsfiles", "pkg/adminauth", "pkg/contract", "pkg/share",
-		"proto/allot/v1", "pkg/sim/scenario", "pkg/loadgen", "pkg/routine", "pkg/testenv/poll", "pkg/version"},
+		"proto/allot/v1", "pkg/sim/scenario", "pkg/loadgen", "pkg/routine", "pkg/testenv/poll", "pkg/version",
+		"pkg/tracing"},
 	// 1: primitives over the leaves.
 	{"pkg/bucket", "pkg/cliconf", "pkg/appkit", "pkg/etcdwatch", "pkg/testenv", "pkg/envoyrl"},
 	// 2: mechanisms: the rules, the layers over a bucket store, membership.

@@ -57,6 +57,7 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 	log := appkit.Logger("balancer", cfg.LogLevel, cfg.LogJSON, stderr)
 	v := version.Get()
 	log.Info("starting", "version", v.Version, "commit", v.Commit, "go", v.Go)
+	appkit.LogOTelErrors(log.Named("otel"))
 	a, err := app.New(cfg, log)
 	if err != nil {
 		log.Error("could not start", "error", err)

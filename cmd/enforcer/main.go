@@ -49,6 +49,7 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 	log := appkit.Logger("enforcer", cfg.LogLevel, cfg.LogJSON, stderr)
 	v := version.Get()
 	log.Info("starting", "version", v.Version, "commit", v.Commit, "go", v.Go)
+	appkit.LogOTelErrors(log.Named("otel"))
 	gc, stopGC := app.ApplyRuntime(&cfg, getenv)
 	defer stopGC()
 	log.Info("go runtime", "gc", gc)

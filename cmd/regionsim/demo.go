@@ -13,6 +13,7 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/allot-dev/allot/pkg/appkit"
 	"github.com/allot-dev/allot/pkg/inprocess"
 	"github.com/allot-dev/allot/pkg/sim"
 	"github.com/allot-dev/allot/pkg/sim/scenario"
@@ -57,7 +58,13 @@ func demoCmd(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, err)
 		return 2
 	}
-	cfg := inprocess.Config{Rules: rules.Bytes(), Interval: sc.Interval, Redis: seeds,
+	// Every process of the stack traces as the OTEL_* variables say (off without them).
+	tracing, err := appkit.TracingFromEnv(os.Getenv)
+	if err != nil {
+		fmt.Fprintln(stderr, err)
+		return 2
+	}
+	cfg := inprocess.Config{Rules: rules.Bytes(), Interval: sc.Interval, Redis: seeds, Tracing: tracing,
 		Logger: hclog.New(&hclog.LoggerOptions{Name: "stack", Level: hclog.LevelFromString(*logLevel), Output: stderr})}
 	for _, r := range sc.Regions {
 		cfg.Regions = append(cfg.Regions, inprocess.Region{Name: r.Name, Enforcers: r.Enforcers})

@@ -353,9 +353,10 @@ func (c *Core) Published(p *Publication, now time.Time) {
 	}
 }
 
-// recomputes is how many recomputes the core made (for the service's timing).
-func (c *Core) recomputes() uint64 {
+// progress is how many recomputes the core made, and the identities it tracks and whose
+// change plan is not finished (for the service's timing and spans).
+func (c *Core) progress() (recomputes uint64, tracked, pending int) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.stats.recomputes
+	return c.stats.recomputes, len(c.ids), len(c.pending)
 }

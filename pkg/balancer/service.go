@@ -11,11 +11,15 @@ import (
 	"github.com/allot-dev/allot/pkg/clock"
 	"github.com/allot-dev/allot/pkg/contract"
 	"github.com/allot-dev/allot/pkg/routine"
+	"github.com/allot-dev/allot/pkg/tracing"
 	allotv1 "github.com/allot-dev/allot/proto/allot/v1"
 	"github.com/hashicorp/go-hclog"
 	"github.com/prometheus/client_golang/prometheus"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
+	otelcodes "go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/peer"
@@ -76,6 +80,10 @@ type ServiceConfig struct {
 	Clock      clock.Clock
 	Logger     hclog.Logger
 	Registerer prometheus.Registerer
+	// Tracer, if not nil, makes spans of each report received (a child of the enforcer's
+	// report span, whose trace context comes with the RPC), each recompute and each
+	// publication (see pkg/tracing); nil: none.
+	Tracer trace.Tracer
 }
 
 // DefaultServiceConfig returns the defaults above (Core from DefaultCoreConfig).
@@ -134,18 +142,20 @@ func (c *ServiceConfig) Validate() error {
 type Service struct {
 	allotv1.UnimplementedBalancerServer
 
-	mu         sync.Mutex // mu guards core, rev, leaderAddr, leaderRev, leaderAt
+	mu         sync.Mutex // mu guards core, rev, leaderAddr, leaderRev, leaderAt, kickedBy
 	core       *Core
 	rev        int64
 	leaderAddr string
 	leaderRev  int64
 	leaderAt   time.Time
+	kickedBy   trace.SpanContext // the span of the last report that kicked the loop (a link)
 
-	cfg  ServiceConfig
-	log  hclog.Logger
-	m    *metrics
-	run  routine.Routine // the campaign loop Start begins; its context ends at Close
-	kick chan struct{}   // cap 1: a report the leader should tick for at once
+	cfg    ServiceConfig
+	log    hclog.Logger
+	m      *metrics
+	tracer trace.Tracer    // cfg.Tracer, or a no-op one
+	run    routine.Routine // the campaign loop Start begins; its context ends at Close
+	kick   chan struct{}   // cap 1: a report the leader should tick for at once
 	// cleanup is the context of the etcd calls that undo a term (Resign, the lease's
 	// revoke, and the resignation Campaign makes when it is cancelled): it outlives the
 	// loop's context by at most WriteTimeout, counted from Close, so Close is bounded with
@@ -177,7 +187,10 @@ func NewService(cfg ServiceConfig) (*Service, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	s := &Service{cfg: cfg, log: cfg.Logger, kick: make(chan struct{}, 1)}
+	s := &Service{cfg: cfg, log: cfg.Logger, kick: make(chan struct{}, 1), tracer: cfg.Tracer}
+	if s.tracer == nil {
+		s.tracer = noop.NewTracerProvider().Tracer("")
+	}
 	s.cleanup, s.stopCleanup = context.WithCancel(context.Background())
 	s.elect = clientv3.NewCtxClient(s.cleanup, clientv3.WithZapLogger(cfg.Etcd.GetLogger()))
 	s.elect.KV, s.elect.Lease, s.elect.Watcher = cfg.Etcd.KV, cfg.Etcd.Lease, cfg.Etcd.Watcher
@@ -360,17 +373,30 @@ func (s *Service) lead(ctx context.Context, sess *concurrency.Session, e *concur
 		case <-s.kick:
 			t.Stop()
 		}
-		before := core.recomputes()
+		before, _, _ := core.progress()
+		kicked := s.kickedSpan()
 		began := time.Now()
 		p := core.Tick(s.cfg.Clock.Now())
-		if core.recomputes() != before {
-			s.m.recompute.Observe(time.Since(began).Seconds())
+		after, tracked, pending := core.progress()
+		var links []trace.Link // the spans': the report that asked for a tick, then this tick's recompute
+		if kicked.IsValid() && (after != before || p != nil) {
+			links = append(links, trace.Link{SpanContext: kicked})
+			s.kickUsed(kicked)
+		}
+		if after != before {
+			took := time.Since(began)
+			s.m.recompute.Observe(took.Seconds())
+			_, span := s.tracer.Start(ctx, tracing.SpanBalancerRecompute, trace.WithTimestamp(began), trace.WithLinks(links...),
+				trace.WithAttributes(tracing.AttrTerm.Int64(rev), tracing.AttrTracked.Int(tracked),
+					tracing.AttrPending.Int(pending), tracing.AttrPublishes.Bool(p != nil && p.Changed)))
+			span.End(trace.WithTimestamp(began.Add(took)))
+			links = append(links, trace.Link{SpanContext: span.SpanContext()})
 		}
 		if p != nil {
 			if s.beforeWrite != nil {
 				s.beforeWrite(p)
 			}
-			err := pub.write(ctx, p)
+			err := s.publish(ctx, pub, p, links)
 			switch {
 			case errors.Is(err, ErrFenced):
 				log.Warn("write refused by etcd: another replica leads; stepping down", "version", p.Head.Version)
@@ -385,6 +411,47 @@ func (s *Service) lead(ctx context.Context, sess *concurrency.Session, e *concur
 			}
 		}
 		t = s.cfg.Clock.NewTimer(s.cfg.TickEvery)
+	}
+}
+
+// publish writes p (publisher.write) as a span (tracing.SpanBalancerPublish) linked to
+// links.
+func (s *Service) publish(ctx context.Context, pub *publisher, p *Publication, links []trace.Link) error {
+	ctx, span := s.tracer.Start(ctx, tracing.SpanBalancerPublish, trace.WithLinks(links...),
+		trace.WithAttributes(tracing.AttrTerm.Int64(p.Head.LeaderRev), tracing.AttrVersion.Int64(int64(p.Head.Version)),
+			tracing.AttrEntries.Int(p.Head.Entries), tracing.AttrChanged.Bool(p.Changed), tracing.AttrPhase.String(p.Head.Phase)))
+	defer span.End()
+	err := pub.write(ctx, p)
+	result := "ok"
+	switch {
+	case errors.Is(err, ErrFenced):
+		result = "fenced"
+	case err != nil:
+		result = "error"
+	}
+	span.SetAttributes(tracing.AttrResult.String(result))
+	if err != nil {
+		span.SetStatus(otelcodes.Error, err.Error())
+	}
+	return err
+}
+
+// kickedSpan returns the span of the report that last asked for a tick (read before the
+// tick: that report was ingested, so the tick sees it). A tick that recomputes or
+// publishes links its spans to it and forgets it (kickUsed); one that does neither leaves
+// it to the next.
+func (s *Service) kickedSpan() trace.SpanContext {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.kickedBy
+}
+
+// kickUsed forgets sc unless a newer report has asked for a tick since.
+func (s *Service) kickUsed(sc trace.SpanContext) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.kickedBy.Equal(sc) {
+		s.kickedBy = trace.SpanContext{}
 	}
 }
 
@@ -435,13 +502,33 @@ func (s *Service) leader(ctx context.Context) (string, int64) {
 	return s.leaderAddr, s.leaderRev
 }
 
-// Report is allot.v1.Balancer/Report: the leader ingests, a standby redirects.
+// Report is allot.v1.Balancer/Report: the leader ingests, a standby redirects. It is a
+// span (tracing.SpanBalancerReport), a child of the enforcer's report span when the RPC
+// carries its trace context, whose result is the metric's (accepted, redirected, invalid,
+// forbidden).
 func (s *Service) Report(ctx context.Context, req *allotv1.ReportRequest) (*allotv1.ReportResponse, error) {
+	ctx, span := s.tracer.Start(tracing.ExtractGRPC(ctx), tracing.SpanBalancerReport, trace.WithSpanKind(trace.SpanKindServer),
+		trace.WithAttributes(tracing.AttrRegion.String(req.GetRegion()), tracing.AttrEnforcerID.String(req.GetEnforcerId()),
+			tracing.AttrSeq.Int64(int64(req.GetSeq())), tracing.AttrIdentities.Int(len(req.GetUsage())),
+			tracing.AttrEarly.Bool(req.GetEarly()), tracing.AttrAck.Bool(req.GetAck()), tracing.AttrFinal.Bool(req.GetFinal()),
+			tracing.AttrShareVersion.Int64(int64(req.GetShareVersion()))))
+	defer span.End()
+	resp, result, err := s.report(ctx, req)
+	s.m.reports.WithLabelValues(s.regionLabel(req.GetRegion()), result).Inc()
+	span.SetAttributes(tracing.AttrResult.String(result))
+	if err != nil {
+		span.SetStatus(otelcodes.Error, err.Error())
+	} else if result == "accepted" {
+		span.SetAttributes(tracing.AttrTerm.Int64(resp.GetLeaderRev()))
+	}
+	return resp, err
+}
+
+func (s *Service) report(ctx context.Context, req *allotv1.ReportRequest) (_ *allotv1.ReportResponse, result string, _ error) {
 	region := s.regionLabel(req.GetRegion())
 	if s.cfg.RegionFromPeer {
 		if err := peerMayReport(ctx, req.GetRegion()); err != nil {
-			s.m.reports.WithLabelValues(region, "forbidden").Inc()
-			return nil, err
+			return nil, "forbidden", err
 		}
 	}
 	s.mu.Lock()
@@ -449,29 +536,32 @@ func (s *Service) Report(ctx context.Context, req *allotv1.ReportRequest) (*allo
 	s.mu.Unlock()
 	if core == nil {
 		addr, lrev := s.leader(ctx)
-		s.m.reports.WithLabelValues(region, "redirected").Inc()
-		return &allotv1.ReportResponse{Accepted: false, LeaderAddr: addr, LeaderRev: lrev}, nil
+		return &allotv1.ReportResponse{Accepted: false, LeaderAddr: addr, LeaderRev: lrev}, "redirected", nil
 	}
 	now := s.cfg.Clock.Now()
 	if err := core.Ingest(now, req); err != nil {
-		s.m.reports.WithLabelValues(region, "invalid").Inc()
 		code := codes.InvalidArgument
 		if errors.Is(err, ErrTooManyEnforcers) {
 			code = codes.ResourceExhausted
 		}
-		return nil, status.Error(code, err.Error())
+		return nil, "invalid", status.Error(code, err.Error())
 	}
-	s.m.reports.WithLabelValues(region, "accepted").Inc()
 	s.m.observeLag(region, now.Sub(time.UnixMilli(req.GetIntervalEndMs())))
 	if req.GetEarly() || req.GetAck() || req.GetFinal() {
 		// A shift, or an acknowledgement a change plan may be waiting for: tick now, not at
-		// the next TickEvery (a move costs one acknowledged round trip, not ticks).
+		// the next TickEvery (a move costs one acknowledged round trip, not ticks). The
+		// tick's spans link to this report's.
+		if sc := trace.SpanContextFromContext(ctx); sc.IsValid() {
+			s.mu.Lock()
+			s.kickedBy = sc
+			s.mu.Unlock()
+		}
 		select {
 		case s.kick <- struct{}{}:
 		default:
 		}
 	}
-	return &allotv1.ReportResponse{Accepted: true, LeaderAddr: s.cfg.Advertise, LeaderRev: rev}, nil
+	return &allotv1.ReportResponse{Accepted: true, LeaderAddr: s.cfg.Advertise, LeaderRev: rev}, "accepted", nil
 }
 
 // peerMayReport refuses (PermissionDenied) a report for region unless the connection's

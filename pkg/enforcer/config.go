@@ -10,6 +10,7 @@ import (
 	"github.com/allot-dev/allot/pkg/rules"
 	"github.com/hashicorp/go-hclog"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // InputLimits bound what one check may carry. Front ends check them before anything else
@@ -125,6 +126,13 @@ type Config struct {
 	// Peek, if set, reads bucket levels for Explain without taking (bucket.Redis under a
 	// fallback → lease stack); nil means the Store itself when it is a bucket.Peeker.
 	Peek bucket.Peeker
+
+	// Tracer, if set, starts a span per check (tracing.SpanCheck, a child of any span in
+	// the check's context: front ends put the gateway's there), which its provider's
+	// sampler samples; a sampled span names the deciding rule, limit, source and verdict
+	// and the identity by its digest (IdentityDigestKey), never in clear. nil: no spans,
+	// and a check pays one nil test for it.
+	Tracer trace.Tracer
 }
 
 // DefaultConfig returns a Config with every tunable set; the dependencies (Region, Rules,

@@ -24,6 +24,7 @@ import (
 	"github.com/allot-dev/allot/pkg/clock"
 	"github.com/allot-dev/allot/pkg/rules"
 	"github.com/hashicorp/go-hclog"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // ErrInvalid is wrapped by every error about a check's input; front ends answer it with
@@ -95,6 +96,7 @@ type Enforcer struct {
 	logTick    atomic.Uint64 // decisions seen, for DecisionLogEvery
 	refuseTick atomic.Uint64 // refusals seen, for RefusalLogEvery
 	digestKey  []byte        // IdentityDigestKey, or a random one
+	tracer     trace.Tracer  // Config.Tracer; nil: no spans
 }
 
 type scratch struct {
@@ -119,7 +121,7 @@ func New(cfg Config) (*Enforcer, error) {
 		return nil, fmt.Errorf("enforcer: while registering metrics: %w", err)
 	}
 	e := &Enforcer{cfg: cfg, clock: cfg.Clock, real: cfg.Clock == clock.Real(), log: cfg.Logger.Named("enforcer"), metrics: m,
-		recent: newRecentRing(cfg.RecentDecisions)}
+		recent: newRecentRing(cfg.RecentDecisions), tracer: cfg.Tracer}
 	e.digestKey = cfg.IdentityDigestKey
 	if len(e.digestKey) == 0 {
 		e.digestKey = make([]byte, 32)
@@ -182,7 +184,16 @@ func (e *Enforcer) Validate(req *Request) error {
 //
 // Shadow rules are evaluated only for requests the enforcing rules allow — as if they were
 // one more rule taken last — and never change the decision.
+//
+// With Config.Tracer the check is a span (trace.go); without, this is all it costs.
 func (e *Enforcer) Check(ctx context.Context, req *Request) (Decision, error) {
+	if e.tracer != nil {
+		return e.checkTraced(ctx, req)
+	}
+	return e.check(ctx, req)
+}
+
+func (e *Enforcer) check(ctx context.Context, req *Request) (Decision, error) {
 	// One clock read serves the rules match and the latency metric: on some virtual
 	// machines a read costs >100 ns, a fifth of a check with the memory store.
 	now := e.clock.Now()

@@ -34,6 +34,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/allot-dev/allot/pkg/appkit"
 	balancerapp "github.com/allot-dev/allot/pkg/balancer/app"
 	"github.com/allot-dev/allot/pkg/bucket"
 	"github.com/allot-dev/allot/pkg/certs"
@@ -75,6 +76,9 @@ type Config struct {
 	Dir string
 	// Logger gets every part's logs (named per part); nil discards them.
 	Logger hclog.Logger
+	// Tracing is every process's OpenTelemetry tracing (appkit.TracingFromEnv); each
+	// balancer and enforcer exports its own spans, as deployed. The zero value is off.
+	Tracing appkit.Tracing
 }
 
 func (c *Config) withDefaults() error {
@@ -195,6 +199,7 @@ func Start(cfg Config) (_ *Stack, err error) {
 		bc.Rules.File, bc.Rules.EtcdPrefix = rulesFile, contract.RulesPrefix
 		bc.Balance.Interval, bc.Balance.Stale, bc.Balance.Learning = cfg.Interval, cfg.Stale, cfg.Learning
 		bc.Balance.SilentAfter = max(bc.Balance.SilentAfter, 2*cfg.Interval)
+		bc.Tracing = cfg.Tracing
 		b, err := balancerapp.New(bc, cfg.Logger.Named(bc.ID))
 		if err != nil {
 			return nil, fmt.Errorf("inprocess: balancer %d: %w", i+1, err)
@@ -223,6 +228,7 @@ func Start(cfg Config) (_ *Stack, err error) {
 			ec.Balancer.Enabled, ec.Balancer.Interval = true, cfg.Interval
 			ec.Balancer.TLS = enforcerapp.TLSConfig{Enabled: true, CAFile: s.certs.CA(),
 				CertFile: s.certs.Enforcer(r.Name), KeyFile: s.certs.EnforcerKey(r.Name)}
+			ec.Tracing = cfg.Tracing
 			var e *enforcerapp.App
 			var err error
 			if store != nil {

@@ -2,8 +2,9 @@
 // single Redis, a Redis Cluster (masters, optional replicas) and an etcd cluster (1, 3 or 5
 // members), each in Docker containers started with github.com/ory/dockertest/v3; any other
 // process (allot's own binaries, nginx) from the local stack image (Run, StackImage); and
-// TCP links with latency, cuts and blackholes (Links: Toxiproxy as a library, in-process).
-// e2e/stack builds the three-region stack from these.
+// TCP links with latency, cuts and blackholes (Links: Toxiproxy as a library, in-process);
+// and an OpenTelemetry trace receiver (OTLP over gRPC) in the test's process that keeps
+// the spans it is sent (StartOTLP). e2e/stack builds the three-region stack from these.
 //
 // What it guarantees:
 //

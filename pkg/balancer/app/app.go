@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.opentelemetry.io/otel/attribute"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 )
@@ -44,6 +45,7 @@ type App struct {
 	svc   *balancer.Service
 	dash  *dashboard.Dashboard
 	srv   appkit.Servers
+	trace *appkit.Traces // nil: tracing off
 	mux   *http.ServeMux // the HTTP routes (admin.go adds the admin API's)
 	rules *rules.Holder  // the rules in force here
 	base  *rules.Set     // the base rules file under etcd's rules, nil without
@@ -75,6 +77,13 @@ func New(cfg Config, log hclog.Logger) (_ *App, err error) {
 	if a.cfg.ID == "" {
 		a.cfg.ID = cliconf.HostPID()
 	}
+	if a.trace, err = appkit.StartTracing(cfg.Tracing, attribute.String("service.name", "allot-balancer"),
+		attribute.String("service.instance.id", a.cfg.ID)); err != nil {
+		return nil, fmt.Errorf("app: %w", err)
+	}
+	if t := cfg.Tracing; t.Enabled {
+		log.Info("tracing", "endpoint", t.Endpoint, "sampler", t.Sampler, "ratio", t.Ratio)
+	}
 	if a.etcd, err = cfg.Etcd.Dial(); err != nil {
 		return nil, fmt.Errorf("app: %w", err)
 	}
@@ -87,6 +96,7 @@ func New(cfg Config, log hclog.Logger) (_ *App, err error) {
 	sc := cfg.serviceConfig()
 	sc.Core.Limits = a.table.Limits
 	sc.Etcd, sc.Logger, sc.Registerer = a.etcd, log.Named("balancer"), a.reg
+	sc.Tracer = a.trace.Tracer("github.com/allot-dev/allot/pkg/balancer")
 	sc.RegionFromPeer = cfg.Listen.mutualTLS()
 	if sc.Advertise == "" {
 		sc.Advertise = a.GRPCAddr()
@@ -275,7 +285,8 @@ func (a *App) Run(ctx context.Context) error {
 }
 
 // Close resigns leadership, drains the servers (up to DrainTimeout), stops the rules
-// sources and closes the etcd client. Idempotent; every call returns the first's result.
+// sources, closes the etcd client and exports the queued spans (within the tracing
+// shutdown timeout, 5 s). Idempotent; every call returns the first's result.
 func (a *App) Close() error {
 	a.once.Do(func() {
 		var errs []error
@@ -298,6 +309,10 @@ func (a *App) Close() error {
 			if err := a.etcd.Close(); err != nil {
 				errs = append(errs, fmt.Errorf("app: while closing etcd: %w", err))
 			}
+		}
+		// Last, bounded (the tracing shutdown timeout): the spans still queued.
+		if err := a.trace.Close(); err != nil {
+			a.log.Warn("traces not all exported at shutdown", "error", err)
 		}
 		a.mu.Lock()
 		a.closeErr = errors.Join(errs...)

@@ -65,6 +65,24 @@ func TestParseNamesBadValues(t *testing.T) {
 	}
 }
 
+// TestParseTracing: tracing follows the OTEL_* variables, off without an exporter, and a
+// value allot cannot honour is a config error naming the variable.
+func TestParseTracing(t *testing.T) {
+	args := []string{"-config", configFile}
+	cfg, err := Parse(args, env(nil), io.Discard)
+	if err != nil || cfg.Tracing.Enabled {
+		t.Fatalf("no OTEL_* variables: tracing %+v, %v; want off", cfg.Tracing, err)
+	}
+	cfg, err = Parse(args, env(map[string]string{"OTEL_TRACES_EXPORTER": "otlp", "OTEL_SERVICE_NAME": "quota"}), io.Discard)
+	if err != nil || !cfg.Tracing.Enabled || cfg.Tracing.ServiceName != "quota" {
+		t.Fatalf("tracing %+v, %v", cfg.Tracing, err)
+	}
+	_, err = Parse(args, env(map[string]string{"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf"}), io.Discard)
+	if err == nil || !strings.Contains(err.Error(), `OTEL_EXPORTER_OTLP_PROTOCOL "http/protobuf"`) {
+		t.Fatalf("http/protobuf: %v, want an error naming the variable", err)
+	}
+}
+
 // TestAppLeadsPublishesAndResigns runs one replica against real etcd: it leads, takes a
 // report over gRPC, publishes a share set, serves /metrics and /readyz, and resigns on
 // Close.

@@ -45,6 +45,11 @@ type Config struct {
 	// LogLevel is trace, debug, info, warn or error; LogJSON writes JSON lines.
 	LogLevel string `yaml:"log_level"`
 	LogJSON  bool   `yaml:"log_json"`
+
+	// Tracing is OpenTelemetry tracing, configured by the standard OTEL_* environment
+	// variables only (Parse reads them: appkit.TracingFromEnv), never by the file or
+	// flags. Off by default.
+	Tracing appkit.Tracing `yaml:"-"`
 }
 
 // ListenConfig: where the report API (gRPC) and /metrics, /healthz, /readyz, /dashboard/
@@ -251,6 +256,9 @@ func (c *Config) Validate() error {
 		sc.Advertise = "bound-grpc-address"
 	}
 	if err := sc.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if err := c.Tracing.Validate(); err != nil {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/allot-dev/allot/pkg/appkit"
 	"github.com/allot-dev/allot/pkg/cliconf"
 	"github.com/allot-dev/allot/pkg/contract"
 	"github.com/allot-dev/allot/pkg/tlsfiles"
@@ -82,9 +83,17 @@ var command = cliconf.Command[Config]{
 
 // Parse builds a balancer replica's configuration from, in increasing precedence:
 // defaults, the config file (-config or ALLOT_CONFIG), ALLOT_* environment variables and
-// flags, and validates it. getenv is os.Getenv in main. Usage and errors go to out.
+// flags, and validates it. Tracing comes from the OTEL_* variables alone
+// (appkit.TracingFromEnv). getenv is os.Getenv in main. Usage and errors go to out.
 func Parse(args []string, getenv func(string) string, out io.Writer) (Config, error) {
-	return command.Parse(args, getenv, out)
+	cfg, err := command.Parse(args, getenv, out)
+	if err != nil {
+		return cfg, err
+	}
+	if cfg.Tracing, err = appkit.TracingFromEnv(getenv); err != nil {
+		return Config{}, err
+	}
+	return cfg, nil
 }
 
 // ParseUnchecked is Parse without Validate, for `balancer probe`, which needs only the

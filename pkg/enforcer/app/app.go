@@ -26,6 +26,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.opentelemetry.io/otel/attribute"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
@@ -57,6 +58,7 @@ type App struct {
 	node   *node.Node // the check core over its layers, shares and usage reports
 	srv    appkit.Servers
 	health *health.Server
+	traces *appkit.Traces // nil: tracing off
 
 	ctx    context.Context // ended by Close: the parent of every background goroutine
 	cancel context.CancelFunc
@@ -111,6 +113,9 @@ func newApp(cfg Config, log hclog.Logger, store bucket.Store) (_ *App, err error
 			return nil, fmt.Errorf("app: %w", err)
 		}
 	}
+	if err := a.startTracing(); err != nil {
+		return nil, err
+	}
 	if err := a.buildRules(); err != nil {
 		return nil, err
 	}
@@ -135,6 +140,20 @@ func newApp(cfg Config, log hclog.Logger, store bucket.Store) (_ *App, err error
 		return nil, err
 	}
 	return a, nil
+}
+
+// startTracing starts the process's tracer provider when the OTEL_* variables configure
+// an exporter (cfg.Tracing): then every check and usage report is a span (pkg/tracing).
+func (a *App) startTracing() (err error) {
+	a.traces, err = appkit.StartTracing(a.cfg.Tracing, attribute.String("service.name", "allot-enforcer"),
+		attribute.String("service.instance.id", a.cfg.ID), attribute.String("allot.region", a.cfg.Region))
+	if err != nil {
+		return fmt.Errorf("app: %w", err)
+	}
+	if t := a.cfg.Tracing; t.Enabled {
+		a.log.Info("tracing", "endpoint", t.Endpoint, "sampler", t.Sampler, "ratio", t.Ratio)
+	}
+	return nil
 }
 
 func (a *App) compileOptions() rules.CompileOptions {
@@ -292,7 +311,7 @@ func (a *App) buildNode() (err error) {
 	nc := a.cfg.nodeConfig()
 	deps := node.Deps{
 		Rules: a.holder, Store: a.store, Peers: a.peers, Clock: a.clock, Logger: a.log, Registerer: a.reg,
-		Transport: a.reportTransport,
+		Transport: a.reportTransport, Tracing: a.traces.Provider(),
 	}
 	if a.redisStore != nil {
 		deps.Peek = a.redisStore // explain reads levels in Redis, under fallback → lease

@@ -80,6 +80,21 @@ func TestParsePrecedence(t *testing.T) {
 	}
 }
 
+// TestParseTracing: tracing is off unless the OTEL_* variables configure an exporter, and
+// then follows them.
+func TestParseTracing(t *testing.T) {
+	args := []string{"-region", "r", "-rules-file", "r"}
+	cfg, err := Parse(args, env(nil), io.Discard)
+	if err != nil || cfg.Tracing.Enabled {
+		t.Fatalf("no OTEL_* variables: tracing %+v, %v; want off", cfg.Tracing, err)
+	}
+	cfg, err = Parse(args, env(map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4317",
+		"OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0.001"}), io.Discard)
+	if err != nil || !cfg.Tracing.Enabled || cfg.Tracing.Endpoint != "http://collector:4317" || cfg.Tracing.Ratio != 0.001 {
+		t.Fatalf("tracing %+v, %v", cfg.Tracing, err)
+	}
+}
+
 func TestParseErrors(t *testing.T) {
 	dir := t.TempDir()
 	bad := filepath.Join(dir, "bad.yaml")
@@ -99,6 +114,7 @@ func TestParseErrors(t *testing.T) {
 		{[]string{"-config", bad}, nil, "field bogus not found"},
 		{[]string{"-region", "r", "-rules-file", "r", "extra"}, nil, "unexpected arguments"},
 		{[]string{"-region", "r", "-rules-file", "r", "-log-level", "loud"}, nil, `log_level "loud"`},
+		{[]string{"-region", "r", "-rules-file", "r"}, map[string]string{"OTEL_TRACES_EXPORTER": "otlp", "OTEL_TRACES_SAMPLER": "sometimes"}, `OTEL_TRACES_SAMPLER "sometimes"`},
 	} {
 		_, err := Parse(tc.args, env(tc.env), io.Discard)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {

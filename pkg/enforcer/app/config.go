@@ -79,6 +79,11 @@ type Config struct {
 	// gain is inside the run-to-run spread. A GOGC environment variable turns it off
 	// (ApplyRuntime). Must be in [0, 1048576].
 	GCHeapFloorMiB int `yaml:"gc_heap_floor_mib"`
+
+	// Tracing is OpenTelemetry tracing, configured by the standard OTEL_* environment
+	// variables only (Parse reads them: appkit.TracingFromEnv), never by the file or
+	// flags. Off by default.
+	Tracing appkit.Tracing `yaml:"-"`
 }
 
 // DefaultGCHeapFloorMiB is Config.GCHeapFloorMiB's default.
@@ -357,6 +362,9 @@ levelOK:
 	}
 	c.validateShares(bad)
 	errs = append(errs, c.validateSections()...)
+	if err := c.Tracing.Validate(); err != nil {
+		errs = append(errs, err)
+	}
 	return errors.Join(errs...)
 }
 

@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/allot-dev/allot/pkg/appkit"
 	"github.com/allot-dev/allot/pkg/cliconf"
 	"github.com/allot-dev/allot/pkg/contract"
 	"github.com/allot-dev/allot/pkg/tlsfiles"
@@ -108,10 +109,17 @@ func IsHelp(err error) bool { return errors.Is(err, flag.ErrHelp) }
 
 // Parse builds one enforcer's configuration from, in increasing precedence: defaults,
 // the region's config file (-config or ALLOT_CONFIG), ALLOT_* environment variables,
-// and flags; then validates it. getenv is os.Getenv in main; usage and flag errors go
-// to out.
+// and flags; then validates it. Tracing comes from the OTEL_* variables alone
+// (appkit.TracingFromEnv). getenv is os.Getenv in main; usage and flag errors go to out.
 func Parse(args []string, getenv func(string) string, out io.Writer) (Config, error) {
-	return command.Parse(args, getenv, out)
+	cfg, err := command.Parse(args, getenv, out)
+	if err != nil {
+		return cfg, err
+	}
+	if cfg.Tracing, err = appkit.TracingFromEnv(getenv); err != nil {
+		return Config{}, err
+	}
+	return cfg, nil
 }
 
 // ParseUnchecked is Parse without Validate, for `enforcer probe`, which needs only the

@@ -184,7 +184,8 @@ func (a *App) Ready() error {
 
 // Close shuts down gracefully: it reports NOT_SERVING, stops accepting, lets in-flight
 // checks finish for up to DrainTimeout (then cuts them), releases the etcd registration,
-// stops the rules sources and closes the store layers and clients. Idempotent; every call
+// stops the rules sources, closes the store layers and clients, and last exports the
+// queued spans (within the tracing shutdown timeout, 5 s). Idempotent; every call
 // returns the first call's result after it has finished.
 func (a *App) Close() error {
 	a.once.Do(func() {
@@ -236,6 +237,12 @@ func (a *App) Close() error {
 			if err := a.etcd.Close(); err != nil {
 				errs = append(errs, fmt.Errorf("app: while closing etcd: %w", err))
 			}
+		}
+		// Last: the spans of the drained checks and of the final report are exported
+		// (bounded by the tracing shutdown timeout). Spans lost to a collector that does
+		// not answer are no failure of the enforcer's.
+		if err := a.traces.Close(); err != nil {
+			a.log.Warn("traces not all exported at shutdown", "error", err)
 		}
 		a.mu.Lock()
 		a.closeErr = errors.Join(errs...)

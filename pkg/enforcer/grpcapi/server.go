@@ -12,6 +12,7 @@ import (
 	"github.com/allot-dev/allot/pkg/bucket"
 	"github.com/allot-dev/allot/pkg/enforcer"
 	"github.com/allot-dev/allot/pkg/rules"
+	"github.com/allot-dev/allot/pkg/tracing"
 	allotv1 "github.com/allot-dev/allot/proto/allot/v1"
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
@@ -79,6 +80,9 @@ func (s *Server) shouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 	if err := s.checkRLS(req, &lim); err != nil {
 		s.e.CountInvalid(enforcer.APIEnvoyRLS)
 		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
+	if s.e.Traced() {
+		ctx = tracing.ExtractGRPC(ctx) // Envoy's span, if it sent one: the checks' parent
 	}
 	descs := req.GetDescriptors()
 	var checkBuf [8]enforcer.Request
@@ -291,6 +295,9 @@ func (s *Server) Check(ctx context.Context, req *allotv1.CheckRequest) (*allotv1
 	if err := s.e.Validate(&r); err != nil {
 		s.e.CountInvalid(enforcer.APIAllot)
 		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
+	if s.e.Traced() {
+		ctx = tracing.ExtractGRPC(ctx)
 	}
 	d, err := s.e.Check(ctx, &r)
 	if err != nil {

@@ -14,6 +14,7 @@ package httpapi
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -26,6 +27,7 @@ import (
 	"strings"
 
 	"github.com/allot-dev/allot/pkg/enforcer"
+	"github.com/allot-dev/allot/pkg/tracing"
 	"github.com/hashicorp/go-hclog"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -349,7 +351,7 @@ func (h *handler) check(w http.ResponseWriter, req *http.Request) {
 		writeJSON(w, http.StatusBadRequest, ErrorResponse{Error: err.Error()})
 		return
 	}
-	d, err := h.e.Check(req.Context(), &r)
+	d, err := h.e.Check(h.checkContext(req), &r)
 	if err != nil {
 		h.checkError(w, err)
 		return
@@ -381,7 +383,7 @@ func (h *handler) auth(w http.ResponseWriter, req *http.Request) {
 		http.Error(w, err.Error(), http.StatusBadRequest)
 		return
 	}
-	d, err := h.e.Check(req.Context(), &r)
+	d, err := h.e.Check(h.checkContext(req), &r)
 	if err != nil {
 		h.checkError(w, err)
 		return
@@ -392,6 +394,16 @@ func (h *handler) auth(w http.ResponseWriter, req *http.Request) {
 		return
 	}
 	w.WriteHeader(h.cfg.RefuseStatus)
+}
+
+// checkContext is the context a request's check runs in: with tracing on, its trace
+// context (traceparent: the client's or the gateway's; forward auth sees the original
+// request's headers) as the parent of the check's span.
+func (h *handler) checkContext(req *http.Request) context.Context {
+	if !h.e.Traced() {
+		return req.Context()
+	}
+	return tracing.ExtractHTTP(req.Context(), req.Header)
 }
 
 // authRequest reads a check from forward-auth request headers sent by peer (the

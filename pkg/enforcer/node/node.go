@@ -47,6 +47,7 @@ import (
 	"github.com/allot-dev/allot/pkg/rules"
 	"github.com/hashicorp/go-hclog"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // ErrConfig is wrapped by every error Config.Validate and Build return for a bad setting
@@ -64,7 +65,7 @@ type Config struct {
 	ID string
 
 	// Check is the check core's settings. Build sets its Region and dependencies (Rules,
-	// Store, Clock, Logger, Registerer, Usage, Shares, Peek).
+	// Store, Clock, Logger, Registerer, Usage, Shares, Peek, Tracer).
 	Check enforcer.Config
 
 	// Layers puts fallback → lease over Deps.Store, which then stands for Redis (a Redis
@@ -148,6 +149,7 @@ func (c *Config) Validate() error {
 func (c Config) normalized() Config {
 	c.Check.Region, c.Check.Rules, c.Check.Store, c.Check.Clock = c.Region, nil, nil, nil
 	c.Check.Logger, c.Check.Registerer, c.Check.Usage, c.Check.Shares, c.Check.Peek = nil, nil, nil, nil, nil
+	c.Check.Tracer = nil
 	c.Lease.Clock, c.Lease.Peers, c.Lease.Observer, c.Lease.SyncRefill = nil, nil, nil, false
 	c.Fallback.Clock, c.Fallback.Peers, c.Fallback.Shard, c.Fallback.Logger = nil, nil, nil, nil
 	c.Fallback.Observer, c.Fallback.Inline = nil, false
@@ -194,6 +196,9 @@ type Deps struct {
 	UsageStart time.Time
 	// Transport sends the usage reports. Required with Config.Reports.
 	Transport Transport
+	// Tracing, if not nil, makes every check and every usage report a span (see
+	// pkg/tracing); nil: none, and a check pays one nil test for it.
+	Tracing trace.TracerProvider
 }
 
 // Transport starts the sending of a node's usage reports. Build calls it once with
@@ -283,6 +288,9 @@ func Build(cfg Config, deps Deps) (_ *Node, err error) {
 	ec := n.cfg.Check
 	ec.Rules, ec.Store, ec.Clock, ec.Logger, ec.Registerer = deps.Rules, n.store, n.clock, n.log, deps.Registerer
 	ec.Peek = deps.Peek
+	if deps.Tracing != nil {
+		ec.Tracer = deps.Tracing.Tracer("github.com/allot-dev/allot/pkg/enforcer")
+	}
 	if n.cfg.Balanced {
 		ec.Shares = &n.shares
 	}
@@ -309,6 +317,9 @@ func Build(cfg Config, deps Deps) (_ *Node, err error) {
 		rc.Clock, rc.Logger, rc.Registerer = n.clock, n.log.Named("usage"), deps.Registerer
 		rc.Shares, rc.Accepted = n.applied, n.heard
 		rc.SharesChanged = h.Changed()
+		if deps.Tracing != nil {
+			rc.Tracer = deps.Tracing.Tracer("github.com/allot-dev/allot/pkg/enforcer/report")
+		}
 		if n.reporter, err = deps.Transport(rc); err != nil {
 			return nil, err
 		}

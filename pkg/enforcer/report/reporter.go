@@ -10,9 +10,14 @@ import (
 
 	"github.com/allot-dev/allot/pkg/clock"
 	"github.com/allot-dev/allot/pkg/routine"
+	"github.com/allot-dev/allot/pkg/tracing"
 	allotv1 "github.com/allot-dev/allot/proto/allot/v1"
 	"github.com/hashicorp/go-hclog"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/attribute"
+	otelcodes "go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
@@ -72,6 +77,11 @@ type ReporterConfig struct {
 	// TLS, if not nil, is the gRPC client's TLS (CA, client certificate); nil means
 	// plaintext.
 	TLS *tls.Config
+	// Tracer, if not nil, makes each report a span (tracing.SpanReport: region, enforcer,
+	// seq, identities, flags, attempts, result) whose trace context goes with the report
+	// RPC, so the balancer's span of it is a child; nil: no spans and no trace context
+	// sent.
+	Tracer trace.Tracer
 }
 
 // DefaultReporterConfig returns the defaults described on each ReporterConfig field.
@@ -122,11 +132,12 @@ func (c ReporterConfig) Validate() error {
 // waits; it is idempotent and safe to call from any goroutine. The zero Reporter is not
 // usable: build it with NewReporter.
 type Reporter struct {
-	cfg   ReporterConfig
-	clock clock.Clock
-	log   hclog.Logger
-	m     *metrics
-	creds grpc.DialOption
+	cfg    ReporterConfig
+	clock  clock.Clock
+	log    hclog.Logger
+	m      *metrics
+	creds  grpc.DialOption
+	tracer trace.Tracer // cfg.Tracer, or a no-op one
 
 	// Owned by the goroutine (and by Close once it has exited).
 	seq      uint64
@@ -158,7 +169,10 @@ func NewReporter(cfg ReporterConfig) (*Reporter, error) {
 		return nil, err
 	}
 	r := &Reporter{cfg: cfg, clock: cfg.Clock, log: cfg.Logger, m: m,
-		seq: uint64(cfg.Clock.Now().UnixMilli())}
+		seq: uint64(cfg.Clock.Now().UnixMilli()), tracer: cfg.Tracer}
+	if r.tracer == nil {
+		r.tracer = noop.NewTracerProvider().Tracer("")
+	}
 	r.creds = grpc.WithTransportCredentials(insecure.NewCredentials())
 	if cfg.TLS != nil {
 		r.creds = grpc.WithTransportCredentials(credentials.NewTLS(cfg.TLS))
@@ -209,11 +223,15 @@ func (r *Reporter) leave() {
 	if r.cfg.Shares != nil {
 		req.ShareLeaderRev, req.ShareVersion = r.cfg.Shares()
 	}
-	if err := r.send(req); err != nil {
+	ctx, span := r.startSpan(req)
+	defer span.End()
+	if err := r.send(ctx, req); err != nil {
 		r.m.failures.Inc()
+		endSpan(span, 1, err)
 		r.log.Warn("final usage report not delivered; the balancer holds this enforcer's share until its staleness period passes", "seq", req.Seq, "error", err)
 		return
 	}
+	endSpan(span, 1, nil)
 	r.m.sent.Inc()
 }
 
@@ -265,9 +283,12 @@ func (r *Reporter) report(now time.Time, early, ack bool) {
 	r.m.omittedIDs.Add(float64(req.OmittedIdentities))
 	r.m.omittedTokens.Add(req.OmittedTokens)
 
+	ctx, span := r.startSpan(req)
+	defer span.End()
 	var err error
 	for try := 0; try < 2; try++ {
-		if err = r.send(req); err == nil {
+		if err = r.send(ctx, req); err == nil {
+			endSpan(span, try+1, nil)
 			at := r.clock.Now()
 			if r.cfg.Accepted != nil {
 				r.cfg.Accepted(at)
@@ -278,12 +299,17 @@ func (r *Reporter) report(now time.Time, early, ack bool) {
 			return
 		}
 		r.m.failures.Inc()
+		span.AddEvent("attempt failed", trace.WithAttributes(attribute.String("error", err.Error())))
 		// Ask the LeaderSource again, and reconnect: a connection that failed may sit in
 		// gRPC's reconnect backoff (up to minutes) after the leader is back.
 		r.addr = ""
 		r.closeConn()
 		if r.ctx.Err() != nil || status.Code(err) == codes.InvalidArgument {
+			endSpan(span, try+1, err)
 			break // closing, or the same report would be rejected again
+		}
+		if try == 1 {
+			endSpan(span, 2, err)
 		}
 		r.log.Debug("usage report failed", "seq", req.Seq, "try", try+1, "error", err)
 	}
@@ -300,14 +326,16 @@ var (
 )
 
 // send makes one attempt: to the cached leader (or the one Leader names), following at
-// most MaxRedirects standby redirects; with Addrs, once round the list (sendList).
-func (r *Reporter) send(req *allotv1.ReportRequest) error {
+// most MaxRedirects standby redirects; with Addrs, once round the list (sendList). parent
+// is the report's context (r.ctx with the report's span): each RPC carries its trace
+// context.
+func (r *Reporter) send(parent context.Context, req *allotv1.ReportRequest) error {
 	if r.ring != nil {
-		return r.sendList(req)
+		return r.sendList(parent, req)
 	}
 	addr := r.addr
 	if addr == "" {
-		ctx, cancel := context.WithTimeout(r.ctx, r.cfg.SendTimeout)
+		ctx, cancel := context.WithTimeout(parent, r.cfg.SendTimeout)
 		a, err := r.cfg.Leader.Leader(ctx)
 		cancel()
 		if err != nil {
@@ -320,7 +348,7 @@ func (r *Reporter) send(req *allotv1.ReportRequest) error {
 		if err != nil {
 			return err
 		}
-		ctx, cancel := context.WithTimeout(r.ctx, r.cfg.SendTimeout)
+		ctx, cancel := context.WithTimeout(tracing.InjectGRPC(parent), r.cfg.SendTimeout)
 		resp, err := allotv1.NewBalancerClient(cc).Report(ctx, req)
 		cancel()
 		switch {
@@ -341,11 +369,11 @@ func (r *Reporter) send(req *allotv1.ReportRequest) error {
 
 // sendList makes one attempt over Addrs (see ReporterConfig.Addrs): every address at
 // most once, from the one that last accepted. The error joins every address's.
-func (r *Reporter) sendList(req *allotv1.ReportRequest) error {
+func (r *Reporter) sendList(parent context.Context, req *allotv1.ReportRequest) error {
 	var errs []error
 	p := r.ring.pass()
 	for addr, ok := p.addr(); ok; addr, ok = p.addr() {
-		redirect, err := r.sendOnce(addr, req)
+		redirect, err := r.sendOnce(parent, addr, req)
 		if err == nil {
 			p.accepted()
 			return nil
@@ -366,12 +394,12 @@ func (r *Reporter) sendList(req *allotv1.ReportRequest) error {
 
 // sendOnce sends req to addr: nil when accepted, else the error and, for a non-leader
 // answer, the leader address it named ("" if none).
-func (r *Reporter) sendOnce(addr string, req *allotv1.ReportRequest) (redirect string, err error) {
+func (r *Reporter) sendOnce(parent context.Context, addr string, req *allotv1.ReportRequest) (redirect string, err error) {
 	cc, err := r.dial(addr)
 	if err != nil {
 		return "", err
 	}
-	ctx, cancel := context.WithTimeout(r.ctx, r.cfg.SendTimeout)
+	ctx, cancel := context.WithTimeout(tracing.InjectGRPC(parent), r.cfg.SendTimeout)
 	resp, err := allotv1.NewBalancerClient(cc).Report(ctx, req)
 	cancel()
 	switch {
@@ -383,6 +411,25 @@ func (r *Reporter) sendOnce(addr string, req *allotv1.ReportRequest) (redirect s
 		return "", fmt.Errorf("%w (asked %s)", errStandby, addr)
 	}
 	return resp.GetLeaderAddr(), fmt.Errorf("%w: %s answered as a standby (leader %s)", errNotLeader, addr, resp.GetLeaderAddr())
+}
+
+// startSpan starts req's span (tracing.SpanReport) under r.ctx.
+func (r *Reporter) startSpan(req *allotv1.ReportRequest) (context.Context, trace.Span) {
+	return r.tracer.Start(r.ctx, tracing.SpanReport, trace.WithSpanKind(trace.SpanKindClient),
+		trace.WithAttributes(tracing.AttrRegion.String(req.Region), tracing.AttrEnforcerID.String(req.EnforcerId),
+			tracing.AttrSeq.Int64(int64(req.Seq)), tracing.AttrIdentities.Int(len(req.Usage)),
+			tracing.AttrEarly.Bool(req.Early), tracing.AttrAck.Bool(req.Ack), tracing.AttrFinal.Bool(req.Final),
+			tracing.AttrShareVersion.Int64(int64(req.ShareVersion))))
+}
+
+// endSpan records a report's outcome on its span: "sent", or "dropped" with the error.
+func endSpan(span trace.Span, attempts int, err error) {
+	result := "sent"
+	if err != nil {
+		result = "dropped"
+		span.SetStatus(otelcodes.Error, err.Error())
+	}
+	span.SetAttributes(tracing.AttrAttempts.Int(attempts), tracing.AttrResult.String(result))
 }
 
 // dial returns a connection to addr, replacing (and closing) the one to another address.

@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 )
 
@@ -31,6 +32,7 @@ type fakeBalancer struct {
 	redirect string
 	failNext int
 	got      []*allotv1.ReportRequest
+	parents  []string // each call's traceparent ("" without)
 }
 
 func startBalancer(t *testing.T, leader bool, redirect string) *fakeBalancer {
@@ -47,10 +49,15 @@ func startBalancer(t *testing.T, leader bool, redirect string) *fakeBalancer {
 	return b
 }
 
-func (b *fakeBalancer) Report(_ context.Context, r *allotv1.ReportRequest) (*allotv1.ReportResponse, error) {
+func (b *fakeBalancer) Report(ctx context.Context, r *allotv1.ReportRequest) (*allotv1.ReportResponse, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.got = append(b.got, r)
+	tp := ""
+	if v := metadata.ValueFromIncomingContext(ctx, "traceparent"); len(v) > 0 {
+		tp = v[0]
+	}
+	b.parents = append(b.parents, tp)
 	if b.failNext > 0 {
 		b.failNext--
 		return nil, status.Error(codes.Unavailable, "fake: failing once")
