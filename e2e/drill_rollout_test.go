@@ -30,6 +30,7 @@ const (
 	rollFailures  = 2                      // failed polls in a row that take an enforcer out (1 s)
 	rollSteady    = 8 * time.Second        // load on the new set before the next step: > 2 × max age
 	rollRate      = 300                    // checks a second, over both clients
+	rollFallback  = 200 * time.Millisecond // fallback.timeout (see TestRollingRestart)
 )
 
 // TestRollingRestart (issue 24 §4; docs/drills.md): one region's two enforcers (real
@@ -61,14 +62,15 @@ func TestRollingRestart(t *testing.T) {
 	opt := stack.DefaultOptions()
 	opt.Regions = opt.Regions[:1] // us-east, two enforcers; the rules still name every region
 	opt.EtcdMembers = 1
-	// A check waits this long for Redis before it is answered locally: the shipped 5 ms is
-	// missed now and then by a 2-core machine running this test's race-instrumented load,
-	// which is not what this drill judges (docs/drills.md); a restart that sent checks to
-	// fallback (a new enforcer answering before it reaches Redis, a breaker opened by a
-	// stop) still would, for longer than 50 ms.
-	opt.FallbackTimeout = 50 * time.Millisecond
-	opt.Enforcer = fmt.Sprintf("{regions: [%s], shutdown: {pre_stop_delay: %v}, drain_timeout: %v, listen: {max_connection_age: %v}}",
-		strings.Join(stack.Regions, ", "), rollPreStop, rollDrain, rollMaxAge)
+	// A check waits this long for Redis before it is answered locally (and each call gets
+	// twice that before it counts against the shard's breaker): the shipped 5 ms, and even
+	// 50 ms, are missed now and then by a 2-core machine at a load average of 20 with no
+	// restart at all (two shards silent for 50 ms at once, seen in a run), which is not what
+	// this drill judges (docs/drills.md). A restart that sent checks to fallback (a new
+	// enforcer answering before it reaches Redis, a breaker opened by a stop) still would.
+	opt.FallbackTimeout = rollFallback
+	opt.Enforcer = fmt.Sprintf("{regions: [%s], shutdown: {pre_stop_delay: %v}, drain_timeout: %v, listen: {max_connection_age: %v}, fallback: {reply_timeout: %v}}",
+		strings.Join(stack.Regions, ", "), rollPreStop, rollDrain, rollMaxAge, 2*rollFallback)
 	s := stack.Start(t, opt)
 	r := s.Regions[0]
 
