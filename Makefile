@@ -79,7 +79,7 @@ image:
 	bash scripts/images.sh allot
 
 # The local base image (redis-server, etcd) the tests run; built once per machine. The e2e
-# stack's images (allot/gateway: the base plus Debian's nginx; allot/stack:<hash>: plus
+# stack's images (allot/gateway: the base plus Debian's nginx and caddy; allot/stack:<hash>: plus
 # allot's static binaries) are built by the harness on first use: scripts/images.sh stack.
 # With ALLOT_UPSTREAM_IMAGES=1, pkg/testenv uses upstream images instead (see its doc).
 images:

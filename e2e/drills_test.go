@@ -19,18 +19,21 @@ import (
 // fresh stack.
 //
 // Layout: us-east (home of etcd and the nginx gateway; 3 masters × 1 replica, for the
-// failover drill), eu-west and ap-south (3 masters, no replica), two enforcers each;
+// failover drill), eu-west (behind the Caddy gateway) and ap-south (3 masters, no
+// replica), two enforcers each;
 // eu-west and ap-south reach etcd through 40 ms / 70 ms each-way Toxiproxy links.
 func TestDrills(t *testing.T) {
 	began := time.Now()
 	opt := stack.DefaultOptions()
 	opt.Regions[0].Replicas = 1
-	opt.Gateway = true
+	opt.Gateway = true // nginx in front of us-east
+	opt.Caddy = true   // Caddy in front of eu-west
 	s := stack.Start(t, opt)
 	t.Logf("drills: stack up in %v", time.Since(began).Round(time.Millisecond))
 
 	baseline := startedAt(t, s)
-	t.Run("gateway", func(t *testing.T) { drillGateway(t, s) })
+	t.Run("gateway", func(t *testing.T) { drillGateway(t, s.Gateway) })
+	t.Run("gateway-caddy", func(t *testing.T) { drillGateway(t, s.Caddy) })
 	t.Run("bad-input", func(t *testing.T) { drillBadInput(t, s, baseline) })
 	t.Run("rule-propagation", func(t *testing.T) { drillRulePropagation(t, s) })
 	t.Run("enforcer-killed", func(t *testing.T) { drillEnforcerKilled(t, s) })

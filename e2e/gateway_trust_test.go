@@ -24,13 +24,20 @@ var gatewayOnlyForged = map[string]string{
 	"X-Plan": "pro", "X-Org": "acme", "X-RateLimit-Hits": "0",
 }
 
-// TestGatewaySnippetStripsClientHeaders (issue 27 §3) runs Debian's nginx with
-// cmd/enforcer/README.md's auth_request snippet in front of the enforcer's real forward-auth
-// handler (default trust: loopback, the snippets' headers; refuse_status 403) over a login
+// TestGatewaySnippetStripsClientHeaders (issue 27 §3; issue 24 §6) runs each gateway of
+// Debian's with its cmd/enforcer/README.md snippet — nginx's auth_request, Caddy's
+// forward_auth — in front of the enforcer's real forward-auth handler (default trust:
+// loopback, the snippets' headers; the refuse_status that gateway needs) over a login
 // limit of 3 a minute per IP and a pro plan. A client rotating forged X-Real-IP,
 // X-Forwarded-For, X-Endpoint, X-Plan and X-RateLimit-Hits, and a fresh API key each time,
 // gets 3 logins; the enforcer sees none of the forged values.
 func TestGatewaySnippetStripsClientHeaders(t *testing.T) {
+	for _, gw := range gateways {
+		t.Run(gw.kind, func(t *testing.T) { snippetStripsClientHeaders(t, gw.kind, gw.refuse) })
+	}
+}
+
+func snippetStripsClientHeaders(t *testing.T, kind string, refuse int) {
 	rig := enforcertest.New(t, `
 rules:
   - id: default
@@ -43,7 +50,7 @@ rules:
     by: ip
     limits: [{name: minute, rate: 3, per: 1m, burst: 3}]
 `)
-	h := httpapi.Handler(rig.E, httpapi.Config{RefuseStatus: http.StatusForbidden}, rig.Reg, nil, hclog.NewNullLogger())
+	h := httpapi.Handler(rig.E, httpapi.Config{RefuseStatus: refuse}, rig.Reg, nil, hclog.NewNullLogger())
 	var mu sync.Mutex
 	var seen []http.Header
 	auth := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -54,7 +61,7 @@ rules:
 		}
 		h.ServeHTTP(w, r)
 	}), ReadHeaderTimeout: 5 * time.Second}
-	g := gatewayInFrontOf(t, "in-process", auth)
+	g := gatewayInFrontOf(t, kind, "in-process", auth)
 
 	c := gatewayClient("127.0.0.2")
 	ok, limited := 0, 0
@@ -77,10 +84,10 @@ rules:
 		case http.StatusTooManyRequests:
 			limited++
 		default:
-			t.Fatalf("login %d through nginx: %d, want 200 or 429", i, resp.StatusCode)
+			t.Fatalf("login %d through %s: %d, want 200 or 429", i, kind, resp.StatusCode)
 		}
 	}
-	t.Logf("10 logins from 127.0.0.2 with forged gateway headers through nginx: %d × 200, %d × 429", ok, limited)
+	t.Logf("10 logins from 127.0.0.2 with forged gateway headers through %s: %d × 200, %d × 429", kind, ok, limited)
 	if ok != 3 {
 		t.Errorf("10 logins with forged X-Real-IP/X-Endpoint/X-Plan: %d allowed, want 3 (login-per-ip of 127.0.0.2)", ok)
 	}
@@ -89,7 +96,14 @@ rules:
 	if len(seen) != 10 {
 		t.Fatalf("the enforcer saw %d auth requests, want 10", len(seen))
 	}
-	want := map[string]string{"X-Real-Ip": "127.0.0.2", "X-Original-Method": "POST", "X-Original-Uri": "/v1/login", "X-Api-Key": "invented-9"}
+	// What each snippet sets itself; every other gateway-only header must not arrive.
+	want := map[string]string{"X-Real-Ip": "127.0.0.2", "X-Api-Key": "invented-9"}
+	switch kind {
+	case "nginx":
+		want["X-Original-Method"], want["X-Original-Uri"] = "POST", "/v1/login"
+	case "caddy":
+		want["X-Forwarded-Method"], want["X-Forwarded-Uri"], want["X-Forwarded-For"] = "POST", "/v1/login", "127.0.0.2"
+	}
 	last := seen[len(seen)-1]
 	for k, v := range want {
 		if got := last.Get(k); got != v {
@@ -107,7 +121,8 @@ rules:
 }
 
 // TestSnippetsSetOrStripGatewayHeaders (issue 27 §3) reads the Caddy and Traefik
-// snippets of cmd/enforcer/README.md (there is no Caddy or Traefik in the test image):
+// snippets of cmd/enforcer/README.md (there is no Traefik in the test image; Caddy's runs
+// in TestGatewaySnippetStripsClientHeaders too):
 // Traefik copies only the API key from the client and does not trust the client's
 // X-Forwarded-*; Caddy overwrites X-Real-IP and deletes every other gateway-only header
 // it does not set itself. And the enforcer trusts, by default, no header the snippets

@@ -5,8 +5,9 @@
 #   scripts/images.sh [base]   allot/base:bookworm-1: a minimal Debian root made by
 #                              debootstrap with redis-server, etcd-server and iproute2,
 #                              then `docker import`ed. What pkg/testenv runs Redis and etcd from.
-#   scripts/images.sh gateway  allot/gateway:bookworm-1: the base plus Debian's nginx (the
-#                              gateway of the e2e stack), installed with apt from the same mirror.
+#   scripts/images.sh gateway  allot/gateway:bookworm-2: the base plus Debian's nginx and
+#                              caddy (the gateways of the e2e stack and its tests), installed
+#                              with apt from the same mirror.
 #   scripts/images.sh stack    allot/stack:<hash>: the gateway image plus allot's own static
 #                              binaries (CGO_ENABLED=0 builds of every ./cmd/... main) in
 #                              /usr/local/bin. <hash> is a content hash of the binaries and
@@ -28,7 +29,7 @@ set -euo pipefail
 
 what="${1:-base}"
 tag="${ALLOT_BASE_IMAGE:-allot/base:bookworm-1}"
-gateway_tag="${ALLOT_GATEWAY_IMAGE:-allot/gateway:bookworm-1}"
+gateway_tag="${ALLOT_GATEWAY_IMAGE:-allot/gateway:bookworm-2}"
 suite="${ALLOT_DEBIAN_SUITE:-bookworm}"
 
 build_base() {
@@ -83,12 +84,13 @@ build_gateway() {
     return 0
   fi
   local name="allot-images-gateway-$$"
-  echo "images: installing Debian's nginx into $gateway_tag (a minute, once)"
+  echo "images: installing Debian's nginx and caddy into $gateway_tag (a minute, once)"
   docker rm -f "$name" >/dev/null 2>&1 || true
   if ! docker run --name "$name" --network host "$tag" sh -c '
       apt-get update -qq &&
-      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nginx >/dev/null &&
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nginx caddy >/dev/null &&
       nginx -V 2>&1 | grep -q http_auth_request_module &&
+      caddy list-modules 2>/dev/null | grep -qx http.handlers.reverse_proxy &&
       rm -rf /var/lib/apt/lists/* /var/cache/apt/archives/*.deb' >/tmp/allot-gateway-build.log 2>&1; then
     tail -n 30 /tmp/allot-gateway-build.log >&2
     docker rm -f "$name" >/dev/null 2>&1 || true

@@ -117,6 +117,14 @@ func (s *Stack) startEnforcer(t testing.TB, r *Region, i int) *Enforcer {
 	return e
 }
 
+// StartEnforcer starts one more enforcer process in region r, with the region's config,
+// id "<region>-<n>" and ports of its own, and returns once its /readyz answers 200: the
+// new instance of a rolling restart. It is not added to r.Enforcers.
+func (s *Stack) StartEnforcer(t testing.TB, r *Region, n int) *Enforcer {
+	t.Helper()
+	return s.startEnforcer(t, r, n-1)
+}
+
 // WaitReady polls /readyz until it answers 200.
 func (e *Enforcer) WaitReady(t testing.TB, timeout time.Duration) {
 	t.Helper()

@@ -18,14 +18,15 @@ import (
 	"github.com/allot-dev/allot/pkg/testenv"
 )
 
-// Gateway is Debian's nginx in front of a region's enforcers, configured with the
-// auth_request snippet of cmd/enforcer/README.md verbatim: the only change is the
-// enforcer address, 127.0.0.1:8080 in the README, which becomes an upstream of the
-// region's enforcers. The backend behind it is an HTTP server in the test process that
-// answers 200 "backend" and counts the requests that reached it.
+// Gateway is a gateway of Debian's in front of a region's enforcers, configured with its
+// snippet of cmd/enforcer/README.md as found: nginx with the auth_request snippet
+// (StartGateway), or Caddy with the forward_auth snippet (StartCaddy). The backend behind
+// it is an HTTP server in the test process that answers 200 "backend" and counts the
+// requests that reached it.
 type Gateway struct {
-	Addr    string // 127.0.0.1:port nginx listens on
-	Config  string // the whole nginx.conf
+	Kind    string // "nginx" or "caddy"
+	Addr    string // 127.0.0.1:port the gateway listens on
+	Config  string // the whole nginx.conf or Caddyfile
 	Snippet string // the README's snippet as found
 	Proc    *testenv.Proc
 
@@ -38,28 +39,43 @@ func (g *Gateway) BackendHits() int64 { return g.backendHits.Load() }
 // READMESnippet returns the ```nginx block of cmd/enforcer/README.md.
 func READMESnippet(t testing.TB) string {
 	t.Helper()
+	return readmeBlock(t, "nginx", "auth_request")
+}
+
+// READMECaddySnippet returns the ```caddy block of cmd/enforcer/README.md with forward_auth.
+func READMECaddySnippet(t testing.TB) string {
+	t.Helper()
+	return readmeBlock(t, "caddy", "forward_auth")
+}
+
+// readmeBlock is the first ```lang block of cmd/enforcer/README.md holding holding.
+func readmeBlock(t testing.TB, lang, holding string) string {
+	t.Helper()
 	raw, err := os.ReadFile(filepath.Join(RepoRoot(t), "cmd", "enforcer", "README.md"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := regexp.MustCompile("(?s)```nginx\n(.*?)```").FindSubmatch(raw)
-	if m == nil {
-		t.Fatal("stack: cmd/enforcer/README.md has no ```nginx block")
+	for _, m := range regexp.MustCompile("(?s)```"+lang+"\n(.*?)```").FindAllSubmatch(raw, -1) {
+		if strings.Contains(string(m[1]), holding) {
+			return string(m[1])
+		}
 	}
-	return string(m[1])
+	t.Fatalf("stack: cmd/enforcer/README.md has no ```%s block with %s", lang, holding)
+	return ""
 }
 
-// readmeEnforcer is the enforcer address the README's snippet names.
-const readmeEnforcer = "127.0.0.1:8080"
+// The addresses the README's snippets name, which the harness substitutes: the enforcer's
+// HTTP address, and for Caddy the site and the backend.
+const (
+	readmeEnforcer = "127.0.0.1:8080"
+	readmeSite     = "example.com"
+	readmeBackend  = "127.0.0.1:9000"
+)
 
-// StartGateway starts nginx in front of enforcers (their HTTP addresses) and waits until
-// it answers through them.
-func StartGateway(t testing.TB, enforcers []*Enforcer) *Gateway {
+// startBackend serves the gateway's backend on a loopback port until the test ends and
+// returns its address.
+func (g *Gateway) startBackend(t testing.TB) string {
 	t.Helper()
-	g := &Gateway{Snippet: READMESnippet(t)}
-	if !strings.Contains(g.Snippet, readmeEnforcer) {
-		t.Fatalf("stack: the README's nginx snippet does not name %s; the harness substitutes that address:\n%s", readmeEnforcer, g.Snippet)
-	}
 	backend := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		g.backendHits.Add(1)
 		fmt.Fprintln(w, "backend")
@@ -71,6 +87,39 @@ func StartGateway(t testing.TB, enforcers []*Enforcer) *Gateway {
 	backend.Listener = ln
 	backend.Start()
 	t.Cleanup(backend.Close)
+	return ln.Addr().String()
+}
+
+// waitReady polls GET /ready through the gateway until it answers 200 (from the backend,
+// so the gateway reached an enforcer and was allowed).
+func (g *Gateway) waitReady(t testing.TB) {
+	t.Helper()
+	g.Proc.WaitReady(t, g.Kind+" "+g.Addr, time.Minute, func(ctx context.Context) error {
+		req, _ := http.NewRequestWithContext(ctx, "GET", "http://"+g.Addr+"/ready", nil)
+		req.Header.Set("X-Api-Key", "gateway-ready-probe")
+		resp, err := httpc.Do(req)
+		if err != nil {
+			return err
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("GET /ready through %s: %d", g.Kind, resp.StatusCode)
+		}
+		return nil
+	})
+}
+
+// StartGateway starts nginx in front of enforcers (their HTTP addresses) and waits until
+// it answers through them. The README's auth_request snippet is used verbatim but for the
+// enforcer address, 127.0.0.1:8080, which becomes an upstream of the enforcers; they must
+// refuse with 403 (forward_auth.refuse_status: auth_request takes only 2xx/401/403).
+func StartGateway(t testing.TB, enforcers []*Enforcer) *Gateway {
+	t.Helper()
+	g := &Gateway{Kind: "nginx", Snippet: READMESnippet(t)}
+	if !strings.Contains(g.Snippet, readmeEnforcer) {
+		t.Fatalf("stack: the README's nginx snippet does not name %s; the harness substitutes that address:\n%s", readmeEnforcer, g.Snippet)
+	}
+	backend := g.startBackend(t)
 
 	port := testenv.Ports(t, 1)[0]
 	g.Addr = "127.0.0.1:" + strconv.Itoa(port)
@@ -100,7 +149,7 @@ http {
 %[5]s
   }
 }
-`, dir, ln.Addr().String(), servers.String(), g.Addr, strings.ReplaceAll(g.Snippet, readmeEnforcer, "allot_enforcers"))
+`, dir, backend, servers.String(), g.Addr, strings.ReplaceAll(g.Snippet, readmeEnforcer, "allot_enforcers"))
 	conf := filepath.Join(dir, "nginx.conf")
 	writeFile(t, conf, g.Config)
 	g.Proc = testenv.Run(t, testenv.ProcOptions{
@@ -108,18 +157,44 @@ http {
 		Argv:  []string{"nginx", "-c", conf},
 		Binds: []string{dir + ":" + dir},
 	})
-	g.Proc.WaitReady(t, "nginx "+g.Addr, time.Minute, func(ctx context.Context) error {
-		req, _ := http.NewRequestWithContext(ctx, "GET", "http://"+g.Addr+"/ready", nil)
-		req.Header.Set("X-Api-Key", "gateway-ready-probe")
-		resp, err := httpc.Do(req)
-		if err != nil {
-			return err
+	g.waitReady(t)
+	return g
+}
+
+// StartCaddy starts Debian's Caddy in front of enforcers (their HTTP addresses) and waits
+// until it answers through them. The README's forward_auth snippet is used as found but
+// for its addresses: the site example.com becomes http://127.0.0.1:<port> (plain HTTP: no
+// certificate to get), the enforcer 127.0.0.1:8080 becomes the enforcers (forward_auth's
+// upstreams) and the backend 127.0.0.1:9000 the test's. A global block turns off Caddy's
+// admin endpoint (a fixed port, which tests running at once would share). forward_auth
+// passes a refusal through as the enforcer wrote it: they must refuse with 429, the
+// default forward_auth.refuse_status.
+func StartCaddy(t testing.TB, enforcers []*Enforcer) *Gateway {
+	t.Helper()
+	g := &Gateway{Kind: "caddy", Snippet: READMECaddySnippet(t)}
+	for _, a := range []string{readmeSite + " {", readmeEnforcer, readmeBackend} {
+		if !strings.Contains(g.Snippet, a) {
+			t.Fatalf("stack: the README's Caddy snippet does not name %q; the harness substitutes it:\n%s", a, g.Snippet)
 		}
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			return fmt.Errorf("GET /ready through nginx: %d", resp.StatusCode)
-		}
-		return nil
+	}
+	backend := g.startBackend(t)
+	g.Addr = "127.0.0.1:" + strconv.Itoa(testenv.Ports(t, 1)[0])
+	upstreams := make([]string, len(enforcers))
+	for i, e := range enforcers {
+		upstreams[i] = e.HTTP
+	}
+	site := strings.NewReplacer(readmeSite+" {", "http://"+g.Addr+" {", readmeEnforcer, strings.Join(upstreams, " "),
+		readmeBackend, backend).Replace(g.Snippet)
+	dir := t.TempDir()
+	g.Config = "# generated by e2e/stack: the README's snippet with the test's addresses\n{\n\tadmin off\n}\n\n" + site
+	conf := filepath.Join(dir, "Caddyfile")
+	writeFile(t, conf, g.Config)
+	g.Proc = testenv.Run(t, testenv.ProcOptions{
+		Kind: "caddy", Image: testenv.StackImage(t),
+		Argv:  []string{"caddy", "run", "--config", conf, "--adapter", "caddyfile"},
+		Env:   []string{"HOME=" + dir, "XDG_CONFIG_HOME=" + dir, "XDG_DATA_HOME=" + dir},
+		Binds: []string{dir + ":" + dir},
 	})
+	g.waitReady(t)
 	return g
 }

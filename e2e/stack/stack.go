@@ -1,9 +1,10 @@
 // Package stack is allot's multi-region stack for end-to-end drills, built from the same
 // images a user would run: per region a Redis Cluster and two or more enforcer processes
 // (bin/enforcer, statically built into the local allot/stack image), one etcd cluster the
-// regions share, and optionally a real nginx in front of the first region, configured
-// exactly as cmd/enforcer/README.md documents. Every process is a container started by
-// pkg/testenv (dockertest, host networking, 127.0.0.1 ports); nothing is pulled.
+// regions share, and optionally a real nginx in front of the first region and a real Caddy
+// in front of the second, configured exactly as cmd/enforcer/README.md documents. Every
+// process is a container started by pkg/testenv (dockertest, host networking, 127.0.0.1
+// ports); nothing is pulled.
 //
 // Geography. etcd and the balancer replicas live in the first region. Every other region
 // reaches etcd through a pkg/testenv Link (Toxiproxy in this process)
@@ -56,6 +57,10 @@ type Options struct {
 	Rules string
 	// Gateway puts nginx in front of the first region's enforcers.
 	Gateway bool
+	// Caddy puts Caddy in front of the second region's enforcers (or the first's when
+	// there is one region and no Gateway): forward_auth passes the enforcers' refusals
+	// through as they are, so they must answer 429, not the 403 nginx needs.
+	Caddy bool
 	// Jitter is added to each link's latency (uniform ±).
 	Jitter time.Duration
 	// Enforcer overrides config fields of every enforcer (YAML merged over the stack's
@@ -123,7 +128,8 @@ type Stack struct {
 	Regions   []*Region
 	Etcd      *testenv.EtcdCluster
 	Links     *testenv.Links
-	Gateway   *Gateway // nil unless Options.Gateway
+	Gateway   *Gateway // nginx; nil unless Options.Gateway
+	Caddy     *Gateway // nil unless Options.Caddy
 	Balancers []*Balancer
 	Dir       string // configs and rules files, bind-mounted at the same path
 	Image     string // the stack image
@@ -249,11 +255,20 @@ func Start(t testing.TB, opt Options) *Stack {
 	if opt.Gateway {
 		s.Gateway = StartGateway(t, s.Regions[0].Enforcers)
 	}
+	if opt.Caddy {
+		behind := s.Regions[0]
+		if len(s.Regions) > 1 {
+			behind = s.Regions[1]
+		} else if opt.Gateway {
+			t.Fatal("stack: Options.Caddy with Gateway needs a second region (nginx's region refuses with 403)")
+		}
+		s.Caddy = StartCaddy(t, behind.Enforcers)
+	}
 	if opt.Balancers > 0 {
 		s.Leader(t, time.Minute)
 	}
-	t.Logf("stack: %d regions × %v enforcers, etcd × %d, %d balancers, gateway %v: ready in %v (image %v, Redis+etcd %v)",
-		len(s.Regions), enforcerCounts(s), opt.EtcdMembers, opt.Balancers, opt.Gateway,
+	t.Logf("stack: %d regions × %v enforcers, etcd × %d, %d balancers, nginx %v, caddy %v: ready in %v (image %v, Redis+etcd %v)",
+		len(s.Regions), enforcerCounts(s), opt.EtcdMembers, opt.Balancers, opt.Gateway, opt.Caddy,
 		time.Since(began).Round(time.Millisecond), imaged.Round(time.Millisecond), infra.Round(time.Millisecond))
 	return s
 }

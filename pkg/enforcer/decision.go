@@ -49,8 +49,15 @@ type Decision struct {
 	// Remaining is the whole tokens left in the deciding bucket.
 	Remaining int64
 	// Reset is how long until the deciding bucket is full again, jittered per identity
-	// (later only; see Config.ResetJitterMax).
+	// (later only; see Config.ResetJitterMax): the JSON answer's reset_ms, allot.v1's and
+	// Envoy's duration until reset.
 	Reset time.Duration
+	// Effective is the RateLimit field's effective window (draft-ietf-httpapi-ratelimit-
+	// headers-11, t): the time the Remaining tokens last at the deciding limit's rate,
+	// Remaining ÷ rate, jittered per identity like Reset (later only). Within it the
+	// caller may use the Remaining tokens; the bucket refills meanwhile, so the statement
+	// errs under, and Remaining over Effective is never more than the limit's rate.
+	Effective time.Duration
 	// RetryAfter, when refused, is how long until the request could pass; 0 when allowed
 	// or when it never can (SourceTooLarge).
 	RetryAfter time.Duration
@@ -102,6 +109,35 @@ func (d *Decision) RetryAfterSeconds() int64 {
 
 // ResetSeconds is Reset in whole seconds rounded up.
 func (d *Decision) ResetSeconds() int64 { return ceilSeconds(d.Reset) }
+
+// EffectiveSeconds is the RateLimit field's t: Effective in whole seconds rounded up (a
+// longer window for the same tokens: the caller errs under), and on a refusal that can
+// be retried never past Retry-After, which the draft says must not point earlier than
+// the end of the effective window.
+func (d *Decision) EffectiveSeconds() int64 {
+	t := ceilSeconds(d.Effective)
+	if ra := d.RetryAfterSeconds(); ra > 0 && t > ra {
+		t = ra
+	}
+	return t
+}
+
+// effectiveWindow is how long remaining whole tokens last at rate tokens a second; at
+// most maxEffective.
+func effectiveWindow(remaining int64, rate float64) time.Duration {
+	if remaining <= 0 || !(rate > 0) {
+		return 0
+	}
+	secs := float64(remaining) / rate
+	if secs > maxEffective.Seconds() {
+		return maxEffective
+	}
+	return time.Duration(secs * float64(time.Second))
+}
+
+// maxEffective bounds an effective window (a burst of millions at one a day would
+// overflow a Duration): about 31 years, beyond any window a client plans with.
+const maxEffective = 1 << 30 * time.Second
 
 func ceilSeconds(t time.Duration) int64 {
 	if t <= 0 {

@@ -398,6 +398,8 @@ func (e *Enforcer) fill(d *Decision, m *rules.Matched, lim limits, i int, res *b
 	d.Quota, d.Window = quotaWindow(l)
 	d.Remaining = res.Remaining
 	d.Reset = res.Reset + jitter(m.Identity, res.Reset, e.cfg.ResetJitterMax, e.cfg.ResetJitterRatio)
+	eff := effectiveWindow(res.Remaining, l.Rate)
+	d.Effective = eff + jitter(m.Identity, eff, e.cfg.ResetJitterMax, e.cfg.ResetJitterRatio)
 	d.RetryAfter = res.RetryAfter
 	d.Source = res.Source
 }

@@ -261,7 +261,7 @@ rules:
 	got := d.AppendHeaders(nil)
 	want := []Header{
 		{"RateLimit-Policy", `"api/minute";q=3;w=3`},
-		{"RateLimit", `"api/minute";r=2;t=1`},
+		{"RateLimit", `"api/minute";r=2;t=2`}, // 2 tokens last 2 s at 1 a second
 		{"X-RateLimit-Counted-By", "api_key"},
 	}
 	if !slices.Equal(got, want) {
@@ -273,7 +273,7 @@ rules:
 	got = d.AppendHeaders(nil)
 	want = []Header{
 		{"RateLimit-Policy", `"api/minute";q=3;w=3`},
-		{"RateLimit", `"api/minute";r=0;t=3`},
+		{"RateLimit", `"api/minute";r=0;t=0`},
 		{"X-RateLimit-Counted-By", "api_key"},
 		{"Retry-After", "1"},
 		{"X-RateLimit-Rule", "api"},
@@ -290,6 +290,38 @@ rules:
 	none.Allowed = true
 	if h := none.AppendHeaders(nil); len(h) != 0 {
 		t.Fatalf("no-rule decision headers %v, want none", h)
+	}
+}
+
+// TestEffectiveWindow: the RateLimit field's t (draft-ietf-httpapi-ratelimit-headers-11,
+// the effective window) is how long the remaining tokens last at the limit's rate, rounded
+// up, so r/t never exceeds the rate; on a refusal it never points past Retry-After.
+func TestEffectiveWindow(t *testing.T) {
+	for _, tc := range []struct {
+		remaining int64
+		rate      float64
+		allowed   bool
+		retry     time.Duration
+		want      int64
+	}{
+		{remaining: 39, rate: 20, allowed: true, want: 2},        // 1.95 s
+		{remaining: 40, rate: 20, allowed: true, want: 2},        // a full bucket reads as the policy: q=40;w=2
+		{remaining: 1, rate: 20, allowed: true, want: 1},         // 50 ms, rounded up
+		{remaining: 0, rate: 20, allowed: true, want: 0},         // nothing left: no window
+		{remaining: 1, rate: 2.0 / 60, allowed: true, want: 30},  // 2 a minute
+		{remaining: 5, rate: 1, retry: 2 * time.Second, want: 2}, // cost 7, 5.x left: 5 s, held to Retry-After
+		{remaining: 0, rate: 1, retry: 600 * time.Millisecond, want: 0},
+		{remaining: 3, rate: 1, want: 3},                               // refused for good (cost over the burst): no Retry-After to hold it to
+		{remaining: 1 << 50, rate: 1e-9, allowed: true, want: 1 << 30}, // bounded, not overflowed
+	} {
+		d := Decision{Rule: "r", Allowed: tc.allowed, Remaining: tc.remaining, RetryAfter: tc.retry,
+			Effective: effectiveWindow(tc.remaining, tc.rate)}
+		if got := d.EffectiveSeconds(); got != tc.want {
+			t.Errorf("r=%d at %g/s (allowed %v, retry %v): t=%d, want %d", tc.remaining, tc.rate, tc.allowed, tc.retry, got, tc.want)
+		}
+		if got := d.EffectiveSeconds(); got > 0 && got < 1<<30 && tc.retry == 0 && float64(tc.remaining)/float64(got) > tc.rate+1e-9 {
+			t.Errorf("r=%d over t=%d is faster than the rate %g", tc.remaining, got, tc.rate)
+		}
 	}
 }
 

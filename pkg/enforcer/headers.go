@@ -3,14 +3,22 @@ package enforcer
 import "strconv"
 
 // Response header field names. The RateLimit fields follow
-// draft-ietf-httpapi-ratelimit-headers-10 (September 2025): both are Structured Field
-// Lists whose members are a quoted policy name with parameters —
+// draft-ietf-httpapi-ratelimit-headers-11 (May 2026): both are Structured Field Lists
+// whose members are a quoted policy name with parameters —
 //
 //	RateLimit-Policy: "<policy>";q=<quota>;w=<window seconds>
-//	RateLimit:        "<policy>";r=<remaining>;t=<seconds until reset>
+//	RateLimit:        "<policy>";r=<available quota>;t=<effective window seconds>
 //
-// The policy is the deciding limit ("<rule id>/<limit name>"). No partition key (pk) is
-// sent: a caller sees only its own budget and never another identity.
+// The policy is the deciding limit ("<rule id>/<limit name>"), a token bucket stated as
+// q = burst per w = burst ÷ rate. The RateLimit field says the same at the caller's
+// level: r = the whole tokens left, t = how long they last at the limit's rate (r ÷
+// rate, rounded up, jittered per key), so r/t never exceeds q/w, a full bucket reads
+// exactly as the policy, and a client that spends r over t goes at the limit's rate —
+// the bucket refills meanwhile, so it errs under. On a refusal t never passes
+// Retry-After. (The time until the bucket is full, Decision.Reset, would tell a client
+// with few tokens left to spend them over many times longer than the limit requires.)
+// No partition key (pk) is sent: a caller sees only its own budget and never another
+// identity.
 const (
 	HeaderRateLimitPolicy = "RateLimit-Policy"
 	HeaderRateLimit       = "RateLimit"
@@ -71,13 +79,14 @@ func (d *Decision) AppendPolicy(b []byte) []byte {
 	return strconv.AppendInt(b, d.Window, 10)
 }
 
-// AppendRateLimit appends the RateLimit member for d: "<policy>";r=<remaining>;t=<reset>.
+// AppendRateLimit appends the RateLimit member for d:
+// "<policy>";r=<available quota>;t=<effective window> (EffectiveSeconds).
 func (d *Decision) AppendRateLimit(b []byte) []byte {
 	b = appendSFString(b, d.Limit)
 	b = append(b, ";r="...)
 	b = strconv.AppendInt(b, max(d.Remaining, 0), 10)
 	b = append(b, ";t="...)
-	return strconv.AppendInt(b, d.ResetSeconds(), 10)
+	return strconv.AppendInt(b, d.EffectiveSeconds(), 10)
 }
 
 // appendSFString appends s as a Structured Field String (RFC 9651 §3.3.3): quoted, with

@@ -1,10 +1,11 @@
 // Package testenv is allot's one harness for integration tests against real servers: a
 // single Redis, a Redis Cluster (masters, optional replicas) and an etcd cluster (1, 3 or 5
 // members), each in Docker containers started with github.com/ory/dockertest/v3; any other
-// process (allot's own binaries, nginx) from the local stack image (Run, StackImage); and
-// TCP links with latency, cuts and blackholes (Links: Toxiproxy as a library, in-process);
-// and an OpenTelemetry trace receiver (OTLP over gRPC) in the test's process that keeps
-// the spans it is sent (StartOTLP). e2e/stack builds the three-region stack from these.
+// process (allot's own binaries, nginx, Caddy) from the local stack image (Run,
+// StackImage); and TCP links with latency, cuts and blackholes (Links: Toxiproxy as a
+// library, in-process); and an OpenTelemetry trace receiver (OTLP over gRPC) in the test's
+// process that keeps the spans it is sent (StartOTLP). e2e/stack builds the three-region
+// stack from these.
 //
 // What it guarantees:
 //
@@ -24,10 +25,11 @@
 //     process is gone or whose expiry has passed, and with the local image the server runs
 //     under timeout(1) so it exits at its expiry anyway. All names start with
 //     "allot-test-"; `make clean-containers` removes every such container by hand.
-//   - The stack image (allot/stack:<content hash>: the base, Debian's nginx, and allot's
-//     static binaries) is built by `scripts/images.sh stack` on the first StackImage call
-//     of a test binary, under the same lock: the first time a minute or more (apt for
-//     nginx, then go build), later only the go build's cache check and a hash.
+//   - The stack image (allot/stack:<content hash>: the base, Debian's nginx and caddy, and
+//     allot's static binaries) is built by `scripts/images.sh stack` on the first
+//     StackImage call of a test binary, under the same lock: the first time a minute or
+//     more (apt for nginx and caddy, then go build), later only the go build's cache
+//     check and a hash.
 //   - Images are never pulled in the default mode. Before the first container, Require
 //     checks that the base image exists and, if not, runs the repository's
 //     scripts/images.sh once (under a lock file in os.TempDir(), so concurrent test

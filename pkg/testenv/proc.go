@@ -15,8 +15,8 @@ import (
 )
 
 // Proc is any one process in a container of its own, with host networking: allot's own
-// binaries (enforcer, balancer) and nginx, run from the stack image. The harness knows
-// nothing of its protocol: the caller waits for it to be ready (WaitHTTP or its own
+// binaries (enforcer, balancer), nginx and Caddy, run from the stack image. The harness
+// knows nothing of its protocol: the caller waits for it to be ready (WaitHTTP or its own
 // probe). Its state-changing methods (Stop, Kill, Start, Pause, Unpause) fail the test on
 // error and must not be called concurrently with each other; the rest is safe for
 // concurrent use.
@@ -160,10 +160,10 @@ var stackImage struct {
 
 // StackImage returns the tag of the local image holding allot's own static binaries
 // (/usr/local/bin/enforcer and every other ./cmd/... main) on top of the gateway image
-// (the base plus Debian's nginx), building what is missing with `scripts/images.sh stack`
-// once per test binary. The tag is a content hash of the binaries, so an unchanged tree
-// reuses the image (a rerun costs the go build's cache check, a few seconds). It fails t
-// when the build fails. In upstream mode (ALLOT_UPSTREAM_IMAGES) the stack image is
+// (the base plus Debian's nginx and caddy), building what is missing with
+// `scripts/images.sh stack` once per test binary. The tag is a content hash of the
+// binaries, so an unchanged tree reuses the image (a rerun costs the go build's cache
+// check, a few seconds). It fails t when the build fails. In upstream mode (ALLOT_UPSTREAM_IMAGES) the stack image is
 // still built locally, from ALLOT_BASE_IMAGE.
 func StackImage(t testing.TB) string {
 	t.Helper()

@@ -8,6 +8,7 @@ import (
 	"net/http/pprof"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/allot-dev/allot/pkg/appkit"
@@ -64,6 +65,8 @@ type App struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
+	stopping atomic.Bool // the pre-stop delay has begun: /readyz fails (prestop.go)
+
 	mu       sync.Mutex        // mu guards etcdSrc, serving and closeErr
 	etcdSrc  *rules.EtcdSource // set once by buildRules; Reload gives it a new base (SetBase)
 	serving  bool              // Run has started the servers
@@ -76,7 +79,7 @@ type App struct {
 // (bounded by Etcd.StartTimeout: past it the registry keeps trying in the background),
 // and both listeners bound (so Addr methods answer before Run). On error everything
 // already built is closed.
-func New(cfg Config, log hclog.Logger) (*App, error) { return newApp(cfg, log, nil) }
+func New(cfg Config, log hclog.Logger) (*App, error) { return newApp(cfg, log, nil, clock.Real()) }
 
 // NewWithStore is New with store in place of the memory store cfg.Store configures: the
 // enforcers of one region in one process (regionsim's demo, pkg/inprocess) share one
@@ -85,18 +88,19 @@ func NewWithStore(cfg Config, log hclog.Logger, store bucket.Store) (*App, error
 	if cfg.Store.Kind != "memory" || store == nil {
 		return nil, fmt.Errorf("app: NewWithStore needs store.kind memory and a store (kind %q)", cfg.Store.Kind)
 	}
-	return newApp(cfg, log, store)
+	return newApp(cfg, log, store, clock.Real())
 }
 
-// newApp is New with, for tests, a store used instead of the configured memory store.
-func newApp(cfg Config, log hclog.Logger, store bucket.Store) (_ *App, err error) {
+// newApp is New with, for tests, a store used instead of the configured memory store and
+// the clock every part keeps time with.
+func newApp(cfg Config, log hclog.Logger, store bucket.Store, clk clock.Clock) (_ *App, err error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	if log == nil {
 		log = hclog.NewNullLogger()
 	}
-	a := &App{cfg: cfg, log: log, clock: clock.Real(), reg: appkit.NewRegistry(), closed: make(chan struct{}), store: store}
+	a := &App{cfg: cfg, log: log, clock: clk, reg: appkit.NewRegistry(), closed: make(chan struct{}), store: store}
 	a.ctx, a.cancel = context.WithCancel(context.Background())
 	defer func() {
 		if err != nil {
@@ -353,7 +357,8 @@ func (a *App) reportTransport(rc report.ReporterConfig) (node.Reporter, error) {
 }
 
 func (a *App) listen() (err error) {
-	ka := keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}
+	ka := keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second,
+		MaxConnectionAge: a.cfg.Listen.MaxConnectionAge, MaxConnectionAgeGrace: a.cfg.maxConnectionAgeGrace()}
 	a.srv.GRPC = grpc.NewServer(
 		grpc.ChainUnaryInterceptor(grpcapi.RecoverUnary(a.log.Named("grpc"))),
 		grpc.MaxRecvMsgSize(64<<10),

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/allot-dev/allot/pkg/bucket"
+	"github.com/allot-dev/allot/pkg/clock"
 	allotv1 "github.com/allot-dev/allot/proto/allot/v1"
 	"github.com/hashicorp/go-hclog"
 	"go.uber.org/goleak"
@@ -298,7 +299,7 @@ func TestCloseDrainsInFlightChecks(t *testing.T) {
 	cfg.Region, cfg.Rules.File = "us-east", path
 	cfg.Listen.GRPC, cfg.Listen.HTTP = "127.0.0.1:0", "127.0.0.1:0"
 	g := &gate{entered: make(chan struct{}, 4), release: make(chan struct{})}
-	a, err := newApp(cfg, nil, g)
+	a, err := newApp(cfg, nil, g, clock.Real())
 	if err != nil {
 		t.Fatal(err)
 	}

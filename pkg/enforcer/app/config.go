@@ -55,6 +55,8 @@ type Config struct {
 	Peers int `yaml:"peers"`
 	// DrainTimeout bounds graceful shutdown: in-flight checks get this long to finish.
 	DrainTimeout time.Duration `yaml:"drain_timeout"`
+	// Shutdown: the pre-stop delay before the drain.
+	Shutdown ShutdownConfig `yaml:"shutdown"`
 	// LogLevel is trace, debug, info, warn or error. LogJSON writes JSON lines.
 	LogLevel string `yaml:"log_level"`
 	LogJSON  bool   `yaml:"log_json"`
@@ -176,6 +178,30 @@ type ListenConfig struct {
 	Advertise string `yaml:"advertise"`
 	// MaxConcurrentStreams per gRPC connection. Default 1024.
 	MaxConcurrentStreams uint32 `yaml:"max_concurrent_streams"`
+	// MaxConnectionAge is how long a gRPC connection may live before the enforcer asks its
+	// client to reconnect (an HTTP/2 GOAWAY; gRPC adds ±10% jitter so a fleet's connections
+	// do not all go at once). Calls in flight finish on the old connection and new calls
+	// go on a new one, which the client's load balancing may give to another enforcer: an
+	// Envoy keeps a connection for ever otherwise, so enforcers started after it (a rolling
+	// restart, a scale-up) would get none of its checks. Must be > 0. Default 5m.
+	MaxConnectionAge time.Duration `yaml:"max_connection_age"`
+	// MaxConnectionAgeGrace is how long the calls in flight on a connection past its age
+	// may take before it is closed. 0 or absent: drain_timeout, so a connection is never
+	// cut sooner than a shutdown would cut it.
+	MaxConnectionAgeGrace time.Duration `yaml:"max_connection_age_grace"`
+}
+
+// ShutdownConfig: what SIGINT or SIGTERM does before the drain (Config.DrainTimeout).
+type ShutdownConfig struct {
+	// PreStopDelay is how long the enforcer goes on serving after the signal, before it
+	// drains: meanwhile /readyz answers 503 and the gRPC health service NOT_SERVING, so
+	// load balancers take it out of rotation, while every check is still answered, on the
+	// connections open and on new ones. Behind a load balancer that learns of a stopping
+	// instance late (Kubernetes endpoints and Envoy's EDS, a readiness probe's period), set
+	// it to at least that delay (5–10 s), and the termination grace period to at least
+	// pre_stop_delay + drain_timeout. 0, the default: drain at once, as a process without
+	// a load balancer in front wants.
+	PreStopDelay time.Duration `yaml:"pre_stop_delay"`
 }
 
 // LeaseConfig tunes pkg/lease (busy keys take batches of tokens). Zero fields keep
@@ -253,8 +279,12 @@ type RLSConfig struct {
 	Domain string `yaml:"domain"`
 }
 
+// DefaultMaxConnectionAge is ListenConfig.MaxConnectionAge's default.
+const DefaultMaxConnectionAge = 5 * time.Minute
+
 // DefaultConfig returns the defaults: memory store, listen on 127.0.0.1:8081 (gRPC) and
-// :8080 (HTTP), one peer, 10 s drain, info logs.
+// :8080 (HTTP), gRPC connections renewed every 5 minutes, one peer, no pre-stop delay,
+// 10 s drain, info logs.
 func DefaultConfig() Config {
 	return Config{
 		Store: StoreConfig{
@@ -265,9 +295,10 @@ func DefaultConfig() Config {
 			EtcdClient: appkit.EtcdClient{DialTimeout: 2 * time.Second}, RegistryPrefix: contract.EnforcersPrefix,
 			RegistrationTTL: 10 * time.Second, StartTimeout: 5 * time.Second,
 		},
-		Rules:          RulesConfig{PollInterval: 2 * time.Second, IPv6Prefix: 64},
-		Shares:         SharesConfig{EtcdPrefix: contract.SharesPrefix, StaleAfter: overrides.DefaultStale},
-		Listen:         ListenConfig{GRPC: "127.0.0.1:8081", HTTP: "127.0.0.1:8080", MaxConcurrentStreams: 1024},
+		Rules:  RulesConfig{PollInterval: 2 * time.Second, IPv6Prefix: 64},
+		Shares: SharesConfig{EtcdPrefix: contract.SharesPrefix, StaleAfter: overrides.DefaultStale},
+		Listen: ListenConfig{GRPC: "127.0.0.1:8081", HTTP: "127.0.0.1:8080", MaxConcurrentStreams: 1024,
+			MaxConnectionAge: DefaultMaxConnectionAge},
 		Peers:          1,
 		DrainTimeout:   10 * time.Second,
 		GCPercent:      DefaultGCPercent,

@@ -69,6 +69,8 @@ var settingOverrides = slices.Concat([]cliconf.Override[Config]{
 	{Name: "advertise-addr", Usage: "address registered in etcd (default the gRPC address)", Apply: cliconf.Str(func(c *Config) *string { return &c.Listen.Advertise })},
 	{Name: "peers", Usage: "live enforcers in the region when etcd is not configured", Apply: cliconf.Int(func(c *Config) *int { return &c.Peers })},
 	{Name: "drain-timeout", Usage: "graceful shutdown bound", Apply: cliconf.Dur(func(c *Config) *time.Duration { return &c.DrainTimeout })},
+	{Name: "pre-stop-delay", Usage: "how long to go on answering checks after SIGTERM, with /readyz failing, before the drain (0: none)", Apply: cliconf.Dur(func(c *Config) *time.Duration { return &c.Shutdown.PreStopDelay })},
+	{Name: "grpc-max-connection-age", Usage: "how long a gRPC connection lives before the client is asked to reconnect (GOAWAY), so load spreads onto new enforcers", Apply: cliconf.Dur(func(c *Config) *time.Duration { return &c.Listen.MaxConnectionAge })},
 	{Name: "lease-disabled", Usage: "take every check from Redis (no leases for busy keys)", IsBool: true, Apply: cliconf.Bool(func(c *Config) *bool { return &c.Lease.Disabled })},
 	{Name: "lease-ttl", Usage: "lease time to live", Apply: cliconf.Dur(func(c *Config) *time.Duration { return &c.Lease.TTL })},
 	{Name: "lease-quiet-ttl", Usage: "how long a quiet key's lease lives (its demand over this period)", Apply: cliconf.Dur(func(c *Config) *time.Duration { return &c.Lease.QuietTTL })},

@@ -51,6 +51,7 @@ func (a *App) Run(ctx context.Context) error {
 	var err error
 	select {
 	case <-ctx.Done():
+		err = a.preStop(errc) // /readyz fails, checks are answered, for shutdown.pre_stop_delay
 	case err = <-errc:
 		err = fmt.Errorf("app: %w", err)
 	case <-a.closed:
@@ -131,8 +132,9 @@ func refusedErr(refused []rules.RefusedRule) error {
 // readyTimeout bounds the store ping /readyz makes.
 const readyTimeout = 250 * time.Millisecond
 
-// Ready is /readyz. It fails (503) only when this enforcer cannot answer checks as
-// configured: closed, or no rules loaded from etcd yet. A Redis shard or etcd being
+// Ready is /readyz. It fails (503) when this enforcer is stopping (the pre-stop delay,
+// ErrStopping) or cannot answer checks as configured: closed, or no rules loaded from
+// etcd yet. A Redis shard or etcd being
 // unreachable does not make it unready — the fallback layer answers those checks, and
 // taking every enforcer of a region out of rotation at once would turn a Redis outage into
 // an API outage (P2) — so those come back wrapped in httpapi.ErrDegraded: 200, naming
@@ -140,6 +142,9 @@ const readyTimeout = 250 * time.Millisecond
 func (a *App) Ready() error {
 	if a.isClosed() {
 		return ErrClosed
+	}
+	if a.stopping.Load() {
+		return ErrStopping
 	}
 	a.mu.Lock()
 	src := a.etcdSrc

@@ -15,8 +15,8 @@ import (
 // built exactly as the app builds them, are validated too (so, e.g., a reply_timeout
 // below timeout is refused before anything starts).
 
-// validateSections checks the store, etcd, balancer, rules, lease, fallback and check
-// sections.
+// validateSections checks the store, etcd, balancer, rules, listen timings, shutdown,
+// lease, fallback and check sections.
 func (c *Config) validateSections() []error {
 	var errs []error
 	neg := func(field string, v float64, shown any) {
@@ -65,6 +65,13 @@ func (c *Config) validateSections() []error {
 	num("fallback.max_in_flight", int64(f.MaxInFlight))
 	neg("fallback.slack", f.Slack, f.Slack)
 	num("fallback.max_local_keys", int64(f.MaxLocalKeys))
+	dur("listen.max_connection_age_grace", c.Listen.MaxConnectionAgeGrace)
+	if c.Listen.MaxConnectionAge <= 0 {
+		errs = append(errs, fmt.Errorf("app: config: listen.max_connection_age %v, must be > 0 (default %v)", c.Listen.MaxConnectionAge, DefaultMaxConnectionAge))
+	}
+	if c.Shutdown.PreStopDelay < 0 {
+		errs = append(errs, fmt.Errorf("app: config: shutdown.pre_stop_delay %v, must be >= 0 (0: none)", c.Shutdown.PreStopDelay))
+	}
 	ch := c.Check
 	num("check.max_descriptors", int64(ch.MaxDescriptors))
 	num("check.max_entries", int64(ch.MaxEntries))

@@ -39,6 +39,9 @@ func TestConfigErrorsAreErrors(t *testing.T) {
 		{func(c *Config) { c.Etcd.StartTimeout = -time.Second }, "etcd.start_timeout -1s"},
 		{func(c *Config) { c.Auth.TrustedHops = 20 }, "forward_auth: httpapi: trusted hops 20"},
 		{func(c *Config) { c.Auth.RefuseStatus = 200 }, "refuse status 200"},
+		{func(c *Config) { c.Listen.MaxConnectionAge = 0 }, "listen.max_connection_age 0s, must be > 0"},
+		{func(c *Config) { c.Listen.MaxConnectionAgeGrace = -time.Second }, "listen.max_connection_age_grace -1s"},
+		{func(c *Config) { c.Shutdown.PreStopDelay = -time.Second }, "shutdown.pre_stop_delay -1s, must be >= 0"},
 	} {
 		c := base()
 		tc.edit(&c)

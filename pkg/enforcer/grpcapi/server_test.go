@@ -104,7 +104,7 @@ func TestEnvoyRLSOKThenOverLimit(t *testing.T) {
 			t.Fatalf("call %d status %v, want default/minute 2/s with %d left", i, st, 1-i)
 		}
 		h := headerMap(resp.ResponseHeadersToAdd)
-		if h["RateLimit-Policy"] != `"default/minute";q=2;w=1` || h["RateLimit"] != `"default/minute";r=`+string(rune('1'-i))+`;t=1` {
+		if h["RateLimit-Policy"] != `"default/minute";q=2;w=1` || h["RateLimit"] != `"default/minute";r=`+string(rune('1'-i))+`;t=`+string(rune('1'-i)) {
 			t.Fatalf("call %d headers %v", i, h)
 		}
 	}
@@ -116,7 +116,7 @@ func TestEnvoyRLSOKThenOverLimit(t *testing.T) {
 	if resp.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT || resp.Statuses[0].Code != rlsv3.RateLimitResponse_OVER_LIMIT {
 		t.Fatalf("third call %v, want OVER_LIMIT", resp)
 	}
-	if h["Retry-After"] != "1" || h["X-RateLimit-Rule"] != "default" || h["RateLimit"] != `"default/minute";r=0;t=1` {
+	if h["Retry-After"] != "1" || h["X-RateLimit-Rule"] != "default" || h["RateLimit"] != `"default/minute";r=0;t=0` {
 		t.Fatalf("third call headers %v", h)
 	}
 	// Another key is unaffected: a caller only sees its own budget.

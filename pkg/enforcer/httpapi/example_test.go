@@ -47,6 +47,6 @@ rules:
 	}
 	// Output:
 	// 200 "per-key/minute";q=2;w=60 "per-key/minute";r=1;t=30
-	// 200 "per-key/minute";q=2;w=60 "per-key/minute";r=0;t=60
-	// 429 "per-key/minute";q=2;w=60 "per-key/minute";r=0;t=60
+	// 200 "per-key/minute";q=2;w=60 "per-key/minute";r=0;t=0
+	// 429 "per-key/minute";q=2;w=60 "per-key/minute";r=0;t=0
 }

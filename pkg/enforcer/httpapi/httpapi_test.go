@@ -76,7 +76,7 @@ func TestCheckJSON(t *testing.T) {
 	if resp.StatusCode != 429 || out.Allowed || out.Rule != "default" || out.RetryAfterMs != 500 {
 		t.Fatalf("third: %d %s", resp.StatusCode, b)
 	}
-	if resp.Header.Get("Retry-After") != "1" || resp.Header.Get("X-RateLimit-Rule") != "default" || resp.Header.Get("RateLimit") != `"default/minute";r=0;t=1` {
+	if resp.Header.Get("Retry-After") != "1" || resp.Header.Get("X-RateLimit-Rule") != "default" || resp.Header.Get("RateLimit") != `"default/minute";r=0;t=0` {
 		t.Fatalf("third headers %v", resp.Header)
 	}
 }
