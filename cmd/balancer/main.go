@@ -5,6 +5,7 @@
 // wiring, configs/balancer.yaml for an example config.
 //
 //	balancer -config configs/balancer.yaml [flags]
+//	balancer -config FILE [flags] -check-config         (check the configuration and the files it names)
 //	balancer rules|override|shares|explain|audit ...   (the admin API's CLI: cli.go)
 //	balancer certs [-dir bin/certs] [-regions ...]      (report mTLS certificates: certs.go)
 //
@@ -16,10 +17,12 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/allot-dev/allot/pkg/appkit"
 	"github.com/allot-dev/allot/pkg/balancer/app"
+	"github.com/allot-dev/allot/pkg/cliconf"
 )
 
 func main() {
@@ -37,6 +40,15 @@ func run(args []string, getenv func(string) string, stderr io.Writer) int {
 	if app.IsHelp(err) {
 		return 0
 	}
+	if cliconf.IsCheckConfig(err) {
+		// Check's errors, and the answer, go to stderr: run has no stdout.
+		if err := app.Check(cfg, environ()); err != nil {
+			fmt.Fprintln(stderr, err)
+			return 1
+		}
+		fmt.Fprintf(stderr, "balancer: configuration ok (regions %s, etcd %s)\n", strings.Join(cfg.Regions, ","), strings.Join(cfg.Etcd.Endpoints, ","))
+		return 0
+	}
 	if err != nil {
 		fmt.Fprintln(stderr, err)
 		return 2
@@ -49,3 +61,7 @@ func run(args []string, getenv func(string) string, stderr io.Writer) int {
 	}
 	return appkit.RunUntilSignal(log, a.Run, nil)
 }
+
+// environ is the process's environment, for -check-config's look at the ALLOT_* variables
+// (run's getenv reads single variables); tests replace it.
+var environ = os.Environ

@@ -3,6 +3,7 @@
 // configs/regions/ for example configs.
 //
 //	enforcer -config configs/regions/us-east.yaml [flags]
+//	enforcer -config FILE [flags] -check-config   (check the configuration and the files it names; start nothing)
 //	enforcer rules check FILE
 //
 // SIGINT/SIGTERM shut down gracefully; SIGHUP reloads the rules file.
@@ -15,6 +16,7 @@ import (
 	"strings"
 
 	"github.com/allot-dev/allot/pkg/appkit"
+	"github.com/allot-dev/allot/pkg/cliconf"
 	"github.com/allot-dev/allot/pkg/enforcer/app"
 	"github.com/allot-dev/allot/pkg/rules"
 )
@@ -28,6 +30,9 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 	cfg, err := app.Parse(args, getenv, stderr)
 	if app.IsHelp(err) {
 		return 0
+	}
+	if cliconf.IsCheckConfig(err) {
+		return checkConfig(cfg, stdout, stderr)
 	}
 	if err != nil {
 		fmt.Fprintln(stderr, err)
@@ -70,4 +75,32 @@ func rulesCmd(args []string, stdout, stderr io.Writer) int {
 	}
 	fmt.Fprintf(stdout, "%s: ok, %d rules\n", path, len(set.Rules))
 	return 0
+}
+
+// environ is the process's environment, for -check-config's look at the ALLOT_* variables
+// (run's getenv reads single variables); tests replace it.
+var environ = os.Environ
+
+// checkConfig is -check-config after Parse accepted the settings: app.Check reads the
+// files they name and the environment. Exit status 0 valid, 1 not (run exits 2 before
+// this when a flag, variable or config field is wrong).
+func checkConfig(cfg app.Config, stdout, stderr io.Writer) int {
+	if err := app.Check(cfg, environ()); err != nil {
+		fmt.Fprintln(stderr, err)
+		return 1
+	}
+	fmt.Fprintf(stdout, "enforcer: configuration ok (region %s, store %s, rules %s)\n", cfg.Region, cfg.Store.Kind, rulesFrom(cfg))
+	return 0
+}
+
+// rulesFrom says where cfg's rules come from, for -check-config's answer.
+func rulesFrom(cfg app.Config) string {
+	var from []string
+	if cfg.Rules.File != "" {
+		from = append(from, cfg.Rules.File)
+	}
+	if cfg.Rules.EtcdPrefix != "" {
+		from = append(from, "etcd "+cfg.Rules.EtcdPrefix)
+	}
+	return strings.Join(from, " + ")
 }
