@@ -221,6 +221,7 @@ func binaries(t *testing.T) string {
 // Every container the chart renders, for every region, passes its binary's own
 // -check-config with the command line, environment and files its pod would have.
 func TestRenderedContainersPassTheirChecks(t *testing.T) {
+	helm(t) // skips before the build when helm is not there (-short)
 	bins := binaries(t)
 	cl := newCluster(t)
 	for _, c := range renderCases {
