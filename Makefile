@@ -23,11 +23,14 @@ test: images
 	$(GO) test -race -count=1 -p 1 -timeout $(TIMEOUT) $(PKGS)
 
 # The external tools tests exec (promtool, from Debian's prometheus package; chromium for the
-# dashboard's browser test), installed when missing. `make test` needs no separate step:
-# configs/prometheus_test.go and pkg/balancer/dashboard/browser_test.go call the script.
+# dashboard's browser test), installed when missing, and helm, built from the Go module proxy
+# into bin/tools (a few minutes the first time). `make test` needs no separate step:
+# configs/prometheus_test.go, pkg/balancer/dashboard/browser_test.go and deploy/helm's tests
+# call the scripts.
 tools:
 	bash scripts/tools.sh promtool
 	bash scripts/tools.sh chromium
+	bash scripts/helm.sh
 
 # Unit tests only: no containers.
 test-short:

@@ -31,7 +31,7 @@ var layers = [][]string{
 	// 6: a whole deployment in one process; the test stacks.
 	{"pkg/inprocess", "e2e/stack"},
 	// 7: commands and whole-house tests.
-	{"cmd/enforcer", "cmd/balancer", "cmd/regionsim", "e2e/stackup", "configs", "e2e"},
+	{"cmd/enforcer", "cmd/balancer", "cmd/regionsim", "e2e/stackup", "configs", "e2e", "deploy/helm"},
 }
 
 func TestImportsRunDown(t *testing.T) {

@@ -20,6 +20,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/allot-dev/allot/pkg/appkit"
@@ -48,6 +49,15 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 	}
 	if errors.Is(err, cliconf.ErrVersion) {
 		fmt.Fprintln(stdout, version.Get().Line("balancer"))
+		return 0
+	}
+	if cliconf.IsCheckConfig(err) {
+		// Check's errors, and the answer, go to stderr, as the process's logs do.
+		if err := app.Check(cfg, environ()); err != nil {
+			fmt.Fprintln(stderr, err)
+			return 1
+		}
+		fmt.Fprintf(stderr, "balancer: configuration ok (regions %s, etcd %s)\n", strings.Join(cfg.Regions, ","), strings.Join(cfg.Etcd.Endpoints, ","))
 		return 0
 	}
 	if err != nil {
@@ -97,3 +107,7 @@ func probeCmd(args []string, getenv func(string) string, stdout, stderr io.Write
 	fmt.Fprintln(stdout, answer)
 	return 0
 }
+
+// environ is the process's environment, for -check-config's look at the ALLOT_* variables
+// (run's getenv reads single variables); tests replace it.
+var environ = os.Environ

@@ -3,6 +3,7 @@
 // configs/regions/ for example configs.
 //
 //	enforcer -config configs/regions/us-east.yaml [flags]
+//	enforcer -config FILE [flags] -check-config   (check the configuration and the files it names; start nothing)
 //	enforcer rules check [--format allot|envoy-ratelimit] [--merge-domains] PATH
 //	enforcer rules import [--merge-domains] DIR
 //	enforcer probe [flags]     (the image's health check: GET /readyz, exit 0 when ready)
@@ -17,6 +18,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/allot-dev/allot/pkg/appkit"
@@ -41,6 +43,9 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 	if errors.Is(err, cliconf.ErrVersion) {
 		fmt.Fprintln(stdout, version.Get().Line("enforcer"))
 		return 0
+	}
+	if cliconf.IsCheckConfig(err) {
+		return checkConfig(cfg, stdout, stderr)
 	}
 	if err != nil {
 		fmt.Fprintln(stderr, err)
@@ -96,4 +101,35 @@ func probeCmd(args []string, getenv func(string) string, stdout, stderr io.Write
 	}
 	fmt.Fprintln(stdout, answer)
 	return 0
+}
+
+// environ is the process's environment, for -check-config's look at the ALLOT_* variables
+// (run's getenv reads single variables); tests replace it.
+var environ = os.Environ
+
+// checkConfig is -check-config after Parse accepted the settings: app.Check reads the
+// files they name and the environment. Exit status 0 valid, 1 not (run exits 2 before
+// this when a flag, variable or config field is wrong).
+func checkConfig(cfg app.Config, stdout, stderr io.Writer) int {
+	if err := app.Check(cfg, environ()); err != nil {
+		fmt.Fprintln(stderr, err)
+		return 1
+	}
+	fmt.Fprintf(stdout, "enforcer: configuration ok (region %s, store %s, rules %s)\n", cfg.Region, cfg.Store.Kind, rulesFrom(cfg))
+	return 0
+}
+
+// rulesFrom says where cfg's rules come from, for -check-config's answer.
+func rulesFrom(cfg app.Config) string {
+	var from []string
+	if cfg.Rules.File != "" {
+		from = append(from, cfg.Rules.File)
+	}
+	if cfg.Rules.Dir != "" {
+		from = append(from, cfg.Rules.Format+" "+cfg.Rules.Dir)
+	}
+	if cfg.Rules.EtcdPrefix != "" {
+		from = append(from, "etcd "+cfg.Rules.EtcdPrefix)
+	}
+	return strings.Join(from, " + ")
 }

@@ -6,6 +6,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/allot-dev/allot/pkg/certs"
 )
 
 func TestRulesCheck(t *testing.T) {
@@ -38,5 +41,48 @@ func TestBadFlagsExit2(t *testing.T) {
 	}
 	if code := run([]string{"-h"}, func(string) string { return "" }, &out, &errb); code != 0 || !strings.Contains(errb.String(), "ALLOT_REDIS_PASSWORD") {
 		t.Fatalf("-h: exit %d, usage %q", code, errb.String())
+	}
+}
+
+// -check-config: 0 when the configuration and the files it names are good, 1 when a named
+// file or an ALLOT_* variable is wrong, 2 when a setting is (as without it).
+func TestCheckConfig(t *testing.T) {
+	dir := t.TempDir()
+	if _, err := certs.Generate(dir, certs.Options{Regions: []string{"us-east"}, Now: time.Now()}); err != nil {
+		t.Fatal(err)
+	}
+	f := certs.Files{Dir: dir}
+	args := []string{"-config", "../../configs/regions/us-east.yaml", "-rules-file", "../../configs/rules/example.yaml",
+		"-balancer-tls-ca", f.CA(), "-balancer-tls-cert", f.Enforcer("us-east"), "-balancer-tls-key", f.EnforcerKey("us-east"),
+		"-id", "us-east-1", "-check-config"}
+	noEnv := func(string) string { return "" }
+	defer func(e func() []string) { environ = e }(environ)
+	environ = func() []string { return []string{"PATH=/bin", "ALLOT_REDIS_PASSWORD=x"} }
+	for _, tc := range []struct {
+		name string
+		args []string
+		env  []string
+		code int
+		says string
+	}{
+		{"good", args, nil, 0, "configuration ok (region us-east, store redis-cluster, rules ../../configs/rules/example.yaml + etcd /allot/rules/)"},
+		{"unknown flag", append(args[:len(args):len(args)], "-no-such-flag"), nil, 2, "flag provided but not defined: -no-such-flag"},
+		{"bad value", append(args[:len(args):len(args)], "-lease-ttl", "-1s"), nil, 2, "lease.ttl -1s"},
+		{"missing cert", append(args[:len(args):len(args)], "-balancer-tls-cert", dir+"/nope.pem"), nil, 1, "balancer.tls"},
+		{"bad rules", append(args[:len(args):len(args)], "-rules-file", "../../configs/balancer.yaml"), nil, 1, "rules file"},
+		{"unknown variable", args, []string{"ALLOT_REDIS_PASWORD=x"}, 1, "ALLOT_REDIS_PASWORD set, but the enforcer reads no such variable"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.env != nil {
+				environ = func() []string { return tc.env }
+			} else {
+				environ = func() []string { return []string{"PATH=/bin", "ALLOT_REDIS_PASSWORD=x"} }
+			}
+			var out, errb bytes.Buffer
+			code := run(tc.args, noEnv, &out, &errb)
+			if code != tc.code || !strings.Contains(out.String()+errb.String(), tc.says) {
+				t.Errorf("exit %d, want %d saying %q; stdout %q, stderr %q", code, tc.code, tc.says, out.String(), errb.String())
+			}
+		})
 	}
 }

@@ -24,6 +24,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -174,6 +175,7 @@ func (cmd *Command[C]) Parse(args []string, getenv func(string) string, out io.W
 	fs.SetOutput(out)
 	configPath := fs.String("config", "", "YAML config file, e.g. "+cmd.ConfigExample+" (env ALLOT_CONFIG)")
 	showVersion := fs.Bool("version", false, "print the version, the commit and the Go version, and exit")
+	checkOnly := fs.Bool("check-config", false, "check the configuration (file, ALLOT_* variables, flags) and the files it names, then exit: 0 valid, 1 a named file or variable is wrong, 2 a setting is")
 	type given struct {
 		o *Override[C]
 		v string
@@ -242,7 +244,49 @@ func (cmd *Command[C]) Parse(args []string, getenv func(string) string, out io.W
 			return zero, err
 		}
 	}
+	if *checkOnly {
+		return cfg, ErrCheckConfig
+	}
 	return cfg, nil
+}
+
+// ErrCheckConfig is returned by Parse, with the configuration, when -check-config was given
+// and the configuration passed Validate: the program is to check what it can without
+// starting (the files the configuration names, the ALLOT_* variables set; see
+// UnknownEnv), say so, and exit. A program that does not handle it exits as on any error.
+var ErrCheckConfig = errors.New("-check-config: the configuration is valid")
+
+// IsCheckConfig reports whether err is Parse's -check-config answer.
+func IsCheckConfig(err error) bool { return errors.Is(err, ErrCheckConfig) }
+
+// EnvNames are the environment variables Parse reads: ALLOT_CONFIG and one per Override.
+func (cmd *Command[C]) EnvNames() []string {
+	names := []string{"ALLOT_CONFIG"}
+	for _, o := range cmd.Overrides {
+		names = append(names, EnvName(o.Name))
+	}
+	return names
+}
+
+// UnknownEnv returns, sorted, the names of the ALLOT_* variables in environ ("NAME=value"
+// entries, as os.Environ gives them) that are neither in EnvNames nor in also (variables
+// the program reads by other means, e.g. a tokens variable its config names). Parse
+// ignores such a variable, so a misspelt one would silently change nothing: -check-config
+// refuses them.
+func (cmd *Command[C]) UnknownEnv(environ []string, also ...string) []string {
+	known := map[string]bool{}
+	for _, n := range slices.Concat(cmd.EnvNames(), also) {
+		known[n] = true
+	}
+	var unknown []string
+	for _, kv := range environ {
+		name, _, _ := strings.Cut(kv, "=")
+		if strings.HasPrefix(name, "ALLOT_") && !known[name] && !slices.Contains(unknown, name) {
+			unknown = append(unknown, name)
+		}
+	}
+	slices.Sort(unknown)
+	return unknown
 }
 
 // HostPID is the default ID of a process, for its logs and registrations: the host name

@@ -207,3 +207,28 @@ func TestVersion(t *testing.T) {
 		t.Errorf("usage does not list -version:\n%s", out.String())
 	}
 }
+
+// -check-config hands back the configuration with ErrCheckConfig once it is valid, and
+// the errors as usual when it is not; UnknownEnv names the ALLOT_* variables nothing reads.
+func TestCheckConfig(t *testing.T) {
+	cmd := testCommand()
+	env := func(string) string { return "" }
+	cfg, err := cmd.Parse([]string{"-check-config", "-count", "3"}, env, io.Discard)
+	if !IsCheckConfig(err) || cfg.Count != 3 {
+		t.Fatalf("-check-config -count 3: %+v, %v; want the config and ErrCheckConfig", cfg, err)
+	}
+	if _, err := cmd.Parse([]string{"-check-config", "-count", "-1"}, env, io.Discard); err == nil || IsCheckConfig(err) {
+		t.Fatalf("-check-config with an invalid config: %v, want Validate's error", err)
+	}
+	if _, err := cmd.Parse([]string{"-check-config", "-no-such-flag"}, env, io.Discard); err == nil || IsCheckConfig(err) {
+		t.Fatalf("-check-config with an unknown flag: %v, want the flag error", err)
+	}
+	if _, err := cmd.Parse([]string{"-count", "3"}, env, io.Discard); err != nil {
+		t.Fatalf("without -check-config: %v", err)
+	}
+
+	environ := []string{"PATH=/bin", "ALLOT_COUNT=2", "ALLOT_CONFIG=x.yaml", "ALLOT_CUONT=2", "ALLOT_TOKENS=a:b", "ALLOT_STORE_TLS_CA=ca.pem", "ALLOT_AAA=", "ALLOT_CUONT=3"}
+	if got, want := cmd.UnknownEnv(environ, "ALLOT_TOKENS"), []string{"ALLOT_AAA", "ALLOT_CUONT"}; !reflect.DeepEqual(got, want) {
+		t.Errorf("UnknownEnv: %q, want %q", got, want)
+	}
+}
