@@ -51,7 +51,7 @@ func TestCheckConfig(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			environ = func() []string { return tc.env }
 			var out bytes.Buffer
-			code := run(tc.args, noEnv, &out)
+			code := run(tc.args, noEnv, &out, &out)
 			if code != tc.code || !strings.Contains(out.String(), tc.says) {
 				t.Errorf("exit %d, want %d saying %q; said %q", code, tc.code, tc.says, out.String())
 			}

@@ -35,6 +35,11 @@ func Check(cfg Config, environ []string) error {
 			errs = append(errs, err)
 		}
 	}
+	if d := cfg.Rules.Dir; d != "" && cfg.Rules.Format == FormatEnvoy {
+		if err := checkEnvoyDir(d, cfg); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	for _, t := range []struct {
 		field string
 		tls   tlsfiles.Client
@@ -69,6 +74,20 @@ func checkRulesFile(path string, cfg Config) error {
 	opt := rules.CompileOptions{Region: cfg.Region, Regions: cfg.Regions, IPv6Prefix: cfg.Rules.IPv6Prefix}
 	if _, err := rules.Compile(set, opt); err != nil {
 		return fmt.Errorf("app: rules file: %w", err)
+	}
+	return nil
+}
+
+// checkEnvoyDir loads and compiles a directory of envoyproxy/ratelimit files as the
+// enforcer would serve it.
+func checkEnvoyDir(dir string, cfg Config) error {
+	set, _, err := rules.LoadEnvoyDir(dir, cfg.Rules.MergeDomains)
+	if err == nil {
+		opt := rules.CompileOptions{Region: cfg.Region, Regions: cfg.Regions, IPv6Prefix: cfg.Rules.IPv6Prefix}
+		_, err = rules.Compile(set, opt)
+	}
+	if err != nil {
+		return fmt.Errorf("app: rules.dir: %w", err)
 	}
 	return nil
 }
