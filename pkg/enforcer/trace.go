@@ -1,8 +1,6 @@
 package enforcer
 
 import (
-	"context"
-
 	"github.com/allot-dev/allot/pkg/tracing"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -13,18 +11,15 @@ import (
 // the call would be allocated for every check.
 var checkStart = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindServer)}
 
-// checkTraced is Check as a span (tracing.SpanCheck). Every check asks the tracer, whose
-// sampler decides; only a sampled (recording) span is given attributes, so a check that
-// is not sampled costs the sampler's decision and a non-recording span, and nothing of
-// the decision is formatted for it.
-func (e *Enforcer) checkTraced(ctx context.Context, req *Request) (Decision, error) {
-	ctx, span := e.tracer.Start(ctx, tracing.SpanCheck, checkStart...)
-	d, err := e.check(ctx, req)
+// endSpan ends a check's span (tracing.SpanCheck, started by Check when the enforcer has
+// a Tracer). The sampler decided at the start; only a sampled (recording) span is given
+// attributes, so a check that is not sampled costs the sampler's decision and a
+// non-recording span, and nothing of the decision is formatted for it.
+func (e *Enforcer) endSpan(span trace.Span, req *Request, d *Decision, err *error) {
 	if span.IsRecording() {
-		e.annotate(span, req, &d, err)
+		e.annotate(span, req, d, *err)
 	}
 	span.End()
-	return d, err
 }
 
 // annotate states a check's outcome on its span: the deciding rule, limit, source and
