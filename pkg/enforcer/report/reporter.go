@@ -72,6 +72,10 @@ type ReporterConfig struct {
 	// TLS, if not nil, is the gRPC client's TLS (CA, client certificate); nil means
 	// plaintext.
 	TLS *tls.Config
+	// DialOptions are added to every connection the Reporter makes to a balancer, after
+	// its transport credentials: e.g. an interceptor that times each Report call (the
+	// scale benchmark's). nil adds none.
+	DialOptions []grpc.DialOption
 }
 
 // DefaultReporterConfig returns the defaults described on each ReporterConfig field.
@@ -392,7 +396,7 @@ func (r *Reporter) dial(addr string) (*grpc.ClientConn, error) {
 		return r.conn, nil
 	}
 	r.closeConn()
-	cc, err := grpc.NewClient(addr, r.creds)
+	cc, err := grpc.NewClient(addr, append([]grpc.DialOption{r.creds}, r.cfg.DialOptions...)...)
 	if err != nil {
 		return nil, fmt.Errorf("while dialling balancer %s: %w", addr, err)
 	}
