@@ -41,11 +41,12 @@ import (
 // whose report p99 is over 1 s or in which a report was refused (a failed attempt,
 // client side), and the table says which. The default (ALLOT_SCALE_STEPS):
 //
-//	enforcers=10x1000,30x1000,100x1000,300x1000,1000x1000    enforcers, 1,000 identities each
-//	identities=30x3000,30x10000                             identities per report, 30 enforcers
-//	overlap=30x1000/10000,100x1000/10000,300x1000/10000,1000x1000/10000
-//	                                                        enforcers over one population
-//	                                                        of 10,000 keys
+//	enforcers=10x1000,30x1000,100x1000,200x1000,300x1000,1000x1000
+//	          enforcers, 1,000 identities each
+//	identities=30x3000,30x6000,30x10000
+//	          identities per report, 30 enforcers
+//	overlap=30x1000/10000,100x1000/10000,200x1000/10000,300x1000/10000,1000x1000/10000
+//	          enforcers over one population of 10,000 keys
 //
 // In a step written ExI each enforcer's tail keys are its own, so the leader tracks
 // about E × I identities; ExI/P draws every tail from one population of P keys, so the
@@ -74,7 +75,7 @@ import (
 // report's ingestion per identity-report, one recompute per interval), so per-interval
 // figures carry over and per-second ones scale by interval/10 s.
 //
-//	identity-reports / interval  Σ identities in the reports sent (client side), per interval
+//	identity-reports / interval  Σ identities in the reports the leader accepted, per interval
 //	reports / enforcer-interval  reports accepted per enforcer per interval (> 1: the
 //	                             acknowledgements and early reports on top of the regular one)
 //	leader CPU s / interval      the balancer's utime+stime (/proc/PID/stat) per interval
@@ -90,10 +91,11 @@ import (
 //	versions / interval          allot_balancer_share_version's growth per interval
 //	etcd KB / interval           allot_balancer_etcd_write_bytes_total (chunks + heads)
 //	etcd CPU s / interval        the etcd member's process_cpu_seconds_total per interval
-//	report → share s             from the first report drained after the probe moved to the
-//	                             first version that lowered us-east's share (under 0.5, and
-//	                             by 0.1 at least) applied in us-east, and to eu-west's raised
-//	                             to ≥ 0.9 applied in eu-west (the move done: decrease,
+//	report → share s             from sending the first report (us-east's or eu-west's,
+//	                             accepted) drained after the probe moved, to the first
+//	                             version that lowered us-east's share (under 0.5, and by 0.1
+//	                             at least) applied in us-east, and to eu-west's raised to
+//	                             ≥ 0.9 applied in eu-west (the move done: decrease,
 //	                             acknowledgements, increase); "not settled" when us-east did
 //	                             not hold ≥ 0.9 of the probe when it moved (warm-up too short
 //	                             for the leader to have moved it there)
@@ -225,9 +227,9 @@ type scaleKnobs struct {
 	startTimeout  time.Duration
 }
 
-const defaultScaleSteps = "enforcers=10x1000,30x1000,100x1000,300x1000,1000x1000 " +
-	"identities=30x3000,30x10000 " +
-	"overlap=30x1000/10000,100x1000/10000,300x1000/10000,1000x1000/10000"
+const defaultScaleSteps = "enforcers=10x1000,30x1000,100x1000,200x1000,300x1000,1000x1000 " +
+	"identities=30x3000,30x6000,30x10000 " +
+	"overlap=30x1000/10000,100x1000/10000,200x1000/10000,300x1000/10000,1000x1000/10000"
 
 // scaleKnobsFrom reads the ALLOT_SCALE_* variables through getenv; an error names the
 // variable and what was wrong with it.

@@ -17,6 +17,7 @@ import (
 	"github.com/allot-dev/allot/pkg/enforcer/report"
 	"github.com/allot-dev/allot/pkg/routine"
 	"github.com/allot-dev/allot/pkg/rules"
+	allotv1 "github.com/allot-dev/allot/proto/allot/v1"
 	"github.com/hashicorp/go-hclog"
 	"github.com/prometheus/client_golang/prometheus"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -98,11 +99,12 @@ type scaleFleet struct {
 	reg     *prometheus.Registry // every reporter's metrics, labelled by enforcer
 	regions []*scaleRegion
 
-	mu        sync.Mutex // mu guards enfs, measuring, lat and probe
-	enfs      []*simEnforcer
-	measuring bool
-	lat       []time.Duration
-	probe     probeState
+	mu          sync.Mutex // mu guards enfs, measuring, lat, acceptedIDs and probe
+	enfs        []*simEnforcer
+	measuring   bool
+	lat         []time.Duration
+	acceptedIDs float64 // identities in the reports the leader accepted
+	probe       probeState
 
 	probeIn atomic.Int32    // the region the probe's traffic comes from
 	fanout  routine.Routine // the regions' share fan-out
@@ -247,7 +249,6 @@ func (fl *scaleFleet) newEnforcer(g int) (*simEnforcer, error) {
 	rc.Leader = report.StaticLeader(fl.addr)
 	rc.Shares, rc.SharesChanged = r.holder.Applied, e.acks
 	rc.Clock = e.clock
-	rc.Accepted = func(time.Time) { fl.accepted(e, time.Now()) }
 	rc.DialOptions = []grpc.DialOption{grpc.WithChainUnaryInterceptor(fl.timeReport)}
 	rc.Registerer = prometheus.WrapRegistererWith(prometheus.Labels{"enforcer": e.id}, fl.reg)
 	rc.TLS = r.tls
@@ -335,29 +336,28 @@ func (fl *scaleFleet) feed(e *simEnforcer, now time.Time, s, slots int) {
 
 // timeReport is every Reporter's client interceptor: it times each Report call, from
 // sending the report to the leader's answer (encoding, the RPC, the leader's decoding and
-// ingestion), in the measured window.
+// ingestion), in the measured window; counts the identities of the reports accepted; and
+// notes when the first report that carries the probe's move was sent.
 func (fl *scaleFleet) timeReport(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 	began := time.Now()
 	err := invoker(ctx, method, req, reply, cc, opts...)
 	d := time.Since(began)
+	rq, ok := req.(*allotv1.ReportRequest)
+	if err != nil || !ok {
+		return err
+	}
 	fl.mu.Lock()
 	defer fl.mu.Unlock()
-	if fl.measuring && err == nil {
+	fl.acceptedIDs += float64(len(rq.GetUsage()))
+	if fl.measuring {
 		fl.lat = append(fl.lat, d)
 	}
-	return err
-}
-
-// accepted is every Reporter's Accepted hook: the report just accepted was drained at
-// the table's Start (the Reporter drains, sends, and calls this before it drains again).
-func (fl *scaleFleet) accepted(e *simEnforcer, at time.Time) {
-	drained := e.table.Start()
-	fl.mu.Lock()
-	defer fl.mu.Unlock()
 	p := &fl.probe
-	if !p.moved.IsZero() && p.report.IsZero() && e.region.idx <= 1 && drained.After(p.moved.Add(2*report250ms)) {
-		p.report = at // the first report that carries the move (us-east's or eu-west's)
+	if !p.moved.IsZero() && p.report.IsZero() && (rq.GetRegion() == scaleRegions[0] || rq.GetRegion() == scaleRegions[1]) &&
+		time.UnixMilli(rq.GetIntervalEndMs()).After(p.moved.Add(2*report250ms)) {
+		p.report = began // drained (on its enforcer's clock) after the move had been fed
 	}
+	return err
 }
 
 // fanOut passes each region's new share sets on to its enforcers' Reporters (each
@@ -461,15 +461,20 @@ func (fl *scaleFleet) latencies() []time.Duration {
 	return append([]time.Duration(nil), fl.lat...)
 }
 
-// fleetCounts are the Reporters' counters summed over the fleet.
-type fleetCounts struct{ sent, failures, dropped, early, identities float64 }
+// fleetCounts are the Reporters' counters summed over the fleet, and the identities of
+// the reports the leader accepted.
+type fleetCounts struct{ sent, failures, dropped, early, identities, accepted float64 }
 
 func (c fleetCounts) sub(o fleetCounts) fleetCounts {
-	return fleetCounts{c.sent - o.sent, c.failures - o.failures, c.dropped - o.dropped, c.early - o.early, c.identities - o.identities}
+	return fleetCounts{c.sent - o.sent, c.failures - o.failures, c.dropped - o.dropped, c.early - o.early,
+		c.identities - o.identities, c.accepted - o.accepted}
 }
 
 func (fl *scaleFleet) sample() fleetCounts {
 	var c fleetCounts
+	fl.mu.Lock()
+	c.accepted = fl.acceptedIDs
+	fl.mu.Unlock()
 	mfs, err := fl.reg.Gather()
 	if err != nil {
 		return c

@@ -111,8 +111,9 @@ func (r *scaleRow) fill(a, z scaleSample, warm fleetCounts, f *scaleFleet, inter
 	r.MeasuredS = wall
 	r.Intervals = iv
 	d := z.fleet.sub(a.fleet)
-	r.IdentityReports = int64(d.identities)
-	r.IdentityReportsPerInterval = d.identities / iv
+	r.IdentityReports = int64(d.accepted)
+	r.IdentityReportsPerInterval = d.accepted / iv
+	r.DrainedPerInterval = d.identities / iv
 	r.ReportsPerEnforcerInterval = d.sent / float64(r.Enforcers) / iv
 	r.EarlyPerInterval = d.early / iv
 	r.Failed, r.Dropped = int64(d.failures), int64(d.dropped)
@@ -120,8 +121,8 @@ func (r *scaleRow) fill(a, z scaleSample, warm fleetCounts, f *scaleFleet, inter
 	cpu := (z.leaderCPU - a.leaderCPU).Seconds()
 	r.LeaderCPUPerInterval = cpu / iv
 	r.LeaderCores = cpu / wall
-	if d.identities > 0 {
-		r.LeaderUsPerIdentityReport = cpu * 1e6 / d.identities
+	if d.accepted > 0 {
+		r.LeaderUsPerIdentityReport = cpu * 1e6 / d.accepted
 	}
 	r.GeneratorCores = (z.selfCPU - a.selfCPU).Seconds() / wall
 	r.LeaderWaitPerInterval = (z.leaderWait - a.leaderWait).Seconds() / iv

@@ -23,8 +23,9 @@ type scaleRow struct {
 	MeasuredS           float64 `json:"measured_s"`
 	Intervals           float64 `json:"intervals"`
 
-	IdentityReports            int64   `json:"identity_reports"`
+	IdentityReports            int64   `json:"identity_reports"` // in the reports the leader accepted
 	IdentityReportsPerInterval float64 `json:"identity_reports_per_interval"`
+	DrainedPerInterval         float64 `json:"identity_reports_drained_per_interval"` // in every report drained, accepted or not
 	ReportsPerEnforcerInterval float64 `json:"reports_per_enforcer_interval"`
 	EarlyPerInterval           float64 `json:"early_reports_per_interval"`
 	Reports                    int     `json:"reports_accepted"`

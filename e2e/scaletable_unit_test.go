@@ -21,7 +21,7 @@ func TestScaleKnobs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(k.seqs) != 3 || k.seqs[0].name != "enforcers" || k.seqs[0].steps[4] != (scaleStep{1000, 1000, 0}) ||
+	if len(k.seqs) != 3 || k.seqs[0].name != "enforcers" || k.seqs[0].steps[5] != (scaleStep{1000, 1000, 0}) ||
 		k.seqs[2].steps[0] != (scaleStep{30, 1000, 10000}) || k.interval != 2*time.Second || len(k.apply) != 3 {
 		t.Fatalf("defaults: %+v", k)
 	}
