@@ -108,8 +108,8 @@ import (
 // Before the steps, the enforcer's apply path on share sets of ALLOT_SCALE_APPLY entries
 // (default 10000,100000,1000000; "0" skips it) in this process (scaleapply_test.go): the
 // set laid out in chunks by the balancer's Chunker, decoded and applied to a Holder as the
-// Watcher does (time, and the heap the mirror and the table keep), and a new version in
-// which one chunk changed.
+// Watcher does (time and CPU, and the heap the mirror and the table keep), and a new
+// version in which one chunk changed.
 //
 // Knobs: ALLOT_SCALE_STEPS (above), ALLOT_SCALE_INTERVAL (default 2s; the design's 10s
 // makes every step five times longer), ALLOT_SCALE_WARM and ALLOT_SCALE_MEASURE (intervals,

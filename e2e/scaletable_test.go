@@ -243,10 +243,10 @@ func (r *scaleReport) table() string {
 		}
 	}
 	if len(r.Apply) > 0 {
-		sb.WriteString("\n\n| enforcer apply path: share set of | chunks | MB in etcd | decode + apply, whole set ms | new version, one chunk changed ms | heap MiB: mirror + table (table alone) |\n|---|---|---|---|---|---|\n")
+		sb.WriteString("\n\n| enforcer apply path: share set of | chunks | MB in etcd | decode + apply, whole set: ms (CPU ms) | new version, one chunk changed: ms (CPU ms) | heap MiB: mirror + table (table alone) |\n|---|---|---|---|---|---|\n")
 		for _, a := range r.Apply {
-			fmt.Fprintf(&sb, "| %d entries | %d | %.1f | %.0f | %.0f | %.0f (%.0f) |\n",
-				a.Entries, a.Chunks, a.Bytes/1e6, a.FullMs, a.VersionMs, a.HeapMiB, a.TableMiB)
+			fmt.Fprintf(&sb, "| %d entries | %d | %.1f | %.0f (%.0f) | %.0f (%.0f) | %.0f (%.0f) |\n",
+				a.Entries, a.Chunks, a.Bytes/1e6, a.FullMs, a.FullCPUMs, a.VersionMs, a.VersionCPUMs, a.HeapMiB, a.TableMiB)
 		}
 	}
 	if e := r.Extrapolation; e != nil {
