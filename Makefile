@@ -54,8 +54,9 @@ bench-load: images
 # One balancer leader at the design's fan-in (issue 26 §2): a bin/balancer process on etcd
 # in a container, driven over gRPC by up to 1,000 simulated enforcers (real usage Reporters),
 # in steps that stop where report p99 passes 1 s or a report fails. Prints one table, writes
-# it as JSON to bin/bench-scale.json; about 6–8 minutes on 2 cores. Not part of `make test`
-# (a benchmark). See BENCHMARKS.md and e2e/scale_test.go (the ALLOT_SCALE_* knobs).
+# it as JSON to bin/bench-scale.json; 4–6 minutes on 2 cores (at most about 11, where more
+# steps hold). Not part of `make test` (a benchmark). See BENCHMARKS.md and
+# e2e/scale_test.go (the ALLOT_SCALE_* knobs).
 .PHONY: bench-scale
 bench-scale: images
 	ALLOT_SCALE_JSON=$(CURDIR)/bin/bench-scale.json \
