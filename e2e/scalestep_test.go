@@ -48,7 +48,7 @@ func (env *scaleEnv) run(st scaleStep, row *scaleRow) {
 	if err := os.WriteFile(rulesFile, []byte(mix.rulesYAML()), 0o644); err != nil {
 		b.Fatal(err)
 	}
-	row.LimitPerSec, row.HotKeys, row.Tracked = mix.limit, len(mix.hot), 0
+	row.LimitPerSec, row.HotKeys = mix.limit, len(mix.hot)
 	bal := startScaleBalancer(b, env.bin, prefix, rulesFile, env.etcd.Endpoints()[0], env.files, k)
 	defer bal.stop(b, k.log, fmt.Sprintf("balancer-%d-%s.log", env.steps, st))
 
