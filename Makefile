@@ -56,6 +56,17 @@ bench-load: images
 	ALLOT_BENCH_JSON=$(CURDIR)/bin/bench-load.json \
 	$(GO) test -run '^$$' -bench BenchmarkEnforcerRLS -benchtime 1x -timeout 15m ./e2e/
 
+# One balancer leader at the design's fan-in (issue 26 §2): a bin/balancer process on etcd
+# in a container, driven over gRPC by up to 1,000 simulated enforcers (real usage Reporters),
+# in steps that stop where report p99 passes 1 s or a report fails. Prints one table, writes
+# it as JSON to bin/bench-scale.json; 4–6 minutes on 2 cores (at most about 11, where more
+# steps hold). Not part of `make test` (a benchmark). See BENCHMARKS.md and
+# e2e/scale_test.go (the ALLOT_SCALE_* knobs).
+.PHONY: bench-scale
+bench-scale: images
+	ALLOT_SCALE_JSON=$(CURDIR)/bin/bench-scale.json \
+	$(GO) test -run '^$$' -bench BenchmarkBalancerScale -benchtime 1x -timeout 20m ./e2e/
+
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)

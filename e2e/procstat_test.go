@@ -85,3 +85,44 @@ func procSyscalls(pid int) int64 {
 	}
 	return n
 }
+
+// procRSSMiB is pid's resident memory now and at its peak so far (/proc/PID/status VmRSS
+// and VmHWM), in MiB; 0 where it cannot be read.
+func procRSSMiB(pid int) (rss, peak float64) {
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, 0
+	}
+	for _, line := range strings.Split(string(raw), "\n") {
+		for key, into := range map[string]*float64{"VmRSS:": &rss, "VmHWM:": &peak} {
+			if v, ok := strings.CutPrefix(line, key); ok {
+				kb, _ := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 64)
+				*into = kb / 1024
+			}
+		}
+	}
+	return rss, peak
+}
+
+// procRunWait is how long pid's threads have waited, runnable, for a CPU so far: the sum
+// over /proc/PID/task/*/schedstat of the second field (ns on a run queue). On a machine
+// shared with other work it says how much of a latency was the process not running at
+// all. 0 where it cannot be read (threads that exited are not counted).
+func procRunWait(pid int) time.Duration {
+	dirs, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	if err != nil {
+		return 0
+	}
+	var sum int64
+	for _, d := range dirs {
+		raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/schedstat", pid, d.Name()))
+		if err != nil {
+			continue
+		}
+		if f := strings.Fields(string(raw)); len(f) >= 2 {
+			ns, _ := strconv.ParseInt(f[1], 10, 64)
+			sum += ns
+		}
+	}
+	return time.Duration(sum)
+}

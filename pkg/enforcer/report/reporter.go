@@ -82,6 +82,10 @@ type ReporterConfig struct {
 	// RPC, so the balancer's span of it is a child; nil: no spans and no trace context
 	// sent.
 	Tracer trace.Tracer
+	// DialOptions are added to every connection the Reporter makes to a balancer, after
+	// its transport credentials: e.g. an interceptor that times each Report call (the
+	// scale benchmark's). nil adds none.
+	DialOptions []grpc.DialOption
 }
 
 // DefaultReporterConfig returns the defaults described on each ReporterConfig field.
@@ -439,7 +443,7 @@ func (r *Reporter) dial(addr string) (*grpc.ClientConn, error) {
 		return r.conn, nil
 	}
 	r.closeConn()
-	cc, err := grpc.NewClient(addr, r.creds)
+	cc, err := grpc.NewClient(addr, append([]grpc.DialOption{r.creds}, r.cfg.DialOptions...)...)
 	if err != nil {
 		return nil, fmt.Errorf("while dialling balancer %s: %w", addr, err)
 	}

@@ -195,6 +195,27 @@ func TestReporterFollowsRedirect(t *testing.T) {
 	}
 }
 
+// DialOptions reach the connection: an interceptor given there sees every Report call.
+func TestReporterDialOptions(t *testing.T) {
+	lead := startBalancer(t, true, "")
+	var mu sync.Mutex
+	var methods []string
+	seen := grpc.WithChainUnaryInterceptor(func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		mu.Lock()
+		methods = append(methods, method)
+		mu.Unlock()
+		return invoker(ctx, method, req, reply, cc, opts...)
+	})
+	g := newRig(t, StaticLeader(lead.addr), func(c *ReporterConfig) { c.DialOptions = []grpc.DialOption{seen} })
+	g.tick(t, 10*time.Second)
+	poll.True(t, 10*time.Second, "a report at the leader", func() bool { return len(lead.reports()) == 1 })
+	mu.Lock()
+	defer mu.Unlock()
+	if len(methods) != 1 || methods[0] != allotv1.Balancer_Report_FullMethodName {
+		t.Fatalf("the interceptor saw %v, want one %s", methods, allotv1.Balancer_Report_FullMethodName)
+	}
+}
+
 // Standbys pointing at each other: the attempt gives up after MaxRedirects, the retry
 // too, and the report is dropped.
 func TestReporterRedirectsBounded(t *testing.T) {
