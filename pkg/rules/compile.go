@@ -412,6 +412,9 @@ func (s *Snapshot) buildLanes() {
 		if r.desc != nil {
 			continue // filed in its domain's descriptor tree (buildDescriptors)
 		}
+		if r.c.Unlimited {
+			s.hasUnlimited = true
+		}
 		ln := &s.lanes[r.c.By][r.c.Mode]
 		if *ln == nil {
 			*ln = &lane{}

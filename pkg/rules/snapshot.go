@@ -27,8 +27,9 @@ type Snapshot struct {
 	dims     []By            // the Bys that have a lane, in order
 	// domains holds the descriptor rules, a tree per domain (descriptor.go); nil when
 	// there are none.
-	domains     map[string]*dnode
-	hasReplaces bool // some rule replaces others
+	domains      map[string]*dnode
+	hasReplaces  bool // some rule replaces others
+	hasUnlimited bool // some rule of the named dimensions is unlimited
 }
 
 // Version names the rule set: Set.Version, or "sha256:<16 hex>" of the content.
@@ -95,7 +96,11 @@ func (s *Snapshot) Match(a *Attrs, now time.Time, dst []Matched) []Matched {
 		var win [2]*crule
 		for mode, ln := range s.lanes[by] {
 			if ln != nil {
-				win[mode] = limited(ln.match(a, ip, now))
+				r := ln.match(a, ip, now)
+				if s.hasUnlimited { // a flag at hand, not a load from the rule for every set
+					r = limited(r)
+				}
+				win[mode] = r
 			}
 		}
 		if win[0] == nil && win[1] == nil {
