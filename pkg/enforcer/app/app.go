@@ -44,7 +44,8 @@ type App struct {
 	reg   *prometheus.Registry
 
 	holder *rules.Holder
-	file   polledRules // file-only rules (a rules file, or a directory of envoyproxy/ratelimit files); nil otherwise
+	file   polledRules // file-only rules (a rules file, a directory of envoyproxy/ratelimit files, their xDS server); nil otherwise
+	xds    *xdsRules   // the same source as file when the rules come over xDS; nil otherwise
 	base   string      // rules file layered under etcd rules ("" if none)
 
 	etcd     *clientv3.Client
@@ -185,6 +186,14 @@ func (a *App) sourceOptions() []rules.Option {
 func (a *App) buildRules() error {
 	a.holder = rules.NewHolder(nil)
 	rc := a.cfg.Rules
+	if rc.Format == FormatEnvoy && rc.XDS.Server != "" {
+		src, err := newXDSRules(a)
+		if err != nil {
+			return err
+		}
+		a.file, a.xds = src, src
+		return src.start(a.ctx, a.cfg.Etcd.StartTimeout)
+	}
 	if rc.Format == FormatEnvoy {
 		src, err := rules.NewEnvoyDirSource(rc.Dir, rc.MergeDomains, a.holder, a.compileOptions(), a.sourceOptions()...)
 		if err != nil {
@@ -233,7 +242,7 @@ func (a *App) buildRules() error {
 }
 
 // polledRules is a rules source the process polls and reloads on SIGHUP:
-// *rules.FileSource or *rules.EnvoyDirSource.
+// *rules.FileSource, *rules.EnvoyDirSource or *xdsRules.
 type polledRules interface {
 	Run(ctx context.Context) error
 	Reload() error

@@ -41,6 +41,8 @@ var settingOverrides = slices.Concat([]cliconf.Override[Config]{
 	{Name: "rules-poll-interval", Usage: "how often the rules file is checked for changes", Apply: cliconf.Dur(func(c *Config) *time.Duration { return &c.Rules.PollInterval })},
 	{Name: "rules-format", Usage: "rules format: allot (rules file, etcd) | envoy-ratelimit (a directory of envoyproxy/ratelimit files)", Apply: cliconf.Str(func(c *Config) *string { return &c.Rules.Format })},
 	{Name: "rules-dir", Usage: "directory of envoyproxy/ratelimit YAML files (rules format envoy-ratelimit)", Apply: cliconf.Str(func(c *Config) *string { return &c.Rules.Dir })},
+	{Name: "rules-xds-server", Usage: "host:port of an xDS server pushing envoyproxy/ratelimit's configuration (rules format envoy-ratelimit; their CONFIG_GRPC_XDS_SERVER_URL)", Apply: cliconf.Str(func(c *Config) *string { return &c.Rules.XDS.Server })},
+	{Name: "rules-xds-node-id", Usage: "the node id sent to the xDS server (default \"default\")", Apply: cliconf.Str(func(c *Config) *string { return &c.Rules.XDS.NodeID })},
 	{Name: "rules-merge-domains", Usage: "merge the files of one domain (envoyproxy/ratelimit's MERGE_DOMAIN_CONFIG)", IsBool: true, Apply: cliconf.Bool(func(c *Config) *bool { return &c.Rules.MergeDomains })},
 	{Name: "default-share", Usage: "removed (an error if set): the default split now comes from -regions", Apply: func(c *Config, v string) error {
 		f, err := strconv.ParseFloat(v, 64)
@@ -102,6 +104,8 @@ var command = cliconf.Command[Config]{
 	ConfigExample: "configs/regions/us-east.yaml",
 	Prefix:        "app: ", Overrides: settingOverrides, Default: DefaultConfig, Validate: (*Config).Validate,
 }
+
+func init() { command.Foreign = readEnvoyEnv } // readEnvoyEnv reads command's variables: no initialisation cycle
 
 // ErrHelp is returned by Parse when -h or -help was given (usage has been printed).
 var ErrHelp = flag.ErrHelp

@@ -146,6 +146,9 @@ func (a *App) Ready() error {
 	if a.stopping.Load() {
 		return ErrStopping
 	}
+	if a.xds != nil && !a.xds.loaded() {
+		return errNoXDSRules
+	}
 	a.mu.Lock()
 	src := a.etcdSrc
 	a.mu.Unlock()
