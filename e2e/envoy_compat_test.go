@@ -235,7 +235,7 @@ func TestEnvoyCompatIstio(t *testing.T) {
 	env := []string{
 		"LOG_LEVEL=info", "REDIS_SOCKET_TYPE=tcp", "REDIS_URL=" + redis.Addr, "USE_STATSD=false",
 		"RUNTIME_ROOT=" + root, "RUNTIME_SUBDIRECTORY=ratelimit", "RUNTIME_WATCH_ROOT=false", "RUNTIME_IGNOREDOTFILES=true",
-		"STATSD_HOST=statsd", "LIMIT_RESPONSE_HEADERS_ENABLED=true",
+		"STATSD_HOST=statsd", "LIMIT_RESPONSE_HEADERS_ENABLED=true", "DEBUG_HOST=127.0.0.1", "DEBUG_PORT=" + strconv.Itoa(testenv.Ports(t, 1)[0]),
 	}
 
 	// -check-config sees the same: the configuration good, what is not supported named.
@@ -256,6 +256,18 @@ func TestEnvoyCompatIstio(t *testing.T) {
 	} {
 		if !strings.Contains(e.log.String(), want) {
 			t.Errorf("the log does not say %q", want)
+		}
+	}
+
+	// Their debug port: pprof and the metrics.
+	for _, path := range []string{"/debug/pprof/", "/metrics"} {
+		resp, err := http.Get("http://127.0.0.1:" + strings.TrimPrefix(env[len(env)-1], "DEBUG_PORT=") + path)
+		if err != nil {
+			t.Fatalf("debug port %s: %v", path, err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Errorf("debug port %s: %s", path, resp.Status)
 		}
 	}
 

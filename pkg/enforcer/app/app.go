@@ -59,6 +59,7 @@ type App struct {
 
 	node   *node.Node // the check core over its layers, shares and usage reports
 	srv    appkit.Servers
+	debug  *debugServer // listen.debug; nil when not set (debug.go)
 	health *health.Server
 	traces *appkit.Traces // nil: tracing off
 
@@ -402,7 +403,7 @@ func (a *App) listen() (err error) {
 	if err := a.srv.Listen(a.cfg.Listen.GRPC, a.cfg.Listen.HTTP); err != nil {
 		return fmt.Errorf("app: %w", err)
 	}
-	return nil
+	return a.listenDebug()
 }
 
 // register joins the region in etcd; a slow or absent etcd only delays it.

@@ -214,6 +214,9 @@ const (
 type ListenConfig struct {
 	GRPC string `yaml:"grpc"`
 	HTTP string `yaml:"http"`
+	// Debug, if set, is a third listener serving /debug/pprof/ and /metrics only
+	// (envoyproxy/ratelimit's DEBUG_HOST:DEBUG_PORT). Default: none.
+	Debug string `yaml:"debug"`
 	// Advertise is the address registered in etcd. Default: the gRPC listen address.
 	Advertise string `yaml:"advertise"`
 	// MaxConcurrentStreams per gRPC connection. Default 1024.

@@ -114,6 +114,17 @@ func rulesOnly(f func(*Config, string, *envoyEnv) error) func(*Config, string, *
 	}
 }
 
+// fileOnly is the runtime directory's variables: not used under CONFIG_TYPE=GRPC_XDS_SOTW,
+// there as here (Envoy Gateway sets them anyway).
+func fileOnly(_ *Config, _ string, e *envoyEnv) error {
+	if strings.EqualFold(e.getenv("CONFIG_TYPE"), "GRPC_XDS_SOTW") {
+		return errUnused
+	}
+	return nil
+}
+
+var errUnused = errors.New("not used with CONFIG_TYPE=GRPC_XDS_SOTW, as by envoyproxy/ratelimit")
+
 var errOverridden = errors.New("not applied: allot's own rules configuration (file or ALLOT_RULES_*) wins")
 
 // parseMap reads their map variables, "k1:v1,k2:v2" (k=v is taken too).
@@ -170,8 +181,14 @@ var envoyVars = []envoyVar{
 		c.Listen.HTTP, err = hostPort(e, "HOST", "0.0.0.0", "PORT", "8080")
 		return err
 	}},
-	{name: "DEBUG_HOST", generic: true, why: "allot has no separate debug listener: /metrics is on PORT, and pprof on PORT with ALLOT_PPROF"},
-	{name: "DEBUG_PORT", generic: true, why: "allot has no separate debug listener: /metrics is on PORT, and pprof on PORT with ALLOT_PPROF"},
+	{name: "DEBUG_HOST", generic: true, apply: func(c *Config, v string, e *envoyEnv) (err error) {
+		c.Listen.Debug, err = hostPort(e, "DEBUG_HOST", "0.0.0.0", "DEBUG_PORT", "6070")
+		return err
+	}},
+	{name: "DEBUG_PORT", generic: true, apply: func(c *Config, v string, e *envoyEnv) (err error) {
+		c.Listen.Debug, err = hostPort(e, "DEBUG_HOST", "0.0.0.0", "DEBUG_PORT", "6070")
+		return err
+	}},
 	{name: "GRPC_UDS", why: "allot serves gRPC on TCP only (GRPC_HOST:GRPC_PORT)"},
 	{name: "GRPC_HOST", generic: true, apply: func(c *Config, v string, e *envoyEnv) (err error) {
 		c.Listen.GRPC, err = hostPort(e, "GRPC_HOST", "0.0.0.0", "GRPC_PORT", "8081")
@@ -243,9 +260,9 @@ var envoyVars = []envoyVar{
 	{name: "PROMETHEUS_PATH", inert: is("/metrics"), why: "allot's metrics path is /metrics"},
 	{name: "PROMETHEUS_MAPPER_YAML", why: "allot's metric names are its own (allot_*), not mapped statsd names"},
 	{name: "PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS", why: "allot's durations are in seconds (_seconds)"},
-	{name: "RUNTIME_ROOT", apply: rulesOnly(nil)},
-	{name: "RUNTIME_SUBDIRECTORY", apply: rulesOnly(nil)},
-	{name: "RUNTIME_APPDIRECTORY", apply: rulesOnly(nil)},
+	{name: "RUNTIME_ROOT", apply: rulesOnly(fileOnly)},
+	{name: "RUNTIME_SUBDIRECTORY", apply: rulesOnly(fileOnly)},
+	{name: "RUNTIME_APPDIRECTORY", apply: rulesOnly(fileOnly)},
 	{name: "RUNTIME_IGNOREDOTFILES", inert: func(string) bool { return true }},
 	{name: "RUNTIME_WATCH_ROOT", inert: func(string) bool { return true }},
 	{name: "EXPIRATION_JITTER_MAX_SECONDS", why: "allot's buckets expire when full again; reset times are jittered by check.reset_jitter_max"},
@@ -453,6 +470,8 @@ func readEnvoyEnv(c *Config, getenv func(string) string, fileGiven bool) error {
 		default:
 			err := v.apply(c, val, e)
 			switch {
+			case errors.Is(err, errUnused):
+				r.Applied = append(r.Applied, v.name+"="+val+": "+err.Error())
 			case errors.Is(err, errOverridden):
 				r.Unsupported = append(r.Unsupported, v.name+": "+err.Error())
 			case err != nil:

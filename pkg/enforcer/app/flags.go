@@ -68,6 +68,7 @@ var settingOverrides = slices.Concat([]cliconf.Override[Config]{
 	{Name: "balancer-insecure", Usage: "send usage reports in plaintext without a client certificate (only to a balancer with insecure_reports)", IsBool: true, Apply: cliconf.Bool(func(c *Config) *bool { return &c.Balancer.Insecure })},
 	{Name: "grpc-addr", Usage: "gRPC listen address (Envoy RLS and allot.v1)", Apply: cliconf.Str(func(c *Config) *string { return &c.Listen.GRPC })},
 	{Name: "http-addr", Usage: "HTTP listen address (/v1/check, /v1/auth, /metrics, /healthz, /readyz)", Apply: cliconf.Str(func(c *Config) *string { return &c.Listen.HTTP })},
+	{Name: "debug-addr", Usage: "debug listen address: /debug/pprof/ and /metrics only (default none)", Apply: cliconf.Str(func(c *Config) *string { return &c.Listen.Debug })},
 	{Name: "advertise-addr", Usage: "address registered in etcd (default the gRPC address)", Apply: cliconf.Str(func(c *Config) *string { return &c.Listen.Advertise })},
 	{Name: "peers", Usage: "live enforcers in the region when etcd is not configured", Apply: cliconf.Int(func(c *Config) *int { return &c.Peers })},
 	{Name: "drain-timeout", Usage: "graceful shutdown bound", Apply: cliconf.Dur(func(c *Config) *time.Duration { return &c.DrainTimeout })},
