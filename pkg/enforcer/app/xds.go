@@ -131,13 +131,17 @@ func (r *xdsRules) Run(ctx context.Context) error {
 // Reload has nothing to read: the server pushes every change.
 func (r *xdsRules) Reload() error { return nil }
 
-// Status is the rules' side; the Source's (ACKs, NACKs) is in the logs.
+// Status is the rules' side, with the Source's refusals: Failures counts the sets that
+// did not compile and the responses NACKed in whole or part; LastError is the latest
+// of either.
 func (r *xdsRules) Status() rules.Status {
+	xs := r.src.Status()
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	st := r.st
-	if err := r.src.Status().Err; err != nil && st.LastError == nil {
-		st.LastError = err
+	st.Failures += uint64(xs.Rejected)
+	if xs.Err != nil && st.LastError == nil {
+		st.LastError = xs.Err
 	}
 	return st
 }

@@ -138,6 +138,9 @@ func TestRulesOverXDS(t *testing.T) {
 	if err := a.Ready(); err != nil {
 		t.Errorf("Ready: %v", err)
 	}
+	if st := a.file.Status(); st.Failures == 0 || st.LastError == nil || !strings.Contains(st.LastError.Error(), "unlimited") {
+		t.Errorf("status %+v, want the NACK counted and named", st)
+	}
 }
 
 // With no server answering, the enforcer starts (after the start timeout) but is not
