@@ -369,7 +369,12 @@ func (a *App) reportTransport(rc report.ReporterConfig) (node.Reporter, error) {
 func (a *App) listen() (err error) {
 	ka := keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second,
 		MaxConnectionAge: a.cfg.Listen.MaxConnectionAge, MaxConnectionAgeGrace: a.cfg.maxConnectionAgeGrace()}
+	tlsOpt, err := a.grpcTLS()
+	if err != nil {
+		return err
+	}
 	a.srv.GRPC = grpc.NewServer(
+		tlsOpt,
 		grpc.ChainUnaryInterceptor(grpcapi.RecoverUnary(a.log.Named("grpc"))),
 		grpc.MaxRecvMsgSize(64<<10),
 		grpc.MaxConcurrentStreams(a.cfg.Listen.MaxConcurrentStreams),

@@ -57,6 +57,9 @@ func Check(cfg Config, environ []string) error {
 			errs = append(errs, fmt.Errorf("app: %s: %w", t.field, err))
 		}
 	}
+	if _, err := grpcServerTLS(cfg.Listen); err != nil {
+		errs = append(errs, err)
+	}
 	if ec := cfg.Explain; ec.Enabled {
 		if _, err := adminauth.Load(ec.TokensFile, tokensEnv, getenv); err != nil {
 			errs = append(errs, fmt.Errorf("app: explain: %w", err))

@@ -130,6 +130,9 @@ type StoreConfig struct {
 	MaxKeys int `yaml:"max_keys"`
 }
 
+// ServerTLSConfig is server TLS of a listener. Files are PEM.
+type ServerTLSConfig = tlsfiles.Server
+
 // TLSConfig is client TLS for Redis, etcd or the balancer. Files are PEM.
 type TLSConfig = tlsfiles.Client
 
@@ -214,6 +217,13 @@ const (
 type ListenConfig struct {
 	GRPC string `yaml:"grpc"`
 	HTTP string `yaml:"http"`
+	// GRPCTLS serves gRPC over TLS (envoyproxy/ratelimit's GRPC_SERVER_USE_TLS,
+	// GRPC_SERVER_TLS_CERT, GRPC_SERVER_TLS_KEY, GRPC_CLIENT_TLS_CACERT); with
+	// client_ca_file, clients must present a certificate from it. Off by default.
+	GRPCTLS ServerTLSConfig `yaml:"grpc_tls"`
+	// GRPCClientSAN, with grpc_tls.client_ca_file, is a DNS name (or IP address) the
+	// client's certificate must carry (GRPC_CLIENT_TLS_SAN).
+	GRPCClientSAN string `yaml:"grpc_client_san"`
 	// Debug, if set, is a third listener serving /debug/pprof/ and /metrics only
 	// (envoyproxy/ratelimit's DEBUG_HOST:DEBUG_PORT). Default: none.
 	Debug string `yaml:"debug"`
@@ -420,6 +430,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Listen.GRPC == "" && c.Listen.HTTP == "" {
 		bad("listen: neither grpc nor http address set")
+	}
+	if c.Listen.GRPCClientSAN != "" && (!c.Listen.GRPCTLS.Enabled || c.Listen.GRPCTLS.ClientCAFile == "") {
+		bad("listen.grpc_client_san %q needs listen.grpc_tls with client_ca_file (client certificates)", c.Listen.GRPCClientSAN)
 	}
 	if c.Peers < 1 {
 		bad("peers %d, must be >= 1", c.Peers)

@@ -123,7 +123,25 @@ func fileOnly(_ *Config, _ string, e *envoyEnv) error {
 	return nil
 }
 
-var errUnused = errors.New("not used with CONFIG_TYPE=GRPC_XDS_SOTW, as by envoyproxy/ratelimit")
+var errUnused = unusedErr("not used with CONFIG_TYPE=GRPC_XDS_SOTW, as by envoyproxy/ratelimit")
+
+// unusedErr is a variable that is read but, with the others as they are, means nothing,
+// there as here: named in the report as such.
+type unusedErr string
+
+func (e unusedErr) Error() string { return string(e) }
+
+// withServerTLS sets a gRPC server TLS file only when GRPC_SERVER_USE_TLS is true (their
+// server reads the files only then).
+func withServerTLS(dst func(*Config) *string) func(*Config, string, *envoyEnv) error {
+	return func(c *Config, v string, e *envoyEnv) error {
+		if !isTrue(e.getenv("GRPC_SERVER_USE_TLS")) {
+			return unusedErr("not used: GRPC_SERVER_USE_TLS is not true, as by envoyproxy/ratelimit")
+		}
+		*dst(c) = v
+		return nil
+	}
+}
 
 var errOverridden = errors.New("not applied: allot's own rules configuration (file or ALLOT_RULES_*) wins")
 
@@ -200,11 +218,11 @@ var envoyVars = []envoyVar{
 	}},
 	{name: "GRPC_MAX_CONNECTION_AGE", apply: parseDur(func(c *Config) *time.Duration { return &c.Listen.MaxConnectionAge })},
 	{name: "GRPC_MAX_CONNECTION_AGE_GRACE", apply: parseDur(func(c *Config) *time.Duration { return &c.Listen.MaxConnectionAgeGrace })},
-	{name: "GRPC_SERVER_USE_TLS", inert: isFalse, why: "allot's gRPC listener has no TLS of its own"},
-	{name: "GRPC_SERVER_TLS_CERT", why: "allot's gRPC listener has no TLS of its own"},
-	{name: "GRPC_SERVER_TLS_KEY", why: "allot's gRPC listener has no TLS of its own"},
-	{name: "GRPC_CLIENT_TLS_CACERT", why: "allot's gRPC listener has no TLS of its own"},
-	{name: "GRPC_CLIENT_TLS_SAN", why: "allot's gRPC listener has no TLS of its own"},
+	{name: "GRPC_SERVER_USE_TLS", apply: parseBool(func(c *Config) *bool { return &c.Listen.GRPCTLS.Enabled })},
+	{name: "GRPC_SERVER_TLS_CERT", apply: withServerTLS(func(c *Config) *string { return &c.Listen.GRPCTLS.CertFile })},
+	{name: "GRPC_SERVER_TLS_KEY", apply: withServerTLS(func(c *Config) *string { return &c.Listen.GRPCTLS.KeyFile })},
+	{name: "GRPC_CLIENT_TLS_CACERT", apply: withServerTLS(func(c *Config) *string { return &c.Listen.GRPCTLS.ClientCAFile })},
+	{name: "GRPC_CLIENT_TLS_SAN", apply: withServerTLS(func(c *Config) *string { return &c.Listen.GRPCClientSAN })},
 	{name: "LOG_LEVEL", generic: true, apply: func(c *Config, v string, _ *envoyEnv) error {
 		l, ok := logLevels[strings.ToLower(v)]
 		if !ok {
@@ -470,7 +488,7 @@ func readEnvoyEnv(c *Config, getenv func(string) string, fileGiven bool) error {
 		default:
 			err := v.apply(c, val, e)
 			switch {
-			case errors.Is(err, errUnused):
+			case errors.As(err, new(unusedErr)):
 				r.Applied = append(r.Applied, v.name+"="+val+": "+err.Error())
 			case errors.Is(err, errOverridden):
 				r.Unsupported = append(r.Unsupported, v.name+": "+err.Error())
