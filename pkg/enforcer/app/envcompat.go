@@ -499,6 +499,9 @@ func readEnvoyEnv(c *Config, getenv func(string) string, fileGiven bool) error {
 			}
 		}
 	}
+	if getenv("REDIS_URL") == "" && c.Store.Kind == "memory" && getenv("ALLOT_STORE") == "" {
+		r.Unsupported = append(r.Unsupported, "REDIS_URL: not set: buckets are kept in this process's memory, not shared (their default, a Unix socket to a local proxy, is not supported)")
+	}
 	if e.rulesFree {
 		if err := applyEnvoyRules(c, getenv); err != nil {
 			errs = append(errs, err)

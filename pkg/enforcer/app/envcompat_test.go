@@ -70,6 +70,10 @@ func TestEnvoyEnvGateway(t *testing.T) {
 	if u := cfg.EnvoyCompat.Unsupported; len(u) != 1 || !strings.HasPrefix(u[0], "SHADOW_MODE") {
 		t.Errorf("unsupported %q, want SHADOW_MODE (true) named", u)
 	}
+	cfg, err = ParseUnchecked(nil, env(map[string]string{"CONFIG_TYPE": "FILE"}), nil)
+	if u := cfg.EnvoyCompat.Unsupported; err != nil || len(u) != 1 || !strings.HasPrefix(u[0], "REDIS_URL: not set: buckets are kept in this process's memory") {
+		t.Errorf("unsupported %q, want SHADOW_MODE (true) named", u)
+	}
 	if err := cfg.Validate(); err != nil {
 		t.Errorf("Validate: %v", err)
 	}
