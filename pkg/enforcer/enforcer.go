@@ -51,6 +51,12 @@ type Request struct {
 	// the read is of Redis, which does not count the tokens enforcers hold leased: a peek
 	// then sees fewer tokens than there are, so it errs under.
 	Peek bool
+	// Override, when set, takes the place of the descriptor rules (rules.Match.Descriptor)
+	// that match the request: it is taken from instead, counted by the request's
+	// descriptor (rules.DescriptorIdentity of Attrs.Domain and Attrs.Entries), at cost 1 a
+	// hit. The rules of the named dimensions still apply. For Envoy's descriptor limit
+	// override (grpcapi.Config.LimitOverrides).
+	Override *rules.Compiled
 }
 
 // UsageObserver is told the outcome of every enforcing take; it is the seam for
@@ -240,6 +246,9 @@ func (e *Enforcer) Check(ctx context.Context, req *Request) (d Decision, err err
 	sc := e.scratch.Get().(*scratch)
 	defer e.putScratch(sc)
 	sc.matched = snap.Match(&req.Attrs, now, sc.matched[:0])
+	if req.Override != nil {
+		sc.matched = override(sc.matched, req)
+	}
 	if snap.HasReplaces() {
 		sc.matched = rules.DropReplaced(sc.matched, req.Replaced)
 	}
@@ -324,6 +333,19 @@ func (e *Enforcer) Check(ctx context.Context, req *Request) (d Decision, err err
 	}
 	e.finish(&d, req, snap, now)
 	return d, nil
+}
+
+// override drops the descriptor rules from ms and adds req.Override in their place.
+func override(ms []rules.Matched, req *Request) []rules.Matched {
+	out := ms[:0]
+	for i := range ms {
+		if len(ms[i].Rule.Match.Descriptor) == 0 {
+			out = append(out, ms[i])
+		}
+	}
+	clear(ms[len(out):])
+	id := rules.DescriptorIdentity(req.Attrs.Domain, req.Attrs.Entries, nil)
+	return append(out, rules.Matched{Rule: req.Override, Identity: id, Cost: 1})
 }
 
 func (e *Enforcer) putScratch(sc *scratch) {

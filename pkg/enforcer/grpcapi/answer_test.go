@@ -9,6 +9,9 @@ import (
 	"github.com/allot-dev/allot/pkg/enforcer/enforcertest"
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 )
 
@@ -295,5 +298,56 @@ func TestEnvoyRLSLongUnits(t *testing.T) {
 			st.DurationUntilReset.GetSeconds() != tc.reset {
 			t.Errorf("%s: %v, want %d per %v, %d left, reset in %ds", tc.key, st, tc.rpu, tc.unit, tc.rpu-1, tc.reset)
 		}
+	}
+}
+
+func withLimit(d *ratelimitv3.RateLimitDescriptor, rpu uint32, unit typev3.RateLimitUnit) *ratelimitv3.RateLimitDescriptor {
+	d.Limit = &ratelimitv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: rpu, Unit: unit}
+	return d
+}
+
+// A descriptor's limit override, when the configuration allows it: in a configured
+// domain it takes the place of the descriptor rules; otherwise the rules decide.
+func TestEnvoyRLSLimitOverride(t *testing.T) {
+	rig := enforcertest.New(t, answerRules)
+	ctx := context.Background()
+	off := New(rig.E, Config{})
+	resp, err := off.ShouldRateLimit(ctx, rls("d", withLimit(desc("k", "a"), 2, typev3.RateLimitUnit_SECOND)))
+	if err != nil || resp.Statuses[0].CurrentLimit.GetName() != "plain/minute" {
+		t.Fatalf("overrides off: %v %v, want the rule's limit", resp, err)
+	}
+	// Over the wire: the codec keeps the override.
+	cli := rlsv3.NewRateLimitServiceClient(serve(t, New(rig.E, Config{LimitOverrides: true})))
+	for i, want := range []rlsv3.RateLimitResponse_Code{ok, ok, over} {
+		resp, err := cli.ShouldRateLimit(ctx, rls("d", withLimit(desc("k", "b"), 2, typev3.RateLimitUnit_SECOND)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		st := resp.Statuses[0]
+		if st.Code != want || st.CurrentLimit.GetName() != "override.second.2/second" || st.CurrentLimit.GetRequestsPerUnit() != 2 ||
+			st.CurrentLimit.GetUnit() != rlsv3.RateLimitResponse_RateLimit_SECOND {
+			t.Fatalf("request %d: %v, want %v under 2 a second", i, st, want)
+		}
+	}
+	rig.Clock.Advance(time.Second)
+	s := New(rig.E, Config{LimitOverrides: true})
+	if resp, err = s.ShouldRateLimit(ctx, rls("d", withLimit(desc("k", "b"), 2, typev3.RateLimitUnit_SECOND))); err != nil || resp.OverallCode != ok {
+		t.Fatalf("a second later: %v %v", resp, err)
+	}
+	// Zero requests a unit refuses; a domain with no rules is not limited, as with them.
+	if resp, err = s.ShouldRateLimit(ctx, rls("d", withLimit(desc("k", "c"), 0, typev3.RateLimitUnit_HOUR))); err != nil || resp.OverallCode != over {
+		t.Fatalf("0 an hour: %v %v", resp, err)
+	}
+	if resp, err = s.ShouldRateLimit(ctx, rls("unknown", withLimit(desc("k", "c"), 0, typev3.RateLimitUnit_HOUR))); err != nil || resp.OverallCode != ok || resp.Statuses[0].CurrentLimit != nil {
+		t.Fatalf("unconfigured domain: %v %v", resp, err)
+	}
+	// A unit that is none is named.
+	_, err = s.ShouldRateLimit(ctx, rls("d", desc("k", "a"), withLimit(desc("k", "c"), 5, typev3.RateLimitUnit_UNKNOWN)))
+	if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "descriptor 1: limit override unit 0 is not a unit") {
+		t.Fatalf("unit UNKNOWN: %v", err)
+	}
+	_, err = s.ShouldRateLimit(ctx, rls("d", withLimit(desc("k", "c"), 2_000_000_000, typev3.RateLimitUnit_SECOND)))
+	if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "descriptor 0: limit override") {
+		t.Fatalf("a rate past the bound: %v", err)
 	}
 }

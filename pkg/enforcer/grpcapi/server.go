@@ -63,6 +63,7 @@ type Server struct {
 	cfg     Config
 	headers Headers              // cfg.Headers with the default names filled in
 	wire    sync.Pool            // *wireRequest, for the Envoy method (wire.go)
+	ov      overrides            // the rules of descriptors' limit overrides (Config.LimitOverrides)
 	info    grpc.UnaryServerInfo // the Envoy method, for interceptors
 }
 
@@ -122,7 +123,8 @@ func (s *Server) shouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 	// next one.
 	var lent *entryBuf
 	var entries []rules.Entry
-	if s.e.Rules().Current().HasDescriptors() {
+	snap := s.e.Rules().Current()
+	if snap.HasDescriptors() {
 		lent = entryBufs.Get().(*entryBuf)
 		entries = lent[:0]
 		defer lent.release()
@@ -135,8 +137,13 @@ func (s *Server) shouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 				from := len(entries)
 				entries = appendEntries(entries, d)
 				checks[i].Attrs.Entries = entries[from:len(entries):len(entries)]
+				if o := d.GetLimit(); o != nil && s.cfg.LimitOverrides && snap.HasDomain(req.GetDomain()) {
+					checks[i].Override, err = s.ov.rule(i, o)
+				}
 			}
-			err = s.e.Validate(&checks[i])
+			if err == nil {
+				err = s.e.Validate(&checks[i])
+			}
 		}
 		if err != nil {
 			s.e.CountInvalid(enforcer.APIEnvoyRLS)
