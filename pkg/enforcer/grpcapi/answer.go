@@ -138,12 +138,12 @@ func unitSeconds(u rlsv3.RateLimitResponse_RateLimit_Unit) int64 {
 // setCurrentLimit states d's limit in l as requests per unit. A token bucket whose burst
 // refills in exactly one unit (the limits of envoyproxy/ratelimit's configuration: burst
 // R, rate R per unit) is stated as written: R per that unit, week, month and year
-// included. Any other is stated by its rate, in the largest unit up to a day in which it
+// included; a limit of nothing (a refuse rule's) as 0 a second. Any other is stated by its rate, in the largest unit up to a day in which it
 // is at least one whole request, rounded down.
 func setCurrentLimit(l *rlsv3.RateLimitResponse_RateLimit, d *enforcer.Decision) {
 	l.Name = d.Limit
 	for _, c := range units {
-		if d.Window == c.secs && d.Quota > 0 {
+		if d.Window == c.secs && d.Quota >= 0 { // a limit of nothing (requests_per_unit 0) reads 0 a second
 			l.RequestsPerUnit, l.Unit = uint32(min(d.Quota, math.MaxUint32)), c.unit
 			return
 		}
