@@ -49,7 +49,9 @@ type Request struct {
 	// levels as they are. Nothing is taken, nothing is reported as usage. A read the store
 	// cannot make is a store error, answered by the rule's fail mode. Under a lease layer
 	// the read is of Redis, which does not count the tokens enforcers hold leased: a peek
-	// then sees fewer tokens than there are, so it errs under.
+	// then sees fewer tokens than there are, so it errs under. The read does not pass
+	// through pkg/fallback's breakers: while a shard is down a peek waits for the Redis
+	// client's own timeout, then the fail mode answers.
 	Peek bool
 	// Override, when set, takes the place of the descriptor rules (rules.Match.Descriptor)
 	// that match the request: it is taken from instead, counted by the request's
@@ -411,9 +413,14 @@ var errNoPeek = errors.New("enforcer: the store cannot be read without taking (n
 // takeOrPeek takes want tokens (take), or with peek reads the buckets and decides as a
 // take of want would, taking nothing (Request.Peek).
 func (e *Enforcer) takeOrPeek(ctx context.Context, sc *scratch, m *rules.Matched, lim limits, want int64, peek bool, res *bucket.Result) error {
-	if !peek {
-		return e.take(ctx, sc, m, lim, want, res)
+	if peek {
+		return e.peek(ctx, m, lim, want, res)
 	}
+	return e.take(ctx, sc, m, lim, want, res)
+}
+
+// peek reads m's buckets and decides as a take of want would, taking nothing.
+func (e *Enforcer) peek(ctx context.Context, m *rules.Matched, lim limits, want int64, res *bucket.Result) error {
 	if e.peeker == nil {
 		return errNoPeek
 	}
