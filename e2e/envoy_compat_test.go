@@ -235,7 +235,7 @@ func TestEnvoyCompatIstio(t *testing.T) {
 	env := []string{
 		"LOG_LEVEL=info", "REDIS_SOCKET_TYPE=tcp", "REDIS_URL=" + redis.Addr, "USE_STATSD=false",
 		"RUNTIME_ROOT=" + root, "RUNTIME_SUBDIRECTORY=ratelimit", "RUNTIME_WATCH_ROOT=false", "RUNTIME_IGNOREDOTFILES=true",
-		"STATSD_HOST=statsd", "LIMIT_RESPONSE_HEADERS_ENABLED=true", "DEBUG_HOST=127.0.0.1", "DEBUG_PORT=" + strconv.Itoa(testenv.Ports(t, 1)[0]),
+		"STATSD_HOST=statsd", "LIMIT_RESPONSE_HEADERS_ENABLED=true", "LIMIT_REMAINING_HEADER=X-RateLimit-Remaining", "DEBUG_HOST=127.0.0.1", "DEBUG_PORT=" + strconv.Itoa(testenv.Ports(t, 1)[0]),
 	}
 
 	// -check-config sees the same: the configuration good, what is not supported named.
@@ -252,7 +252,7 @@ func TestEnvoyCompatIstio(t *testing.T) {
 	for _, want := range []string{
 		`envoyproxy/ratelimit compatibility: their environment variables are read`,
 		`envoyproxy/ratelimit setting not supported by allot: variable=STATSD_HOST`,
-		`envoyproxy/ratelimit setting not supported by allot: variable=LIMIT_RESPONSE_HEADERS_ENABLED`,
+		`envoyproxy/ratelimit setting honoured: setting=LIMIT_RESPONSE_HEADERS_ENABLED=true`,
 	} {
 		if !strings.Contains(e.log.String(), want) {
 			t.Errorf("the log does not say %q", want)
@@ -282,12 +282,17 @@ func TestEnvoyCompatIstio(t *testing.T) {
 	if got := e.codes(t, 5, "ratelimit", "PATH", "/reviews"); got != "OK OK OK OK OK" {
 		t.Errorf("/reviews: %s", got)
 	}
+	// Their header fields (LIMIT_RESPONSE_HEADERS_ENABLED), one renamed.
 	resp = e.ask(t, "ratelimit", "PATH", "api")
-	if resp.OverallCode != rlsv3.RateLimitResponse_OK || headerNamed(resp, "RateLimit") == "" {
-		t.Errorf("api: %v, want OK with allot's RateLimit header field", resp)
+	if resp.OverallCode != rlsv3.RateLimitResponse_OK || headerNamed(resp, "RateLimit-Limit") != "2" ||
+		headerNamed(resp, "X-RateLimit-Remaining") != "1" || headerNamed(resp, "RateLimit-Reset") == "" || headerNamed(resp, "RateLimit") != "" {
+		t.Errorf("api: %v, want OK with their header fields", resp)
 	}
-	if got := e.codes(t, 2, "ratelimit", "PATH", "api"); got != "OK OVER_LIMIT" {
-		t.Errorf("api, 2 a minute: %s", got)
+	resp = e.ask(t, "ratelimit", "PATH", "api")
+	resp2 := e.ask(t, "ratelimit", "PATH", "api")
+	if resp.OverallCode != rlsv3.RateLimitResponse_OK || resp2.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT ||
+		headerNamed(resp2, "X-RateLimit-Remaining") != "0" {
+		t.Errorf("api, 2 a minute: %v then %v", resp, resp2)
 	}
 	// The counts are in their Redis.
 	if n, err := redis.Client().DBSize(context.Background()).Result(); err != nil || n == 0 {
@@ -383,8 +388,8 @@ func TestEnvoyCompatGateway(t *testing.T) {
 	if got := e.codes(t, 5, "default/eg/http", user("alice")...); got != "OK OK OK OVER_LIMIT OVER_LIMIT" {
 		t.Errorf("3 a minute: %s", got)
 	}
-	if got := e.codes(t, 1, "default/eg/http", user("bob")...); got != "OK" {
-		t.Errorf("another user, counted apart: %s", got)
+	if resp := e.ask(t, "default/eg/http", user("bob")...); resp.OverallCode != rlsv3.RateLimitResponse_OK || len(resp.ResponseHeadersToAdd) != 0 {
+		t.Errorf("another user, counted apart, no header fields (their default): %v", resp)
 	}
 	// Envoy Gateway pushes a changed policy.
 	srv.set("2", gatewayPolicy(6))

@@ -387,7 +387,7 @@ func (a *App) listen() (err error) {
 		// codec (grpcapi.Codec: the same bytes, a third of the CPU).
 		grpc.ForceServerCodecV2(grpcapi.Codec()),
 	)
-	grpcapi.New(a.node.Enforcer(), grpcapi.Config{Domain: a.cfg.RLS.Domain}).Register(a.srv.GRPC)
+	grpcapi.New(a.node.Enforcer(), a.cfg.grpcConfig()).Register(a.srv.GRPC)
 	a.health = health.NewServer()
 	healthpb.RegisterHealthServer(a.srv.GRPC, a.health)
 	var h http.Handler = httpapi.Handler(a.node.Enforcer(), a.cfg.authConfig(), a.reg, a.Ready, a.log.Named("http"))

@@ -19,6 +19,7 @@ import (
 	"github.com/allot-dev/allot/pkg/appkit"
 	"github.com/allot-dev/allot/pkg/contract"
 	"github.com/allot-dev/allot/pkg/enforcer"
+	"github.com/allot-dev/allot/pkg/enforcer/grpcapi"
 	"github.com/allot-dev/allot/pkg/enforcer/httpapi"
 	"github.com/allot-dev/allot/pkg/enforcer/overrides"
 	"github.com/allot-dev/allot/pkg/enforcer/report"
@@ -326,10 +327,55 @@ type AuthConfig struct {
 	TrustedHeaders []string `yaml:"trusted_headers"`
 }
 
-// RLSConfig: Envoy RLS options.
+// RLSConfig: Envoy RLS options (grpcapi.Config). Their envoyproxy/ratelimit
+// variables are named.
 type RLSConfig struct {
 	// Domain, if set, is the only domain accepted.
 	Domain string `yaml:"domain"`
+	// ShadowMode answers every request OK; the would-be refusals are counted
+	// (SHADOW_MODE).
+	ShadowMode bool `yaml:"shadow_mode"`
+	// QuotaMode makes every descriptor a quota one (QUOTA_MODE).
+	QuotaMode bool `yaml:"quota_mode"`
+	// LimitOverrides honours a descriptor's own limit, as envoyproxy/ratelimit always
+	// does; off by default: a caller that can set it can raise its own limit.
+	LimitOverrides bool `yaml:"limit_overrides"`
+	// Headers are the header fields an answer adds.
+	Headers RLSHeaders `yaml:"headers"`
+}
+
+// RLSHeaders picks the header fields of an Envoy RLS answer.
+type RLSHeaders struct {
+	// Style is ietf (the default: RateLimit and RateLimit-Policy), envoy-ratelimit
+	// (theirs: LIMIT_RESPONSE_HEADERS_ENABLED=true) or none.
+	Style string `yaml:"style"`
+	// Limit, Remaining and Reset name envoy-ratelimit's fields; empty: theirs
+	// (RateLimit-Limit, RateLimit-Remaining, RateLimit-Reset; LIMIT_LIMIT_HEADER,
+	// LIMIT_REMAINING_HEADER, LIMIT_RESET_HEADER).
+	Limit     string `yaml:"limit"`
+	Remaining string `yaml:"remaining"`
+	Reset     string `yaml:"reset"`
+}
+
+// The header styles (RLSHeaders.Style).
+const (
+	HeadersIETF  = "ietf"
+	HeadersEnvoy = "envoy-ratelimit"
+	HeadersNone  = "none"
+)
+
+// grpcConfig is the Envoy RLS front end's configuration.
+func (c *Config) grpcConfig() grpcapi.Config {
+	r := c.RLS
+	g := grpcapi.Config{Domain: r.Domain, Shadow: r.ShadowMode, QuotaMode: r.QuotaMode, LimitOverrides: r.LimitOverrides,
+		Headers: grpcapi.Headers{Limit: r.Headers.Limit, Remaining: r.Headers.Remaining, Reset: r.Headers.Reset}}
+	switch r.Headers.Style {
+	case HeadersEnvoy:
+		g.Headers.Style = grpcapi.HeadersEnvoyRatelimit
+	case HeadersNone:
+		g.Headers.Style = grpcapi.HeadersNone
+	}
+	return g
 }
 
 // DefaultMaxConnectionAge is ListenConfig.MaxConnectionAge's default.
@@ -433,6 +479,14 @@ func (c *Config) Validate() error {
 	}
 	if c.Listen.GRPCClientSAN != "" && (!c.Listen.GRPCTLS.Enabled || c.Listen.GRPCTLS.ClientCAFile == "") {
 		bad("listen.grpc_client_san %q needs listen.grpc_tls with client_ca_file (client certificates)", c.Listen.GRPCClientSAN)
+	}
+	switch c.RLS.Headers.Style {
+	case "", HeadersIETF, HeadersEnvoy, HeadersNone:
+	default:
+		bad("envoy_rls.headers.style %q, want %s, %s or %s", c.RLS.Headers.Style, HeadersIETF, HeadersEnvoy, HeadersNone)
+	}
+	if h := c.RLS.Headers; h.Style != HeadersEnvoy && (h.Limit != "" || h.Remaining != "" || h.Reset != "") {
+		bad("envoy_rls.headers: limit, remaining and reset name the fields of style %s (style is %q)", HeadersEnvoy, h.Style)
 	}
 	if c.Peers < 1 {
 		bad("peers %d, must be >= 1", c.Peers)

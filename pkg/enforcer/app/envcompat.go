@@ -114,6 +114,18 @@ func rulesOnly(f func(*Config, string, *envoyEnv) error) func(*Config, string, *
 	}
 }
 
+// withHeaders sets one of their header names, used only with
+// LIMIT_RESPONSE_HEADERS_ENABLED=true (as by them).
+func withHeaders(dst func(*Config) *string) func(*Config, string, *envoyEnv) error {
+	return func(c *Config, v string, e *envoyEnv) error {
+		if !isTrue(e.getenv("LIMIT_RESPONSE_HEADERS_ENABLED")) {
+			return unusedErr("not used: LIMIT_RESPONSE_HEADERS_ENABLED is not true, as by envoyproxy/ratelimit")
+		}
+		*dst(c) = v
+		return nil
+	}
+}
+
 // fileOnly is the runtime directory's variables: not used under CONFIG_TYPE=GRPC_XDS_SOTW,
 // there as here (Envoy Gateway sets them anyway).
 func fileOnly(_ *Config, _ string, e *envoyEnv) error {
@@ -289,10 +301,19 @@ var envoyVars = []envoyVar{
 	{name: "CACHE_KEY_PREFIX", apply: setStr(func(c *Config) *string { return &c.Store.KeyPrefix })},
 	{name: "BACKEND_TYPE", inert: is("redis"), why: "allot's stores are Redis (single or cluster) and memory; no memcache"},
 	{name: "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", inert: func(string) bool { return true }},
-	{name: "LIMIT_RESPONSE_HEADERS_ENABLED", why: "not yet: allot adds its IETF RateLimit and RateLimit-Policy fields to every answer; their header style is issue 23 §4"},
-	{name: "LIMIT_LIMIT_HEADER", why: "not yet: their header style is issue 23 §4"},
-	{name: "LIMIT_REMAINING_HEADER", why: "not yet: their header style is issue 23 §4"},
-	{name: "LIMIT_RESET_HEADER", why: "not yet: their header style is issue 23 §4"},
+	{name: "LIMIT_RESPONSE_HEADERS_ENABLED", apply: func(c *Config, v string, _ *envoyEnv) error {
+		on, err := strconv.ParseBool(v)
+		if err != nil {
+			return err
+		}
+		if on {
+			c.RLS.Headers.Style = HeadersEnvoy
+		}
+		return nil
+	}},
+	{name: "LIMIT_LIMIT_HEADER", apply: withHeaders(func(c *Config) *string { return &c.RLS.Headers.Limit })},
+	{name: "LIMIT_REMAINING_HEADER", apply: withHeaders(func(c *Config) *string { return &c.RLS.Headers.Remaining })},
+	{name: "LIMIT_RESET_HEADER", apply: withHeaders(func(c *Config) *string { return &c.RLS.Headers.Reset })},
 	{name: "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED", inert: func(string) bool { return true }},
 	{name: "REDIS_SOCKET_TYPE", apply: func(c *Config, v string, _ *envoyEnv) error {
 		if !strings.EqualFold(v, "tcp") {
@@ -382,8 +403,8 @@ var envoyVars = []envoyVar{
 	{name: "MEMCACHE_TLS_CLIENT_KEY", why: "no memcache store"},
 	{name: "MEMCACHE_TLS_CACERT", why: "no memcache store"},
 	{name: "MEMCACHE_TLS_SKIP_HOSTNAME_VERIFICATION", why: "no memcache store"},
-	{name: "SHADOW_MODE", inert: isFalse, why: "not yet: the global shadow mode is issue 23 §4; per descriptor, shadow_mode: true works"},
-	{name: "QUOTA_MODE", inert: isFalse, why: "not yet: the global quota mode is issue 23 §4"},
+	{name: "SHADOW_MODE", apply: parseBool(func(c *Config) *bool { return &c.RLS.ShadowMode })},
+	{name: "QUOTA_MODE", apply: parseBool(func(c *Config) *bool { return &c.RLS.QuotaMode })},
 	{name: "RESPONSE_DYNAMIC_METADATA", inert: isFalse, why: "allot returns no dynamic metadata"},
 	{name: "MERGE_DOMAIN_CONFIG", apply: parseBool(func(c *Config) *bool { return &c.Rules.MergeDomains })},
 	{name: "TRACING_ENABLED", inert: isFalse, why: "allot's tracing is configured by the standard OTEL_* variables"},
@@ -468,6 +489,10 @@ func readEnvoyEnv(c *Config, getenv func(string) string, fileGiven bool) error {
 		if getenv(n) != "" {
 			e.rulesFree = false
 		}
+	}
+	// Their answers carry no header field unless LIMIT_RESPONSE_HEADERS_ENABLED=true.
+	if c.RLS.Headers.Style == "" {
+		c.RLS.Headers.Style = HeadersNone
 	}
 	var err error
 	if c.Listen.HTTP, err = hostPort(e, "HOST", "0.0.0.0", "PORT", "8080"); err != nil {

@@ -2,6 +2,8 @@ package app
 
 import (
 	"os"
+
+	"github.com/allot-dev/allot/pkg/enforcer/grpcapi"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -67,8 +69,20 @@ func TestEnvoyEnvGateway(t *testing.T) {
 	if cfg.Store.Kind != "redis-cluster" || len(cfg.Store.Addrs) != 2 || !cfg.Store.TLS.Enabled {
 		t.Errorf("store %+v", cfg.Store)
 	}
-	if u := cfg.EnvoyCompat.Unsupported; len(u) != 1 || !strings.HasPrefix(u[0], "SHADOW_MODE") {
-		t.Errorf("unsupported %q, want SHADOW_MODE (true) named", u)
+	if u := cfg.EnvoyCompat.Unsupported; len(u) != 0 || !cfg.RLS.ShadowMode || cfg.RLS.Headers.Style != HeadersNone {
+		t.Errorf("unsupported %q, shadow %v, headers %+v: want SHADOW_MODE honoured, no header fields (their default)", u, cfg.RLS.ShadowMode, cfg.RLS.Headers)
+	}
+	if g := cfg.grpcConfig(); !g.Shadow || g.Headers.Style != grpcapi.HeadersNone {
+		t.Errorf("grpc config %+v", g)
+	}
+	cfg, err = ParseUnchecked(nil, env(map[string]string{"REDIS_URL": "r:1", "LIMIT_RESPONSE_HEADERS_ENABLED": "true",
+		"LIMIT_REMAINING_HEADER": "X-RateLimit-Remaining", "QUOTA_MODE": "true"}), nil)
+	if g := cfg.grpcConfig(); err != nil || g.Headers.Style != grpcapi.HeadersEnvoyRatelimit || g.Headers.Remaining != "X-RateLimit-Remaining" || !g.QuotaMode {
+		t.Errorf("their headers: %v, %+v", err, g)
+	}
+	cfg, err = ParseUnchecked(nil, env(map[string]string{"REDIS_URL": "r:1", "LIMIT_REMAINING_HEADER": "X-R"}), nil)
+	if err != nil || cfg.RLS.Headers.Remaining != "" || cfg.Validate() != nil {
+		t.Errorf("a header name without LIMIT_RESPONSE_HEADERS_ENABLED (unused, as theirs): %v, %+v", err, cfg.RLS.Headers)
 	}
 	cfg, err = ParseUnchecked(nil, env(map[string]string{"CONFIG_TYPE": "FILE"}), nil)
 	if u := cfg.EnvoyCompat.Unsupported; err != nil || len(u) != 1 || !strings.HasPrefix(u[0], "REDIS_URL: not set: buckets are kept in this process's memory") {
