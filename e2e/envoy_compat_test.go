@@ -38,32 +38,17 @@ import (
 // config file, no ALLOT_* variable, no flag), against a real Redis in a container, and
 // asks it Envoy's RLS v3 questions.
 
-// compatBin is cmd/enforcer built once for this file's tests.
-var compatBin struct {
-	once sync.Once
-	path string
-	err  error
-}
-
+// enforcerBin builds cmd/enforcer into t's temporary directory (the go build cache makes
+// the second build a link) and returns its path.
 func enforcerBin(t *testing.T) string {
 	t.Helper()
-	compatBin.once.Do(func() {
-		dir, err := os.MkdirTemp("", "allot-compat-")
-		if err != nil {
-			compatBin.err = err
-			return
-		}
-		compatBin.path = filepath.Join(dir, "enforcer")
-		build := exec.Command("go", "build", "-o", compatBin.path, "./cmd/enforcer")
-		build.Dir = stack.RepoRoot(t)
-		if out, err := build.CombinedOutput(); err != nil {
-			compatBin.err = fmt.Errorf("go build: %v\n%s", err, out)
-		}
-	})
-	if compatBin.err != nil {
-		t.Fatal(compatBin.err)
+	bin := filepath.Join(t.TempDir(), "enforcer")
+	build := exec.Command("go", "build", "-o", bin, "./cmd/enforcer")
+	build.Dir = stack.RepoRoot(t)
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
 	}
-	return compatBin.path
+	return bin
 }
 
 // syncBuffer is a bytes.Buffer safe for the process's writes and the test's reads.
@@ -94,12 +79,12 @@ type compatEnforcer struct {
 // startCompat runs the enforcer with env (NAME=value; nothing of the test's own
 // environment) on two free loopback ports given as their HOST, PORT, GRPC_HOST and
 // GRPC_PORT, and stops it (SIGTERM, then waits) at cleanup.
-func startCompat(t *testing.T, env ...string) *compatEnforcer {
+func startCompat(t *testing.T, bin string, env ...string) *compatEnforcer {
 	t.Helper()
 	ports := testenv.Ports(t, 2)
 	e := &compatEnforcer{http: fmt.Sprintf("127.0.0.1:%d", ports[0]), grpc: fmt.Sprintf("127.0.0.1:%d", ports[1]), log: &syncBuffer{}}
 	env = append(env, "HOST=127.0.0.1", "PORT="+strconv.Itoa(ports[0]), "GRPC_HOST=127.0.0.1", "GRPC_PORT="+strconv.Itoa(ports[1]))
-	cmd := exec.Command(enforcerBin(t))
+	cmd := exec.Command(bin)
 	cmd.Env, cmd.Stdout, cmd.Stderr = env, e.log, e.log
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -239,7 +224,8 @@ func TestEnvoyCompatIstio(t *testing.T) {
 	}
 
 	// -check-config sees the same: the configuration good, what is not supported named.
-	check := exec.Command(enforcerBin(t), "-check-config")
+	bin := enforcerBin(t)
+	check := exec.Command(bin, "-check-config")
 	check.Env = env
 	out, err := check.CombinedOutput()
 	if err != nil || !strings.Contains(string(out), "configuration ok (region default, store redis, rules envoy-ratelimit "+cm+")") ||
@@ -247,7 +233,7 @@ func TestEnvoyCompatIstio(t *testing.T) {
 		t.Fatalf("-check-config: %v\n%s", err, out)
 	}
 
-	e := startCompat(t, env...)
+	e := startCompat(t, bin, env...)
 	e.waitHealthy(t)
 	for _, want := range []string{
 		`envoyproxy/ratelimit compatibility: their environment variables are read`,
@@ -370,7 +356,7 @@ func TestEnvoyCompatGateway(t *testing.T) {
 	testenv.Require(t)
 	cluster := testenv.RedisCluster(t, testenv.ClusterOptions{Masters: 1})
 	srv := startGatewayServer(t)
-	e := startCompat(t,
+	e := startCompat(t, enforcerBin(t),
 		"CONFIG_TYPE=GRPC_XDS_SOTW", "CONFIG_GRPC_XDS_SERVER_URL="+srv.addr, "CONFIG_GRPC_XDS_NODE_ID=envoy-ratelimit",
 		"REDIS_SOCKET_TYPE=tcp", "REDIS_TYPE=cluster", "REDIS_URL="+strings.Join(cluster.Addrs(), ","),
 		"USE_STATSD=false", "USE_PROMETHEUS=true", "LOG_LEVEL=info", "FORCE_START_WITHOUT_INITIAL_CONFIG=true",
