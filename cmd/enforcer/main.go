@@ -21,6 +21,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/hashicorp/go-hclog"
+
 	"github.com/allot-dev/allot/pkg/appkit"
 	"github.com/allot-dev/allot/pkg/cliconf"
 	"github.com/allot-dev/allot/pkg/enforcer/app"
@@ -54,6 +56,7 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 	log := appkit.Logger("enforcer", cfg.LogLevel, cfg.LogJSON, stderr)
 	v := version.Get()
 	log.Info("starting", "version", v.Version, "commit", v.Commit, "go", v.Go)
+	logCompat(log, cfg.EnvoyCompat)
 	appkit.LogOTelErrors(log.Named("otel"))
 	gc, stopGC := app.ApplyRuntime(&cfg, getenv)
 	defer stopGC()
@@ -111,12 +114,48 @@ var environ = os.Environ
 // files they name and the environment. Exit status 0 valid, 1 not (run exits 2 before
 // this when a flag, variable or config field is wrong).
 func checkConfig(cfg app.Config, stdout, stderr io.Writer) int {
+	printCompat(stderr, cfg.EnvoyCompat)
 	if err := app.Check(cfg, environ()); err != nil {
 		fmt.Fprintln(stderr, err)
 		return 1
 	}
 	fmt.Fprintf(stdout, "enforcer: configuration ok (region %s, store %s, rules %s)\n", cfg.Region, cfg.Store.Kind, rulesFrom(cfg))
 	return 0
+}
+
+// logCompat says at start what was done with envoyproxy/ratelimit's variables: each one
+// honoured, each one set that is not (a warning naming it), and their variables set
+// while the compatibility layer is off.
+func logCompat(log hclog.Logger, r app.CompatReport) {
+	if r.On {
+		log.Info("envoyproxy/ratelimit compatibility: their environment variables are read", "why", r.Why)
+		for _, a := range r.Applied {
+			log.Info("envoyproxy/ratelimit setting honoured", "setting", a)
+		}
+	}
+	for _, u := range r.Unsupported {
+		name, why, _ := strings.Cut(u, ": ")
+		log.Warn("envoyproxy/ratelimit setting not supported by allot", "variable", name, "why", why)
+	}
+	if len(r.Ignored) > 0 {
+		log.Warn("envoyproxy/ratelimit variables set but not read (compatibility off)", "variables", strings.Join(r.Ignored, ","), "why", r.Why)
+	}
+}
+
+// printCompat is logCompat for -check-config: a line per finding, on stderr.
+func printCompat(w io.Writer, r app.CompatReport) {
+	if r.On {
+		fmt.Fprintf(w, "enforcer: envoyproxy/ratelimit compatibility on (%s)\n", r.Why)
+		for _, a := range r.Applied {
+			fmt.Fprintf(w, "enforcer: honoured: %s\n", a)
+		}
+	}
+	for _, u := range r.Unsupported {
+		fmt.Fprintf(w, "enforcer: warning: envoyproxy/ratelimit variable %s\n", u)
+	}
+	if len(r.Ignored) > 0 {
+		fmt.Fprintf(w, "enforcer: warning: envoyproxy/ratelimit variables %s set but not read: %s\n", strings.Join(r.Ignored, ", "), r.Why)
+	}
 }
 
 // rulesFrom says where cfg's rules come from, for -check-config's answer.
@@ -127,6 +166,9 @@ func rulesFrom(cfg app.Config) string {
 	}
 	if cfg.Rules.Dir != "" {
 		from = append(from, cfg.Rules.Format+" "+cfg.Rules.Dir)
+	}
+	if x := cfg.Rules.XDS; x.Server != "" && cfg.Rules.Format == app.FormatEnvoy {
+		from = append(from, cfg.Rules.Format+" xds "+x.Server)
 	}
 	if cfg.Rules.EtcdPrefix != "" {
 		from = append(from, "etcd "+cfg.Rules.EtcdPrefix)

@@ -86,3 +86,31 @@ func TestCheckConfig(t *testing.T) {
 		})
 	}
 }
+
+// -check-config on envoyproxy/ratelimit's environment alone: valid, and each of their
+// variables allot does not support named; a value it cannot honour is exit 2 naming it.
+func TestCheckConfigEnvoyEnv(t *testing.T) {
+	root := t.TempDir()
+	dir := filepath.Join(root, "ratelimit", "config")
+	os.MkdirAll(dir, 0o755)
+	os.WriteFile(filepath.Join(dir, "c.yaml"), []byte("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n"), 0o644)
+	vars := map[string]string{"RUNTIME_ROOT": root, "RUNTIME_SUBDIRECTORY": "ratelimit", "REDIS_URL": "redis:6379",
+		"REDIS_SOCKET_TYPE": "tcp", "USE_STATSD": "true", "MEMCACHE_HOST_PORT": "m:1"}
+	defer func(e func() []string) { environ = e }(environ)
+	environ = func() []string { return []string{"PATH=/bin"} }
+	var out, errb bytes.Buffer
+	code := run([]string{"-check-config"}, func(k string) string { return vars[k] }, &out, &errb)
+	if code != 0 || !strings.Contains(out.String(), "configuration ok (region default, store redis, rules envoy-ratelimit "+dir+")") {
+		t.Fatalf("exit %d; stdout %q, stderr %q", code, out.String(), errb.String())
+	}
+	for _, want := range []string{"variable USE_STATSD: not supported", "variable MEMCACHE_HOST_PORT: not supported", "compatibility on"} {
+		if !strings.Contains(errb.String(), want) {
+			t.Errorf("stderr %q does not say %q", errb.String(), want)
+		}
+	}
+	vars["REDIS_TYPE"] = "sentinel"
+	errb.Reset()
+	if code := run([]string{"-check-config"}, func(k string) string { return vars[k] }, &out, &errb); code != 2 || !strings.Contains(errb.String(), "REDIS_TYPE") {
+		t.Errorf("sentinel: exit %d, stderr %q", code, errb.String())
+	}
+}

@@ -141,6 +141,11 @@ type Command[C any] struct {
 	Default func() C
 	// Validate, if set, checks the result of Parse; its error is returned as it is.
 	Validate func(*C) error
+	// Foreign, if set, reads another program's environment variables into the
+	// configuration (a compatibility layer): Parse calls it after the config file and
+	// before the ALLOT_* variables, so it overrides the file and they override it.
+	// fileGiven says whether a config file was read. Its error is returned with Prefix.
+	Foreign func(c *C, getenv func(string) string, fileGiven bool) error
 }
 
 // LoadFile reads the YAML config file at path over Default (see LoadYAML).
@@ -164,8 +169,8 @@ func (cmd *Command[C]) usage() string {
 }
 
 // Parse builds the configuration from, in increasing precedence: Default, the config
-// file (-config, else ALLOT_CONFIG; read by Load), ALLOT_* environment variables, and
-// flags. A variable is not read for a setting a flag gives. getenv is os.Getenv in main.
+// file (-config, else ALLOT_CONFIG; read by Load), Foreign's variables if set, ALLOT_*
+// environment variables, and flags. A variable is not read for a setting a flag gives. getenv is os.Getenv in main.
 // Usage and the flag package's errors go to out. On -h or -help the error is
 // flag.ErrHelp; on -version it is ErrVersion, before any file or variable is read. Last
 // it calls Validate.
@@ -217,6 +222,11 @@ func (cmd *Command[C]) Parse(args []string, getenv func(string) string, out io.W
 		var err error
 		if cfg, err = cmd.LoadFile(path); err != nil {
 			return zero, err
+		}
+	}
+	if cmd.Foreign != nil {
+		if err := cmd.Foreign(&cfg, getenv, path != ""); err != nil {
+			return zero, fmt.Errorf("%s%w", cmd.Prefix, err)
 		}
 	}
 	set := map[string]bool{}

@@ -232,3 +232,41 @@ func TestCheckConfig(t *testing.T) {
 		t.Errorf("UnknownEnv: %q, want %q", got, want)
 	}
 }
+
+// Foreign's variables sit over the file and under ALLOT_* and the flags; it is told
+// whether a file was read, and its error carries the prefix.
+func TestForeign(t *testing.T) {
+	cmd := testCommand()
+	var sawFile bool
+	cmd.Foreign = func(c *testConfig, getenv func(string) string, fileGiven bool) error {
+		sawFile = fileGiven
+		if v := getenv("THEIR_NAME"); v != "" {
+			c.Name = v
+		}
+		if v := getenv("THEIR_COUNT"); v != "" {
+			c.Count = len(v)
+		}
+		if getenv("THEIR_BAD") != "" {
+			return errors.New("THEIR_BAD: no")
+		}
+		return nil
+	}
+	env := map[string]string{"THEIR_NAME": "theirs", "THEIR_COUNT": "xxx", "ALLOT_COUNT": "7"}
+	getenv := func(k string) string { return env[k] }
+	cfg, err := cmd.Parse(nil, getenv, io.Discard)
+	if err != nil || cfg.Name != "theirs" || cfg.Count != 7 || sawFile {
+		t.Fatalf("Parse: %+v, %v, file %v: want their name, ALLOT_COUNT over their count, no file", cfg, err, sawFile)
+	}
+	cfg, err = cmd.Parse([]string{"-config", "testdata/good.yaml"}, getenv, io.Discard)
+	if err != nil || cfg.Name != "theirs" || !sawFile {
+		t.Fatalf("Parse with a file: %+v, %v, file %v: want their name over the file's", cfg, err, sawFile)
+	}
+	cfg, err = cmd.Parse([]string{"-name", "flag"}, getenv, io.Discard)
+	if err != nil || cfg.Name != "flag" {
+		t.Fatalf("Parse with -name: %+v, %v", cfg, err)
+	}
+	env["THEIR_BAD"] = "1"
+	if _, err := cmd.Parse(nil, getenv, io.Discard); err == nil || err.Error() != "app: THEIR_BAD: no" {
+		t.Fatalf("Parse: %v, want Foreign's error with the prefix", err)
+	}
+}

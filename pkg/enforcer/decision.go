@@ -76,7 +76,13 @@ type Decision struct {
 	shadowN     int
 	shadowNames [maxShadowNames]string
 	identity    string // the deciding rule's identity (for the sampled refusal log)
+	quota       bool   // the deciding rule is a quota rule (rules.Rule.Quota)
 }
+
+// QuotaRule reports whether the deciding rule is a quota rule (rules.Rule.Quota,
+// envoyproxy/ratelimit's quota_mode): an Envoy RLS front end refuses a request it refuses
+// only with the request's other descriptors.
+func (d *Decision) QuotaRule() bool { return d.quota }
 
 // ShadowRefused returns the shadow rules that would have refused this request (at most
 // four are named; ShadowRefusedCount counts them all). The slice aliases d.

@@ -42,6 +42,23 @@ type Request struct {
 	// Replaced names rules (by id) that do not apply to this check because a rule matching
 	// another check of the same gateway request replaces them (JoinReplaces fills it).
 	Replaced []string
+	// Peek asks whether the request would pass now without taking anything (Envoy's
+	// hits_addend of 0: "check only"): each enforcing rule's buckets are read
+	// (Config.Peek, else the Store when it is a bucket.Peeker) and the decision is the one
+	// a take of Hits (0 means 1) × cost would get, with Remaining and Reset the buckets'
+	// levels as they are. Nothing is taken, nothing is reported as usage. A read the store
+	// cannot make is a store error, answered by the rule's fail mode. Under a lease layer
+	// the read is of Redis, which does not count the tokens enforcers hold leased: a peek
+	// then sees fewer tokens than there are, so it errs under. The read does not pass
+	// through pkg/fallback's breakers: while a shard is down a peek waits for the Redis
+	// client's own timeout, then the fail mode answers.
+	Peek bool
+	// Override, when set, takes the place of the descriptor rules (rules.Match.Descriptor)
+	// that match the request: it is taken from instead, counted by the request's
+	// descriptor (rules.DescriptorIdentity of Attrs.Domain and Attrs.Entries), at cost 1 a
+	// hit. The rules of the named dimensions still apply. For Envoy's descriptor limit
+	// override (grpcapi.Config.LimitOverrides).
+	Override *rules.Compiled
 }
 
 // UsageObserver is told the outcome of every enforcing take; it is the seam for
@@ -93,6 +110,8 @@ type Enforcer struct {
 	metrics *metrics
 	scratch sync.Pool // *scratch
 
+	peeker     bucket.Peeker // Config.Peek, else the Store when it is one; nil: peeks fail
+	peekSource Source        // the Source a peek's decision names: where peeker reads
 	recent     *recentRing   // nil without Config.RecentDecisions
 	logTick    atomic.Uint64 // decisions seen, for DecisionLogEvery
 	refuseTick atomic.Uint64 // refusals seen, for RefusalLogEvery
@@ -129,6 +148,14 @@ func New(cfg Config) (*Enforcer, error) {
 		_, _ = crand.Read(e.digestKey) // never fails (crypto/rand)
 	}
 	e.scratch.New = func() any { return &scratch{matched: make([]rules.Matched, 0, 8)} }
+	e.peeker, e.peekSource = cfg.Peek, SourceRedis
+	if e.peeker == nil {
+		e.peeker, _ = cfg.Store.(bucket.Peeker)
+		e.peekSource = SourceMemory
+		if _, ok := cfg.Store.(*bucket.Redis); ok {
+			e.peekSource = SourceRedis
+		}
+	}
 	return e, nil
 }
 
@@ -142,6 +169,14 @@ func (e *Enforcer) Rules() *rules.Holder { return e.cfg.Rules }
 func (e *Enforcer) CountInvalid(api API) {
 	if api < numAPIs {
 		e.metrics.invalid[api].Inc()
+	}
+}
+
+// CountGlobalShadow counts a request a front end in global shadow mode admitted although
+// a rule refused it.
+func (e *Enforcer) CountGlobalShadow(api API) {
+	if api < numAPIs {
+		e.metrics.globShadow[api].Inc()
 	}
 }
 
@@ -213,6 +248,9 @@ func (e *Enforcer) Check(ctx context.Context, req *Request) (d Decision, err err
 	sc := e.scratch.Get().(*scratch)
 	defer e.putScratch(sc)
 	sc.matched = snap.Match(&req.Attrs, now, sc.matched[:0])
+	if req.Override != nil {
+		sc.matched = override(sc.matched, req)
+	}
 	if snap.HasReplaces() {
 		sc.matched = rules.DropReplaced(sc.matched, req.Replaced)
 	}
@@ -223,7 +261,7 @@ func (e *Enforcer) Check(ctx context.Context, req *Request) (d Decision, err err
 		m := &sc.matched[i]
 		if m.Rule.Mode == rules.ModeShadow {
 			if d.Allowed {
-				e.shadow(ctx, sc, m, hits, now, &d)
+				e.shadow(ctx, sc, m, hits, req.Peek, now, &d)
 			}
 			continue
 		}
@@ -236,7 +274,7 @@ func (e *Enforcer) Check(ctx context.Context, req *Request) (d Decision, err err
 		empty := ok && rules.NoTokens(lim.l)
 		var err error
 		if ok && !empty {
-			err = e.take(ctx, sc, m, lim, want, &res)
+			err = e.takeOrPeek(ctx, sc, m, lim, want, req.Peek, &res)
 		}
 		switch {
 		case empty:
@@ -248,7 +286,7 @@ func (e *Enforcer) Check(ctx context.Context, req *Request) (d Decision, err err
 			retry := noTokensRetry(m.Rule, want)
 			e.fill(&d, m, limits{m.Rule.Global, lim.share}, 0, &bucket.Result{Reset: retry, RetryAfter: retry})
 			d.Allowed, d.Source, d.Remaining, d.Quota = false, SourceRefusalCache, 0, 0
-			if !m.Rule.Refuses() {
+			if !m.Rule.Refuses() && !req.Peek {
 				e.observeUsage(m, want, false, SourceRefusalCache, now)
 			}
 			continue
@@ -279,7 +317,9 @@ func (e *Enforcer) Check(ctx context.Context, req *Request) (d Decision, err err
 				e.fill(&d, m, lim, 0, &bucket.Result{})
 				d.Remaining, d.Source = d.Quota, SourceFailOpen
 			}
-			e.observeUsage(m, want, m.Rule.FailMode != rules.FailClosed, d.Source, now)
+			if !req.Peek {
+				e.observeUsage(m, want, m.Rule.FailMode != rules.FailClosed, d.Source, now)
+			}
 			continue
 		case !res.Allowed():
 			e.fill(&d, m, lim, res.Limiting, &res)
@@ -289,12 +329,25 @@ func (e *Enforcer) Check(ctx context.Context, req *Request) (d Decision, err err
 			d.RetryAfter = 0
 			chosen = true
 		}
-		if ok && err == nil {
+		if ok && err == nil && !req.Peek {
 			e.observeUsage(m, want, res.Allowed(), res.Source, now)
 		}
 	}
 	e.finish(&d, req, snap, now)
 	return d, nil
+}
+
+// override drops the descriptor rules from ms and adds req.Override in their place.
+func override(ms []rules.Matched, req *Request) []rules.Matched {
+	out := ms[:0]
+	for i := range ms {
+		if len(ms[i].Rule.Match.Descriptor) == 0 {
+			out = append(out, ms[i])
+		}
+	}
+	clear(ms[len(out):])
+	id := rules.DescriptorIdentity(req.Attrs.Domain, req.Attrs.Entries, nil)
+	return append(out, rules.Matched{Rule: req.Override, Identity: id, Cost: 1})
 }
 
 func (e *Enforcer) putScratch(sc *scratch) {
@@ -354,16 +407,63 @@ func (e *Enforcer) take(ctx context.Context, sc *scratch, m *rules.Matched, lim 
 	return err
 }
 
+// errNoPeek is a peek's error when the store cannot be read without taking.
+var errNoPeek = errors.New("enforcer: the store cannot be read without taking (no bucket.Peeker)")
+
+// takeOrPeek takes want tokens (take), or with peek reads the buckets and decides as a
+// take of want would, taking nothing (Request.Peek).
+func (e *Enforcer) takeOrPeek(ctx context.Context, sc *scratch, m *rules.Matched, lim limits, want int64, peek bool, res *bucket.Result) error {
+	if peek {
+		return e.peek(ctx, m, lim, want, res)
+	}
+	return e.take(ctx, sc, m, lim, want, res)
+}
+
+// peek reads m's buckets and decides as a take of want would, taking nothing.
+func (e *Enforcer) peek(ctx context.Context, m *rules.Matched, lim limits, want int64, res *bucket.Result) error {
+	if e.peeker == nil {
+		return errNoPeek
+	}
+	if n := len(lim.l); n == 0 || n > bucket.MaxLimits || float64(want) > minBurst(lim.l) {
+		return bucket.ErrInvalid // as a take would be: it could never be granted
+	}
+	var got, left [bucket.MaxLimits]float64
+	levels, err := e.peeker.Peek(ctx, m.Identity, lim.l, got[:0])
+	if err != nil {
+		return err
+	}
+	if len(levels) != len(lim.l) {
+		return fmt.Errorf("enforcer: peek read %d buckets, want %d", len(levels), len(lim.l))
+	}
+	copy(left[:], levels)
+	d := bucket.Decide(lim.l, left[:len(levels)], want, want)
+	*res = bucket.ResultOf(d, e.peekSource)
+	if d.Granted > 0 { // nothing was taken: the levels as they are
+		i := d.Limiting
+		res.Remaining = int64(math.Max(0, math.Floor(levels[i]+1e-9)))
+		res.Reset = time.Duration(lim.l[i].MicrosUntil(levels[i], lim.l[i].Burst)) * time.Microsecond
+	}
+	return nil
+}
+
+func minBurst(ls []bucket.Limit) float64 {
+	b := math.Inf(1)
+	for i := range ls {
+		b = min(b, ls[i].Burst)
+	}
+	return b
+}
+
 // shadow evaluates one shadow rule and notes a "would refuse" in d; it never changes
 // whether d allows.
-func (e *Enforcer) shadow(ctx context.Context, sc *scratch, m *rules.Matched, hits int64, now time.Time, d *Decision) {
+func (e *Enforcer) shadow(ctx context.Context, sc *scratch, m *rules.Matched, hits int64, peek bool, now time.Time, d *Decision) {
 	want, ok := tokens(m.Cost, hits)
 	var res bucket.Result
 	var err error
 	lim := e.limitsOf(sc, m, now)
 	empty := ok && rules.NoTokens(lim.l)
 	if ok && !empty {
-		err = e.take(ctx, sc, m, lim, want, &res)
+		err = e.takeOrPeek(ctx, sc, m, lim, want, peek, &res)
 	}
 	switch {
 	case empty:
@@ -394,6 +494,7 @@ func (e *Enforcer) fill(d *Decision, m *rules.Matched, lim limits, i int, res *b
 	}
 	l := &lim.l[i]
 	d.Rule, d.Limit, d.Share, d.CountedBy = m.Rule.ID, l.Name, lim.share, rules.CountedBy(m.Identity)
+	d.quota = m.Rule.Quota
 	d.identity = m.Identity
 	d.Quota, d.Window = quotaWindow(l)
 	d.Remaining = res.Remaining

@@ -37,7 +37,8 @@ type metrics struct {
 	shadow      [3]prometheus.Counter // would-allow, would-refuse, error
 	storeErrors [2]prometheus.Counter // [fail mode]
 	invalid     [numAPIs]prometheus.Counter
-	plans       *planMetrics // decisions by bounded plan (planmetrics.go)
+	globShadow  [numAPIs]prometheus.Counter // requests a global shadow mode admitted
+	plans       *planMetrics                // decisions by bounded plan (planmetrics.go)
 }
 
 const (
@@ -65,8 +66,13 @@ func newMetrics(reg prometheus.Registerer, holder *rules.Holder, clk clock.Clock
 		Name: "allot_enforcer_invalid_requests_total",
 		Help: "Checks rejected as invalid input (InvalidArgument / 400), by front end.",
 	}, []string{"api"})
+	globShadow := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "allot_enforcer_global_shadow_total",
+		Help: "Requests a front end in global shadow mode answered OK although a rule refused them (envoyproxy/ratelimit's SHADOW_MODE), by front end.",
+	}, []string{"api"})
 	for a := API(0); a < numAPIs; a++ {
 		m.invalid[a] = invalid.WithLabelValues(a.String())
+		m.globShadow[a] = globShadow.WithLabelValues(a.String())
 	}
 	rulesAge := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "allot_enforcer_rules_age_seconds",
@@ -87,7 +93,7 @@ func newMetrics(reg prometheus.Registerer, holder *rules.Holder, clk clock.Clock
 		}
 		return 0
 	})
-	for _, c := range []prometheus.Collector{&m.checks, shadow, storeErrors, invalid, rulesAge, rulesCount, &rulesInfo{holder: holder}, m.plans.vec} {
+	for _, c := range []prometheus.Collector{&m.checks, shadow, storeErrors, invalid, globShadow, rulesAge, rulesCount, &rulesInfo{holder: holder}, m.plans.vec} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -127,6 +127,8 @@ type Compiled struct {
 	Unlimited bool
 	// Replaces are the ids of the rules this one replaces (see Rule.Replaces).
 	Replaces []string
+	// Quota is Rule.Quota.
+	Quota bool
 
 	maxCost float64 // max(1, the largest cost): the burst clamp
 }
@@ -307,7 +309,7 @@ func compileRule(r *Rule, order int, opt CompileOptions, cr *crule) {
 			ID: r.ID, Mode: r.Mode, FailMode: r.FailMode, By: r.By,
 			Global:    make([]bucket.Limit, len(r.Limits)),
 			ExpiresAt: r.ExpiresAt, Reason: r.Reason, Policy: r.ID, Share: share, Split: split, Match: cloneMatch(r.Match),
-			Unlimited: r.Unlimited, Replaces: slices.Clone(r.Replaces),
+			Unlimited: r.Unlimited, Replaces: slices.Clone(r.Replaces), Quota: r.Quota,
 			maxCost: float64(maxCost),
 		},
 		m:     normalMatch(r.Match),

@@ -290,6 +290,13 @@ func appendEscaped(b []byte, s string) []byte {
 	return b
 }
 
+// HasDomain reports whether s has descriptor rules of domain d (envoyproxy/ratelimit: the
+// domain is configured).
+func (s *Snapshot) HasDomain(d string) bool {
+	_, ok := s.domains[d]
+	return ok
+}
+
 // HasDescriptors reports whether s has descriptor rules: only then need a front end pass
 // a request's descriptor entries (Attrs.Entries).
 func (s *Snapshot) HasDescriptors() bool { return s.domains != nil }

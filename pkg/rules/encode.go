@@ -26,6 +26,7 @@ type jsonRule struct {
 	Unlimited bool               `json:"unlimited,omitempty"`
 	Refuse    bool               `json:"refuse,omitempty"`
 	Replaces  []string           `json:"replaces,omitempty"`
+	Quota     bool               `json:"quota,omitempty"`
 }
 
 type jsonMatch struct {
@@ -55,7 +56,7 @@ type jsonLimit struct {
 // under the rules prefix (EtcdSource), which ParseRule reads back into an equal Rule.
 // Fields at their defaults are left out. It checks nothing: validate the set first.
 func EncodeRule(r *Rule) ([]byte, error) {
-	j := jsonRule{ID: r.ID, Cost: r.Cost, Reason: r.Reason, Shares: r.Shares, Unlimited: r.Unlimited, Refuse: r.Refuse, Replaces: r.Replaces}
+	j := jsonRule{ID: r.ID, Cost: r.Cost, Reason: r.Reason, Shares: r.Shares, Unlimited: r.Unlimited, Refuse: r.Refuse, Replaces: r.Replaces, Quota: r.Quota}
 	if m := &r.Match; !m.IsZero() {
 		j.Match = &jsonMatch{APIKey: m.APIKey, Plan: m.Plan, Org: m.Org, Endpoint: m.Endpoint, IP: m.IP, Domain: m.Domain}
 		for _, e := range m.Descriptor {
@@ -101,6 +102,7 @@ type yamlRule struct {
 	Unlimited bool               `yaml:"unlimited,omitempty"`
 	Refuse    bool               `yaml:"refuse,omitempty"`
 	Replaces  []string           `yaml:"replaces,omitempty,flow"`
+	Quota     bool               `yaml:"quota,omitempty"`
 	Cost      map[string]int64   `yaml:"cost,omitempty"`
 	Mode      string             `yaml:"mode,omitempty"`
 	FailMode  string             `yaml:"fail_mode,omitempty"`
@@ -161,7 +163,7 @@ func EncodeSet(s *Set) []byte {
 }
 
 func yamlRuleOf(j *jsonRule) yamlRule {
-	y := yamlRule{ID: j.ID, By: j.By, Unlimited: j.Unlimited, Refuse: j.Refuse, Replaces: j.Replaces, Cost: j.Cost,
+	y := yamlRule{ID: j.ID, By: j.By, Unlimited: j.Unlimited, Refuse: j.Refuse, Replaces: j.Replaces, Quota: j.Quota, Cost: j.Cost,
 		Mode: j.Mode, FailMode: j.FailMode, ExpiresAt: j.ExpiresAt, Reason: j.Reason, Shares: j.Shares}
 	if m := j.Match; m != nil {
 		y.Match = &yamlMatch{APIKey: m.APIKey, Plan: m.Plan, Org: m.Org, Endpoint: m.Endpoint, IP: m.IP, Domain: m.Domain}

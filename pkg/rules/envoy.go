@@ -25,7 +25,8 @@ import (
 //     every distinct descriptor has its own bucket, as in envoyproxy/ratelimit;
 //   - requests_per_unit R per unit U: one token bucket, rate R per U, burst R (a limit
 //     named after the unit: "second", ...); R = 0: refuse: true;
-//   - unlimited: true stays unlimited; shadow_mode: true is mode: shadow;
+//   - unlimited: true stays unlimited; shadow_mode: true is mode: shadow; quota_mode:
+//     true is quota: true;
 //   - replaces: the ids of the rules of the same domain whose rate_limit has that name;
 //   - the id: "<domain>.<key>_<value>.<key>..." (their stats key), with characters an id
 //     cannot hold replaced and a hash of the path added when it had to be changed, was
@@ -33,8 +34,8 @@ import (
 //
 // A descriptor without a rate_limit and without nested descriptors becomes an unlimited
 // rule: it matches (so the walk takes it rather than a less specific sibling) and limits
-// nothing, as in envoyproxy/ratelimit. quota_mode, detailed_metric, value_to_metric and
-// metadata have no rule field: see docs/envoy-ratelimit.md for what allot does with them.
+// nothing, as in envoyproxy/ratelimit. detailed_metric, value_to_metric and metadata have
+// no rule field: see docs/envoy-ratelimit.md for what allot does with them.
 func FromEnvoy(cfgs []*envoyrl.Config) *Set {
 	set := &Set{}
 	used := map[string]bool{}
@@ -88,6 +89,7 @@ func envoyRule(cfg *envoyrl.Config, d *envoyrl.Descriptor, path []DescriptorEntr
 	if d.ShadowMode && d.RateLimit != nil {
 		r.Mode = ModeShadow
 	}
+	r.Quota = d.QuotaMode && d.RateLimit != nil
 	rl := d.RateLimit
 	switch {
 	case rl == nil:

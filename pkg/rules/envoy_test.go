@@ -143,6 +143,14 @@ func TestFromEnvoyEdgeCases(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "e.yaml:3: rule ") || !strings.Contains(err.Error(), "match.descriptor[0].value: 300 bytes, more than 256") {
 		t.Errorf("too long: %v", err)
 	}
+	// quota_mode is quota: true, kept through a rule file.
+	q := parse("domain: d\ndescriptors:\n  - key: k\n    quota_mode: true\n    rate_limit: {unit: minute, requests_per_unit: 1}\n")
+	if len(q.Rules) != 1 || !q.Rules[0].Quota {
+		t.Fatalf("quota_mode: %+v", q.Rules)
+	}
+	if back, err := ParseYAML(EncodeSet(q)); err != nil || !back.Rules[0].Quota {
+		t.Fatalf("quota through a rule file: %+v %v\n%s", back, err, EncodeSet(q))
+	}
 	// Two descriptors whose stats keys are one string get two ids.
 	s := parse("domain: d\ndescriptors:\n  - key: a.b\n    rate_limit: {unit: second, requests_per_unit: 1}\n  - key: a\n    descriptors:\n      - key: b\n        rate_limit: {unit: second, requests_per_unit: 1}\n")
 	if len(s.Rules) != 2 || s.Rules[0].ID != "d.a.b" || !strings.HasPrefix(s.Rules[1].ID, "d.a.b@") {

@@ -47,6 +47,7 @@ type rawRule struct {
 	Unlimited bool               `yaml:"unlimited"`
 	Refuse    bool               `yaml:"refuse"`
 	Replaces  []string           `yaml:"replaces"`
+	Quota     bool               `yaml:"quota"`
 }
 
 type rawMatch struct {
@@ -123,6 +124,7 @@ func (p *rulePos) lineOf(field string) int {
 //	    by: descriptor                   # the default with a descriptor: each distinct descriptor its own bucket
 //	    limits: [{name: day, rate: 5, per: 24h}]
 //	    replaces: [sms-default]          # rules that then do not apply to the request
+//	    quota: true                      # Envoy RLS: refuses the request only with the others (quota_mode)
 //	  - id: internal
 //	    match: {domain: internal, descriptor: [{key: ldap}]}
 //	    unlimited: true                  # no limits: what it wins is not limited
@@ -414,6 +416,7 @@ func convertRule(raw *rawRule, index int, pos *rulePos, r *Rule) error {
 		Unlimited: raw.Unlimited,
 		Refuse:    raw.Refuse,
 		Replaces:  raw.Replaces,
+		Quota:     raw.Quota,
 		pos:       pos,
 	}
 	if len(m.Descriptor) > 0 {

@@ -191,6 +191,12 @@ type Rule struct {
 	// nor to any other descriptor of the same Envoy RLS request (envoyproxy/ratelimit's
 	// replaces).
 	Replaces []string
+	// Quota marks a quota limit (envoyproxy/ratelimit's quota_mode): a request it refuses
+	// is refused, but an Envoy RLS front end answers the request as a whole OVER_LIMIT only
+	// when every quota descriptor of it is refused or another, non-quota, descriptor is
+	// (grpcapi). The descriptor's own status says OVER_LIMIT either way. Other front ends
+	// have one check a request, so there a quota rule refuses as any rule does.
+	Quota bool
 	// Cost maps an endpoint to the tokens a request to it takes; absent endpoints cost 1.
 	Cost map[string]int64
 	// Mode is enforce (default) or shadow.

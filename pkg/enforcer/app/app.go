@@ -44,7 +44,8 @@ type App struct {
 	reg   *prometheus.Registry
 
 	holder *rules.Holder
-	file   polledRules // file-only rules (a rules file, or a directory of envoyproxy/ratelimit files); nil otherwise
+	file   polledRules // file-only rules (a rules file, a directory of envoyproxy/ratelimit files, their xDS server); nil otherwise
+	xds    *xdsRules   // the same source as file when the rules come over xDS; nil otherwise
 	base   string      // rules file layered under etcd rules ("" if none)
 
 	etcd     *clientv3.Client
@@ -58,6 +59,7 @@ type App struct {
 
 	node   *node.Node // the check core over its layers, shares and usage reports
 	srv    appkit.Servers
+	debug  *debugServer // listen.debug; nil when not set (debug.go)
 	health *health.Server
 	traces *appkit.Traces // nil: tracing off
 
@@ -185,6 +187,14 @@ func (a *App) sourceOptions() []rules.Option {
 func (a *App) buildRules() error {
 	a.holder = rules.NewHolder(nil)
 	rc := a.cfg.Rules
+	if rc.Format == FormatEnvoy && rc.XDS.Server != "" {
+		src, err := newXDSRules(a)
+		if err != nil {
+			return err
+		}
+		a.file, a.xds = src, src
+		return src.start(a.ctx, a.cfg.Etcd.StartTimeout)
+	}
 	if rc.Format == FormatEnvoy {
 		src, err := rules.NewEnvoyDirSource(rc.Dir, rc.MergeDomains, a.holder, a.compileOptions(), a.sourceOptions()...)
 		if err != nil {
@@ -233,7 +243,7 @@ func (a *App) buildRules() error {
 }
 
 // polledRules is a rules source the process polls and reloads on SIGHUP:
-// *rules.FileSource or *rules.EnvoyDirSource.
+// *rules.FileSource, *rules.EnvoyDirSource or *xdsRules.
 type polledRules interface {
 	Run(ctx context.Context) error
 	Reload() error
@@ -359,7 +369,12 @@ func (a *App) reportTransport(rc report.ReporterConfig) (node.Reporter, error) {
 func (a *App) listen() (err error) {
 	ka := keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second,
 		MaxConnectionAge: a.cfg.Listen.MaxConnectionAge, MaxConnectionAgeGrace: a.cfg.maxConnectionAgeGrace()}
+	tlsOpt, err := a.grpcTLS()
+	if err != nil {
+		return err
+	}
 	a.srv.GRPC = grpc.NewServer(
+		tlsOpt,
 		grpc.ChainUnaryInterceptor(grpcapi.RecoverUnary(a.log.Named("grpc"))),
 		grpc.MaxRecvMsgSize(64<<10),
 		grpc.MaxConcurrentStreams(a.cfg.Listen.MaxConcurrentStreams),
@@ -372,7 +387,7 @@ func (a *App) listen() (err error) {
 		// codec (grpcapi.Codec: the same bytes, a third of the CPU).
 		grpc.ForceServerCodecV2(grpcapi.Codec()),
 	)
-	grpcapi.New(a.node.Enforcer(), grpcapi.Config{Domain: a.cfg.RLS.Domain}).Register(a.srv.GRPC)
+	grpcapi.New(a.node.Enforcer(), a.cfg.grpcConfig()).Register(a.srv.GRPC)
 	a.health = health.NewServer()
 	healthpb.RegisterHealthServer(a.srv.GRPC, a.health)
 	var h http.Handler = httpapi.Handler(a.node.Enforcer(), a.cfg.authConfig(), a.reg, a.Ready, a.log.Named("http"))
@@ -393,7 +408,7 @@ func (a *App) listen() (err error) {
 	if err := a.srv.Listen(a.cfg.Listen.GRPC, a.cfg.Listen.HTTP); err != nil {
 		return fmt.Errorf("app: %w", err)
 	}
-	return nil
+	return a.listenDebug()
 }
 
 // register joins the region in etcd; a slow or absent etcd only delays it.

@@ -27,7 +27,7 @@ func Check(cfg Config, environ []string) error {
 	if tokensEnv == "" {
 		tokensEnv = "ALLOT_ADMIN_TOKENS"
 	}
-	if u := command.UnknownEnv(environ, tokensEnv); len(u) > 0 {
+	if u := command.UnknownEnv(environ, tokensEnv, "ALLOT_COMPAT"); len(u) > 0 {
 		errs = append(errs, fmt.Errorf("app: environment: %s set, but the enforcer reads no such variable (enforcer -h lists them)", strings.Join(u, ", ")))
 	}
 	if f := cfg.Rules.File; f != "" {
@@ -48,6 +48,7 @@ func Check(cfg Config, environ []string) error {
 		{"store.tls", cfg.Store.TLS, cfg.Store.Kind != "memory"},
 		{"etcd.tls", cfg.Etcd.TLS, len(cfg.Etcd.Endpoints) > 0},
 		{"balancer.tls", cfg.Balancer.TLS, cfg.Balancer.Enabled},
+		{"rules.xds.tls", cfg.Rules.XDS.TLS, cfg.Rules.Format == FormatEnvoy && cfg.Rules.XDS.Server != "" && cfg.Rules.XDS.TLS.Enabled},
 	} {
 		if !t.used {
 			continue
@@ -55,6 +56,9 @@ func Check(cfg Config, environ []string) error {
 		if _, err := t.tls.Build(); err != nil {
 			errs = append(errs, fmt.Errorf("app: %s: %w", t.field, err))
 		}
+	}
+	if _, err := grpcServerTLS(cfg.Listen); err != nil {
+		errs = append(errs, err)
 	}
 	if ec := cfg.Explain; ec.Enabled {
 		if _, err := adminauth.Load(ec.TokensFile, tokensEnv, getenv); err != nil {

@@ -11,6 +11,7 @@ package app
 import (
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
 	"strings"
 	"time"
@@ -18,6 +19,7 @@ import (
 	"github.com/allot-dev/allot/pkg/appkit"
 	"github.com/allot-dev/allot/pkg/contract"
 	"github.com/allot-dev/allot/pkg/enforcer"
+	"github.com/allot-dev/allot/pkg/enforcer/grpcapi"
 	"github.com/allot-dev/allot/pkg/enforcer/httpapi"
 	"github.com/allot-dev/allot/pkg/enforcer/overrides"
 	"github.com/allot-dev/allot/pkg/enforcer/report"
@@ -82,6 +84,15 @@ type Config struct {
 	// (ApplyRuntime). Must be in [0, 1048576].
 	GCHeapFloorMiB int `yaml:"gc_heap_floor_mib"`
 
+	// Compat says when envoyproxy/ratelimit's environment variables are read (also
+	// ALLOT_COMPAT): "" (automatic: when there is no config file and no ALLOT_* variable,
+	// and one of theirs is set), envoy-ratelimit (always, over the file and under ALLOT_*
+	// and flags) or none. See envcompat.go and docs/envoy-ratelimit.md.
+	Compat string `yaml:"compat"`
+	// EnvoyCompat is what Parse did with their variables, for the start log and
+	// -check-config.
+	EnvoyCompat CompatReport `yaml:"-"`
+
 	// Tracing is OpenTelemetry tracing, configured by the standard OTEL_* environment
 	// variables only (Parse reads them: appkit.TracingFromEnv), never by the file or
 	// flags. Off by default.
@@ -120,6 +131,9 @@ type StoreConfig struct {
 	MaxKeys int `yaml:"max_keys"`
 }
 
+// ServerTLSConfig is server TLS of a listener. Files are PEM.
+type ServerTLSConfig = tlsfiles.Server
+
 // TLSConfig is client TLS for Redis, etcd or the balancer. Files are PEM.
 type TLSConfig = tlsfiles.Client
 
@@ -151,8 +165,12 @@ type RulesConfig struct {
 	// their runtime layout's RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/config, a ConfigMap mount,
 	// or any directory. Watched like File (PollInterval, SIGHUP).
 	Dir string `yaml:"dir"`
-	// MergeDomains merges the files of one domain, as their MERGE_DOMAIN_CONFIG=true
-	// does; without it a domain in two files is refused.
+	// XDS, with format envoy-ratelimit and instead of Dir, subscribes to their
+	// configuration over xDS (RateLimitConfig resources, state of the world), as Envoy
+	// Gateway serves it to envoyproxy/ratelimit with CONFIG_TYPE=GRPC_XDS_SOTW.
+	XDS XDSConfig `yaml:"xds"`
+	// MergeDomains merges the files (or xDS resources) of one domain, as their
+	// MERGE_DOMAIN_CONFIG=true does; without it a domain in two files is refused.
 	MergeDomains bool `yaml:"merge_domains"`
 	// EtcdPrefix, e.g. "/allot/rules/", each key one rule; needs etcd endpoints.
 	EtcdPrefix string `yaml:"etcd_prefix"`
@@ -162,6 +180,32 @@ type RulesConfig struct {
 	DefaultShare *float64 `yaml:"default_share"`
 	// IPv6Prefix is the prefix IPv6 clients are limited by. Default 64.
 	IPv6Prefix int `yaml:"ipv6_prefix"`
+}
+
+// XDSConfig is the xDS management server rules come from (RulesConfig.XDS); their
+// variable for each field is named.
+type XDSConfig struct {
+	// Server is host:port (CONFIG_GRPC_XDS_SERVER_URL). Empty: no xDS.
+	Server string `yaml:"server"`
+	// NodeID is the node the server keys its snapshots by (CONFIG_GRPC_XDS_NODE_ID);
+	// empty: "default".
+	NodeID string `yaml:"node_id"`
+	// NodeMetadata is sent as the node's metadata (CONFIG_GRPC_XDS_NODE_METADATA).
+	NodeMetadata map[string]string `yaml:"node_metadata"`
+	// Headers are added to the stream's gRPC metadata
+	// (CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS).
+	Headers map[string]string `yaml:"headers"`
+	// TLS to the server (CONFIG_GRPC_XDS_SERVER_USE_TLS, _CLIENT_TLS_CERT, _CLIENT_TLS_KEY,
+	// _SERVER_TLS_CACERT, _SERVER_TLS_SAN as server_name). Disabled: plaintext.
+	TLS TLSConfig `yaml:"tls"`
+	// BackoffMin and BackoffMax pace reconnects (XDS_CLIENT_BACKOFF_INITIAL_INTERVAL,
+	// _MAX_INTERVAL); zero: 1 s doubling to 30 s. NoJitter turns the jitter off
+	// (XDS_CLIENT_BACKOFF_JITTER=false).
+	BackoffMin time.Duration `yaml:"backoff_min"`
+	BackoffMax time.Duration `yaml:"backoff_max"`
+	NoJitter   bool          `yaml:"no_jitter"`
+	// MaxMsgBytes bounds one response (XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES); 0: 16 MiB.
+	MaxMsgBytes int `yaml:"max_msg_bytes"`
 }
 
 // The rules formats (RulesConfig.Format).
@@ -174,6 +218,16 @@ const (
 type ListenConfig struct {
 	GRPC string `yaml:"grpc"`
 	HTTP string `yaml:"http"`
+	// GRPCTLS serves gRPC over TLS (envoyproxy/ratelimit's GRPC_SERVER_USE_TLS,
+	// GRPC_SERVER_TLS_CERT, GRPC_SERVER_TLS_KEY, GRPC_CLIENT_TLS_CACERT); with
+	// client_ca_file, clients must present a certificate from it. Off by default.
+	GRPCTLS ServerTLSConfig `yaml:"grpc_tls"`
+	// GRPCClientSAN, with grpc_tls.client_ca_file, is a DNS name (or IP address) the
+	// client's certificate must carry (GRPC_CLIENT_TLS_SAN).
+	GRPCClientSAN string `yaml:"grpc_client_san"`
+	// Debug, if set, is a third listener serving /debug/pprof/ and /metrics only
+	// (envoyproxy/ratelimit's DEBUG_HOST:DEBUG_PORT). Default: none.
+	Debug string `yaml:"debug"`
 	// Advertise is the address registered in etcd. Default: the gRPC listen address.
 	Advertise string `yaml:"advertise"`
 	// MaxConcurrentStreams per gRPC connection. Default 1024.
@@ -273,10 +327,55 @@ type AuthConfig struct {
 	TrustedHeaders []string `yaml:"trusted_headers"`
 }
 
-// RLSConfig: Envoy RLS options.
+// RLSConfig: Envoy RLS options (grpcapi.Config). Their envoyproxy/ratelimit
+// variables are named.
 type RLSConfig struct {
 	// Domain, if set, is the only domain accepted.
 	Domain string `yaml:"domain"`
+	// ShadowMode answers every request OK; the would-be refusals are counted
+	// (SHADOW_MODE).
+	ShadowMode bool `yaml:"shadow_mode"`
+	// QuotaMode makes every descriptor a quota one (QUOTA_MODE).
+	QuotaMode bool `yaml:"quota_mode"`
+	// LimitOverrides honours a descriptor's own limit, as envoyproxy/ratelimit always
+	// does; off by default: a caller that can set it can raise its own limit.
+	LimitOverrides bool `yaml:"limit_overrides"`
+	// Headers are the header fields an answer adds.
+	Headers RLSHeaders `yaml:"headers"`
+}
+
+// RLSHeaders picks the header fields of an Envoy RLS answer.
+type RLSHeaders struct {
+	// Style is ietf (the default: RateLimit and RateLimit-Policy), envoy-ratelimit
+	// (theirs: LIMIT_RESPONSE_HEADERS_ENABLED=true) or none.
+	Style string `yaml:"style"`
+	// Limit, Remaining and Reset name envoy-ratelimit's fields; empty: theirs
+	// (RateLimit-Limit, RateLimit-Remaining, RateLimit-Reset; LIMIT_LIMIT_HEADER,
+	// LIMIT_REMAINING_HEADER, LIMIT_RESET_HEADER).
+	Limit     string `yaml:"limit"`
+	Remaining string `yaml:"remaining"`
+	Reset     string `yaml:"reset"`
+}
+
+// The header styles (RLSHeaders.Style).
+const (
+	HeadersIETF  = "ietf"
+	HeadersEnvoy = "envoy-ratelimit"
+	HeadersNone  = "none"
+)
+
+// grpcConfig is the Envoy RLS front end's configuration.
+func (c *Config) grpcConfig() grpcapi.Config {
+	r := c.RLS
+	g := grpcapi.Config{Domain: r.Domain, Shadow: r.ShadowMode, QuotaMode: r.QuotaMode, LimitOverrides: r.LimitOverrides,
+		Headers: grpcapi.Headers{Limit: r.Headers.Limit, Remaining: r.Headers.Remaining, Reset: r.Headers.Reset}}
+	switch r.Headers.Style {
+	case HeadersEnvoy:
+		g.Headers.Style = grpcapi.HeadersEnvoyRatelimit
+	case HeadersNone:
+		g.Headers.Style = grpcapi.HeadersNone
+	}
+	return g
 }
 
 // DefaultMaxConnectionAge is ListenConfig.MaxConnectionAge's default.
@@ -331,12 +430,26 @@ func (c *Config) Validate() error {
 		if r.File == "" && r.EtcdPrefix == "" {
 			bad("no rules: set rules.file and/or rules.etcd_prefix (or rules.format %s with rules.dir)", FormatEnvoy)
 		}
-		if r.Dir != "" || r.MergeDomains {
-			bad("rules.dir and rules.merge_domains are for rules.format %s (format is %q)", FormatEnvoy, r.Format)
+		if r.Dir != "" || r.MergeDomains || r.XDS.Server != "" {
+			bad("rules.dir, rules.xds and rules.merge_domains are for rules.format %s (format is %q)", FormatEnvoy, r.Format)
 		}
 	case FormatEnvoy:
-		if r.Dir == "" {
-			bad("rules.format %s needs rules.dir (a directory of envoyproxy/ratelimit files)", FormatEnvoy)
+		switch {
+		case r.Dir == "" && r.XDS.Server == "":
+			bad("rules.format %s needs rules.dir (a directory of envoyproxy/ratelimit files) or rules.xds.server (their configuration over xDS)", FormatEnvoy)
+		case r.Dir != "" && r.XDS.Server != "":
+			bad("rules.dir %q and rules.xds.server %q: set one (a directory, or xDS)", r.Dir, r.XDS.Server)
+		}
+		if x := r.XDS; x.Server != "" {
+			if _, _, err := net.SplitHostPort(x.Server); err != nil {
+				bad("rules.xds.server %q: want host:port", x.Server)
+			}
+			if x.BackoffMin < 0 || x.BackoffMax < 0 || x.BackoffMax != 0 && x.BackoffMax < x.BackoffMin {
+				bad("rules.xds.backoff_min %v, backoff_max %v: want 0 <= min <= max", x.BackoffMin, x.BackoffMax)
+			}
+			if x.MaxMsgBytes < 0 {
+				bad("rules.xds.max_msg_bytes %d, must be >= 0", x.MaxMsgBytes)
+			}
 		}
 		if r.File != "" || r.EtcdPrefix != "" {
 			bad("rules.format %s reads rules.dir only; rules.file and rules.etcd_prefix are for format %s", FormatEnvoy, FormatAllot)
@@ -363,6 +476,17 @@ func (c *Config) Validate() error {
 	}
 	if c.Listen.GRPC == "" && c.Listen.HTTP == "" {
 		bad("listen: neither grpc nor http address set")
+	}
+	if c.Listen.GRPCClientSAN != "" && (!c.Listen.GRPCTLS.Enabled || c.Listen.GRPCTLS.ClientCAFile == "") {
+		bad("listen.grpc_client_san %q needs listen.grpc_tls with client_ca_file (client certificates)", c.Listen.GRPCClientSAN)
+	}
+	switch c.RLS.Headers.Style {
+	case "", HeadersIETF, HeadersEnvoy, HeadersNone:
+	default:
+		bad("envoy_rls.headers.style %q, want %s, %s or %s", c.RLS.Headers.Style, HeadersIETF, HeadersEnvoy, HeadersNone)
+	}
+	if h := c.RLS.Headers; h.Style != HeadersEnvoy && (h.Limit != "" || h.Remaining != "" || h.Reset != "") {
+		bad("envoy_rls.headers: limit, remaining and reset name the fields of style %s (style is %q)", HeadersEnvoy, h.Style)
 	}
 	if c.Peers < 1 {
 		bad("peers %d, must be >= 1", c.Peers)

@@ -156,7 +156,7 @@ func TestEnvoyRulesConfig(t *testing.T) {
 	}{
 		{[]string{"-rules-format", "envoy-ratelimit"}, "rules.format envoy-ratelimit needs rules.dir"},
 		{[]string{"-rules-format", "envoy-ratelimit", "-rules-dir", "d", "-rules-file", "f"}, "reads rules.dir only"},
-		{[]string{"-rules-file", "f", "-rules-dir", "d"}, "rules.dir and rules.merge_domains are for rules.format envoy-ratelimit"},
+		{[]string{"-rules-file", "f", "-rules-dir", "d"}, "rules.dir, rules.xds and rules.merge_domains are for rules.format envoy-ratelimit"},
 		{[]string{"-rules-format", "lyft", "-rules-dir", "d"}, `rules.format "lyft", want allot or envoy-ratelimit`},
 	} {
 		_, err := Parse(append([]string{"-region", "r"}, tc.args...), env(nil), nil)

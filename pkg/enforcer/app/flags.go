@@ -41,6 +41,8 @@ var settingOverrides = slices.Concat([]cliconf.Override[Config]{
 	{Name: "rules-poll-interval", Usage: "how often the rules file is checked for changes", Apply: cliconf.Dur(func(c *Config) *time.Duration { return &c.Rules.PollInterval })},
 	{Name: "rules-format", Usage: "rules format: allot (rules file, etcd) | envoy-ratelimit (a directory of envoyproxy/ratelimit files)", Apply: cliconf.Str(func(c *Config) *string { return &c.Rules.Format })},
 	{Name: "rules-dir", Usage: "directory of envoyproxy/ratelimit YAML files (rules format envoy-ratelimit)", Apply: cliconf.Str(func(c *Config) *string { return &c.Rules.Dir })},
+	{Name: "rules-xds-server", Usage: "host:port of an xDS server pushing envoyproxy/ratelimit's configuration (rules format envoy-ratelimit; their CONFIG_GRPC_XDS_SERVER_URL)", Apply: cliconf.Str(func(c *Config) *string { return &c.Rules.XDS.Server })},
+	{Name: "rules-xds-node-id", Usage: "the node id sent to the xDS server (default \"default\")", Apply: cliconf.Str(func(c *Config) *string { return &c.Rules.XDS.NodeID })},
 	{Name: "rules-merge-domains", Usage: "merge the files of one domain (envoyproxy/ratelimit's MERGE_DOMAIN_CONFIG)", IsBool: true, Apply: cliconf.Bool(func(c *Config) *bool { return &c.Rules.MergeDomains })},
 	{Name: "default-share", Usage: "removed (an error if set): the default split now comes from -regions", Apply: func(c *Config, v string) error {
 		f, err := strconv.ParseFloat(v, 64)
@@ -66,6 +68,12 @@ var settingOverrides = slices.Concat([]cliconf.Override[Config]{
 	{Name: "balancer-insecure", Usage: "send usage reports in plaintext without a client certificate (only to a balancer with insecure_reports)", IsBool: true, Apply: cliconf.Bool(func(c *Config) *bool { return &c.Balancer.Insecure })},
 	{Name: "grpc-addr", Usage: "gRPC listen address (Envoy RLS and allot.v1)", Apply: cliconf.Str(func(c *Config) *string { return &c.Listen.GRPC })},
 	{Name: "http-addr", Usage: "HTTP listen address (/v1/check, /v1/auth, /metrics, /healthz, /readyz)", Apply: cliconf.Str(func(c *Config) *string { return &c.Listen.HTTP })},
+	{Name: "grpc-tls", Usage: "serve gRPC over TLS (needs -grpc-tls-cert and -grpc-tls-key)", IsBool: true, Apply: cliconf.Bool(func(c *Config) *bool { return &c.Listen.GRPCTLS.Enabled })},
+	{Name: "grpc-tls-cert", Usage: "the gRPC listener's certificate (PEM)", Apply: cliconf.Str(func(c *Config) *string { return &c.Listen.GRPCTLS.CertFile })},
+	{Name: "grpc-tls-key", Usage: "the key of -grpc-tls-cert", Apply: cliconf.Str(func(c *Config) *string { return &c.Listen.GRPCTLS.KeyFile })},
+	{Name: "grpc-tls-client-ca", Usage: "require gRPC clients to present a certificate from this CA (mutual TLS)", Apply: cliconf.Str(func(c *Config) *string { return &c.Listen.GRPCTLS.ClientCAFile })},
+	{Name: "grpc-client-san", Usage: "a DNS name or IP address the gRPC client's certificate must carry (with -grpc-tls-client-ca)", Apply: cliconf.Str(func(c *Config) *string { return &c.Listen.GRPCClientSAN })},
+	{Name: "debug-addr", Usage: "debug listen address: /debug/pprof/ and /metrics only (default none)", Apply: cliconf.Str(func(c *Config) *string { return &c.Listen.Debug })},
 	{Name: "advertise-addr", Usage: "address registered in etcd (default the gRPC address)", Apply: cliconf.Str(func(c *Config) *string { return &c.Listen.Advertise })},
 	{Name: "peers", Usage: "live enforcers in the region when etcd is not configured", Apply: cliconf.Int(func(c *Config) *int { return &c.Peers })},
 	{Name: "drain-timeout", Usage: "graceful shutdown bound", Apply: cliconf.Dur(func(c *Config) *time.Duration { return &c.DrainTimeout })},
@@ -83,6 +91,9 @@ var settingOverrides = slices.Concat([]cliconf.Override[Config]{
 	{Name: "fallback-all-silent-for", Usage: "how long every shard must be silent before a missing reply opens a breaker with no other shard answering", Apply: cliconf.Dur(func(c *Config) *time.Duration { return &c.Fallback.AllSilentFor })},
 	{Name: "fallback-slack", Usage: "local limit slack while Redis is unavailable", Apply: cliconf.Float(func(c *Config) *float64 { return &c.Fallback.Slack })},
 	{Name: "rls-domain", Usage: "the only Envoy RLS domain accepted (default any)", Apply: cliconf.Str(func(c *Config) *string { return &c.RLS.Domain })},
+	{Name: "rls-shadow-mode", Usage: "answer every Envoy RLS request OK, counting the would-be refusals (envoyproxy/ratelimit's SHADOW_MODE)", IsBool: true, Apply: cliconf.Bool(func(c *Config) *bool { return &c.RLS.ShadowMode })},
+	{Name: "rls-quota-mode", Usage: "every Envoy RLS descriptor a quota one (envoyproxy/ratelimit's QUOTA_MODE)", IsBool: true, Apply: cliconf.Bool(func(c *Config) *bool { return &c.RLS.QuotaMode })},
+	{Name: "rls-headers", Usage: "header fields of an Envoy RLS answer: ietf | envoy-ratelimit | none", Apply: cliconf.Str(func(c *Config) *string { return &c.RLS.Headers.Style })},
 	{Name: "log-level", Usage: "trace | debug | info | warn | error", Apply: cliconf.Str(func(c *Config) *string { return &c.LogLevel })},
 	{Name: "explain", Usage: "serve GET /v1/explain (\"why was I limited?\") on the HTTP address (needs admin tokens)", IsBool: true, Apply: cliconf.Bool(func(c *Config) *bool { return &c.Explain.Enabled })},
 	{Name: "explain-tokens-file", Usage: "explain's tokens (the balancer's admin tokens), name:secret a line", Apply: cliconf.Str(func(c *Config) *string { return &c.Explain.TokensFile })},
@@ -102,6 +113,8 @@ var command = cliconf.Command[Config]{
 	ConfigExample: "configs/regions/us-east.yaml",
 	Prefix:        "app: ", Overrides: settingOverrides, Default: DefaultConfig, Validate: (*Config).Validate,
 }
+
+func init() { command.Foreign = readEnvoyEnv } // readEnvoyEnv reads command's variables: no initialisation cycle
 
 // ErrHelp is returned by Parse when -h or -help was given (usage has been printed).
 var ErrHelp = flag.ErrHelp

@@ -179,9 +179,9 @@ type rulesSourceCollector struct{ a *App }
 
 var (
 	rulesLoadsDesc = prometheus.NewDesc("allot_rules_loads_total",
-		"Rule snapshots a source stored (file or etcd).", []string{"source"}, nil)
+		"Rule snapshots a source stored (file, etcd, or xds: envoyproxy/ratelimit's configuration over xDS).", []string{"source"}, nil)
 	rulesFailuresDesc = prometheus.NewDesc("allot_rules_failures_total",
-		"Rule sets a source rejected, or etcd errors; the previous rules kept serving (a refused etcd rule is allot_rules_refused).", []string{"source"}, nil)
+		"Rule sets a source rejected (for xds, responses NACKed in whole or part too), or etcd errors; the previous rules kept serving (a refused etcd rule is allot_rules_refused).", []string{"source"}, nil)
 	rulesRefusedDesc = prometheus.NewDesc("allot_rules_refused",
 		"etcd rules refused now (each serves its previous version, or nothing; /readyz names them); the other rules apply.", []string{"source"}, nil)
 )
@@ -194,9 +194,12 @@ func (r rulesSourceCollector) Describe(ch chan<- *prometheus.Desc) {
 
 func (r rulesSourceCollector) Collect(ch chan<- prometheus.Metric) {
 	if f := r.a.file; f != nil {
-		st := f.Status()
-		ch <- prometheus.MustNewConstMetric(rulesLoadsDesc, prometheus.CounterValue, float64(st.Loads), "file")
-		ch <- prometheus.MustNewConstMetric(rulesFailuresDesc, prometheus.CounterValue, float64(st.Failures), "file")
+		st, source := f.Status(), "file"
+		if r.a.xds != nil {
+			source = "xds"
+		}
+		ch <- prometheus.MustNewConstMetric(rulesLoadsDesc, prometheus.CounterValue, float64(st.Loads), source)
+		ch <- prometheus.MustNewConstMetric(rulesFailuresDesc, prometheus.CounterValue, float64(st.Failures), source)
 	}
 	r.a.mu.Lock()
 	src := r.a.etcdSrc

@@ -33,6 +33,7 @@ func (a *App) Run(ctx context.Context) error {
 	a.mu.Unlock()
 
 	errc := a.srv.Serve(&a.wg)
+	a.serveDebug()
 	if a.file != nil {
 		a.wg.Go(func() { a.file.Run(a.ctx) })
 	}
@@ -146,6 +147,9 @@ func (a *App) Ready() error {
 	if a.stopping.Load() {
 		return ErrStopping
 	}
+	if a.xds != nil && !a.xds.loaded() {
+		return errNoXDSRules
+	}
 	a.mu.Lock()
 	src := a.etcdSrc
 	a.mu.Unlock()
@@ -203,6 +207,7 @@ func (a *App) Close() error {
 			a.health.Shutdown()
 		}
 		a.srv.Drain(a.cfg.DrainTimeout, serving)
+		a.closeDebug()
 		if a.node != nil {
 			// After the drain: a final report tells the balancer this enforcer enforces
 			// nothing any more. Before the etcd client it reads the leader with.

@@ -27,11 +27,15 @@
 // its domain through its entries. When a rule matching one descriptor replaces others
 // (rules.Rule.Replaces), they apply to none of the request's descriptors.
 //
-// Hits: a descriptor's hits_addend, when set and > 0, else the request's hits_addend,
-// else 1. A descriptor with is_negative_hits asks to return tokens, which allot does not
-// do: it is answered OK without taking anything. A descriptor's own limit override is
-// ignored: the rules decide. The domain is checked for length (and, when
-// Config.Domain is set, must equal it) and selects the descriptor rules of that domain.
+// Hits, as envoyproxy/ratelimit counts them: a descriptor's hits_addend when it is set,
+// zero included, else the request's hits_addend, else 1. A descriptor's hits_addend of 0
+// is a check that takes nothing (enforcer.Request.Peek): OVER_LIMIT when its buckets hold
+// less than one request's cost now, else OK with what they hold. A descriptor with
+// is_negative_hits asks to return tokens, which allot does not do: it is answered OK
+// without taking anything. A descriptor's own limit override is honoured only with
+// Config.LimitOverrides (see there); otherwise the rules decide. The domain is checked for
+// length (and, when Config.Domain is set, must equal it) and selects the descriptor rules
+// of that domain.
 //
 // Every descriptor is checked, even after one is over its limit (as envoyproxy/ratelimit
 // does), so a refused request may still spend tokens of its other descriptors: this
@@ -171,11 +175,14 @@ func descriptorRequest(km KeyMap, lim *enforcer.InputLimits, i int, d *ratelimit
 		}
 	}
 	hits := int64(reqHits)
-	if h := d.GetHitsAddend(); h != nil && h.GetValue() > 0 {
+	if h := d.GetHitsAddend(); h != nil {
+		// Set, it wins, zero included: zero is a check that takes nothing (Peek), as
+		// envoyproxy/ratelimit counts zero hits. Unset, the request's applies (0 there: 1).
 		if h.GetValue() > uint64(lim.MaxHits) {
 			return false, fmt.Errorf("%w: descriptor %d: hits_addend %d, more than %d", enforcer.ErrInvalid, i, h.GetValue(), lim.MaxHits)
 		}
 		hits = int64(h.GetValue())
+		out.Peek = hits == 0
 	}
 	if hits > lim.MaxHits {
 		return false, fmt.Errorf("%w: hits_addend %d, more than %d", enforcer.ErrInvalid, hits, lim.MaxHits)

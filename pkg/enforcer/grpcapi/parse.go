@@ -6,6 +6,7 @@ import (
 
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 )
@@ -34,8 +35,8 @@ const (
 
 // unmarshalRequest parses msg into m as proto.Unmarshal would (m is new, as gRPC gives it):
 // the last of a scalar field wins, repeated fields append, an embedded message given
-// twice is merged, unknown fields are skipped. The descriptor's limit override, which allot
-// ignores, is parsed only to be as strict as proto.Unmarshal. Each message is one loop over
+// twice is merged, unknown fields are skipped. The descriptor's limit override is kept
+// (without its unit_multiplier, which envoyproxy/ratelimit ignores). Each message is one loop over
 // its fields (no callbacks: this is the check path).
 func unmarshalRequest(msg []byte, m *rlsv3.RateLimitRequest, g *oneDesc) error {
 	p := parser{msg: msg}
@@ -96,7 +97,8 @@ func (p *parser) descriptor(at, end int) error {
 		case num == descLimit && typ == protowire.BytesType: // RateLimitOverride: two varints
 			var from, to int
 			if from, to, at, err = p.bytesAt(val, end); err == nil {
-				err = p.varints(from, to, 1, 2)
+				d.hasLimit = true
+				d.rpu, d.unit, err = p.override(from, to, d.rpu, d.unit)
 			}
 		case num == descHits && typ == protowire.BytesType: // google.protobuf.UInt64Value
 			var from, to int
@@ -120,23 +122,28 @@ func (p *parser) descriptor(at, end int) error {
 	return nil
 }
 
-// varints checks a message at msg[at:end] whose known fields, a and b, are varints.
-func (p *parser) varints(at, end int, a, b protowire.Number) error {
+// override reads a RateLimitOverride at msg[at:end] into the values so far (a message
+// given twice is merged): requests_per_unit (1) and unit (2), the last of each winning;
+// unit_multiplier (3), which envoyproxy/ratelimit ignores, is skipped as unknown.
+func (p *parser) override(at, end int, rpu, unit uint64) (uint64, uint64, error) {
 	for at < end {
 		num, typ, val, err := p.tag(at, end)
 		if err != nil {
-			return err
+			return 0, 0, err
 		}
-		if (num == a || num == b) && typ == protowire.VarintType {
-			_, at, err = p.varintAt(val, end)
-		} else {
+		switch {
+		case num == 1 && typ == protowire.VarintType:
+			rpu, at, err = p.varintAt(val, end)
+		case num == 2 && typ == protowire.VarintType:
+			unit, at, err = p.varintAt(val, end)
+		default:
 			at, err = p.skip(num, typ, val, end)
 		}
 		if err != nil {
-			return err
+			return 0, 0, err
 		}
 	}
-	return nil
+	return rpu, unit, nil
 }
 
 // lastVarint returns the last value of varint field f in the message at msg[at:end], and
@@ -227,6 +234,9 @@ func (p *parser) build(g *oneDesc) []*ratelimitv3.RateLimitDescriptor {
 			d.HitsAddend = &wrapperspb.UInt64Value{Value: pd.hits}
 		}
 		d.IsNegativeHits = pd.negative
+		if pd.hasLimit { // rare: its own allocation
+			d.Limit = &ratelimitv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: uint32(pd.rpu), Unit: typev3.RateLimitUnit(int32(pd.unit))}
+		}
 		ptrs[i] = d
 	}
 	return ptrs[:len(pds):len(pds)]
@@ -234,10 +244,12 @@ func (p *parser) build(g *oneDesc) []*ratelimitv3.RateLimitDescriptor {
 
 // parsedDesc is one descriptor as parsed: its entries are parsed.entries[first:first+n].
 type parsedDesc struct {
-	first, n int
-	hits     uint64
-	hasHits  bool
-	negative bool
+	first, n  int
+	hits      uint64
+	rpu, unit uint64 // the limit override's, when hasLimit
+	hasHits   bool
+	negative  bool
+	hasLimit  bool
 }
 
 type parsedEntry struct{ key, value string }

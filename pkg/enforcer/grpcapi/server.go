@@ -24,12 +24,32 @@ import (
 )
 
 // Config configures the gRPC front ends. The zero value works: default key map, any
-// domain.
+// domain, allot's header fields, every decision enforced.
 type Config struct {
 	// Keys maps Envoy descriptor entry keys to request attributes; nil means DefaultKeyMap.
 	Keys KeyMap
 	// Domain, if set, is the only Envoy RLS domain accepted; others are InvalidArgument.
 	Domain string
+	// Shadow is envoyproxy/ratelimit's global shadow mode (their SHADOW_MODE): every
+	// request is checked and counted as usual, each descriptor's status says what was
+	// decided, but a request that would be refused is answered OK overall, and counted in
+	// allot_enforcer_global_shadow_total. Its header fields then carry no Retry-After.
+	Shadow bool
+	// QuotaMode makes every descriptor a quota one (their QUOTA_MODE; per descriptor, a
+	// rule's quota: true, their quota_mode): the request is OVER_LIMIT only when a
+	// non-quota descriptor is, or every quota descriptor is.
+	QuotaMode bool
+	// Headers picks the header fields added to response_headers_to_add (their
+	// LIMIT_RESPONSE_HEADERS_ENABLED and header names are HeadersEnvoyRatelimit).
+	Headers Headers
+	// LimitOverrides honours a descriptor's own limit (RateLimitDescriptor.limit, which
+	// Envoy fills from a route's dynamic metadata), as envoyproxy/ratelimit always does: in
+	// a domain that has descriptor rules, that descriptor is limited by the override —
+	// requests_per_unit per unit as a token bucket of that burst, counted by the
+	// descriptor, in place of the descriptor rules it would match (the rules of the named
+	// dimensions still apply). Off (the default), the override is ignored and the rules
+	// decide: a caller that can set the override can raise its own limit.
+	LimitOverrides bool
 }
 
 // Server implements envoy.service.ratelimit.v3.RateLimitService and allot.v1.Allot over
@@ -38,11 +58,13 @@ type Server struct {
 	rlsv3.UnimplementedRateLimitServiceServer
 	allotv1.UnimplementedAllotServer
 
-	e    *enforcer.Enforcer
-	keys KeyMap
-	cfg  Config
-	wire sync.Pool            // *wireRequest, for the Envoy method (wire.go)
-	info grpc.UnaryServerInfo // the Envoy method, for interceptors
+	e       *enforcer.Enforcer
+	keys    KeyMap
+	cfg     Config
+	headers Headers              // cfg.Headers with the default names filled in
+	wire    sync.Pool            // *wireRequest, for the Envoy method (wire.go)
+	ov      overrides            // the rules of descriptors' limit overrides (Config.LimitOverrides)
+	info    grpc.UnaryServerInfo // the Envoy method, for interceptors
 }
 
 // New returns a Server answering with e.
@@ -51,7 +73,7 @@ func New(e *enforcer.Enforcer, cfg Config) *Server {
 	if km == nil {
 		km = DefaultKeyMap()
 	}
-	s := &Server{e: e, keys: km, cfg: cfg}
+	s := &Server{e: e, keys: km, cfg: cfg, headers: cfg.Headers.withDefaults()}
 	s.wire.New = s.newWireRequest
 	s.info = grpc.UnaryServerInfo{Server: s, FullMethod: rlsv3.RateLimitService_ShouldRateLimit_FullMethodName}
 	return s
@@ -64,9 +86,11 @@ func (s *Server) Register(g grpc.ServiceRegistrar) {
 }
 
 // ShouldRateLimit implements Envoy's rate limit service: one check per descriptor, a
-// status per descriptor, OVER_LIMIT overall if any descriptor is over its limit, and the
-// RateLimit header fields of the deciding descriptor (the first refused one, else the one
-// with the fewest tokens left) in response_headers_to_add.
+// status per descriptor in the request's order, OVER_LIMIT overall if any descriptor is
+// over its limit (under quota mode: see Config.QuotaMode; never under Config.Shadow), and
+// the header fields Config.Headers asks for in response_headers_to_add (by default the
+// RateLimit fields of the deciding descriptor: the first refused one, else the one with
+// the fewest tokens left).
 func (s *Server) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
 	r, err := s.shouldRateLimit(ctx, req)
 	if err != nil {
@@ -99,7 +123,8 @@ func (s *Server) shouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 	// next one.
 	var lent *entryBuf
 	var entries []rules.Entry
-	if s.e.Rules().Current().HasDescriptors() {
+	snap := s.e.Rules().Current()
+	if snap.HasDescriptors() {
 		lent = entryBufs.Get().(*entryBuf)
 		entries = lent[:0]
 		defer lent.release()
@@ -112,8 +137,13 @@ func (s *Server) shouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 				from := len(entries)
 				entries = appendEntries(entries, d)
 				checks[i].Attrs.Entries = entries[from:len(entries):len(entries)]
+				if o := d.GetLimit(); o != nil && s.cfg.LimitOverrides && snap.HasDomain(req.GetDomain()) {
+					checks[i].Override, err = s.ov.rule(i, o)
+				}
 			}
-			err = s.e.Validate(&checks[i])
+			if err == nil {
+				err = s.e.Validate(&checks[i])
+			}
 		}
 		if err != nil {
 			s.e.CountInvalid(enforcer.APIEnvoyRLS)
@@ -124,8 +154,14 @@ func (s *Server) shouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 	s.e.JoinReplaces(checks) // what a rule of one descriptor replaces, it replaces in all
 	r := newReply(len(descs))
 	resp := &r.resp
-	var decider enforcer.Decision
-	have := false
+	var v verdict
+	var quotaBuf [8]bool
+	quota := quotaBuf[:0]
+	if len(descs) <= len(quotaBuf) {
+		quota = quotaBuf[:len(descs)]
+	} else {
+		quota = make([]bool, len(descs))
+	}
 	for i := range checks {
 		if skips[i] {
 			continue // OK, with no limit
@@ -138,25 +174,24 @@ func (s *Server) shouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 		if d.Rule == "" {
 			continue
 		}
-		switch {
-		case !d.Allowed && (!have || decider.Allowed):
-			decider, have = d, true
-			resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
-		case d.Allowed && (!have || decider.Allowed && d.Remaining < decider.Remaining):
-			decider, have = d, true
+		quota[i] = s.cfg.QuotaMode || d.QuotaRule()
+		v.add(&d, quota[i])
+	}
+	if v.refused() {
+		resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
+		if s.cfg.Shadow {
+			resp.OverallCode = rlsv3.RateLimitResponse_OK
+			s.e.CountGlobalShadow(enforcer.APIEnvoyRLS)
+			v.decider.Allowed, v.decider.RetryAfter = true, 0 // no Retry-After on an answer that admits
 		}
 	}
-	if have {
-		var hb [maxHeaders]enforcer.Header
-		hs := decider.AppendHeaders(hb[:0])
-		ptrs, values := r.headerPtrs[:], r.headerValues[:]
-		if len(hs) > maxHeaders { // not today; cheaper than a panic if a field is added
-			ptrs, values = make([]*corev3.HeaderValue, len(hs)), make([]corev3.HeaderValue, len(hs))
-		}
-		resp.ResponseHeadersToAdd = ptrs[:len(hs)]
-		for i, h := range hs {
-			values[i].Key, values[i].Value = h.Name, h.Value
-			resp.ResponseHeadersToAdd[i] = &values[i]
+	switch s.cfg.Headers.Style {
+	case HeadersEnvoyRatelimit:
+		r.envoyHeaders(&s.headers, quota)
+	case HeadersIETF:
+		if v.have {
+			var hb [maxHeaders]enforcer.Header
+			r.setHeaders(v.decider.AppendHeaders(hb[:0]))
 		}
 	}
 	return r, nil
@@ -257,32 +292,6 @@ func (r *reply) describe(i int, d *enforcer.Decision) {
 	st.LimitRemaining = uint32(min(max(d.Remaining, 0), math.MaxUint32))
 	st.DurationUntilReset = &r.resets[i]
 	st.DurationUntilReset.Seconds = d.ResetSeconds()
-}
-
-var units = [...]struct {
-	unit rlsv3.RateLimitResponse_RateLimit_Unit
-	secs int64
-}{
-	{rlsv3.RateLimitResponse_RateLimit_SECOND, 1},
-	{rlsv3.RateLimitResponse_RateLimit_MINUTE, 60},
-	{rlsv3.RateLimitResponse_RateLimit_HOUR, 3600},
-	{rlsv3.RateLimitResponse_RateLimit_DAY, 86400},
-}
-
-// setCurrentLimit states d's limit in l: requests per unit, in the largest unit in which
-// its rate is at least one whole request, rounded down.
-func setCurrentLimit(l *rlsv3.RateLimitResponse_RateLimit, d *enforcer.Decision) {
-	// The policy says quota tokens per window seconds; Envoy wants requests per unit.
-	rate := float64(d.Quota) / float64(max(d.Window, 1))
-	u := units[0]
-	for _, c := range units {
-		u = c
-		if rate*float64(c.secs) >= 1 {
-			break
-		}
-	}
-	rpu := math.Floor(rate * float64(u.secs))
-	l.Name, l.RequestsPerUnit, l.Unit = d.Limit, uint32(min(max(rpu, 1), math.MaxUint32)), u.unit
 }
 
 // Check implements allot.v1.Allot.

@@ -269,11 +269,15 @@ func TestCurrentLimitUnits(t *testing.T) {
 	}{
 		{100, 1, 100, rlsv3.RateLimitResponse_RateLimit_SECOND},
 		{200, 2, 100, rlsv3.RateLimitResponse_RateLimit_SECOND},
-		{5000, 60, 83, rlsv3.RateLimitResponse_RateLimit_SECOND},
+		{5000, 60, 5000, rlsv3.RateLimitResponse_RateLimit_MINUTE}, // a burst that refills in a unit: as written
+		{5000, 61, 81, rlsv3.RateLimitResponse_RateLimit_SECOND},   // any other: by its rate
 		{10, 60, 10, rlsv3.RateLimitResponse_RateLimit_MINUTE},
 		{10, 3600, 10, rlsv3.RateLimitResponse_RateLimit_HOUR},
 		{1, 86400, 1, rlsv3.RateLimitResponse_RateLimit_DAY},
 		{1, 864000, 1, rlsv3.RateLimitResponse_RateLimit_DAY},
+		{3, 7 * 86400, 3, rlsv3.RateLimitResponse_RateLimit_WEEK},
+		{1000, 30 * 86400, 1000, rlsv3.RateLimitResponse_RateLimit_MONTH},
+		{2, 365 * 86400, 2, rlsv3.RateLimitResponse_RateLimit_YEAR},
 	} {
 		d := enforcer.Decision{Rule: "r", Limit: "r/l", Quota: tc.q, Window: tc.w}
 		cl := &rlsv3.RateLimitResponse_RateLimit{}

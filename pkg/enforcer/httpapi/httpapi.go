@@ -6,6 +6,8 @@
 //	GET  /metrics    Prometheus metrics of the injected registry
 //	GET  /healthz    200 while the process serves
 //	GET  /readyz     200 when the Ready check passes (rules loaded, registry, store), else 503
+//	GET  /healthcheck envoyproxy/ratelimit's health path, as its users' probes expect it:
+//	                 200 "OK" when /readyz would answer 200, else 500
 //
 // Every check answer carries the IETF RateLimit header fields (see enforcer.HeaderRateLimit)
 // when a rule decided, and a refusal adds Retry-After and X-RateLimit-Rule. Invalid input
@@ -227,6 +229,15 @@ func Handler(e *enforcer.Enforcer, cfg Config, gatherer prometheus.Gatherer, rea
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		io.WriteString(w, "ok\n")
+	})
+	mux.HandleFunc("GET /healthcheck", func(w http.ResponseWriter, _ *http.Request) {
+		if ready != nil {
+			if err := ready(); err != nil && !errors.Is(err, ErrDegraded) {
+				w.WriteHeader(http.StatusInternalServerError)
+				return
+			}
+		}
+		io.WriteString(w, "OK")
 	})
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")

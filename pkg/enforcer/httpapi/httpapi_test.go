@@ -249,13 +249,23 @@ func TestHealthReadyMetrics(t *testing.T) {
 	if c, _ := get("/readyz"); c != 200 {
 		t.Fatalf("readyz %d", c)
 	}
+	// envoyproxy/ratelimit's health path, as their probes expect it: 200 "OK", else 500.
+	if c, b := get("/healthcheck"); c != 200 || b != "OK" {
+		t.Fatalf("healthcheck %d %q, want 200 OK", c, b)
+	}
 	readyErr = errors.New("rules not loaded")
 	if c, b := get("/readyz"); c != 503 || !strings.Contains(b, "rules not loaded") {
 		t.Fatalf("readyz %d %q", c, b)
 	}
+	if c, _ := get("/healthcheck"); c != 500 {
+		t.Fatalf("healthcheck when not ready: %d, want 500", c)
+	}
 	readyErr = fmt.Errorf("%w: store: shard 127.0.0.1:7001 down", ErrDegraded)
 	if c, b := get("/readyz"); c != 200 || !strings.Contains(b, "degraded") || !strings.Contains(b, "7001") {
 		t.Fatalf("readyz while degraded: %d %q, want 200 naming the shard", c, b)
+	}
+	if c, b := get("/healthcheck"); c != 200 || b != "OK" {
+		t.Fatalf("healthcheck while degraded: %d %q, want 200 OK (the fallback answers)", c, b)
 	}
 	post(t, srv.URL, `{"api_key":"k"}`)
 	post(t, srv.URL, `{"bad":1}`)
