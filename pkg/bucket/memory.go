@@ -30,6 +30,7 @@ type Memory struct {
 	seed   maphash.Seed
 	max    int // per shard
 	shards [memoryShards]memShard
+	held   [memoryShards]heldShard // in-flight slots (memory_inflight.go)
 }
 
 type memShard struct {
@@ -99,6 +100,7 @@ func NewMemory(c clock.Clock, maxKeys int) *Memory {
 	m := &Memory{clock: c, seed: maphash.MakeSeed(), max: per}
 	for i := range m.shards {
 		m.shards[i].entries = make(map[string]*memEntry)
+		m.held[i].sets = make(map[string]*heldSet)
 	}
 	return m
 }
