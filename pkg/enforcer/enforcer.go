@@ -93,17 +93,20 @@ type Enforcer struct {
 	metrics *metrics
 	scratch sync.Pool // *scratch
 
-	recent     *recentRing   // nil without Config.RecentDecisions
-	logTick    atomic.Uint64 // decisions seen, for DecisionLogEvery
-	refuseTick atomic.Uint64 // refusals seen, for RefusalLogEvery
-	digestKey  []byte        // IdentityDigestKey, or a random one
-	tracer     trace.Tracer  // Config.Tracer; nil: no spans
+	recent     *recentRing          // nil without Config.RecentDecisions
+	logTick    atomic.Uint64        // decisions seen, for DecisionLogEvery
+	refuseTick atomic.Uint64        // refusals seen, for RefusalLogEvery
+	digestKey  []byte               // IdentityDigestKey, or a random one
+	tracer     trace.Tracer         // Config.Tracer; nil: no spans
+	inflight   bucket.InflightStore // Config.Inflight, or the Store; nil: none
 }
 
 type scratch struct {
 	matched []rules.Matched
 	req     bucket.Request
 	limits  [bucket.MaxLimits]bucket.Limit // a take's limits rescaled by its identity's share
+	held    []heldSlot                     // in-flight slots this check holds (inflight.go)
+	slotID  string                         // their handle's slot id; "" until one is acquired
 }
 
 // New validates cfg and builds an Enforcer, registering its metrics with cfg.Registerer.
@@ -129,6 +132,7 @@ func New(cfg Config) (*Enforcer, error) {
 		_, _ = crand.Read(e.digestKey) // never fails (crypto/rand)
 	}
 	e.scratch.New = func() any { return &scratch{matched: make([]rules.Matched, 0, 8)} }
+	e.inflight = e.inflightStore()
 	return e, nil
 }
 
@@ -230,6 +234,14 @@ func (e *Enforcer) Check(ctx context.Context, req *Request) (d Decision, err err
 		if !d.Allowed {
 			break
 		}
+		if m.Rule.Inflight != nil && len(m.Rule.Global) == 0 {
+			// A rule of only an in-flight limit: no bucket to take from.
+			if err := e.acquire(ctx, sc, m, e.limitsOf(sc, m, now).share, &chosen, &d); err != nil {
+				e.settleHeld(ctx, sc, &Decision{})
+				return Decision{}, err
+			}
+			continue
+		}
 		var res bucket.Result
 		want, ok := tokens(m.Cost, hits)
 		lim := e.limitsOf(sc, m, now)
@@ -292,7 +304,14 @@ func (e *Enforcer) Check(ctx context.Context, req *Request) (d Decision, err err
 		if ok && err == nil {
 			e.observeUsage(m, want, res.Allowed(), res.Source, now)
 		}
+		if m.Rule.Inflight != nil && d.Allowed && ok && err == nil && res.Allowed() {
+			if err := e.acquire(ctx, sc, m, lim.share, &chosen, &d); err != nil {
+				e.settleHeld(ctx, sc, &Decision{})
+				return Decision{}, err
+			}
+		}
 	}
+	e.settleHeld(ctx, sc, &d)
 	e.finish(&d, req, snap, now)
 	return d, nil
 }
@@ -301,6 +320,10 @@ func (e *Enforcer) putScratch(sc *scratch) {
 	clear(sc.matched)
 	sc.matched = sc.matched[:0]
 	sc.req = bucket.Request{}
+	if sc.held != nil {
+		clear(sc.held)
+		sc.held, sc.slotID = sc.held[:0], ""
+	}
 	e.scratch.Put(sc)
 }
 
@@ -357,6 +380,9 @@ func (e *Enforcer) take(ctx context.Context, sc *scratch, m *rules.Matched, lim 
 // shadow evaluates one shadow rule and notes a "would refuse" in d; it never changes
 // whether d allows.
 func (e *Enforcer) shadow(ctx context.Context, sc *scratch, m *rules.Matched, hits int64, now time.Time, d *Decision) {
+	if len(m.Rule.Global) == 0 {
+		return // only an in-flight limit: shadow rules acquire nothing
+	}
 	want, ok := tokens(m.Cost, hits)
 	var res bucket.Result
 	var err error

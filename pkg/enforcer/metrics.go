@@ -37,7 +37,14 @@ type metrics struct {
 	shadow      [3]prometheus.Counter // would-allow, would-refuse, error
 	storeErrors [2]prometheus.Counter // [fail mode]
 	invalid     [numAPIs]prometheus.Counter
-	plans       *planMetrics // decisions by bounded plan (planmetrics.go)
+	plans       *planMetrics          // decisions by bounded plan (planmetrics.go)
+	releases    [2]prometheus.Counter // in-flight slots released, unknown
+}
+
+// released counts in-flight releases: ok slots given back, unknown ones not held.
+func (m *metrics) released(ok, unknown int) {
+	m.releases[0].Add(float64(ok))
+	m.releases[1].Add(float64(unknown))
 }
 
 const (
@@ -87,7 +94,13 @@ func newMetrics(reg prometheus.Registerer, holder *rules.Holder, clk clock.Clock
 		}
 		return 0
 	})
-	for _, c := range []prometheus.Collector{&m.checks, shadow, storeErrors, invalid, rulesAge, rulesCount, &rulesInfo{holder: holder}, m.plans.vec} {
+	releases := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "allot_enforcer_inflight_releases_total",
+		Help: "In-flight slots given back (released), and releases of slots held no longer (unknown: released already, expired or never held).",
+	}, []string{"result"})
+	m.releases[0] = releases.WithLabelValues("released")
+	m.releases[1] = releases.WithLabelValues("unknown")
+	for _, c := range []prometheus.Collector{&m.checks, shadow, storeErrors, invalid, rulesAge, rulesCount, &rulesInfo{holder: holder}, m.plans.vec, releases} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
