@@ -28,8 +28,12 @@
 // (rules.Rule.Replaces), they apply to none of the request's descriptors.
 //
 // Hits: a descriptor's hits_addend, when set and > 0, else the request's hits_addend,
-// else 1. A descriptor with is_negative_hits asks to return tokens, which allot does not
-// do: it is answered OK without taking anything. A descriptor's own limit override is
+// else 1. A descriptor with is_negative_hits (Envoy sends it when the stream is done,
+// apply_on_stream_done) takes nothing and is answered OK with no limit; it releases one
+// in-flight slot of every enforcing rule with an in-flight limit that it matches — the
+// oldest slot of that identity, since Envoy has no handle to send (enforcer.ReleaseOldest,
+// which says the error this brings) — whatever its hits, as a check holds one slot
+// whatever its hits. It returns no tokens of a rate limit. A descriptor's own limit override is
 // ignored: the rules decide. The domain is checked for length (and, when
 // Config.Domain is set, must equal it) and selects the descriptor rules of that domain.
 //
