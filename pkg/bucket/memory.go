@@ -100,7 +100,7 @@ func NewMemory(c clock.Clock, maxKeys int) *Memory {
 	m := &Memory{clock: c, seed: maphash.MakeSeed(), max: per}
 	for i := range m.shards {
 		m.shards[i].entries = make(map[string]*memEntry)
-		m.held[i].sets = make(map[string]*heldSet)
+		m.held[i].sets = make(map[heldKey]*heldSet)
 	}
 	return m
 }

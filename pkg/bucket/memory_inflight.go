@@ -9,8 +9,12 @@ import (
 // heldShard is one shard of a Memory store's in-flight slots.
 type heldShard struct {
 	mu   sync.Mutex          // mu guards sets
-	sets map[string]*heldSet // by identity + "\x00" + name
+	sets map[heldKey]*heldSet
 }
+
+// heldKey names one (identity, limit)'s slots; a struct of two strings, so a lookup
+// builds no key.
+type heldKey struct{ identity, name string }
 
 // heldSet is one (identity, limit)'s slots, oldest first, at most MaxConcurrent.
 type heldSet struct {
@@ -51,9 +55,8 @@ func (s *heldSet) remove(i int) {
 	s.slots = s.slots[:len(s.slots)-1]
 }
 
-func (m *Memory) heldShardOf(h *Hold) (*heldShard, string) {
-	key := h.Identity + "\x00" + h.Name
-	return &m.held[maphash.String(m.seed, key)%memoryShards], key
+func (m *Memory) heldShardOf(h *Hold) (*heldShard, heldKey) {
+	return &m.held[maphash.String(m.seed, h.Identity)%memoryShards], heldKey{h.Identity, h.Name}
 }
 
 // Acquire implements InflightStore.
@@ -134,10 +137,7 @@ func (m *Memory) releaseAt(h *Hold, now int64, oldest bool) error {
 	if i < 0 || len(s.slots) == 0 {
 		return ErrUnknownHandle
 	}
-	s.remove(i)
-	if len(s.slots) == 0 {
-		delete(sh.sets, key)
-	}
+	s.remove(i) // an empty set stays until makeRoom needs its room: reused without allocating
 	return nil
 }
 
@@ -153,29 +153,42 @@ func (m *Memory) Held(identity, name string) int {
 	return 0
 }
 
-// makeRoom keeps the shard under max sets like memShard.makeRoom: sets whose every slot
-// timed out go first; else the one that times out soonest among a few is forgotten, which
+// makeRoom keeps the shard under max sets like memShard.makeRoom: sets empty or whose
+// every slot timed out go first; else the one that times out soonest among a few is forgotten, which
 // errs over (its slots come back early) and happens only when more than MaxKeys
 // (identity, limit) pairs hold slots at once. Called with sh.mu held.
 func (sh *heldShard) makeRoom(max int, now int64) {
 	if len(sh.sets) < max {
 		return
 	}
-	var victim string
+	var victim heldKey
 	var best int64
-	n, freed := 0, false
+	n, freed, found := 0, false, false
 	for k, s := range sh.sets {
-		if s.until <= now {
+		if s.until <= now || len(s.slots) == 0 {
 			delete(sh.sets, k)
 			freed = true
-		} else if n == 0 || s.until < best {
-			victim, best = k, s.until
+		} else if !found || s.until < best {
+			victim, best, found = k, s.until, true
 		}
 		if n++; n == 32 {
 			break
 		}
 	}
-	if !freed && victim != "" {
+	if !freed && found {
 		delete(sh.sets, victim)
 	}
+}
+
+// HeldKeys returns how many (identity, limit) slot sets the store keeps, empty ones not
+// yet forgotten included: at most about MaxKeys whatever identities clients invent.
+func (m *Memory) HeldKeys() int {
+	n := 0
+	for i := range m.held {
+		sh := &m.held[i]
+		sh.mu.Lock()
+		n += len(sh.sets)
+		sh.mu.Unlock()
+	}
+	return n
 }
