@@ -8,7 +8,7 @@ import (
 
 // heldShard is one shard of a Memory store's in-flight slots.
 type heldShard struct {
-	mu   sync.Mutex          // mu guards sets
+	mu   sync.Mutex // mu guards sets
 	sets map[heldKey]*heldSet
 }
 
