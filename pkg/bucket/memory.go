@@ -25,6 +25,10 @@ const memoryShards = 64
 // only then evicts the identity nearest to full among a few it looks at. Such an eviction
 // errs over — that identity's buckets start full again — by at most the tokens it was
 // missing, and happens only when more than MaxKeys identities are active at once.
+//
+// It is also an InflightStore (memory_inflight.go): at most MaxKeys (identity, limit) slot
+// sets, each at most its cap, bounded the same way (empty or timed-out sets go first,
+// else the one that times out soonest: its slots come back early, erring over).
 type Memory struct {
 	clock  clock.Clock
 	seed   maphash.Seed
