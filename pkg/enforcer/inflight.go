@@ -123,8 +123,10 @@ func (e *Enforcer) inflightStore() bucket.InflightStore {
 var errNoInflightStore = errors.New("enforcer: no in-flight store configured")
 
 // acquire holds one slot of m's in-flight limit at share, recording it in sc, and makes a
-// refusal d's answer; chosen says whether d holds an allowed rule's budget. It returns an
-// error only when ctx ended.
+// refusal d's answer; chosen says whether d holds an allowed rule's budget. An in-flight
+// limit that decides states its cap as Quota, the slots left as Remaining, and its timeout
+// as Window and (refused) the wait until the oldest slot times out as Reset and
+// RetryAfter. It returns an error only when ctx ended.
 func (e *Enforcer) acquire(ctx context.Context, sc *scratch, m *rules.Matched, share float64, chosen *bool, d *Decision) error {
 	in := m.Rule.Inflight
 	if len(sc.held) == maxHeld {
@@ -172,7 +174,9 @@ func (e *Enforcer) acquire(ctx context.Context, sc *scratch, m *rules.Matched, s
 		d.Allowed = false
 	default:
 		sc.held = append(sc.held, heldSlot{name: in.Name, identity: m.Identity})
-		if !*chosen || res.Remaining(capNow) < d.Remaining {
+		// A rate limit stays an allowed answer's budget (the RateLimit fields speak of
+		// tokens per window); an in-flight limit states it only when no rate applied.
+		if !*chosen {
 			fillHold(res)
 			d.RetryAfter = 0
 			*chosen = true

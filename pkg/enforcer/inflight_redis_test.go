@@ -58,8 +58,8 @@ rules:
 		go func() {
 			defer wg.Done()
 			d, err := r.e.Check(ctx, &Request{Attrs: a})
-			if err != nil || !d.Allowed || d.Handle == "" || d.Source != SourceRedis {
-				t.Errorf("concurrent holder: %+v %v, want allowed by redis with a handle", d, err)
+			if err != nil || !d.Allowed || d.Handle == "" || d.Limit != "exports/second" {
+				t.Errorf("concurrent holder: %+v %v, want allowed with a handle, the rate stating the budget", d, err)
 				return
 			}
 			mu.Lock()
