@@ -237,7 +237,7 @@ func (e *Enforcer) Check(ctx context.Context, req *Request) (d Decision, err err
 		if m.Rule.Inflight != nil && len(m.Rule.Global) == 0 {
 			// A rule of only an in-flight limit: no bucket to take from.
 			if err := e.acquire(ctx, sc, m, e.limitsOf(sc, m, now).share, &chosen, &d); err != nil {
-				e.settleHeld(ctx, sc, &Decision{})
+				e.finishHeld(ctx, sc, &Decision{})
 				return Decision{}, err
 			}
 			continue
@@ -306,12 +306,12 @@ func (e *Enforcer) Check(ctx context.Context, req *Request) (d Decision, err err
 		}
 		if m.Rule.Inflight != nil && d.Allowed && ok && err == nil && res.Allowed() {
 			if err := e.acquire(ctx, sc, m, lim.share, &chosen, &d); err != nil {
-				e.settleHeld(ctx, sc, &Decision{})
+				e.finishHeld(ctx, sc, &Decision{})
 				return Decision{}, err
 			}
 		}
 	}
-	e.settleHeld(ctx, sc, &d)
+	e.finishHeld(ctx, sc, &d)
 	e.finish(&d, req, snap, now)
 	return d, nil
 }

@@ -130,7 +130,9 @@ var errNoInflightStore = errors.New("enforcer: no in-flight store configured")
 func (e *Enforcer) acquire(ctx context.Context, sc *scratch, m *rules.Matched, share float64, chosen *bool, d *Decision) error {
 	in := m.Rule.Inflight
 	if len(sc.held) == maxHeld {
-		return nil // more in-flight rules than a handle names: the rest are not held (under: none)
+		// More in-flight rules than a handle names: this one is not enforced for the check
+		// (over). A check matches at most one enforcing rule a dimension (six), so never.
+		return nil
 	}
 	if sc.slotID == "" {
 		sc.slotID = newSlotID()
@@ -185,9 +187,9 @@ func (e *Enforcer) acquire(ctx context.Context, sc *scratch, m *rules.Matched, s
 	return nil
 }
 
-// settleHeld, at the end of a check, names the slots it holds in d.Handle, or gives them
+// finishHeld, at the end of a check, names the slots it holds in d.Handle, or gives them
 // back when the check was refused after acquiring them.
-func (e *Enforcer) settleHeld(ctx context.Context, sc *scratch, d *Decision) {
+func (e *Enforcer) finishHeld(ctx context.Context, sc *scratch, d *Decision) {
 	if len(sc.held) == 0 {
 		return
 	}
@@ -219,6 +221,7 @@ func (e *Enforcer) Release(ctx context.Context, handle string) error {
 	}
 	snap := e.cfg.Rules.Current()
 	var errs []error
+	unknown := 0
 	for _, h := range held {
 		hold := bucket.Hold{Identity: h.identity, Name: h.name, Handle: id, Timeout: timeoutOf(snap, h.name)}
 		if err := e.inflight.Release(ctx, &hold); err != nil {
@@ -226,11 +229,12 @@ func (e *Enforcer) Release(ctx context.Context, handle string) error {
 				err = fmt.Errorf("%w: handle: %w", ErrInvalid, err)
 			} else if errors.Is(err, bucket.ErrUnknownHandle) {
 				err = fmt.Errorf("%w: limit %q", ErrUnknownHandle, h.name)
+				unknown++
 			}
 			errs = append(errs, err)
 		}
 	}
-	e.metrics.released(len(held)-len(errs), len(errs))
+	e.metrics.released(len(held)-len(errs), unknown)
 	return errors.Join(errs...)
 }
 
