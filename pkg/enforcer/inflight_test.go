@@ -209,3 +209,28 @@ rules:
 }
 
 type takeOnly struct{ bucket.Store }
+
+// FuzzDecodeHandle: whatever a client sends as a handle is read or refused with
+// ErrInvalid, never a crash, and what encodeHandle writes reads back the same.
+func FuzzDecodeHandle(f *testing.F) {
+	f.Add(encodeHandle("abc", []heldSlot{{name: "r/c", identity: "key:k"}}))
+	f.Add("h1..")
+	f.Add("h1.x.AA")
+	f.Add("")
+	f.Fuzz(func(t *testing.T, h string) {
+		id, held, err := decodeHandle(h)
+		if err != nil {
+			if !errors.Is(err, ErrInvalid) {
+				t.Fatalf("decodeHandle(%q): %v, want ErrInvalid", h, err)
+			}
+			return
+		}
+		if len(held) > maxHeld {
+			t.Fatalf("decodeHandle(%q): %d slots, more than %d", h, len(held), maxHeld)
+		}
+		id2, held2, err := decodeHandle(encodeHandle(id, held))
+		if err != nil || id2 != id || len(held2) != len(held) {
+			t.Fatalf("round trip of %q: %q %v %v", h, id2, held2, err)
+		}
+	})
+}
