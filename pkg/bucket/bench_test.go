@@ -136,3 +136,76 @@ func benchRedisStore(b *testing.B, c redis.UniversalClient, opts bucket.RedisOpt
 		})
 	}
 }
+
+// BenchmarkMemoryAcquire: one in-flight slot acquired and released per op (what a request
+// under an in-flight limit costs), beside BenchmarkMemoryTake; the real clock.
+func BenchmarkMemoryAcquire(b *testing.B) {
+	m := bucket.NewMemory(clock.Real(), 0)
+	h := &bucket.Hold{Identity: "key:abc", Name: "r/inflight", Handle: "h", Cap: 20, Timeout: 30 * time.Second}
+	ctx := context.Background()
+	b.ReportAllocs()
+	for b.Loop() {
+		if r, err := m.Acquire(ctx, h); err != nil || !r.Held {
+			b.Fatal(r, err)
+		}
+		if err := m.Release(ctx, h); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkRedisAcquire: one caller on a single Redis node, over 1,024 identities: the
+// plain take (two buckets), an in-flight acquire alone, and an acquire with its release.
+// Each is one script call a step (calls/op).
+func BenchmarkRedisAcquire(b *testing.B) {
+	n := testenv.Redis(b)
+	c := redis.NewClient(&redis.Options{Addr: n.Addr})
+	b.Cleanup(func() { _ = c.Close() })
+	st, err := bucket.NewRedis(c, bucket.RedisOptions{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = st.Close() })
+	ctx := context.Background()
+	if err := st.Preload(ctx); err != nil {
+		b.Fatal(err)
+	}
+	ids := benchIdentities(1024)
+	handles := make([]string, 1<<16)
+	for i := range handles {
+		handles[i] = fmt.Sprintf("h%05d", i)
+	}
+	run := func(name string, step func(i int) error) {
+		b.Run(name, func(b *testing.B) {
+			calls0 := st.Calls()
+			b.ReportAllocs()
+			i := 0
+			for b.Loop() {
+				if err := step(i); err != nil {
+					b.Fatal(err)
+				}
+				i++
+			}
+			b.ReportMetric(float64(st.Calls()-calls0)/float64(b.N), "calls/op")
+		})
+	}
+	req := &bucket.Request{Limits: benchLimits, Want: 1}
+	run("take", func(i int) error {
+		req.Identity = ids[i%len(ids)]
+		_, err := st.Take(ctx, req)
+		return err
+	})
+	h := &bucket.Hold{Name: "r/inflight", Cap: bucket.MaxConcurrent, Timeout: time.Minute}
+	run("acquire", func(i int) error {
+		h.Identity, h.Handle = ids[i%len(ids)], handles[i%len(handles)]
+		_, err := st.Acquire(ctx, h)
+		return err
+	})
+	run("acquire+release", func(i int) error {
+		h.Identity, h.Handle = ids[i%len(ids)], "pair"
+		if _, err := st.Acquire(ctx, h); err != nil {
+			return err
+		}
+		return st.Release(ctx, h)
+	})
+}

@@ -88,3 +88,34 @@ func (h *countHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pr
 		return next(ctx, cmds)
 	}
 }
+
+func TestConformanceInflightMemory(t *testing.T) {
+	fc := clock.NewFake(t0)
+	buckettest.RunInflight(t, buckettest.InflightHarness{
+		New:    func(*testing.T) bucket.InflightStore { return bucket.NewMemory(fc, 0) },
+		Clock:  fc,
+		Source: bucket.SourceMemory,
+	})
+}
+
+// The in-flight suite against a real Redis Cluster, its time injected through
+// RedisOptions.Clock so timeouts are checked exactly without sleeping.
+func TestConformanceInflightRedisCluster(t *testing.T) {
+	cl := testenv.RedisCluster(t, testenv.ClusterOptions{Masters: 3})
+	c := cl.Client()
+	cmds := countCommands(c)
+	fc := clock.NewFake(t0)
+	st, err := bucket.NewRedis(c, bucket.RedisOptions{Clock: fc})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = st.Close() })
+	buckettest.RunInflight(t, buckettest.InflightHarness{
+		New:     func(*testing.T) bucket.InflightStore { return st },
+		Clock:   fc,
+		Source:  bucket.SourceRedis,
+		Calls:   cmds.Load,
+		HeldKey: st.HeldKey,
+		Redis:   &buckettest.RedisBackend{Client: c, Key: st.Key, ScriptCalls: st.Calls},
+	})
+}

@@ -25,11 +25,16 @@ const memoryShards = 64
 // only then evicts the identity nearest to full among a few it looks at. Such an eviction
 // errs over — that identity's buckets start full again — by at most the tokens it was
 // missing, and happens only when more than MaxKeys identities are active at once.
+//
+// It is also an InflightStore (memory_inflight.go): at most MaxKeys (identity, limit) slot
+// sets, each at most its cap, bounded the same way (empty or timed-out sets go first,
+// else the one that times out soonest: its slots come back early, erring over).
 type Memory struct {
 	clock  clock.Clock
 	seed   maphash.Seed
 	max    int // per shard
 	shards [memoryShards]memShard
+	held   [memoryShards]heldShard // in-flight slots (memory_inflight.go)
 }
 
 type memShard struct {
@@ -99,6 +104,7 @@ func NewMemory(c clock.Clock, maxKeys int) *Memory {
 	m := &Memory{clock: c, seed: maphash.MakeSeed(), max: per}
 	for i := range m.shards {
 		m.shards[i].entries = make(map[string]*memEntry)
+		m.held[i].sets = make(map[heldKey]*heldSet)
 	}
 	return m
 }

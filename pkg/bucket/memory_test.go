@@ -2,6 +2,7 @@ package bucket_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -89,5 +90,25 @@ func itoa(i int) string {
 		if i /= 10; i == 0 {
 			return string(b[n:])
 		}
+	}
+}
+
+// In-flight slot sets are bounded like buckets: identities invented without end keep the
+// store near its bound, and the sets still in use are the last to go.
+func TestMemoryInflightBounded(t *testing.T) {
+	fc := clock.NewFake(t0)
+	m := bucket.NewMemory(fc, 640) // 10 a shard
+	ctx := context.Background()
+	for i := range 20_000 {
+		h := &bucket.Hold{Identity: fmt.Sprintf("key:%d", i), Name: "r/c", Handle: "h", Cap: 5, Timeout: time.Second}
+		if r, err := m.Acquire(ctx, h); err != nil || !r.Held {
+			t.Fatalf("acquire %d: %+v %v", i, r, err)
+		}
+		if i%3 == 0 {
+			fc.Advance(time.Millisecond)
+		}
+	}
+	if n := m.HeldKeys(); n > 640 {
+		t.Fatalf("%d slot sets kept after 20,000 invented identities, want <= 640", n)
 	}
 }

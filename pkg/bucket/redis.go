@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/allot-dev/allot/pkg/clock"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -55,6 +56,11 @@ type RedisOptions struct {
 	// MaxBatch bounds the takes in one pipeline (default 128); each shard queues at most
 	// 4 × MaxBatch, past which a Take sends alone. Used only with Pipeline.
 	MaxBatch int
+	// Clock, when set, gives the in-flight script its time (Acquire, Release) instead of
+	// the server's own (TIME): for tests that advance a fake clock past a hold's timeout.
+	// Leave it nil in production, where the server's clock is the one all enforcers share.
+	// Buckets always use the server's clock.
+	Clock clock.Clock
 }
 
 // Validate names the field at fault.
@@ -118,6 +124,7 @@ type Redis struct {
 	batchers atomic.Pointer[map[string]*batcher] // by shard address; copied on write
 	closed   bool
 	wg       sync.WaitGroup // batchers
+	clock    clock.Clock    // RedisOptions.Clock: nil, the server's
 }
 
 // NewRedis returns a Redis store over client (a *redis.Client, *redis.ClusterClient or
@@ -138,7 +145,7 @@ func NewRedis(client RedisClient, opts RedisOptions) (*Redis, error) {
 	if _, ok := client.(pipeliner); opts.Pipeline && !ok {
 		return nil, errNoPipeline
 	}
-	r := &Redis{client: client, prefix: opts.KeyPrefix, pipeline: opts.Pipeline, maxBatch: opts.MaxBatch}
+	r := &Redis{client: client, prefix: opts.KeyPrefix, pipeline: opts.Pipeline, maxBatch: opts.MaxBatch, clock: opts.Clock}
 	if c, ok := client.(masterForKey); ok {
 		r.cluster = c
 	}
@@ -156,6 +163,9 @@ func ScriptSHA() string { return takeSHA }
 func (r *Redis) Preload(ctx context.Context) error {
 	if err := r.client.ScriptLoad(ctx, takeScript).Err(); err != nil {
 		return fmt.Errorf("bucket: while loading the take script: %w", err)
+	}
+	if err := r.client.ScriptLoad(ctx, inflightScript).Err(); err != nil {
+		return fmt.Errorf("bucket: while loading the in-flight script: %w", err)
 	}
 	r.known.Store(true)
 	return nil

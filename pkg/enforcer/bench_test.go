@@ -3,6 +3,7 @@ package enforcer
 import (
 	"context"
 	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/allot-dev/allot/pkg/bucket"
@@ -87,5 +88,28 @@ func TestCheckAllocations(t *testing.T) {
 	// One identity string from Match ("key:k"); the memory store and the rest allocate nothing.
 	if allocs > 1 {
 		t.Fatalf("Check allocates %v times per call, want <= 1", allocs)
+	}
+}
+
+// BenchmarkCheckInflight is BenchmarkCheck with an in-flight limit on pro-search beside its
+// rate: each op is a check that acquires a slot and answers a handle, then its release.
+// The handle (random id, encoding) is what it allocates beyond the plain check.
+func BenchmarkCheckInflight(b *testing.B) {
+	rules := strings.Replace(benchRules, "limits: [{name: second, rate: 1000000, per: 1s}]\n  - id: per-ip",
+		"limits: [{name: second, rate: 1000000, per: 1s}, {name: inflight, concurrent: 100, timeout: 30s}]\n  - id: per-ip", 1)
+	r := newRig(b, rules, func(clock.Clock) bucket.Store { return bucket.NewMemory(clock.Real(), 0) },
+		func(c *Config) { c.Clock = clock.Real() })
+	reqs := benchKeys(1024)
+	ctx := context.Background()
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		d, err := r.e.Check(ctx, &reqs[i&1023])
+		if err != nil || d.Handle == "" {
+			b.Fatal(d, err)
+		}
+		if err := r.e.Release(ctx, d.Handle); err != nil {
+			b.Fatal(err)
+		}
 	}
 }

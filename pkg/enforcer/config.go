@@ -74,6 +74,10 @@ type Config struct {
 	// Store takes tokens: in production the stack fallback → lease → redis, built by the
 	// caller. Required.
 	Store bucket.Store
+	// Inflight holds the slots of in-flight limits (in production fallback → redis: leases
+	// do not apply); nil means the Store itself when it is a bucket.InflightStore, and
+	// without either an in-flight limit answers as a failed store (by its fail mode).
+	Inflight bucket.InflightStore
 	// Clock tells the time rules are matched at (expiring overrides). Default clock.Real().
 	Clock clock.Clock
 	// Logger receives decision logs and store errors. Default hclog.NewNullLogger().

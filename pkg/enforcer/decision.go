@@ -72,6 +72,9 @@ type Decision struct {
 	// "anonymous" (neither key nor IP), "org", "endpoint", "global" or "descriptor"; ""
 	// when no rule.
 	CountedBy string
+	// Handle, when the check holds in-flight slots (rules with an in-flight limit), names
+	// them for Enforcer.Release once the response is done; "" when it holds none.
+	Handle string
 
 	shadowN     int
 	shadowNames [maxShadowNames]string

@@ -110,19 +110,22 @@ type Enforcer struct {
 	metrics *metrics
 	scratch sync.Pool // *scratch
 
-	peeker     bucket.Peeker // Config.Peek, else the Store when it is one; nil: peeks fail
-	peekSource Source        // the Source a peek's decision names: where peeker reads
-	recent     *recentRing   // nil without Config.RecentDecisions
-	logTick    atomic.Uint64 // decisions seen, for DecisionLogEvery
-	refuseTick atomic.Uint64 // refusals seen, for RefusalLogEvery
-	digestKey  []byte        // IdentityDigestKey, or a random one
-	tracer     trace.Tracer  // Config.Tracer; nil: no spans
+	peeker     bucket.Peeker        // Config.Peek, else the Store when it is one; nil: peeks fail
+	peekSource Source               // the Source a peek's decision names: where peeker reads
+	recent     *recentRing          // nil without Config.RecentDecisions
+	logTick    atomic.Uint64        // decisions seen, for DecisionLogEvery
+	refuseTick atomic.Uint64        // refusals seen, for RefusalLogEvery
+	digestKey  []byte               // IdentityDigestKey, or a random one
+	tracer     trace.Tracer         // Config.Tracer; nil: no spans
+	inflight   bucket.InflightStore // Config.Inflight, or the Store; nil: none
 }
 
 type scratch struct {
 	matched []rules.Matched
 	req     bucket.Request
 	limits  [bucket.MaxLimits]bucket.Limit // a take's limits rescaled by its identity's share
+	held    []heldSlot                     // in-flight slots this check holds (inflight.go)
+	slotID  string                         // their handle's slot id; "" until one is acquired
 }
 
 // New validates cfg and builds an Enforcer, registering its metrics with cfg.Registerer.
@@ -156,6 +159,7 @@ func New(cfg Config) (*Enforcer, error) {
 			e.peekSource = SourceRedis
 		}
 	}
+	e.inflight = e.inflightStore()
 	return e, nil
 }
 
@@ -268,6 +272,14 @@ func (e *Enforcer) Check(ctx context.Context, req *Request) (d Decision, err err
 		if !d.Allowed {
 			break
 		}
+		if m.Rule.Inflight != nil && len(m.Rule.Global) == 0 {
+			// A rule of only an in-flight limit: no bucket to take from.
+			if err := e.acquire(ctx, sc, m, e.limitsOf(sc, m, now).share, &chosen, &d); err != nil {
+				e.finishHeld(ctx, sc, &Decision{})
+				return Decision{}, err
+			}
+			continue
+		}
 		var res bucket.Result
 		want, ok := tokens(m.Cost, hits)
 		lim := e.limitsOf(sc, m, now)
@@ -332,7 +344,14 @@ func (e *Enforcer) Check(ctx context.Context, req *Request) (d Decision, err err
 		if ok && err == nil && !req.Peek {
 			e.observeUsage(m, want, res.Allowed(), res.Source, now)
 		}
+		if m.Rule.Inflight != nil && !req.Peek && d.Allowed && ok && err == nil && res.Allowed() {
+			if err := e.acquire(ctx, sc, m, lim.share, &chosen, &d); err != nil {
+				e.finishHeld(ctx, sc, &Decision{})
+				return Decision{}, err
+			}
+		}
 	}
+	e.finishHeld(ctx, sc, &d)
 	e.finish(&d, req, snap, now)
 	return d, nil
 }
@@ -354,6 +373,10 @@ func (e *Enforcer) putScratch(sc *scratch) {
 	clear(sc.matched)
 	sc.matched = sc.matched[:0]
 	sc.req = bucket.Request{}
+	if sc.held != nil {
+		clear(sc.held)
+		sc.held, sc.slotID = sc.held[:0], ""
+	}
 	e.scratch.Put(sc)
 }
 
@@ -457,6 +480,9 @@ func minBurst(ls []bucket.Limit) float64 {
 // shadow evaluates one shadow rule and notes a "would refuse" in d; it never changes
 // whether d allows.
 func (e *Enforcer) shadow(ctx context.Context, sc *scratch, m *rules.Matched, hits int64, peek bool, now time.Time, d *Decision) {
+	if len(m.Rule.Global) == 0 {
+		return // only an in-flight limit: shadow rules acquire nothing
+	}
 	want, ok := tokens(m.Cost, hits)
 	var res bucket.Result
 	var err error

@@ -39,6 +39,13 @@ type metrics struct {
 	invalid     [numAPIs]prometheus.Counter
 	globShadow  [numAPIs]prometheus.Counter // requests a global shadow mode admitted
 	plans       *planMetrics                // decisions by bounded plan (planmetrics.go)
+	releases    [2]prometheus.Counter       // in-flight slots released, unknown
+}
+
+// released counts in-flight releases: ok slots given back, unknown ones not held.
+func (m *metrics) released(ok, unknown int) {
+	m.releases[0].Add(float64(ok))
+	m.releases[1].Add(float64(unknown))
 }
 
 const (
@@ -93,7 +100,13 @@ func newMetrics(reg prometheus.Registerer, holder *rules.Holder, clk clock.Clock
 		}
 		return 0
 	})
-	for _, c := range []prometheus.Collector{&m.checks, shadow, storeErrors, invalid, globShadow, rulesAge, rulesCount, &rulesInfo{holder: holder}, m.plans.vec} {
+	releases := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "allot_enforcer_inflight_releases_total",
+		Help: "In-flight slots given back (released), and releases of slots held no longer (unknown: released already, expired or never held).",
+	}, []string{"result"})
+	m.releases[0] = releases.WithLabelValues("released")
+	m.releases[1] = releases.WithLabelValues("unknown")
+	for _, c := range []prometheus.Collector{&m.checks, shadow, storeErrors, invalid, globShadow, rulesAge, rulesCount, &rulesInfo{holder: holder}, m.plans.vec, releases} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

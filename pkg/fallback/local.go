@@ -33,20 +33,9 @@ func (s *Store) answerLocally(b *breaker, req *bucket.Request, now time.Time, wh
 		s.obs.Decision(b.shard, bucket.SourceFailClosed, false)
 		return bucket.Result{Source: bucket.SourceFailClosed, RetryAfter: s.retryAfter(b, now)}, bucket.ErrUnavailable
 	}
-	n := 1
-	if s.cfg.Peers != nil {
-		if p := s.cfg.Peers(); p > 1 {
-			n = p
-		}
-	}
-	if s.cfg.Seen != nil {
-		// Sized by the enforcers that serve the key, when this one is among them (it has a
-		// recent count only if it sighted the key): docs/design.md §10 bounds the error.
-		if k := s.cfg.Seen(req.Identity); k > 0 && k < n {
-			n = k
-		}
-	}
-	f := s.cfg.Slack / float64(n)
+	// Sized by the enforcers that serve the key, when this one is among them (it has a
+	// recent count only if it sighted the key): docs/design.md §10 bounds the error.
+	f := s.cfg.Slack / float64(s.peersFor(req.Identity))
 	minGrant := float64(req.MinGrant())
 	// The scaled request is built in pooled scratch space: Memory keeps the limit names, so
 	// a stack array would escape, and during an outage this is every check of the shard.

@@ -129,8 +129,31 @@ type Compiled struct {
 	Replaces []string
 	// Quota is Rule.Quota.
 	Quota bool
+	// Inflight is the rule's in-flight limit, nil without one. It is not in Limits or
+	// Global: a check acquires a slot of it after the rule's buckets granted.
+	Inflight *InflightLimit
 
 	maxCost float64 // max(1, the largest cost): the burst clamp
+}
+
+// InflightLimit is a compiled in-flight limit (LimitSpec.Concurrent).
+type InflightLimit struct {
+	Name    string        // "<rule id>/<limit name>": the slot set's name, apart from the buckets'
+	Global  int64         // the global cap (share 1)
+	Cap     int64         // this region's cap at the rule's default share: CapFor(Share)
+	Timeout time.Duration // how long a slot is held without a release
+}
+
+// CapFor is the region's cap at share (in [0, 1]): floor(Global × share + ε), as bursts
+// are rounded (LimitsFor). Rounding down errs under: the regions' caps sum to at most the
+// global cap, and a region whose part is under one request holds none (cap 0 refuses
+// every acquire until the balancer moves a share there) — up to one request a region of
+// the global cap unused.
+func (l *InflightLimit) CapFor(share float64) int64 {
+	if !(share >= 0) {
+		return 0
+	}
+	return int64(math.Floor(float64(l.Global)*min(share, 1) + burstEpsilon))
 }
 
 // Refuses reports whether the rule refuses every request everywhere (Rule.Refuse): its
@@ -307,7 +330,7 @@ func compileRule(r *Rule, order int, opt CompileOptions, cr *crule) {
 	*cr = crule{
 		c: Compiled{
 			ID: r.ID, Mode: r.Mode, FailMode: r.FailMode, By: r.By,
-			Global:    make([]bucket.Limit, len(r.Limits)),
+			Global:    make([]bucket.Limit, 0, len(r.Limits)),
 			ExpiresAt: r.ExpiresAt, Reason: r.Reason, Policy: r.ID, Share: share, Split: split, Match: cloneMatch(r.Match),
 			Unlimited: r.Unlimited, Replaces: slices.Clone(r.Replaces), Quota: r.Quota,
 			maxCost: float64(maxCost),
@@ -324,13 +347,19 @@ func compileRule(r *Rule, order int, opt CompileOptions, cr *crule) {
 	if r.Refuse {
 		cr.c.Global = []bucket.Limit{{Name: r.ID + "/refuse"}} // holds nothing: NoTokens
 	}
-	for j, l := range r.Limits {
+	for _, l := range r.Limits {
+		if l.IsInflight() {
+			in := &InflightLimit{Name: r.ID + "/" + l.Name, Global: l.Concurrent, Timeout: l.Timeout}
+			in.Cap = in.CapFor(share)
+			cr.c.Inflight = in
+			continue
+		}
 		burst := l.Burst
 		if burst == 0 {
 			burst = l.Rate
 		}
 		g := bucket.Limit{Name: r.ID + "/" + l.Name, Rate: l.Rate / l.Per.Seconds(), Burst: burst}
-		cr.c.Global[j] = scaleLimit(g, 1, cr.c.maxCost) // Validate keeps share 1 unclamped
+		cr.c.Global = append(cr.c.Global, scaleLimit(g, 1, cr.c.maxCost)) // Validate keeps share 1 unclamped
 	}
 	cr.c.Limits = cr.c.LimitsFor(share, make([]bucket.Limit, 0, len(r.Limits)))
 }

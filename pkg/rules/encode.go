@@ -46,10 +46,12 @@ type jsonDescEntry struct {
 }
 
 type jsonLimit struct {
-	Name  string  `json:"name"`
-	Rate  float64 `json:"rate"`
-	Per   string  `json:"per"`
-	Burst float64 `json:"burst,omitempty"`
+	Name       string  `json:"name"`
+	Rate       float64 `json:"rate,omitempty"` // never 0 in a rate limit: omitted for an in-flight one
+	Per        string  `json:"per,omitempty"`
+	Burst      float64 `json:"burst,omitempty"`
+	Concurrent int64   `json:"concurrent,omitempty"`
+	Timeout    string  `json:"timeout,omitempty"`
 }
 
 // EncodeRule writes r as one JSON mapping in the rule schema: the value of one etcd key
@@ -83,6 +85,10 @@ func EncodeRule(r *Rule) ([]byte, error) {
 	}
 	j.Limits = make([]jsonLimit, len(r.Limits)) // [] when unlimited or refuse: the field is always there
 	for i, l := range r.Limits {
+		if l.IsInflight() {
+			j.Limits[i] = jsonLimit{Name: l.Name, Concurrent: l.Concurrent, Timeout: formatPer(l.Timeout)}
+			continue
+		}
 		j.Limits[i] = jsonLimit{Name: l.Name, Rate: l.Rate, Per: formatPer(l.Per), Burst: l.Burst}
 	}
 	return json.MarshalIndent(j, "", "  ") // one field a line: errors name lines usefully
@@ -128,10 +134,12 @@ type yamlDescEntry struct {
 }
 
 type yamlLimit struct {
-	Name  string  `yaml:"name"`
-	Rate  float64 `yaml:"rate"`
-	Per   string  `yaml:"per"`
-	Burst float64 `yaml:"burst,omitempty"`
+	Name       string  `yaml:"name"`
+	Rate       float64 `yaml:"rate,omitempty"`
+	Per        string  `yaml:"per,omitempty"`
+	Burst      float64 `yaml:"burst,omitempty"`
+	Concurrent int64   `yaml:"concurrent,omitempty"`
+	Timeout    string  `yaml:"timeout,omitempty"`
 }
 
 // EncodeSet writes s as a rule file (YAML) that LoadFile and ParseYAML read back into the

@@ -67,10 +67,12 @@ type rawDescEntry struct {
 }
 
 type rawLimit struct {
-	Name  string  `yaml:"name"`
-	Rate  float64 `yaml:"rate"`
-	Per   string  `yaml:"per"`
-	Burst float64 `yaml:"burst"`
+	Name       string  `yaml:"name"`
+	Rate       float64 `yaml:"rate"`
+	Per        string  `yaml:"per"`
+	Burst      float64 `yaml:"burst"`
+	Concurrent float64 `yaml:"concurrent"`
+	Timeout    string  `yaml:"timeout"`
 }
 
 // rulePos is where a rule was written: its first line and the line of each field
@@ -109,6 +111,7 @@ func (p *rulePos) lineOf(field string) int {
 //	    limits:
 //	      - {name: second, rate: 100, per: 1s, burst: 200}
 //	      - {name: minute, rate: 5000, per: 1m}
+//	      - {name: inflight, concurrent: 20, timeout: 30s}  # at most 20 in flight at once
 //	    cost: {"GET /v1/search": 2}
 //	    mode: enforce              # enforce (default) | shadow
 //	    fail_mode: open            # open (default) | closed
@@ -452,6 +455,10 @@ func convertRule(raw *rawRule, index int, pos *rulePos, r *Rule) error {
 	r.Limits = make([]LimitSpec, len(raw.Limits))
 	for i, l := range raw.Limits {
 		r.Limits[i] = LimitSpec{Name: l.Name, Rate: l.Rate, Burst: l.Burst}
+		if l.Concurrent != 0 || l.Timeout != "" {
+			parseInflight(&r.Limits[i], l, i, bad)
+			continue
+		}
 		if l.Per == "" {
 			bad(fmt.Sprintf("limits[%d].per", i), "missing (a duration like 1s or 1m)")
 			continue
@@ -508,4 +515,28 @@ func sortedKeys[V any](m map[string]V) []string {
 	}
 	sort.Strings(ks)
 	return ks
+}
+
+// parseInflight reads an in-flight limit ({name, concurrent, timeout}); Validate checks
+// the values.
+func parseInflight(spec *LimitSpec, l rawLimit, i int, bad func(field, format string, a ...any)) {
+	f := func(s string) string { return fmt.Sprintf("limits[%d].%s", i, s) }
+	if l.Concurrent != math.Trunc(l.Concurrent) || math.Abs(l.Concurrent) > 1e15 {
+		bad(f("concurrent"), "%g, want a whole number of requests", l.Concurrent)
+	} else {
+		spec.Concurrent = int64(l.Concurrent) // Validate checks the range
+	}
+	if l.Per != "" {
+		bad(f("per"), "%q beside concurrent; an in-flight limit has concurrent and timeout only", l.Per)
+	}
+	if l.Timeout == "" {
+		bad(f("timeout"), "missing (a duration like 30s: how long a request holds its slot if its release is lost)")
+		return
+	}
+	d, err := time.ParseDuration(l.Timeout)
+	if err != nil {
+		bad(f("timeout"), "%q is not a duration (like 30s, 2m)", l.Timeout)
+		return
+	}
+	spec.Timeout = d
 }

@@ -18,7 +18,7 @@ func TestParseExampleFile(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if s.Version != "example-1" || len(s.Rules) != 7 {
+	if s.Version != "example-1" || len(s.Rules) != 8 {
 		t.Fatalf("version %q, %d rules", s.Version, len(s.Rules))
 	}
 	r := s.Rules[3]
@@ -98,6 +98,22 @@ func TestParseAndValidateErrors(t *testing.T) {
 		{"missing id", head + "  - limits: [{name: s, rate: 1, per: 1s}]\n",
 			[]string{`line 4`, `rule #2`, `id: missing`}},
 		{"no limits", head + "  - id: r1\n", []string{`line 4`, `rule "r1"`, `limits: missing`}},
+		{"inflight without timeout", head + "  - id: r1\n    limits:\n      - {name: c, concurrent: 5}\n",
+			[]string{`line 6`, `rule "r1"`, `limits[0].timeout`, `missing`}},
+		{"inflight bad timeout", head + "  - id: r1\n    limits:\n      - {name: c, concurrent: 5, timeout: soon}\n",
+			[]string{`line 6`, `rule "r1"`, `limits[0].timeout`, `"soon" is not a duration`}},
+		{"inflight short timeout", head + "  - id: r1\n    limits:\n      - {name: c, concurrent: 5, timeout: 10ms}\n",
+			[]string{`line 6`, `rule "r1"`, `limits[0].timeout`, `10ms, must be in [1s, 1h0m0s]`}},
+		{"inflight fractional", head + "  - id: r1\n    limits:\n      - {name: c, concurrent: 2.5, timeout: 30s}\n",
+			[]string{`line 6`, `rule "r1"`, `limits[0].concurrent`, `2.5`}},
+		{"inflight zero", head + "  - id: r1\n    limits:\n      - {name: c, concurrent: 0, timeout: 30s}\n",
+			[]string{`line 6`, `rule "r1"`, `limits[0].concurrent`, `0, must be in [1, 100000]`}},
+		{"inflight huge", head + "  - id: r1\n    limits:\n      - {name: c, concurrent: 1e6, timeout: 30s}\n",
+			[]string{`line 6`, `rule "r1"`, `limits[0].concurrent`, `1000000, must be in [1, 100000]`}},
+		{"inflight with rate", head + "  - id: r1\n    limits:\n      - {name: c, concurrent: 5, timeout: 30s, rate: 3, per: 1s}\n",
+			[]string{`line 6`, `rule "r1"`, `limits[0]`, `concurrent and timeout only`}},
+		{"two inflight", head + "  - id: r1\n    limits:\n      - {name: a, concurrent: 5, timeout: 30s}\n      - {name: b, concurrent: 6, timeout: 30s}\n",
+			[]string{`line 7`, `rule "r1"`, `limits[1].concurrent`, `at most one`}},
 		{"too many limits", head + "  - id: r1\n    limits: [" + strings.Repeat("{name: a, rate: 1, per: 1s},", 9) + "]\n",
 			[]string{`line 5`, `rule "r1"`, `limits: 9 limits, more than 8`}},
 		{"duplicate limit name", head + "  - id: r1\n    limits:\n      - {name: s, rate: 1, per: 1s}\n      - {name: s, rate: 2, per: 1m}\n",
@@ -224,4 +240,51 @@ func mustCompile(t testing.TB, in string, opt CompileOptions) *Snapshot {
 		t.Fatal(err)
 	}
 	return snap
+}
+
+// An in-flight limit parses, compiles apart from the rule's buckets, and its regional cap
+// is floor(global × share).
+func TestInflightLimit(t *testing.T) {
+	s, err := ParseYAML([]byte("rules:\n  - id: exp\n    limits:\n      - {name: second, rate: 5, per: 1s}\n      - {name: inflight, concurrent: 20, timeout: 30s}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l := s.Rules[0].Limits[1]; !l.IsInflight() || l.Concurrent != 20 || l.Timeout != 30*time.Second {
+		t.Fatalf("parsed as %+v", l)
+	}
+	snap, err := Compile(s, CompileOptions{Region: "b", Regions: map[string]float64{"a": 1, "b": 1, "c": 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := snap.Rule("exp")
+	if c == nil || c.Inflight == nil || len(c.Global) != 1 || len(c.Limits) != 1 {
+		t.Fatalf("compiled as %+v", c)
+	}
+	in := c.Inflight
+	if in.Name != "exp/inflight" || in.Global != 20 || in.Cap != 6 || in.Timeout != 30*time.Second {
+		t.Fatalf("in-flight compiled as %+v, want cap floor(20/3) = 6", in)
+	}
+	for _, tc := range []struct {
+		share float64
+		want  int64
+	}{{1, 20}, {0.5, 10}, {0.3, 6}, {0.049, 0}, {0.05, 1}, {0, 0}, {math.NaN(), 0}, {2, 20}} {
+		if got := in.CapFor(tc.share); got != tc.want {
+			t.Errorf("CapFor(%v) = %d, want %d", tc.share, got, tc.want)
+		}
+	}
+	// A rule of only an in-flight limit compiles with no buckets.
+	s, err = ParseYAML([]byte("rules:\n  - id: only\n    limits: [{name: c, concurrent: 3, timeout: 1m}]\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if snap, err = Compile(s, CompileOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if c := snap.Rule("only"); len(c.Global) != 0 || c.Inflight == nil || c.Inflight.Cap != 3 {
+		t.Fatalf("compiled as %+v", c)
+	}
+	// The rule file written back reads the same.
+	if back, err := ParseYAML(EncodeSet(s)); err != nil || back.Rules[0].Limits[0] != s.Rules[0].Limits[0] {
+		t.Fatalf("EncodeSet round trip: %v, %+v", err, back)
+	}
 }

@@ -251,7 +251,10 @@ func (m *Match) IsZero() bool {
 		m.Domain == "" && len(m.Descriptor) == 0
 }
 
-// LimitSpec is one limit as written: Rate tokens per Per, holding up to Burst tokens.
+// LimitSpec is one limit as written: Rate tokens per Per, holding up to Burst tokens; or,
+// with Concurrent set, an in-flight limit: at most Concurrent requests of one identity at
+// once, each holding its slot until released or for at most Timeout (then Rate, Per and
+// Burst are unset). A rule has at most one in-flight limit.
 type LimitSpec struct {
 	// Name tells the limits of one rule apart ("second", "minute"); unique within the rule.
 	Name string
@@ -261,7 +264,16 @@ type LimitSpec struct {
 	Per time.Duration
 	// Burst is the bucket capacity in tokens; 0 means Rate.
 	Burst float64
+	// Concurrent, when > 0, makes this an in-flight limit: the most requests of one
+	// identity held at once, globally (each region holds floor(Concurrent × its share)).
+	Concurrent int64
+	// Timeout is how long an in-flight request holds its slot without a release: a lost
+	// release heals within it. Required with Concurrent.
+	Timeout time.Duration
 }
+
+// IsInflight reports whether l is an in-flight limit.
+func (l *LimitSpec) IsInflight() bool { return l.Concurrent != 0 || l.Timeout != 0 }
 
 // Set is a parsed, not yet compiled rule set. Version, when set, names the snapshot it
 // compiles into; when empty the snapshot is named by a hash of the content.

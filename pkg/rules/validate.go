@@ -23,6 +23,9 @@ const (
 	MaxDescriptorDepth = 64
 	// MaxReplaces is the most rules one rule may replace.
 	MaxReplaces = 64
+	// MaxInflightTimeout is the longest an in-flight request may hold its slot without a
+	// release.
+	MaxInflightTimeout = time.Hour
 )
 
 var (
@@ -135,6 +138,7 @@ func validateRule(r *Rule, i int, file string, errs *errList) {
 	}
 	minBurst := math.Inf(1)
 	names := make(map[string]bool, len(r.Limits))
+	inflight := -1
 	for j, l := range r.Limits {
 		f := func(s string) string { return fmt.Sprintf("limits[%d].%s", j, s) }
 		switch {
@@ -146,6 +150,14 @@ func validateRule(r *Rule, i int, file string, errs *errList) {
 			bad(f("name"), "%q appears twice in the rule; limit names must be unique", l.Name)
 		}
 		names[l.Name] = true
+		if l.IsInflight() {
+			if inflight >= 0 {
+				bad(f("concurrent"), "a second in-flight limit (limits[%d] is one); a rule has at most one", inflight)
+			}
+			inflight = j
+			validateInflight(l, f, bad)
+			continue
+		}
 		okRate := finite(l.Rate) && l.Rate > 0
 		if !okRate {
 			bad(f("rate"), "%g, must be finite and > 0", l.Rate)
@@ -278,4 +290,17 @@ func (s *Set) validateRegions(regions map[string]float64) error {
 		}
 	}
 	return errs.err()
+}
+
+// validateInflight checks an in-flight limit ({name, concurrent, timeout}).
+func validateInflight(l LimitSpec, f func(string) string, bad func(field, format string, a ...any)) {
+	if l.Concurrent < 1 || l.Concurrent > bucket.MaxConcurrent {
+		bad(f("concurrent"), "%d, must be in [1, %d]", l.Concurrent, bucket.MaxConcurrent)
+	}
+	if l.Timeout < time.Second || l.Timeout > MaxInflightTimeout {
+		bad(f("timeout"), "%v, must be in [1s, %v] (how long a request holds its slot if its release is lost)", l.Timeout, MaxInflightTimeout)
+	}
+	if l.Rate != 0 || l.Per != 0 || l.Burst != 0 {
+		bad(f("concurrent"), "beside rate, per or burst; an in-flight limit has concurrent and timeout only")
+	}
 }

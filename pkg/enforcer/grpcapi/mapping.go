@@ -31,11 +31,15 @@
 // zero included, else the request's hits_addend, else 1. A descriptor's hits_addend of 0
 // is a check that takes nothing (enforcer.Request.Peek): OVER_LIMIT when its buckets hold
 // less than one request's cost now, else OK with what they hold. A descriptor with
-// is_negative_hits asks to return tokens, which allot does not do: it is answered OK
-// without taking anything. A descriptor's own limit override is honoured only with
-// Config.LimitOverrides (see there); otherwise the rules decide. The domain is checked for
-// length (and, when Config.Domain is set, must equal it) and selects the descriptor rules
-// of that domain.
+// is_negative_hits (Envoy sends it when the stream is done, apply_on_stream_done) takes
+// nothing and is answered OK with no limit; it releases one in-flight slot of every
+// enforcing rule with an in-flight limit that it matches — the oldest slot of that
+// identity, since Envoy has no handle to send (enforcer.ReleaseOldest, which says the
+// error this brings) — whatever its hits, as a check holds one slot whatever its hits. It
+// returns no tokens of a rate limit. A descriptor's own limit override is honoured only
+// with Config.LimitOverrides (see there); otherwise the rules decide. The domain is checked
+// for length (and, when Config.Domain is set, must equal it) and selects the descriptor
+// rules of that domain.
 //
 // Every descriptor is checked, even after one is over its limit (as envoyproxy/ratelimit
 // does), so a refused request may still spend tokens of its other descriptors: this

@@ -131,7 +131,7 @@ func (s *Server) shouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 	}
 	for i, d := range descs {
 		skip, err := descriptorRequest(s.keys, &lim, i, d, req.GetHitsAddend(), &checks[i])
-		if err == nil && !skip {
+		if err == nil {
 			checks[i].Attrs.Domain = req.GetDomain()
 			if lent != nil {
 				from := len(entries)
@@ -164,7 +164,11 @@ func (s *Server) shouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 	}
 	for i := range checks {
 		if skips[i] {
-			continue // OK, with no limit
+			// Negative hits, sent when the stream is done: release an in-flight slot of the
+			// descriptor's rules (the oldest: Envoy has no handle). Answered OK with no limit
+			// whatever happens; a store error leaves the slot to its timeout.
+			_, _ = s.e.ReleaseOldest(ctx, &checks[i])
+			continue
 		}
 		d, err := s.e.Check(ctx, &checks[i])
 		if err != nil {
@@ -315,6 +319,25 @@ func (s *Server) Check(ctx context.Context, req *allotv1.CheckRequest) (*allotv1
 	return allotResponse(&d), nil
 }
 
+// Release implements allot.v1.Allot: the slots of a check's handle given back, once.
+func (s *Server) Release(ctx context.Context, req *allotv1.ReleaseRequest) (*allotv1.ReleaseResponse, error) {
+	if req == nil {
+		return nil, status.Error(codes.InvalidArgument, "enforcer: invalid check: empty request")
+	}
+	err := s.e.Release(ctx, req.GetHandle())
+	switch {
+	case err == nil:
+		return &allotv1.ReleaseResponse{}, nil
+	case errors.Is(err, enforcer.ErrInvalid):
+		return nil, status.Error(codes.InvalidArgument, err.Error())
+	case errors.Is(err, enforcer.ErrUnknownHandle):
+		return nil, status.Error(codes.NotFound, err.Error())
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
+		return nil, statusOf(err)
+	}
+	return nil, status.Error(codes.Unavailable, err.Error())
+}
+
 func allotRequest(req *allotv1.CheckRequest, r *enforcer.Request) error {
 	if req == nil {
 		return fmt.Errorf("%w: empty request", enforcer.ErrInvalid)
@@ -342,6 +365,7 @@ func allotResponse(d *enforcer.Decision) *allotv1.CheckResponse {
 		ResetMs:       d.Reset.Milliseconds(),
 		RetryAfterMs:  d.RetryAfter.Milliseconds(),
 		Source:        allotSource(d.Source),
+		Handle:        d.Handle,
 	}
 	if n := d.ShadowRefusedCount(); n > 0 {
 		resp.ShadowRefused = append([]string(nil), d.ShadowRefused()...)

@@ -224,6 +224,7 @@ func Handler(e *enforcer.Enforcer, cfg Config, gatherer prometheus.Gatherer, rea
 	h := &handler{e: e, cfg: cfg, log: log, gw: cfg.believed()}
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/check", h.check)
+	mux.HandleFunc("POST /v1/release", h.release)
 	mux.HandleFunc("/v1/auth", h.auth)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(gatherer, promhttp.HandlerOpts{ErrorLog: nil}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
@@ -313,6 +314,9 @@ type CheckResponse struct {
 	Source        string   `json:"source"`
 	CountedBy     string   `json:"counted_by,omitempty"`
 	ShadowRefused []string `json:"shadow_refused,omitempty"`
+	// Handle names the in-flight slots an allowed check holds (rules with an in-flight
+	// limit): POST it to /v1/release when the response is done. Absent when none.
+	Handle string `json:"handle,omitempty"`
 }
 
 // ErrorResponse is the body of a 400.
@@ -371,7 +375,7 @@ func (h *handler) check(w http.ResponseWriter, req *http.Request) {
 	resp := CheckResponse{
 		Allowed: d.Allowed, Rule: d.Rule, Limit: d.Limit, Quota: d.Quota, WindowSeconds: d.Window,
 		Remaining: d.Remaining, ResetMs: d.Reset.Milliseconds(), RetryAfterMs: d.RetryAfter.Milliseconds(),
-		Source: d.Source.String(), CountedBy: d.CountedBy,
+		Source: d.Source.String(), CountedBy: d.CountedBy, Handle: d.Handle,
 	}
 	if d.ShadowRefusedCount() > 0 {
 		resp.ShadowRefused = append([]string(nil), d.ShadowRefused()...)
@@ -401,6 +405,9 @@ func (h *handler) auth(w http.ResponseWriter, req *http.Request) {
 	}
 	setHeaders(w.Header(), &d)
 	if d.Allowed {
+		if d.Handle != "" {
+			w.Header().Set(HandleHeader, d.Handle)
+		}
 		w.WriteHeader(http.StatusOK)
 		return
 	}
@@ -599,5 +606,55 @@ func readBody(body io.Reader, dst []byte) ([]byte, error) {
 		if len(dst) > MaxBodyBytes {
 			return dst, fmt.Errorf("more than %d bytes", MaxBodyBytes)
 		}
+	}
+}
+
+// HandleHeader carries an allowed forward-auth check's in-flight handle
+// (CheckResponse.Handle): the gateway releases it with POST /v1/release when the response
+// is done, or the slots come back at their limit's timeout.
+const HandleHeader = "X-Allot-Handle"
+
+// ReleaseRequest is the body of POST /v1/release. Unknown fields are an error.
+type ReleaseRequest struct {
+	Handle string `json:"handle"`
+}
+
+// ReleaseResponse is the body POST /v1/release answers with: 200 and released when every
+// slot of the handle was given back; 404 with error when one was held no longer
+// (released already, expired, or never held: nothing is released twice); 400 for a
+// handle this enforcer cannot read; 503 when the store could not answer (the slots then
+// come back at their timeout).
+type ReleaseResponse struct {
+	Released bool   `json:"released"`
+	Error    string `json:"error,omitempty"`
+}
+
+func (h *handler) release(w http.ResponseWriter, req *http.Request) {
+	var buf [512]byte
+	b, err := readBody(http.MaxBytesReader(w, req.Body, MaxBodyBytes), buf[:0])
+	if err == nil {
+		err = strictBody(b)
+	}
+	var in ReleaseRequest
+	if err == nil {
+		dec := json.NewDecoder(bytes.NewReader(b))
+		dec.DisallowUnknownFields()
+		err = dec.Decode(&in)
+	}
+	if err != nil {
+		h.e.CountInvalid(enforcer.APIHTTPCheck)
+		writeJSON(w, http.StatusBadRequest, ErrorResponse{Error: fmt.Sprintf("%v: body: %v", enforcer.ErrInvalid, err)})
+		return
+	}
+	err = h.e.Release(req.Context(), in.Handle)
+	switch {
+	case err == nil:
+		writeJSON(w, http.StatusOK, ReleaseResponse{Released: true})
+	case errors.Is(err, enforcer.ErrInvalid):
+		writeJSON(w, http.StatusBadRequest, ErrorResponse{Error: err.Error()})
+	case errors.Is(err, enforcer.ErrUnknownHandle):
+		writeJSON(w, http.StatusNotFound, ReleaseResponse{Error: err.Error()})
+	default:
+		writeJSON(w, http.StatusServiceUnavailable, ReleaseResponse{Error: err.Error()})
 	}
 }

@@ -1,6 +1,7 @@
 package httpapi
 
 import (
+	"context"
 	"errors"
 	"net"
 	"net/http"
@@ -33,6 +34,10 @@ func DefaultAttrs(r *http.Request) rules.Attrs {
 // refused one gets 429 with them, Retry-After and X-RateLimit-Rule, and never reaches
 // next. Input over e's limits is 400. A check cut short because the client went away is
 // answered 503 and not passed on. attrs nil means DefaultAttrs. Safe for concurrent use.
+//
+// A check that holds in-flight slots (rules with an in-flight limit) releases them when
+// next returns, or panics: a release that fails (the store unreachable) is not retried,
+// and the slots come back at their limit's timeout.
 func Middleware(e *enforcer.Enforcer, attrs AttrsFunc, next http.Handler) http.Handler {
 	if attrs == nil {
 		attrs = DefaultAttrs
@@ -52,6 +57,9 @@ func Middleware(e *enforcer.Enforcer, attrs AttrsFunc, next http.Handler) http.H
 		if !d.Allowed {
 			http.Error(w, "rate limited by rule "+d.Rule, http.StatusTooManyRequests)
 			return
+		}
+		if d.Handle != "" {
+			defer func() { _ = e.Release(context.WithoutCancel(r.Context()), d.Handle) }()
 		}
 		next.ServeHTTP(w, r)
 	})

@@ -106,6 +106,89 @@ func (Source) EnumDescriptor() ([]byte, []int) {
 	return file_allot_v1_allot_proto_rawDescGZIP(), []int{0}
 }
 
+// ReleaseRequest names the slots to give back.
+type ReleaseRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// CheckResponse.handle, as the check answered it.
+	Handle        string `protobuf:"bytes,1,opt,name=handle,proto3" json:"handle,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReleaseRequest) Reset() {
+	*x = ReleaseRequest{}
+	mi := &file_allot_v1_allot_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReleaseRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReleaseRequest) ProtoMessage() {}
+
+func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_allot_v1_allot_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReleaseRequest.ProtoReflect.Descriptor instead.
+func (*ReleaseRequest) Descriptor() ([]byte, []int) {
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *ReleaseRequest) GetHandle() string {
+	if x != nil {
+		return x.Handle
+	}
+	return ""
+}
+
+// ReleaseResponse says the slots were given back.
+type ReleaseResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReleaseResponse) Reset() {
+	*x = ReleaseResponse{}
+	mi := &file_allot_v1_allot_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReleaseResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReleaseResponse) ProtoMessage() {}
+
+func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_allot_v1_allot_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReleaseResponse.ProtoReflect.Descriptor instead.
+func (*ReleaseResponse) Descriptor() ([]byte, []int) {
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{1}
+}
+
 // CheckRequest is what a gateway knows about one request. Empty fields are unknown: a rule
 // that matches on or counts by an unknown attribute does not apply.
 type CheckRequest struct {
@@ -129,7 +212,7 @@ type CheckRequest struct {
 
 func (x *CheckRequest) Reset() {
 	*x = CheckRequest{}
-	mi := &file_allot_v1_allot_proto_msgTypes[0]
+	mi := &file_allot_v1_allot_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -141,7 +224,7 @@ func (x *CheckRequest) String() string {
 func (*CheckRequest) ProtoMessage() {}
 
 func (x *CheckRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[0]
+	mi := &file_allot_v1_allot_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -154,7 +237,7 @@ func (x *CheckRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckRequest.ProtoReflect.Descriptor instead.
 func (*CheckRequest) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{0}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *CheckRequest) GetApiKey() string {
@@ -223,14 +306,18 @@ type CheckResponse struct {
 	ShadowRefused []string `protobuf:"bytes,10,rep,name=shadow_refused,json=shadowRefused,proto3" json:"shadow_refused,omitempty"`
 	// The HTTP response headers a gateway should send: RateLimit-Policy and RateLimit on
 	// every answer, Retry-After and X-RateLimit-Rule on refusal.
-	Headers       []*Header `protobuf:"bytes,11,rep,name=headers,proto3" json:"headers,omitempty"`
+	Headers []*Header `protobuf:"bytes,11,rep,name=headers,proto3" json:"headers,omitempty"`
+	// When allowed under rules with an in-flight limit, names the slots this check holds:
+	// call Release with it when the response is done, or they come back after the limit's
+	// timeout. Empty when the check holds none. Checking is acquiring.
+	Handle        string `protobuf:"bytes,12,opt,name=handle,proto3" json:"handle,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CheckResponse) Reset() {
 	*x = CheckResponse{}
-	mi := &file_allot_v1_allot_proto_msgTypes[1]
+	mi := &file_allot_v1_allot_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -242,7 +329,7 @@ func (x *CheckResponse) String() string {
 func (*CheckResponse) ProtoMessage() {}
 
 func (x *CheckResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[1]
+	mi := &file_allot_v1_allot_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -255,7 +342,7 @@ func (x *CheckResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckResponse.ProtoReflect.Descriptor instead.
 func (*CheckResponse) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{1}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *CheckResponse) GetAllowed() bool {
@@ -335,6 +422,13 @@ func (x *CheckResponse) GetHeaders() []*Header {
 	return nil
 }
 
+func (x *CheckResponse) GetHandle() string {
+	if x != nil {
+		return x.Handle
+	}
+	return ""
+}
+
 // Header is one HTTP response header field.
 type Header struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -346,7 +440,7 @@ type Header struct {
 
 func (x *Header) Reset() {
 	*x = Header{}
-	mi := &file_allot_v1_allot_proto_msgTypes[2]
+	mi := &file_allot_v1_allot_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -358,7 +452,7 @@ func (x *Header) String() string {
 func (*Header) ProtoMessage() {}
 
 func (x *Header) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[2]
+	mi := &file_allot_v1_allot_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -371,7 +465,7 @@ func (x *Header) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Header.ProtoReflect.Descriptor instead.
 func (*Header) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{2}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Header) GetName() string {
@@ -392,14 +486,17 @@ var File_allot_v1_allot_proto protoreflect.FileDescriptor
 
 const file_allot_v1_allot_proto_rawDesc = "" +
 	"\n" +
-	"\x14allot/v1/allot.proto\x12\ballot.v1\"\x8d\x01\n" +
+	"\x14allot/v1/allot.proto\x12\ballot.v1\"(\n" +
+	"\x0eReleaseRequest\x12\x16\n" +
+	"\x06handle\x18\x01 \x01(\tR\x06handle\"\x11\n" +
+	"\x0fReleaseResponse\"\x8d\x01\n" +
 	"\fCheckRequest\x12\x17\n" +
 	"\aapi_key\x18\x01 \x01(\tR\x06apiKey\x12\x12\n" +
 	"\x04plan\x18\x02 \x01(\tR\x04plan\x12\x10\n" +
 	"\x03org\x18\x03 \x01(\tR\x03org\x12\x1a\n" +
 	"\bendpoint\x18\x04 \x01(\tR\bendpoint\x12\x0e\n" +
 	"\x02ip\x18\x05 \x01(\tR\x02ip\x12\x12\n" +
-	"\x04hits\x18\x06 \x01(\rR\x04hits\"\xec\x02\n" +
+	"\x04hits\x18\x06 \x01(\rR\x04hits\"\x84\x03\n" +
 	"\rCheckResponse\x12\x18\n" +
 	"\aallowed\x18\x01 \x01(\bR\aallowed\x12\x12\n" +
 	"\x04rule\x18\x02 \x01(\tR\x04rule\x12\x14\n" +
@@ -412,7 +509,8 @@ const file_allot_v1_allot_proto_rawDesc = "" +
 	"\x06source\x18\t \x01(\x0e2\x10.allot.v1.SourceR\x06source\x12%\n" +
 	"\x0eshadow_refused\x18\n" +
 	" \x03(\tR\rshadowRefused\x12*\n" +
-	"\aheaders\x18\v \x03(\v2\x10.allot.v1.HeaderR\aheaders\"2\n" +
+	"\aheaders\x18\v \x03(\v2\x10.allot.v1.HeaderR\aheaders\x12\x16\n" +
+	"\x06handle\x18\f \x01(\tR\x06handle\"2\n" +
 	"\x06Header\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value*\xdb\x01\n" +
@@ -426,9 +524,10 @@ const file_allot_v1_allot_proto_rawDesc = "" +
 	"\x0fSOURCE_FALLBACK\x10\x06\x12\x16\n" +
 	"\x12SOURCE_FAIL_CLOSED\x10\a\x12\x14\n" +
 	"\x10SOURCE_FAIL_OPEN\x10\b\x12\x14\n" +
-	"\x10SOURCE_TOO_LARGE\x10\t2A\n" +
+	"\x10SOURCE_TOO_LARGE\x10\t2\x81\x01\n" +
 	"\x05Allot\x128\n" +
-	"\x05Check\x12\x16.allot.v1.CheckRequest\x1a\x17.allot.v1.CheckResponseB3Z1github.com/allot-dev/allot/proto/allot/v1;allotv1b\x06proto3"
+	"\x05Check\x12\x16.allot.v1.CheckRequest\x1a\x17.allot.v1.CheckResponse\x12>\n" +
+	"\aRelease\x12\x18.allot.v1.ReleaseRequest\x1a\x19.allot.v1.ReleaseResponseB3Z1github.com/allot-dev/allot/proto/allot/v1;allotv1b\x06proto3"
 
 var (
 	file_allot_v1_allot_proto_rawDescOnce sync.Once
@@ -443,20 +542,24 @@ func file_allot_v1_allot_proto_rawDescGZIP() []byte {
 }
 
 var file_allot_v1_allot_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_allot_v1_allot_proto_msgTypes = make([]protoimpl.MessageInfo, 3)
+var file_allot_v1_allot_proto_msgTypes = make([]protoimpl.MessageInfo, 5)
 var file_allot_v1_allot_proto_goTypes = []any{
-	(Source)(0),           // 0: allot.v1.Source
-	(*CheckRequest)(nil),  // 1: allot.v1.CheckRequest
-	(*CheckResponse)(nil), // 2: allot.v1.CheckResponse
-	(*Header)(nil),        // 3: allot.v1.Header
+	(Source)(0),             // 0: allot.v1.Source
+	(*ReleaseRequest)(nil),  // 1: allot.v1.ReleaseRequest
+	(*ReleaseResponse)(nil), // 2: allot.v1.ReleaseResponse
+	(*CheckRequest)(nil),    // 3: allot.v1.CheckRequest
+	(*CheckResponse)(nil),   // 4: allot.v1.CheckResponse
+	(*Header)(nil),          // 5: allot.v1.Header
 }
 var file_allot_v1_allot_proto_depIdxs = []int32{
 	0, // 0: allot.v1.CheckResponse.source:type_name -> allot.v1.Source
-	3, // 1: allot.v1.CheckResponse.headers:type_name -> allot.v1.Header
-	1, // 2: allot.v1.Allot.Check:input_type -> allot.v1.CheckRequest
-	2, // 3: allot.v1.Allot.Check:output_type -> allot.v1.CheckResponse
-	3, // [3:4] is the sub-list for method output_type
-	2, // [2:3] is the sub-list for method input_type
+	5, // 1: allot.v1.CheckResponse.headers:type_name -> allot.v1.Header
+	3, // 2: allot.v1.Allot.Check:input_type -> allot.v1.CheckRequest
+	1, // 3: allot.v1.Allot.Release:input_type -> allot.v1.ReleaseRequest
+	4, // 4: allot.v1.Allot.Check:output_type -> allot.v1.CheckResponse
+	2, // 5: allot.v1.Allot.Release:output_type -> allot.v1.ReleaseResponse
+	4, // [4:6] is the sub-list for method output_type
+	2, // [2:4] is the sub-list for method input_type
 	2, // [2:2] is the sub-list for extension type_name
 	2, // [2:2] is the sub-list for extension extendee
 	0, // [0:2] is the sub-list for field type_name
@@ -473,7 +576,7 @@ func file_allot_v1_allot_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_allot_v1_allot_proto_rawDesc), len(file_allot_v1_allot_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   3,
+			NumMessages:   5,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

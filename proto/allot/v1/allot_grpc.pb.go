@@ -24,7 +24,8 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Allot_Check_FullMethodName = "/allot.v1.Allot/Check"
+	Allot_Check_FullMethodName   = "/allot.v1.Allot/Check"
+	Allot_Release_FullMethodName = "/allot.v1.Allot/Release"
 )
 
 // AllotClient is the client API for Allot service.
@@ -36,6 +37,12 @@ type AllotClient interface {
 	// Check decides one request. Invalid input (sizes over the enforcer's limits, an
 	// unparsable ip, hits out of range) is INVALID_ARGUMENT; a refusal is not an error.
 	Check(ctx context.Context, in *CheckRequest, opts ...grpc.CallOption) (*CheckResponse, error)
+	// Release gives back the in-flight slots an allowed check holds (CheckResponse.handle),
+	// once the response is done. A handle whose slots are held no longer (released
+	// already, expired after the limit's timeout, or never held) is NOT_FOUND and nothing
+	// is released twice; a handle the enforcer cannot read is INVALID_ARGUMENT; a store
+	// that cannot answer is UNAVAILABLE (the slots then come back at their timeout).
+	Release(ctx context.Context, in *ReleaseRequest, opts ...grpc.CallOption) (*ReleaseResponse, error)
 }
 
 type allotClient struct {
@@ -56,6 +63,16 @@ func (c *allotClient) Check(ctx context.Context, in *CheckRequest, opts ...grpc.
 	return out, nil
 }
 
+func (c *allotClient) Release(ctx context.Context, in *ReleaseRequest, opts ...grpc.CallOption) (*ReleaseResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ReleaseResponse)
+	err := c.cc.Invoke(ctx, Allot_Release_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AllotServer is the server API for Allot service.
 // All implementations must embed UnimplementedAllotServer
 // for forward compatibility.
@@ -65,6 +82,12 @@ type AllotServer interface {
 	// Check decides one request. Invalid input (sizes over the enforcer's limits, an
 	// unparsable ip, hits out of range) is INVALID_ARGUMENT; a refusal is not an error.
 	Check(context.Context, *CheckRequest) (*CheckResponse, error)
+	// Release gives back the in-flight slots an allowed check holds (CheckResponse.handle),
+	// once the response is done. A handle whose slots are held no longer (released
+	// already, expired after the limit's timeout, or never held) is NOT_FOUND and nothing
+	// is released twice; a handle the enforcer cannot read is INVALID_ARGUMENT; a store
+	// that cannot answer is UNAVAILABLE (the slots then come back at their timeout).
+	Release(context.Context, *ReleaseRequest) (*ReleaseResponse, error)
 	mustEmbedUnimplementedAllotServer()
 }
 
@@ -77,6 +100,9 @@ type UnimplementedAllotServer struct{}
 
 func (UnimplementedAllotServer) Check(context.Context, *CheckRequest) (*CheckResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Check not implemented")
+}
+func (UnimplementedAllotServer) Release(context.Context, *ReleaseRequest) (*ReleaseResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Release not implemented")
 }
 func (UnimplementedAllotServer) mustEmbedUnimplementedAllotServer() {}
 func (UnimplementedAllotServer) testEmbeddedByValue()               {}
@@ -117,6 +143,24 @@ func _Allot_Check_Handler(srv interface{}, ctx context.Context, dec func(interfa
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Allot_Release_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReleaseRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AllotServer).Release(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Allot_Release_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AllotServer).Release(ctx, req.(*ReleaseRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Allot_ServiceDesc is the grpc.ServiceDesc for Allot service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -127,6 +171,10 @@ var Allot_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Check",
 			Handler:    _Allot_Check_Handler,
+		},
+		{
+			MethodName: "Release",
+			Handler:    _Allot_Release_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
