@@ -57,6 +57,7 @@ type ident struct {
 	shift    bool        // a report this window showed its traffic moved (Core.shifted)
 	moved    uint64      // the regions whose reports showed it (bit min(r, 63))
 	origin   int         // the region whose report added it (-1: restored), see Ingest
+	snapOf   uint64      // the Core.snapEpoch its snap values belong to (older: zero)
 }
 
 func (id *ident) published(n int) []float64 { return id.vals[:n:n] }
@@ -67,8 +68,21 @@ func (id *ident) tokens(n int) []float64    { return id.vals[2*n : 3*n : 3*n] }
 // last second, IdentityUsage.recent_rate) they carried for the identity.
 func (id *ident) recent(n int) []float64 { return id.vals[3*n : 4*n : 4*n] }
 
+// snap is Σ of the recent rates carried for the identity by the reports received since
+// the last new version (Core.snapEpoch), valid while snapOf is the core's epoch: after a
+// version every enforcer reports within its AckGap, so this is a fresh second of every
+// region's traffic (see followUp).
+func (id *ident) snap(n int, epoch uint64) []float64 {
+	s := id.vals[4*n : 5*n : 5*n]
+	if id.snapOf != epoch {
+		clear(s)
+		id.snapOf = epoch
+	}
+	return s
+}
+
 // valsPer is the float64s of vals per region.
-const valsPer = 4
+const valsPer = 5
 
 type enforcerState struct {
 	maxSeq     uint64
@@ -78,6 +92,7 @@ type enforcerState struct {
 	appliedVer uint64
 	window     uint64 // the window it last reported in
 	lastEndMs  int64  // the end of its last report's interval (Ingest counts seconds from it)
+	snapOf     uint64 // the Core.snapEpoch it last reported in
 }
 
 // dup reports whether seq was seen before, changing nothing.
@@ -129,6 +144,11 @@ type regionState struct {
 	lag         time.Duration
 	driftSum    float64
 	driftMax    float64
+	// The reports since the last new version (valid while snapOf is Core.snapEpoch): how
+	// many, how many carried recent rates, and from how many enforcers.
+	snapOf      uint64
+	snapReports int
+	snapEnfs    int
 }
 
 // Core is the balancer's decision: reports in, versioned share sets out. It guarantees
@@ -169,6 +189,16 @@ type Core struct {
 	earlyPending  bool
 	shiftPending  bool // a report's recent rates showed a key's traffic moved (shifted)
 	window        uint64
+	// snapEpoch counts new versions: the reports after one make a fresh snapshot of every
+	// region's recent rates (ident.snap). followUp: the last version came from a recompute,
+	// so once every region's enforcers have answered it (or EarlyGap passed) the core
+	// recomputes once more, reading a region's demand from that snapshot where it differs
+	// from the window's average by more than its noise (followUpRecompute).
+	snapEpoch uint64
+	followUp  bool
+	snapUsed  int  // identities the last recompute read from the snapshot
+	snapMoves int  // of which moves (the policy's fast path)
+	asked     bool // the last recompute but follow-ups was asked for by a report, not the interval
 
 	version     uint64 // the last version returned by Tick
 	landed      uint64 // the last version Published
@@ -193,7 +223,7 @@ type Core struct {
 }
 
 type counters struct {
-	recomputes, duplicates, invalid, unknownRule, dropped, evicted, clamped uint64
+	recomputes, followUps, duplicates, invalid, unknownRule, dropped, evicted, clamped uint64
 }
 
 // ReserveTotal caps what the idle regions of an identity keep in reserve together: the

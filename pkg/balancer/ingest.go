@@ -138,6 +138,14 @@ func (c *Core) Ingest(now time.Time, r *allotv1.ReportRequest) error {
 	rs.winReports++
 	if r.RecentWindowMs > 0 {
 		rs.winRecent++
+		if rs.snapOf != c.snapEpoch {
+			rs.snapOf, rs.snapReports, rs.snapEnfs = c.snapEpoch, 0, 0
+		}
+		rs.snapReports++
+		if e.snapOf != c.snapEpoch+1 { // offset by one so 0 means never
+			e.snapOf = c.snapEpoch + 1
+			rs.snapEnfs++
+		}
 	}
 	rs.lag = now.Sub(time.UnixMilli(r.IntervalEndMs))
 	if r.Early {
@@ -185,6 +193,9 @@ func (c *Core) Ingest(now time.Time, r *allotv1.ReportRequest) error {
 		}
 		id.tokens(c.n)[ri] += admitted + u.Refused
 		id.recent(c.n)[ri] += u.RecentRate
+		if r.RecentWindowMs > 0 {
+			id.snap(c.n, c.snapEpoch)[ri] += u.RecentRate
+		}
 		if !quiet {
 			id.lastSeen = now
 			id.evict = false

@@ -158,3 +158,72 @@ func TestQuietEntryTracksNothingNew(t *testing.T) {
 		t.Fatal("a quiet entry made an identity")
 	}
 }
+
+// A partial move is read from the answers to the version it caused (issue 21 §2): the
+// traffic of a key over its limit swaps between two regions (120/s and 30/s against
+// 100/s: 0.7/0.3 max-min fair). The early recompute sees the region the traffic reached, not the one it left
+// (whose last report is from before), and splits 50/50; the reports that answer that
+// version carry every region's last second, and the follow-up recompute reads the new
+// split from them (0.3/0.7) a round trip later instead of at the next interval.
+func TestPartialMoveFollowedUpFromTheAnswers(t *testing.T) {
+	c := newTestCore(t, func(c *CoreConfig) { c.Regions = regions3[:2]; c.KeyTTL = time.Hour })
+	now := t0
+	seq := uint64(0)
+	rates := map[string]float64{"us-east": 30, "eu-west": 120}
+	last := map[string]time.Time{"us-east": now, "eu-west": now}
+	send := func(region string, early, ack bool) {
+		seq++
+		secs := now.Sub(last[region]).Seconds()
+		last[region] = now
+		tok := rates[region] * secs
+		r := recentReport(region, region+"-1", seq, now, c.Stats(now).Version, useRecent("key:a", min(tok, 100*secs/2), max(tok-100*secs/2, 0), rates[region]))
+		r.IntervalStartMs = now.Add(-time.Duration(secs * float64(time.Second))).UnixMilli()
+		r.Early, r.Ack = early, ack
+		if err := c.Ingest(now, r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tick := func() {
+		if p := c.Tick(now); p != nil {
+			c.Published(p, now)
+		}
+	}
+	for i := range 60 {
+		now = now.Add(time.Second)
+		if i%10 == 9 {
+			send("us-east", false, false)
+			send("eu-west", false, false)
+		}
+		tick()
+	}
+	if s, _ := c.Identity("default", "key:a"); math.Abs(s.Published[1]-0.7) > 0.03 {
+		t.Fatalf("before the move: %v, want eu-west ≈ 0.7 (max-min fair)", s.Published)
+	}
+	moved := now
+	rates["us-east"], rates["eu-west"] = 120, 30
+	now = now.Add(2 * time.Second)
+	send("us-east", true, false) // refusals jumped
+	lastVer := c.Stats(now).Version
+	var answerAt time.Time
+	for now.Sub(moved) < 8*time.Second {
+		tick()
+		if v := c.Stats(now).Version; v != lastVer {
+			lastVer, answerAt = v, now.Add(300*time.Millisecond)
+		}
+		if !answerAt.IsZero() && !now.Before(answerAt) {
+			send("us-east", false, true)
+			send("eu-west", false, true)
+			answerAt = time.Time{}
+		}
+		if s, _ := c.Identity("default", "key:a"); s.Published[0] >= 0.68 {
+			t.Logf("us-east at %v %.0f ms after the move (versions %d, follow-ups %d)", s.Published, float64(now.Sub(moved))/1e6, c.Stats(now).Version, c.Stats(now).FollowUps)
+			if d := now.Sub(moved); d > 4*time.Second {
+				t.Fatalf("us-east reached 0.68 %v after the move, want ≤ 4 s", d)
+			}
+			return
+		}
+		now = now.Add(250 * time.Millisecond)
+	}
+	s, _ := c.Identity("default", "key:a")
+	t.Fatalf("8 s after the move: %v (follow-ups %d), want us-east ≥ 0.68", s.Published, c.Stats(now).FollowUps)
+}

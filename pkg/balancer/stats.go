@@ -28,6 +28,7 @@ type Stats struct {
 	Tracked, Listed int // identities tracked; listed in the version in force
 	Pending         int // identities whose change plan is not finished
 	Recomputes      uint64
+	FollowUps       uint64 // recomputes of the identities a version's answers showed moved (Core.followUp)
 	Duplicates      uint64 // retried reports ignored
 	Invalid         uint64 // reports refused
 	UnknownRule     uint64 // usage entries whose rule is unknown, ignored
@@ -44,7 +45,7 @@ func (c *Core) Stats(now time.Time) Stats {
 	s := Stats{
 		LeaderRev: c.cfg.LeaderRev, Version: c.version, Landed: c.landed, Learning: c.learning,
 		Tracked: len(c.ids), Listed: c.listed, Pending: len(c.pending),
-		Recomputes: c.stats.recomputes, Duplicates: c.stats.duplicates, Invalid: c.stats.invalid,
+		Recomputes: c.stats.recomputes, FollowUps: c.stats.followUps, Duplicates: c.stats.duplicates, Invalid: c.stats.invalid,
 		UnknownRule: c.stats.unknownRule, Dropped: c.stats.dropped, Evicted: c.stats.evicted, Clamped: c.stats.clamped,
 	}
 	ack := c.acks(now)

@@ -41,12 +41,20 @@ func (c *Core) Tick(now time.Time) *Publication {
 			c.nextDue = now // recompute at once
 		}
 	}
-	recomputed, shift := false, false
+	recomputed, shift, follow := false, false, false
 	since := now.Sub(c.lastCompute)
-	if !c.learning && (!now.Before(c.nextDue) || (c.earlyPending && since >= c.cfg.EarlyGap) ||
+	if !c.learning && c.followUp && (c.answered(now) || now.Sub(c.lastVersionAt) >= c.cfg.EarlyGap) {
+		// The last version came from a recompute and every region has answered it (or
+		// EarlyGap passed): its reports are a fresh second of every region's traffic.
+		follow = true
+		c.followUp = false
+		c.recompute(now, true)
+		recomputed = true
+	} else if !c.learning && (!now.Before(c.nextDue) || (c.earlyPending && since >= c.cfg.EarlyGap) ||
 		(c.shiftPending && since >= c.cfg.ShiftGap)) {
 		shift = c.shiftPending
-		c.recompute(now)
+		c.asked = now.Before(c.nextDue)
+		c.recompute(now, false)
 		recomputed = true
 	}
 	// A new version at most every MinVersionGap (the first of a term aside): each one
@@ -58,17 +66,24 @@ func (c *Core) Tick(now time.Time) *Publication {
 	// per ShiftGap).
 	changed := false
 	c.fullStep = c.fullStep || recomputed
-	c.shiftStep = c.shiftStep || shift
+	c.shiftStep = c.shiftStep || shift || follow
 	gap := c.cfg.MinVersionGap
 	if c.held || c.shiftStep {
 		gap = 0
 	}
+	fromRecompute := false
 	if c.lastVersionAt.IsZero() || now.Sub(c.lastVersionAt) >= gap {
 		p := c.planFor(ack)
+		fromRecompute = c.fullStep
 		changed = c.advance(&p, c.fullStep)
 		c.fullStep, c.shiftStep = false, false
 	}
 	if changed || c.dirty {
+		// A version out of a recompute is followed up once its answers are in (a
+		// follow-up's own version only when the snapshot moved some identity: the chain
+		// ends when the newest picture agrees with the window's).
+		c.followUp = changed && fromRecompute && (!follow && c.asked || follow && c.snapMoves > 0)
+		c.snapEpoch++
 		c.dirty = false
 		c.lastVersionAt = now
 		c.version++
@@ -82,13 +97,37 @@ func (c *Core) Tick(now time.Time) *Publication {
 	return nil
 }
 
+// answered reports whether every enforcer that may still enforce something (heard within
+// SilentAfter) has reported since the last new version: its snapshot of recent rates is
+// then complete.
+func (c *Core) answered(now time.Time) bool {
+	for r := range c.regions {
+		rs := &c.regions[r]
+		for _, e := range rs.enforcers {
+			if now.Sub(e.lastHeard) <= c.cfg.SilentAfter && e.snapOf != c.snapEpoch+1 {
+				return false
+			}
+		}
+	}
+	return true
+}
+
 // recompute sets every identity's target from this window's demand and closes the
-// window.
-func (c *Core) recompute(now time.Time) {
+// window. With snapshot (a follow-up of a version, see Core.followUp) an identity whose
+// recent rates since that version differ, in some region, from the window's average by
+// more than their noise is read from those recent rates in every region that reported
+// them: its traffic moved, and the newest picture of it is one second old at most.
+func (c *Core) recompute(now time.Time, snapshot bool) {
 	n := c.n
-	c.stats.recomputes++
-	perEnf := make([]float64, n) // D_r, seconds; NaN: region not heard this window
-	perRep := make([]float64, n) // enforcers per report this window: Σ recent × perRep
+	c.snapUsed, c.snapMoves = 0, 0
+	if snapshot {
+		c.stats.followUps++
+	} else {
+		c.stats.recomputes++
+	}
+	perEnf := make([]float64, n)  // D_r, seconds; NaN: region not heard this window
+	perRep := make([]float64, n)  // enforcers per report this window: Σ recent × perRep
+	snapRep := make([]float64, n) // the same for the reports since the last version (snapshot)
 	silent := make([]bool, n)
 	stale := make([]bool, n)
 	for r := range c.regions {
@@ -113,6 +152,16 @@ func (c *Core) recompute(now time.Time) {
 				perRep[r] = float64(live) / float64(rs.winReports)
 			}
 		}
+		snapRep[r] = math.NaN()
+		if snapshot && rs.snapOf == c.snapEpoch && rs.snapReports > 0 {
+			live := 0
+			for _, e := range rs.enforcers {
+				if now.Sub(e.lastHeard) <= c.cfg.SilentAfter {
+					live++
+				}
+			}
+			snapRep[r] = float64(max(live, rs.snapEnfs)) / float64(rs.snapReports)
+		}
 		last := rs.lastHeard
 		if last.IsZero() || last.Before(c.start) {
 			last = c.start
@@ -121,7 +170,9 @@ func (c *Core) recompute(now time.Time) {
 		// it enforces (it may be cut off, applying an old leader's larger share).
 		silent[r] = !rs.heard || now.Sub(last) > c.cfg.SilentAfter
 		stale[r] = now.Sub(last) >= c.cfg.Stale
-		rs.driftSum, rs.driftMax = 0, 0
+		if !snapshot {
+			rs.driftSum, rs.driftMax = 0, 0
+		}
 
 	}
 	demand := make([]float64, n)
@@ -138,6 +189,9 @@ func (c *Core) recompute(now time.Time) {
 			id.rate, id.requests, id.def = l.Rate, l.Requests, def
 		} else {
 			id.evict = true // the rule is gone: back to the default split, then forget it
+		}
+		if snapshot && (id.evict || id.snapOf != c.snapEpoch) {
+			continue // a follow-up touches only what its snapshot names
 		}
 		seen := id.lastSeen
 		if seen.Before(c.start) {
@@ -186,15 +240,27 @@ func (c *Core) recompute(now time.Time) {
 				}
 			}
 		}
-		clear(tok)
-		clear(rec)
-		// A move takes the policy's fast path whatever the noise. The regions it showed in
-		// stay read by their recent rates while the moves go on (a recompute a moment
-		// later, on the acknowledgements, has a window that still holds the time before
-		// the traffic arrived); the first recompute without a move reads window averages.
-		fast := id.shift
-		if !fast {
-			id.moved = 0
+		var fast bool
+		if snapshot {
+			// A follow-up leaves the window to the next recompute: only the identities
+			// its snapshot shows moved (or refines after a move) are allocated again, from
+			// that snapshot alone (a region without one keeps its smoothed demand).
+			var use bool
+			if use, fast = c.fromSnapshot(id, demand, noise, held, snapRep); !use {
+				continue
+			}
+		} else {
+			clear(tok)
+			clear(rec)
+			// A move takes the policy's fast path whatever the noise. The regions it
+			// showed in stay read by their recent rates while the moves go on (a
+			// recompute a moment later, on the acknowledgements, has a window that still
+			// holds the time before the traffic arrived); the first recompute without a
+			// move reads window averages.
+			fast = id.shift
+			if !fast {
+				id.moved = 0
+			}
 		}
 		id.shift = false
 		// In place: id.st is this identity's alone, and its Shares are copied out below.
@@ -206,7 +272,12 @@ func (c *Core) recompute(now time.Time) {
 		if !equal(tgt, id.def) {
 			nonDefault++
 		}
-		c.drift(id)
+		if !snapshot {
+			c.drift(id)
+		}
+	}
+	if snapshot {
+		return // the window stays open for the next recompute
 	}
 	if nonDefault > c.cfg.MaxPublished {
 		c.capPublished()
@@ -221,6 +292,66 @@ func (c *Core) recompute(now time.Time) {
 	for !c.nextDue.After(now) {
 		c.nextDue = c.nextDue.Add(c.cfg.Interval)
 	}
+}
+
+// fromSnapshot reads id's demand from the recent rates of the reports since the last
+// version (est_r = Σ recent × enforcers ÷ reports: about one second of region r's
+// arrivals, at most a second old). Which regions, and how:
+//
+//   - a move: in some free region est_r differs from the policy's smoothed demand by more
+//     than three standard deviations of a second's Poisson count (√max(est, smoothed, 1))
+//     and by at least DeadBand/4 of the limit. Every region with a snapshot is read from
+//     it and the identity takes the policy's fast path (smoothed := est): the traffic
+//     moved, and the window's average still holds the time before;
+//   - the refinement after a move (id.moved set: the last recompute read it so): the
+//     snapshot is the demand, without the fast path, so the policy's smoothing averages
+//     the noisy second in with the one before it.
+//
+// Which way it errs: a second of arrivals is noisier than the window's average — a
+// region read at 2σ under its rate after a move is held that much under its fair part
+// until the refinement a round trip later; a false move (beyond three σ) sets a region's
+// smoothed demand to a noisy second, which the refinement halves.
+func (c *Core) fromSnapshot(id *ident, demand, noise, held, snapRep []float64) (use, moved bool) {
+	snap := id.snap(c.n, c.snapEpoch)
+	for r := range demand {
+		if math.IsNaN(snapRep[r]) || !math.IsNaN(held[r]) {
+			continue
+		}
+		est, s := snap[r]*snapRep[r], demand[r]
+		if r < len(id.st.Smoothed) && !math.IsNaN(id.st.Smoothed[r]) {
+			s = id.st.Smoothed[r]
+		}
+		if math.IsNaN(s) {
+			s = 0
+		}
+		diff := math.Abs(est - s)
+		if diff > 3*math.Sqrt(max(est, s, 1)) && diff >= c.cfg.Share.DeadBand/4*id.rate {
+			moved = true
+			break
+		}
+	}
+	if !moved && id.moved == 0 {
+		return false, false
+	}
+	c.snapUsed++
+	for r := range demand {
+		if !math.IsNaN(held[r]) {
+			continue
+		}
+		if math.IsNaN(snapRep[r]) {
+			demand[r] = math.NaN() // keeps its smoothed demand
+			continue
+		}
+		demand[r] = snap[r] * snapRep[r]
+		noise[r] = math.Sqrt(max(demand[r], 1))
+		if moved {
+			id.moved |= regionBit(r)
+		}
+	}
+	if moved {
+		c.snapMoves++
+	}
+	return true, moved
 }
 
 // drift adds |published − demand fraction| of one identity to each region's drift.
