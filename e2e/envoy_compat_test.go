@@ -5,7 +5,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -18,12 +17,7 @@ import (
 	"time"
 
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
-	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
-	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
-	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
-	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
-	serverv3 "github.com/envoyproxy/go-control-plane/pkg/server/v3"
 	rlconf "github.com/envoyproxy/go-control-plane/ratelimit/config/ratelimit/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -299,46 +293,6 @@ func TestEnvoyCompatIstio(t *testing.T) {
 	})
 }
 
-// gatewayServer is go-control-plane's management server, as Envoy Gateway runs one for
-// its rate limit deployment: RateLimitConfig resources, state of the world, node
-// "envoy-ratelimit".
-type gatewayServer struct {
-	t     *testing.T
-	cache cachev3.SnapshotCache
-	addr  string
-}
-
-func startGatewayServer(t *testing.T) *gatewayServer {
-	t.Helper()
-	s := &gatewayServer{t: t, cache: cachev3.NewSnapshotCache(false, cachev3.IDHash{}, nil)}
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	s.addr = lis.Addr().String()
-	gs := grpc.NewServer()
-	discovery.RegisterAggregatedDiscoveryServiceServer(gs, serverv3.NewServer(context.Background(), s.cache, nil))
-	done := make(chan struct{})
-	go func() { defer close(done); gs.Serve(lis) }()
-	t.Cleanup(func() { gs.Stop(); <-done })
-	return s
-}
-
-func (s *gatewayServer) set(version string, res ...*rlconf.RateLimitConfig) {
-	s.t.Helper()
-	rs := make([]types.Resource, len(res))
-	for i, r := range res {
-		rs[i] = r
-	}
-	snap, err := cachev3.NewSnapshot(version, map[resourcev3.Type][]types.Resource{resourcev3.RateLimitConfigType: rs})
-	if err != nil {
-		s.t.Fatal(err)
-	}
-	if err := s.cache.SetSnapshot(context.Background(), "envoy-ratelimit", snap); err != nil {
-		s.t.Fatal(err)
-	}
-}
-
 // gatewayPolicy is what Envoy Gateway generates for a BackendTrafficPolicy of n requests a
 // minute per x-user-id on one route of listener default/eg/http.
 func gatewayPolicy(n uint32) *rlconf.RateLimitConfig {
@@ -355,9 +309,9 @@ func gatewayPolicy(n uint32) *rlconf.RateLimitConfig {
 func TestEnvoyCompatGateway(t *testing.T) {
 	testenv.Require(t)
 	cluster := testenv.RedisCluster(t, testenv.ClusterOptions{Masters: 1})
-	srv := startGatewayServer(t)
+	srv := testenv.StartXDS(t, "envoy-ratelimit", "") // as Envoy Gateway runs it
 	e := startCompat(t, enforcerBin(t),
-		"CONFIG_TYPE=GRPC_XDS_SOTW", "CONFIG_GRPC_XDS_SERVER_URL="+srv.addr, "CONFIG_GRPC_XDS_NODE_ID=envoy-ratelimit",
+		"CONFIG_TYPE=GRPC_XDS_SOTW", "CONFIG_GRPC_XDS_SERVER_URL="+srv.Addr(), "CONFIG_GRPC_XDS_NODE_ID=envoy-ratelimit",
 		"REDIS_SOCKET_TYPE=tcp", "REDIS_TYPE=cluster", "REDIS_URL="+strings.Join(cluster.Addrs(), ","),
 		"USE_STATSD=false", "USE_PROMETHEUS=true", "LOG_LEVEL=info", "FORCE_START_WITHOUT_INITIAL_CONFIG=true",
 		"RUNTIME_ROOT=/data", "RUNTIME_SUBDIRECTORY=ratelimit", "RUNTIME_WATCH_ROOT=false", "RUNTIME_IGNOREDOTFILES=true",
@@ -367,7 +321,7 @@ func TestEnvoyCompatGateway(t *testing.T) {
 		code, _ := e.healthcheck()
 		return code == http.StatusInternalServerError
 	})
-	srv.set("1", gatewayPolicy(3))
+	srv.Set("1", gatewayPolicy(3))
 	e.waitHealthy(t)
 	route := "httproute/default/backend/rule/0/match/0/www_example_com"
 	user := func(u string) []string { return []string{route, route, "rule-0-match-0", u} }
@@ -378,7 +332,7 @@ func TestEnvoyCompatGateway(t *testing.T) {
 		t.Errorf("another user, counted apart, no header fields (their default): %v", resp)
 	}
 	// Envoy Gateway pushes a changed policy.
-	srv.set("2", gatewayPolicy(6))
+	srv.Set("2", gatewayPolicy(6))
 	n := 0
 	tpoll.True(t, 30*time.Second, "the pushed change", func() bool {
 		n++
@@ -390,7 +344,7 @@ func TestEnvoyCompatGateway(t *testing.T) {
 	// A broken one (a unit beside unlimited: true) is refused; the last good one stays.
 	bad := gatewayPolicy(1)
 	bad.Descriptors[0].Descriptors[0].RateLimit.Unlimited = true
-	srv.set("3", bad)
+	srv.Set("3", bad)
 	tpoll.True(t, 30*time.Second, "the NACK logged", func() bool { return strings.Contains(e.log.String(), "refused (NACK)") })
 	if got := e.codes(t, 8, "default/eg/http", user("dave")...); got != "OK OK OK OK OK OK OVER_LIMIT OVER_LIMIT" {
 		t.Errorf("after a broken push, 6 a minute still: %s", got)

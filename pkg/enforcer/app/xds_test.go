@@ -8,57 +8,13 @@ import (
 	"time"
 
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
-	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
-	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
-	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
-	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
-	serverv3 "github.com/envoyproxy/go-control-plane/pkg/server/v3"
 	rlconf "github.com/envoyproxy/go-control-plane/ratelimit/config/ratelimit/v3"
 	"github.com/hashicorp/go-hclog"
-	"google.golang.org/grpc"
 
+	"github.com/allot-dev/allot/pkg/testenv"
 	pollT "github.com/allot-dev/allot/pkg/testenv/poll"
 )
-
-// xdsServer is go-control-plane's own management server on loopback, serving
-// RateLimitConfig snapshots to node "allot-test" as Envoy Gateway serves them.
-type xdsServer struct {
-	t     *testing.T
-	cache cachev3.SnapshotCache
-	addr  string
-}
-
-func startXDSServer(t *testing.T) *xdsServer {
-	t.Helper()
-	s := &xdsServer{t: t, cache: cachev3.NewSnapshotCache(false, cachev3.IDHash{}, nil)}
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	s.addr = lis.Addr().String()
-	gs := grpc.NewServer()
-	discovery.RegisterAggregatedDiscoveryServiceServer(gs, serverv3.NewServer(context.Background(), s.cache, nil))
-	done := make(chan struct{})
-	go func() { defer close(done); gs.Serve(lis) }()
-	t.Cleanup(func() { gs.Stop(); <-done })
-	return s
-}
-
-func (s *xdsServer) set(version string, res ...*rlconf.RateLimitConfig) {
-	s.t.Helper()
-	rs := make([]types.Resource, len(res))
-	for i, r := range res {
-		rs[i] = r
-	}
-	snap, err := cachev3.NewSnapshot(version, map[resourcev3.Type][]types.Resource{resourcev3.RateLimitConfigType: rs})
-	if err != nil {
-		s.t.Fatal(err)
-	}
-	if err := s.cache.SetSnapshot(context.Background(), "allot-test", snap); err != nil {
-		s.t.Fatal(err)
-	}
-}
 
 // gatewayRateLimit is what Envoy Gateway generates for one rule of a BackendTrafficPolicy:
 // n a minute per x-user-id on one route.
@@ -73,9 +29,9 @@ func gatewayRateLimit(name string, n uint32) *rlconf.RateLimitConfig {
 // An enforcer whose rules come over xDS follows the server: the first configuration
 // before it is ready, each change, and never a broken one.
 func TestRulesOverXDS(t *testing.T) {
-	srv := startXDSServer(t)
-	srv.set("1", gatewayRateLimit("default/eg/http", 3))
-	cfg, err := Parse([]string{"-region", "us-east", "-rules-format", "envoy-ratelimit", "-rules-xds-server", srv.addr,
+	srv := testenv.StartXDS(t, "allot-test", "")
+	srv.Set("1", gatewayRateLimit("default/eg/http", 3))
+	cfg, err := Parse([]string{"-region", "us-east", "-rules-format", "envoy-ratelimit", "-rules-xds-server", srv.Addr(),
 		"-rules-xds-node-id", "allot-test", "-grpc-addr", "127.0.0.1:0", "-http-addr", "127.0.0.1:0"}, env(nil), nil)
 	if err != nil {
 		t.Fatal(err)
@@ -120,14 +76,14 @@ func TestRulesOverXDS(t *testing.T) {
 	}
 
 	// A change reaches the enforcer.
-	srv.set("2", gatewayRateLimit("default/eg/http", 6))
+	srv.Set("2", gatewayRateLimit("default/eg/http", 6))
 	pollT.True(t, 20*time.Second, "the second configuration", func() bool { return a.Rules().Current().Version() != "" && admitted(8) == 6 })
 
 	// A broken resource (a unit beside unlimited) is NACKed and the rules in force stay.
 	before := a.Rules().Current().Version()
 	bad := gatewayRateLimit("default/eg/http", 2)
 	bad.Descriptors[0].Descriptors[0].RateLimit.Unlimited = true
-	srv.set("3", bad)
+	srv.Set("3", bad)
 	pollT.True(t, 20*time.Second, "the NACK", func() bool { return a.xds.src.Status().Rejected > 0 })
 	if v := a.Rules().Current().Version(); v != before {
 		t.Fatalf("rules changed to %s on a broken configuration", v)

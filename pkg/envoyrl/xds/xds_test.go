@@ -1,20 +1,12 @@
 package xds
 
 import (
-	"context"
-	"net"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
-	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
-	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
-	resourcev3 "github.com/envoyproxy/go-control-plane/pkg/resource/v3"
-	serverv3 "github.com/envoyproxy/go-control-plane/pkg/server/v3"
 	rlconf "github.com/envoyproxy/go-control-plane/ratelimit/config/ratelimit/v3"
-	"google.golang.org/grpc"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/types/known/anypb"
 
@@ -23,77 +15,14 @@ import (
 	"github.com/allot-dev/allot/pkg/clock"
 	"github.com/allot-dev/allot/pkg/envoyrl"
 	"github.com/allot-dev/allot/pkg/etcdwatch"
+	"github.com/allot-dev/allot/pkg/testenv"
 	"github.com/allot-dev/allot/pkg/testenv/poll"
 )
 
-// mgmt is go-control-plane's own xDS management server on loopback, serving snapshots of
-// RateLimitConfig resources the way Envoy Gateway does, and recording what the client
-// answered (ACK: no error detail; NACK: its message).
-type mgmt struct {
-	t     *testing.T
-	cache cachev3.SnapshotCache
-	addr  string
-	gs    *grpc.Server
-
-	mu      sync.Mutex
-	answers []*discovery.DiscoveryRequest
-}
-
-func startMgmt(t *testing.T, addr string) *mgmt {
+// startMgmt is the shared management server (testenv.XDS) for node "edge-eu".
+func startMgmt(t *testing.T, addr string) *testenv.XDS {
 	t.Helper()
-	m := &mgmt{t: t, cache: cachev3.NewSnapshotCache(false, cachev3.IDHash{}, nil)}
-	m.serve(addr)
-	return m
-}
-
-func (m *mgmt) serve(addr string) {
-	m.t.Helper()
-	if addr == "" {
-		addr = "127.0.0.1:0"
-	}
-	lis, err := net.Listen("tcp", addr)
-	if err != nil {
-		m.t.Fatal(err)
-	}
-	m.addr = lis.Addr().String()
-	cb := serverv3.CallbackFuncs{StreamRequestFunc: func(_ int64, req *discovery.DiscoveryRequest) error {
-		m.mu.Lock()
-		m.answers = append(m.answers, req)
-		m.mu.Unlock()
-		return nil
-	}}
-	srv := serverv3.NewServer(context.Background(), m.cache, cb)
-	m.gs = grpc.NewServer()
-	discovery.RegisterAggregatedDiscoveryServiceServer(m.gs, srv)
-	go m.gs.Serve(lis)
-	m.t.Cleanup(m.gs.Stop)
-}
-
-func (m *mgmt) set(version string, res ...*rlconf.RateLimitConfig) {
-	m.t.Helper()
-	rs := make([]types.Resource, len(res))
-	for i, r := range res {
-		rs[i] = r
-	}
-	snap, err := cachev3.NewSnapshot(version, map[resourcev3.Type][]types.Resource{resourcev3.RateLimitConfigType: rs})
-	if err != nil {
-		m.t.Fatal(err)
-	}
-	if err := m.cache.SetSnapshot(context.Background(), "edge-eu", snap); err != nil {
-		m.t.Fatal(err)
-	}
-}
-
-// last returns the client's last answer to a response (a request with a nonce).
-func (m *mgmt) last() *discovery.DiscoveryRequest {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	for i := len(m.answers) - 1; i >= 0; i-- {
-		if m.answers[i].GetResponseNonce() != "" {
-			return m.answers[i]
-		}
-	}
-	return nil
+	return testenv.StartXDS(t, "edge-eu", addr)
 }
 
 func limit(unit rlconf.RateLimitUnit, n uint32) *rlconf.RateLimitPolicy {
@@ -160,21 +89,21 @@ func newSource(t *testing.T, addr string, clk clock.Clock, u *updates) *Source {
 
 func TestSourceFollowsTheServer(t *testing.T) {
 	m := startMgmt(t, "")
-	m.set("1", gatewayConfig("eg-a", "eg-a-domain", 10), gatewayConfig("eg-b", "eg-b-domain", 20))
+	m.Set("1", gatewayConfig("eg-a", "eg-a-domain", 10), gatewayConfig("eg-b", "eg-b-domain", 20))
 	var u updates
-	s := newSource(t, m.addr, clock.NewFake(time.Unix(0, 0)), &u)
+	s := newSource(t, m.Addr(), clock.NewFake(time.Unix(0, 0)), &u)
 
 	poll.True(t, 10*time.Second, "the first set", func() bool { return u.n() == 1 })
 	if set := u.last(); len(set) != 2 || rpsOf(t, set, "eg-a-domain") != 10 || rpsOf(t, set, "eg-b-domain") != 20 {
 		t.Fatalf("first set: %+v", set)
 	}
 	poll.True(t, 10*time.Second, "an ACK of version 1", func() bool {
-		a := m.last()
+		a := m.LastAnswer()
 		return a != nil && a.GetVersionInfo() == "1" && a.GetErrorDetail() == nil
 	})
 
 	// A live change: one resource changed, one removed (state of the world).
-	m.set("2", gatewayConfig("eg-a", "eg-a-domain", 15))
+	m.Set("2", gatewayConfig("eg-a", "eg-a-domain", 15))
 	poll.True(t, 10*time.Second, "the second set", func() bool { return u.n() == 2 })
 	if set := u.last(); len(set) != 1 || rpsOf(t, set, "eg-a-domain") != 15 {
 		t.Fatalf("second set: %+v", set)
@@ -188,16 +117,16 @@ func TestSourceFollowsTheServer(t *testing.T) {
 // last good version, the others are applied, and the response is NACKed naming it.
 func TestSourceBrokenResource(t *testing.T) {
 	m := startMgmt(t, "")
-	m.set("1", gatewayConfig("eg-a", "eg-a-domain", 10), gatewayConfig("eg-b", "eg-b-domain", 20))
+	m.Set("1", gatewayConfig("eg-a", "eg-a-domain", 10), gatewayConfig("eg-b", "eg-b-domain", 20))
 	var u updates
 	clk := clock.NewFake(time.Unix(0, 0))
-	s := newSource(t, m.addr, clk, &u)
+	s := newSource(t, m.Addr(), clk, &u)
 	poll.True(t, 10*time.Second, "the first set", func() bool { return u.n() == 1 })
 
 	bad := gatewayConfig("eg-a", "eg-a-domain", 10)
 	bad.Descriptors[0].Descriptors[0].RateLimit.Unit = rlconf.RateLimitUnit_UNKNOWN // no unit: refused, as in a file
 	never := &rlconf.RateLimitConfig{Name: "eg-c", Domain: ""}                      // no domain
-	m.set("2", bad, gatewayConfig("eg-b", "eg-b-domain", 25), never)
+	m.Set("2", bad, gatewayConfig("eg-b", "eg-b-domain", 25), never)
 	poll.True(t, 10*time.Second, "the second set", func() bool { return u.n() == 2 })
 	// The server sends version 2 again at once on the NACK: the Source answers it after
 	// its backoff (on its clock), and applies nothing twice.
@@ -207,10 +136,10 @@ func TestSourceBrokenResource(t *testing.T) {
 		t.Fatalf("after a broken resource: %+v", set)
 	}
 	poll.True(t, 10*time.Second, "a NACK of version 2", func() bool {
-		a := m.last()
+		a := m.LastAnswer()
 		return a != nil && a.GetErrorDetail() != nil
 	})
-	a := m.last()
+	a := m.LastAnswer()
 	msg := a.GetErrorDetail().GetMessage()
 	if a.GetVersionInfo() != "1" || !strings.Contains(msg, "xds:eg-a") || !strings.Contains(msg, "xds:eg-c") {
 		t.Fatalf("NACK: version %q, message %q", a.GetVersionInfo(), msg)
@@ -220,7 +149,7 @@ func TestSourceBrokenResource(t *testing.T) {
 	}
 
 	// Two resources of one domain conflict: nothing changes.
-	m.set("3", gatewayConfig("eg-a", "eg-a-domain", 11), gatewayConfig("eg-b", "eg-a-domain", 12))
+	m.Set("3", gatewayConfig("eg-a", "eg-a-domain", 11), gatewayConfig("eg-b", "eg-a-domain", 12))
 	poll.True(t, 10*time.Second, "a NACK of version 3", func() bool {
 		clk.Advance(time.Second) // the backoff before the re-NACK of version 2
 		return s.Status().Rejected == 2
@@ -228,15 +157,17 @@ func TestSourceBrokenResource(t *testing.T) {
 	if u.n() != 2 {
 		t.Fatalf("a conflicting response was applied: %+v", u.last())
 	}
-	if msg := m.last().GetErrorDetail().GetMessage(); !strings.Contains(msg, "duplicate domain 'eg-a-domain'") {
-		t.Fatalf("NACK message %q", msg)
-	}
+	// The Source counts the rejection before its NACK reaches the server: wait for it there
+	// (reading it at once failed about one run in twenty).
+	poll.True(t, 10*time.Second, "the NACK of version 3 at the server", func() bool {
+		return strings.Contains(m.LastAnswer().GetErrorDetail().GetMessage(), "duplicate domain 'eg-a-domain'")
+	})
 
 	// A good version after them is acknowledged whole.
-	m.set("4", gatewayConfig("eg-a", "eg-a-domain", 30))
+	m.Set("4", gatewayConfig("eg-a", "eg-a-domain", 30))
 	poll.True(t, 10*time.Second, "an ACK of version 4", func() bool {
 		clk.Advance(time.Second)
-		a := m.last()
+		a := m.LastAnswer()
 		return a.GetVersionInfo() == "4" && a.GetErrorDetail() == nil
 	})
 	if set := u.last(); len(set) != 1 || rpsOf(t, set, "eg-a-domain") != 30 {
@@ -248,20 +179,19 @@ func TestSourceBrokenResource(t *testing.T) {
 // (on its clock) and takes the new server's state.
 func TestSourceReconnects(t *testing.T) {
 	m := startMgmt(t, "")
-	m.set("1", gatewayConfig("eg-a", "eg-a-domain", 10))
+	m.Set("1", gatewayConfig("eg-a", "eg-a-domain", 10))
 	var u updates
 	clk := clock.NewFake(time.Unix(0, 0))
-	s := newSource(t, m.addr, clk, &u)
+	s := newSource(t, m.Addr(), clk, &u)
 	poll.True(t, 10*time.Second, "the first set", func() bool { return u.n() == 1 })
 
-	m.gs.Stop()
+	m.Stop()
 	<-s.waited // the stream ended and the Source waits its backoff
 	if u.n() != 1 || len(s.Status().Resources) != 1 {
 		t.Fatal("a lost server changed the configuration in force")
 	}
-	addr := m.addr
-	m.serve(addr)
-	m.set("2", gatewayConfig("eg-a", "eg-a-domain", 40))
+	m.Restart()
+	m.Set("2", gatewayConfig("eg-a", "eg-a-domain", 40))
 	poll.True(t, 10*time.Second, "the reconnect and the new server's set", func() bool {
 		clk.Advance(time.Second) // each backoff wait, however many dials fail before the server is up
 		return u.n() == 2
