@@ -158,6 +158,14 @@ func memoryApp(t *testing.T, rulesYAML string) (*App, string) {
 	cfg.Region, cfg.Rules.File = "us-east", path
 	cfg.Listen.GRPC, cfg.Listen.HTTP = "127.0.0.1:0", "127.0.0.1:0"
 	cfg.Rules.PollInterval = time.Hour // only Reload changes rules in these tests
+	a := startApp(t, cfg)
+	return a, path
+}
+
+// startApp builds the app of cfg and runs it until the test ends (Close, then Run's
+// error, which must be nil).
+func startApp(t *testing.T, cfg Config) *App {
+	t.Helper()
 	a, err := New(cfg, hclog.New(&hclog.LoggerOptions{Output: tWriter{t}, Level: hclog.Warn}))
 	if err != nil {
 		t.Fatal(err)
@@ -170,7 +178,7 @@ func memoryApp(t *testing.T, rulesYAML string) (*App, string) {
 			t.Errorf("Run: %v", err)
 		}
 	})
-	return a, path
+	return a
 }
 
 type tWriter struct{ t *testing.T }

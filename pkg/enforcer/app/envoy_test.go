@@ -10,7 +10,6 @@ import (
 
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
-	"github.com/hashicorp/go-hclog"
 )
 
 // envoyApp runs an App on the memory store whose rules are a copy of the shipped
@@ -37,18 +36,7 @@ func envoyApp(t *testing.T) (*App, string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a, err := New(cfg, hclog.New(&hclog.LoggerOptions{Output: tWriter{t}, Level: hclog.Warn}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- a.Run(context.Background()) }()
-	t.Cleanup(func() {
-		a.Close()
-		if err := <-done; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	})
+	a := startApp(t, cfg)
 	return a, dir
 }
 

@@ -36,18 +36,7 @@ func TestRulesOverXDS(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a, err := New(cfg, hclog.New(&hclog.LoggerOptions{Output: tWriter{t}, Level: hclog.Warn}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- a.Run(context.Background()) }()
-	t.Cleanup(func() {
-		a.Close()
-		if err := <-done; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	})
+	a := startApp(t, cfg)
 	if err := a.Ready(); err != nil {
 		t.Fatalf("Ready after New: %v (New waits for the first configuration)", err)
 	}
