@@ -15,7 +15,6 @@
 package main
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -76,9 +75,6 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 	return appkit.RunUntilSignal(log, a.Run, nil)
 }
 
-// probeTimeout bounds `balancer probe`.
-const probeTimeout = 2 * time.Second
-
 // probeCmd is `balancer probe [flags]`: GET /readyz on the HTTP address that the flags,
 // ALLOT_CONFIG and the ALLOT_* variables give (as the balancer reads them, unvalidated),
 // on loopback, over TLS when admin.tls puts it there. A standby is ready. Exit 0 when
@@ -97,15 +93,7 @@ func probeCmd(args []string, getenv func(string) string, stdout, stderr io.Write
 		fmt.Fprintln(stderr, err)
 		return 2
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), probeTimeout)
-	defer cancel()
-	answer, err := appkit.Probe(ctx, cfg.Listen.HTTP, "/readyz", cfg.HTTPOverTLS())
-	if err != nil {
-		fmt.Fprintln(stderr, "balancer probe:", err)
-		return 1
-	}
-	fmt.Fprintln(stdout, answer)
-	return 0
+	return appkit.ProbeCommand("balancer", cfg.Listen.HTTP, cfg.HTTPOverTLS(), stdout, stderr)
 }
 
 // environ is the process's environment, for -check-config's look at the ALLOT_* variables

@@ -13,13 +13,11 @@
 package main
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"io"
 	"os"
 	"strings"
-	"time"
 
 	"github.com/hashicorp/go-hclog"
 
@@ -75,9 +73,6 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 	})
 }
 
-// probeTimeout bounds `enforcer probe`; Docker's HEALTHCHECK gives it 3 s (scripts/images.sh).
-const probeTimeout = 2 * time.Second
-
 // probeCmd is `enforcer probe [flags]`: GET /readyz on the HTTP address that the flags,
 // ALLOT_CONFIG and the ALLOT_* variables give (as the enforcer reads them, unvalidated),
 // on loopback. Exit 0 when ready (the answer on stdout), 1 when not or unreachable (why
@@ -95,15 +90,7 @@ func probeCmd(args []string, getenv func(string) string, stdout, stderr io.Write
 		fmt.Fprintln(stderr, err)
 		return 2
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), probeTimeout)
-	defer cancel()
-	answer, err := appkit.Probe(ctx, cfg.Listen.HTTP, "/readyz", false)
-	if err != nil {
-		fmt.Fprintln(stderr, "enforcer probe:", err)
-		return 1
-	}
-	fmt.Fprintln(stdout, answer)
-	return 0
+	return appkit.ProbeCommand("enforcer", cfg.Listen.HTTP, false, stdout, stderr)
 }
 
 // environ is the process's environment, for -check-config's look at the ALLOT_* variables

@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"time"
 )
 
 // ErrNoHTTP is Probe's error for a process configured without an HTTP listener.
@@ -62,4 +63,24 @@ func Probe(ctx context.Context, listen, path string, useTLS bool) (string, error
 		return "", fmt.Errorf("appkit: probe: %s: %s: %s", url, resp.Status, line)
 	}
 	return line, nil
+}
+
+// ProbeTimeout bounds a probe command; Docker's HEALTHCHECK gives it 3 s
+// (scripts/images.sh).
+const ProbeTimeout = 2 * time.Second
+
+// ProbeCommand is `<name> probe` once the binary has read its settings (help, version and
+// bad flags are the binary's): Probe of "/readyz" on listen within ProbeTimeout. Exit 0
+// when ready (the answer on stdout), 1 when not or unreachable (why on stderr, after
+// "<name> probe:").
+func ProbeCommand(name, listen string, useTLS bool, stdout, stderr io.Writer) int {
+	ctx, cancel := context.WithTimeout(context.Background(), ProbeTimeout)
+	defer cancel()
+	answer, err := Probe(ctx, listen, "/readyz", useTLS)
+	if err != nil {
+		fmt.Fprintf(stderr, "%s probe: %v\n", name, err)
+		return 1
+	}
+	fmt.Fprintln(stdout, answer)
+	return 0
 }
