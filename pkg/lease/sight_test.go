@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/allot-dev/allot/pkg/bucket"
+	"github.com/allot-dev/allot/pkg/clock"
 	"github.com/allot-dev/allot/pkg/testenv"
 )
 
@@ -98,6 +99,7 @@ func TestSightConfig(t *testing.T) {
 func TestSightingsOnRedisCluster(t *testing.T) {
 	c := testenv.RedisCluster(t, testenv.ClusterOptions{Masters: 3})
 	r := req("sighted-key", 1000, 1000, 1)
+	fc := clock.NewFake(time.Now()) // the enforcers' clock; Redis counts sightings on its own
 	var stores []*Store
 	for _, id := range []string{"enf-a", "enf-b", "enf-c"} {
 		rs, err := bucket.NewRedis(c.Client(), bucket.RedisOptions{KeyPrefix: "sight:"})
@@ -106,6 +108,7 @@ func TestSightingsOnRedisCluster(t *testing.T) {
 		}
 		cfg := DefaultConfig()
 		cfg.ID, cfg.Peers, cfg.SightEvery, cfg.BusyHits = id, func() int { return 10 }, 50*time.Millisecond, 1
+		cfg.Clock = fc
 		s, err := New(rs, cfg)
 		if err != nil {
 			t.Fatal(err)
@@ -116,8 +119,8 @@ func TestSightingsOnRedisCluster(t *testing.T) {
 		}
 		stores = append(stores, s)
 	}
-	// Each learns it at its next sighting, SightEvery later (Redis counts on its own clock).
-	time.Sleep(60 * time.Millisecond)
+	// Each learns it at its next sighting, SightEvery later.
+	fc.Advance(60 * time.Millisecond)
 	for i, s := range stores {
 		if _, err := s.Take(context.Background(), &bucket.Request{Identity: r.Identity, Limits: r.Limits, Want: 1000}); err != nil {
 			t.Fatal(err)
