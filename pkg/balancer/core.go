@@ -186,6 +186,7 @@ type Core struct {
 	fullStep      bool // a recompute's targets wait for the next advance over every identity
 	shiftStep     bool // that recompute was asked for by a shift: no MinVersionGap
 	lastVersionAt time.Time
+	lastGapAt     time.Time // the last version that was not a follow-up's (MinVersionGap)
 	earlyPending  bool
 	shiftPending  bool // a report's recent rates showed a key's traffic moved (shifted)
 	window        uint64
@@ -199,6 +200,8 @@ type Core struct {
 	snapUsed  int  // identities the last recompute read from the snapshot
 	snapMoves int  // of which moves (the policy's fast path)
 	asked     bool // the last recompute but follow-ups was asked for by a report, not the interval
+	// followDepth counts the follow-ups since the last recompute (at most MaxFollowUps).
+	followDepth int
 
 	version     uint64 // the last version returned by Tick
 	landed      uint64 // the last version Published

@@ -227,3 +227,31 @@ func TestPartialMoveFollowedUpFromTheAnswers(t *testing.T) {
 	s, _ := c.Identity("default", "key:a")
 	t.Fatalf("8 s after the move: %v (follow-ups %d), want us-east ≥ 0.68", s.Published, c.Stats(now).FollowUps)
 }
+
+// TestFollowUpsNeverStarveTheInterval: on 10,000 keys' noise every follow-up's snapshot
+// showed some key moved, so each follow-up's version asked for the next and, taken before
+// the interval's recompute, the chain held it off for good (three recomputes in ten
+// minutes; tail keys kept the default split). The interval's recompute comes first.
+func TestFollowUpsNeverStarveTheInterval(t *testing.T) {
+	c := newTestCore(t, func(c *CoreConfig) { c.Regions = regions3[:2] })
+	now := t0.Add(10 * time.Second)
+	for i, r := range c.cfg.Regions {
+		if err := c.Ingest(now, recentReport(r, r+"-1", uint64(i+1), now, 0, useRecent("key:a", 300, 0, 30))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if p := c.Tick(now); p != nil { // learning ends: the first recompute
+		c.Published(p, now)
+	}
+	before := c.Stats(now)
+	c.mu.Lock()
+	c.followUp = true // a chain in progress, its answers in
+	due := c.nextDue
+	c.mu.Unlock()
+	c.Tick(due)
+	after := c.Stats(due)
+	if after.Recomputes != before.Recomputes+1 || after.FollowUps != before.FollowUps {
+		t.Fatalf("at the interval with a follow-up pending: recomputes %d → %d, follow-ups %d → %d; want the interval's recompute",
+			before.Recomputes, after.Recomputes, before.FollowUps, after.FollowUps)
+	}
+}
