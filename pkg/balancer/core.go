@@ -186,7 +186,6 @@ type Core struct {
 	fullStep      bool // a recompute's targets wait for the next advance over every identity
 	shiftStep     bool // that recompute was asked for by a shift: no MinVersionGap
 	lastVersionAt time.Time
-	lastGapAt     time.Time // the last version that was not a follow-up's (MinVersionGap)
 	earlyPending  bool
 	shiftPending  bool // a report's recent rates showed a key's traffic moved (shifted)
 	window        uint64

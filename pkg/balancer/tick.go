@@ -76,7 +76,7 @@ func (c *Core) Tick(now time.Time) *Publication {
 		gap = 0
 	}
 	fromRecompute := false
-	if c.lastGapAt.IsZero() || now.Sub(c.lastGapAt) >= gap {
+	if c.lastVersionAt.IsZero() || now.Sub(c.lastVersionAt) >= gap {
 		p := c.planFor(ack)
 		fromRecompute = c.fullStep
 		changed = c.advance(&p, c.fullStep)
@@ -94,11 +94,6 @@ func (c *Core) Tick(now time.Time) *Publication {
 		c.snapEpoch++
 		c.dirty = false
 		c.lastVersionAt = now
-		if !follow {
-			// A follow-up's version does not hold the next recompute's back by
-			// MinVersionGap: at most MaxFollowUps of them follow a recompute.
-			c.lastGapAt = now
-		}
 		c.version++
 		c.log = append(c.log, verEntry{v: c.version})
 		c.trimLog(ack)
