@@ -64,12 +64,12 @@ func TestExitStatus(t *testing.T) {
 		t.Fatalf("summary %v", sum)
 	}
 	key := sum["keys"].([]any)[0].(map[string]any)
-	for _, f := range []string{"key", "rate", "burst", "offered", "admitted", "max_window_ratio", "max_window_ratio_60s", "max_window_ratio_300s", "steady_ratio", "recovery_s", "store_calls_per_request"} {
+	for _, f := range []string{"key", "rate", "burst", "offered", "admitted", "max_window_ratio", "max_window_ratio_60s", "max_window_ratio_300s", "steady_ratio", "steady_split", "recovery_s", "store_calls_per_request"} {
 		if _, ok := key[f]; !ok {
 			t.Fatalf("key entry lacks %q: %v", f, key)
 		}
 	}
-	if len(key) != 11 {
+	if len(key) != 12 {
 		t.Fatalf("key entry has extra fields: %v", key)
 	}
 

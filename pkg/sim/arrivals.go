@@ -22,6 +22,45 @@ type stream struct {
 	end         float64   // the run's end, seconds
 	t           float64   // the next arrival, seconds; +Inf when none
 	next        int64     // the next arrival, ns since Epoch
+	split       splitBucket
+}
+
+// splitBucket is the reference the judge's steady_split reads (KeyResult.SteadySplit): the
+// key's bucket split between the regions in proportion to what each is offered in the
+// phase in force (rate × w_r, burst × w_r, w_r = offered_r ÷ Σ offered), fed the same
+// arrivals as the region. It is what a split that follows the traffic exactly admits, so
+// a key whose steady_split is low is refused by splitting its burst, not by where its
+// shares are.
+type splitBucket struct {
+	rate, burst []float64 // per phase
+	tokens      float64
+	last        float64 // seconds
+}
+
+// take is one arrival at t (seconds) in phase i: true if the split bucket admits it.
+func (b *splitBucket) take(t float64, i int) bool {
+	if i < 0 || b.burst[i] < 1 {
+		b.last = t
+		return false
+	}
+	b.tokens = min(b.burst[i], b.tokens+(t-b.last)*b.rate[i])
+	b.last = t
+	if b.tokens >= 1-1e-9 { // float error: 1/3 + 0.5 × 4/3 is 0.999…
+		b.tokens = max(b.tokens-1, 0)
+		return true
+	}
+	return false
+}
+
+// phase is the index of the phase in force at t (-1 before the first).
+func (s *stream) phase(t float64) int {
+	i := -1
+	for j, a := range s.at {
+		if a <= t {
+			i = j
+		}
+	}
+	return i
 }
 
 func newStream(sc *scenario.Scenario, k, r int) *stream {
@@ -34,6 +73,19 @@ func newStream(sc *scenario.Scenario, k, r int) *stream {
 	for _, p := range key.Phases {
 		s.at = append(s.at, p.At.Seconds())
 		s.rate = append(s.rate, p.Offered[r])
+		total := 0.0
+		for _, o := range p.Offered {
+			total += o
+		}
+		w := 0.0
+		if total > 0 {
+			w = p.Offered[r] / total
+		}
+		s.split.rate = append(s.split.rate, key.Limit.PerSecond()*w)
+		s.split.burst = append(s.split.burst, key.Limit.Burst*w)
+	}
+	if len(s.split.burst) > 0 {
+		s.split.tokens = s.split.burst[0]
 	}
 	s.t = 0
 	s.advance()

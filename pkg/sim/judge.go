@@ -27,6 +27,12 @@ import (
 // there but show the rate they keep up over longer windows); the longer windows show a
 // per-minute key's rate held or not.
 //
+// steady_split — the same figure for the split reference (splitBucket): the key's bucket
+// cut between the regions in proportion to what each is offered, fed the same arrivals.
+// Not judged: it says how much of a low steady_ratio is the split itself (a burst of a few
+// tokens cut three ways refuses Poisson bursts whatever the shares) and how much is where
+// the shares are. 1 in live mode (not measured).
+//
 // steady_ratio — is the limit used when traffic is steady? Over the steady seconds, those
 // at least Settle = 30 s after the start, after any of the key's phase changes and after
 // any fault's start or end,
@@ -73,8 +79,9 @@ type KeySeries struct {
 	Key   string
 	Rate  float64 // tokens per second
 	Burst float64
-	// Offered and Admitted are the requests in each second, summed over regions.
-	Offered, Admitted []float64
+	// Offered and Admitted are the requests in each second, summed over regions; Split,
+	// when not nil, what the split reference admitted of them (splitBucket).
+	Offered, Admitted, Split []float64
 	// Phases are the seconds at which the key's phases start, increasing.
 	Phases []int
 	// Requests is every request offered; StoreCalls is every call that reached a region's
@@ -93,6 +100,7 @@ type KeyResult struct {
 	MaxWindowRatio60s    float64   `json:"max_window_ratio_60s"`
 	MaxWindowRatio300s   float64   `json:"max_window_ratio_300s"`
 	SteadyRatio          float64   `json:"steady_ratio"`
+	SteadySplit          float64   `json:"steady_split"`
 	RecoveryS            []float64 `json:"recovery_s"`
 	StoreCallsPerRequest float64   `json:"store_calls_per_request"`
 }
@@ -183,7 +191,7 @@ func Judge(k *KeySeries, faults []Span, exp Expect) Verdict {
 		mark(f.From)
 		mark(f.To)
 	}
-	var adm, want float64
+	var adm, want, split float64
 	first, last := -1, -1
 	for s := 0; s < n; s++ {
 		if unsteady[s] {
@@ -191,15 +199,21 @@ func Judge(k *KeySeries, faults []Span, exp Expect) Verdict {
 		}
 		v.SteadySeconds++
 		adm += k.Admitted[s]
+		if k.Split != nil {
+			split += k.Split[s]
+		}
 		want += math.Min(k.Offered[s], k.Rate)
 		if first < 0 {
 			first = s
 		}
 		last = s
 	}
-	v.SteadyRatio = 1
+	v.SteadyRatio, v.SteadySplit = 1, 1
 	if want > 0 {
 		v.SteadyRatio = adm / want
+		if k.Split != nil {
+			v.SteadySplit = split / want
+		}
 	}
 	if v.SteadyRatio < exp.SteadyRatio {
 		v.SteadyFailed = true

@@ -231,3 +231,38 @@ func TestJudgeRecoveryNotCountedThroughAFault(t *testing.T) {
 		t.Fatalf("recovery %v, want phase 1 20 s after the fault ended", v.RecoveryS)
 	}
 }
+
+// The split reference: a key's burst of 4 cut three ways holds 1⅓ a region; two arrivals
+// a region 0.25 s apart take the first and refuse the second until a token refills
+// (0.75 s at 4/3 a second), where the whole bucket would have taken both.
+func TestSplitBucketSteps(t *testing.T) {
+	b := splitBucket{rate: []float64{4.0 / 3}, burst: []float64{4.0 / 3}, tokens: 4.0 / 3}
+	for _, st := range []struct {
+		t    float64
+		want bool
+	}{{10, true}, {10.25, false}, {10.5, true}, {10.6, false}, {11.5, true}} {
+		if got := b.take(st.t, 0); got != st.want {
+			t.Fatalf("at %gs: take %v, want %v (tokens %g)", st.t, got, st.want, b.tokens)
+		}
+	}
+	none := splitBucket{rate: []float64{0}, burst: []float64{0}}
+	if none.take(1, 0) || none.take(2, -1) {
+		t.Fatal("a region offered nothing holds no token of the split")
+	}
+}
+
+func TestSteadySplitOverTheSteadySeconds(t *testing.T) {
+	n := 100
+	k := &KeySeries{Key: "k", Rate: 10, Burst: 10, Offered: make([]float64, n), Admitted: make([]float64, n), Split: make([]float64, n)}
+	for s := range n {
+		k.Offered[s], k.Admitted[s], k.Split[s] = 5, 5, 4
+	}
+	v := Judge(k, nil, Expect{SteadyRatio: 0.97})
+	if v.SteadyRatio != 1 || v.SteadySplit != 0.8 {
+		t.Fatalf("steady_ratio %g steady_split %g, want 1 and 0.8", v.SteadyRatio, v.SteadySplit)
+	}
+	k.Split = nil // live mode: not measured
+	if v := Judge(k, nil, Expect{SteadyRatio: 0.97}); v.SteadySplit != 1 {
+		t.Fatalf("no split series: steady_split %g, want 1", v.SteadySplit)
+	}
+}

@@ -160,7 +160,7 @@ func judgeRun(sc *scenario.Scenario, policy string, secs int, keys []keyState, s
 		}
 		ser := &KeySeries{
 			Key: key.Name, Rate: ks.rate, Burst: key.Limit.Burst,
-			Offered: make([]float64, secs), Admitted: make([]float64, secs),
+			Offered: make([]float64, secs), Admitted: make([]float64, secs), Split: make([]float64, secs),
 			StoreCalls: storeCalls[k],
 		}
 		for s := 0; s < secs; s++ {
@@ -168,6 +168,7 @@ func judgeRun(sc *scenario.Scenario, policy string, secs int, keys []keyState, s
 				var off, adm int64
 				if ks.counts != nil {
 					off, adm = int64(ks.counts[s*R+r].offered), int64(ks.counts[s*R+r].admitted)
+					ser.Split[s] += float64(ks.counts[s*R+r].split)
 				} else { // live mode counts in the cells
 					off, adm = ks.cells[s*R+r].Offered, ks.cells[s*R+r].Admitted
 				}
@@ -199,6 +200,7 @@ func rounded(k KeyResult) KeyResult {
 	k.MaxWindowRatio60s = r6(k.MaxWindowRatio60s)
 	k.MaxWindowRatio300s = r6(k.MaxWindowRatio300s)
 	k.SteadyRatio = r6(k.SteadyRatio)
+	k.SteadySplit = r6(k.SteadySplit)
 	k.StoreCallsPerRequest = r6(k.StoreCallsPerRequest)
 	rec := make([]float64, len(k.RecoveryS))
 	for i, x := range k.RecoveryS {

@@ -102,9 +102,9 @@ type keyState struct {
 }
 
 // counts is one key's requests in one region during one second: all the judge reads. A
-// 10,000-key, 10-minute, three-region run holds 144 MB of them; the cells beside them
+// 10,000-key, 10-minute, three-region run holds 216 MB of them; the cells beside them
 // (shares and sources, for the CSV and plots) are ten times that.
-type counts struct{ offered, admitted int32 }
+type counts struct{ offered, admitted, split int32 }
 
 // Cell is one key's traffic in one region during one second of a run.
 type Cell struct {
@@ -335,6 +335,9 @@ func (w *world) runUntil(reg *region, b int64) {
 		i := sec*R + reg.idx
 		cn := &ks.counts[i]
 		cn.offered++
+		if st.split.take(st.t, st.phase(st.t)) {
+			cn.split++
+		}
 		reg.store.cur, reg.store.curID = st.key, ks.identity
 		d, err := nd.Enforcer().Check(ctx, &ks.req)
 		reg.store.cur = -1
