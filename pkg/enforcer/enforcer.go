@@ -424,6 +424,7 @@ func (e *Enforcer) take(ctx context.Context, sc *scratch, m *rules.Matched, lim 
 		Want:       want,
 		Min:        want,
 		FailClosed: m.Rule.FailMode == rules.FailClosed,
+		Penalty:    m.Rule.Penalty,
 	}
 	r, err := e.cfg.Store.Take(ctx, &sc.req)
 	*res = r
@@ -529,6 +530,7 @@ func (e *Enforcer) fill(d *Decision, m *rules.Matched, lim limits, i int, res *b
 	d.Effective = eff + jitter(m.Identity, eff, e.cfg.ResetJitterMax, e.cfg.ResetJitterRatio)
 	d.RetryAfter = res.RetryAfter
 	d.Source = res.Source
+	d.Penalized = res.Penalized
 }
 
 func (e *Enforcer) observeUsage(m *rules.Matched, want int64, allowed bool, src Source, now time.Time) {
