@@ -73,31 +73,33 @@ if extra == 1 or extra == 3 then
   redis.call('PEXPIRE', sk, string.format('%.0f', ttl + 1))
 end
 
--- bucket.Penalty.Add and the state's write
+-- bucket.Penalty.Add and the state's write; made only for a take with a penalty, so a
+-- take without one creates no closure
 local pc, ps, pu, pdirty = 0, 0, 0, false
-local function padd(k)
-  if k <= 0 or now < pu then
-    return
-  end
-  if now - ps >= tonumber(ARGV[pa + 2]) or ps < pu then
-    pc, ps, pu = 0, now, 0
-  end
-  pc = pc + k
-  if pc >= tonumber(ARGV[pa + 1]) then
-    pu = now + tonumber(ARGV[pa + 3])
-  end
-  pdirty = true
-end
-local function pwrite()
-  if pdirty then
-    local exp = ps + tonumber(ARGV[pa + 2])
-    if pu > exp then
-      exp = pu
-    end
-    redis.call('SET', pk, string.format('%.0f %.0f %.0f', pc, ps, pu), 'PX', string.format('%.0f', math.ceil((exp - now) / 1000) + 1))
-  end
-end
+local padd, pwrite
 if pk then
+  padd = function(k)
+    if k <= 0 or now < pu then
+      return
+    end
+    if now - ps >= tonumber(ARGV[pa + 2]) or ps < pu then
+      pc, ps, pu = 0, now, 0
+    end
+    pc = pc + k
+    if pc >= tonumber(ARGV[pa + 1]) then
+      pu = now + tonumber(ARGV[pa + 3])
+    end
+    pdirty = true
+  end
+  pwrite = function()
+    if pdirty then
+      local exp = ps + tonumber(ARGV[pa + 2])
+      if pu > exp then
+        exp = pu
+      end
+      redis.call('SET', pk, string.format('%.0f %.0f %.0f', pc, ps, pu), 'PX', string.format('%.0f', math.ceil((exp - now) / 1000) + 1))
+    end
+  end
   local v = redis.call('GET', pk)
   if v then
     local a, b, c = string.match(v, '^(%d+) (%d+) (%d+)$')
