@@ -39,6 +39,9 @@ func TestPenaltyDecisionAndExplain(t *testing.T) {
 	if d := r.check(t, a); d.Allowed || !d.Penalized || d.RetryAfter != 5*time.Minute {
 		t.Fatalf("5 minutes in: %+v, want penalized 5m more", d)
 	}
+	if d, err := r.e.Check(context.Background(), &Request{Attrs: a, Peek: true}); err != nil || d.Allowed || !d.Penalized {
+		t.Fatalf("a peek (hits_addend 0) while blocked: %+v %v, want refused as penalized", d, err)
+	}
 	x, err := r.e.Explain(context.Background(), &Request{Attrs: a}, true)
 	if err != nil {
 		t.Fatal(err)
