@@ -37,6 +37,7 @@ func TestDrills(t *testing.T) {
 	t.Run("bad-input", func(t *testing.T) { drillBadInput(t, s, baseline) })
 	t.Run("rule-propagation", func(t *testing.T) { drillRulePropagation(t, s) })
 	t.Run("enforcer-killed", func(t *testing.T) { drillEnforcerKilled(t, s) })
+	t.Run("enforcer-killed-inflight", func(t *testing.T) { drillEnforcerKilledInflight(t, s) })
 	t.Run("redis-primary-killed", func(t *testing.T) { drillRedisPrimaryKilled(t, s) })
 	t.Run("etcd-down", func(t *testing.T) { drillEtcdDown(t, s) })
 	t.Logf("drills: all done in %v", time.Since(began).Round(time.Millisecond))

@@ -308,6 +308,7 @@ func (s *Stack) Enforcers() []*Enforcer {
 //	drill-lease   600/s, burst 600: busy keys lease batches (200/s a region, 10 a batch)
 //	drill-shift   300/s, burst 300: the key whose traffic moves between regions
 //	drill-slow    5/s, burst 5: a limit a few checks exhaust
+//	drill-inflight  9 in flight at once globally (3 a region), slots timing out after 3 s
 const DrillRules = `
 - id: drill
   match: {plan: drill}
@@ -330,6 +331,10 @@ const DrillRules = `
   match: {plan: drill-slow}
   limits: [{name: second, rate: 5, per: 1s, burst: 5}]
   reason: e2e drills
+- id: drill-inflight
+  match: {plan: drill-inflight}
+  limits: [{name: inflight, concurrent: 9, timeout: 3s}]
+  reason: e2e drills, slots that heal
 `
 
 // DefaultRules is configs/rules/example.yaml (what a user starts from) without its per-IP

@@ -6,6 +6,7 @@ import (
 	"hash/maphash"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/allot-dev/allot/pkg/clock"
 )
@@ -46,7 +47,49 @@ type memEntry struct {
 	fullAt     int64 // Unix µs when every bucket is full again
 	sightUntil int64 // Unix µs when no sighting counts any more: the entry may be forgotten after both
 	buckets    []memBucket
-	sights     []memSight // Request.Sight: the takers sighted, at most MaxSightings
+	sights     []memSight   // Request.Sight: the takers sighted, at most MaxSightings
+	penUntil   int64        // Unix µs when no penalty state matters any more
+	pens       []memPenalty // Request.Penalty: the identity's penalty states, at most memMaxBuckets
+}
+
+// memPenalty is one penalty's state for an identity.
+type memPenalty struct {
+	name string
+	st   PenaltyState
+}
+
+// penalty returns the state of p at now: the zero state if none, or once it has expired
+// (Penalty.ExpiresAt), as Redis expires it.
+func (e *memEntry) penalty(p *Penalty, now int64) PenaltyState {
+	for _, x := range e.pens {
+		if x.name == p.Name && now < p.ExpiresAt(x.st) {
+			return x.st
+		}
+	}
+	return PenaltyState{}
+}
+
+// setPenalty stores st for p, replacing a state that no longer matters (or, past
+// memMaxBuckets names, the one that expires first: forgetting it errs under, toward no
+// penalty).
+func (e *memEntry) setPenalty(p *Penalty, st PenaltyState) {
+	exp := p.ExpiresAt(st)
+	e.penUntil = max(e.penUntil, exp)
+	reuse := -1
+	for i := range e.pens {
+		if e.pens[i].name == p.Name {
+			e.pens[i].st = st
+			return
+		}
+		if reuse < 0 || e.pens[i].st.Until < e.pens[reuse].st.Until {
+			reuse = i
+		}
+	}
+	if len(e.pens) < memMaxBuckets {
+		e.pens = append(e.pens, memPenalty{name: p.Name, st: st})
+		return
+	}
+	e.pens[reuse] = memPenalty{name: p.Name, st: st}
 }
 
 // memSight is one taker's last sighting of an identity (Unix µs).
@@ -152,6 +195,22 @@ func (m *Memory) TakeAt(req *Request, now int64) Result {
 		}
 		seen = e.sight(req.Sight, now, max(req.SightTTL.Microseconds(), 1))
 	}
+	var pen PenaltyState
+	if p := req.Penalty; p != nil {
+		// Penalty: blocked, or blocked by the refusals handed over (the take script's
+		// steps, in the same order).
+		if e != nil {
+			pen = e.penalty(p, now)
+		}
+		if !pen.Blocked(now) && req.Refused > 0 {
+			pen = p.Add(pen, now, req.Refused)
+			e = s.entryFor(e, req.Identity, m.max, now)
+			e.setPenalty(p, pen)
+		}
+		if pen.Blocked(now) {
+			return penalized(pen, now, seen, SourceMemory)
+		}
+	}
 	for i, l := range req.Limits {
 		var st State
 		if e != nil && now < e.fullAt {
@@ -161,8 +220,16 @@ func (m *Memory) TakeAt(req *Request, now int64) Result {
 	}
 	d := Decide(req.Limits, tokens, req.Want, req.MinGrant())
 	if d.Granted == 0 {
+		if p := req.Penalty; p != nil {
+			pen = p.Add(pen, now, 1)
+			e = s.entryFor(e, req.Identity, m.max, now)
+			e.setPenalty(p, pen)
+			if pen.Blocked(now) {
+				return penalized(pen, now, seen, SourceMemory)
+			}
+		}
 		res := ResultOf(d, SourceMemory)
-		res.Seen = seen
+		res.Seen, res.PenaltyCount = seen, pen.Count
 		return res
 	}
 	if e == nil {
@@ -172,8 +239,25 @@ func (m *Memory) TakeAt(req *Request, now int64) Result {
 	}
 	e.store(req.Limits, tokens, now)
 	res := ResultOf(d, SourceMemory)
-	res.Seen = seen
+	res.Seen, res.PenaltyCount = seen, pen.Count
 	return res
+}
+
+// entryFor returns e, or a new entry for identity when e is nil. Called with s.mu held.
+func (s *memShard) entryFor(e *memEntry, identity string, max int, now int64) *memEntry {
+	if e != nil {
+		return e
+	}
+	s.makeRoom(max, now)
+	e = &memEntry{}
+	s.entries[identity] = e
+	return e
+}
+
+// penalized is the answer for an identity blocked by its penalty at now.
+func penalized(st PenaltyState, now int64, seen int, src Source) Result {
+	d := time.Duration(st.Until-now) * time.Microsecond
+	return Result{RetryAfter: d, Reset: d, Source: src, Seen: seen, Penalized: true, PenaltyCount: st.Count}
 }
 
 func (e *memEntry) find(name string, now int64) State {
@@ -250,7 +334,7 @@ func (s *memShard) makeRoom(max int, now int64) {
 	var best int64
 	n, freed := 0, false
 	for k, e := range s.entries {
-		if e.fullAt <= now && e.sightUntil <= now { // full again, no sighting counts: forgetting it changes no answer
+		if e.fullAt <= now && e.sightUntil <= now && e.penUntil <= now { // full again, no sighting or penalty counts: forgetting it changes no answer
 			delete(s.entries, k)
 			freed = true
 		} else if n == 0 || e.fullAt < best {

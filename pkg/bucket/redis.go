@@ -250,6 +250,12 @@ func (r *Redis) reply(ctx context.Context, c *redisCall, args []any, req *Reques
 		r.known.Store(true)
 	}
 	v := cmd.Val()
+	if req.Penalty != nil {
+		if len(v) != 8 || v[6] < 0 || v[6] > 1 || v[7] < 0 {
+			return Result{}, fmt.Errorf("bucket: redis: unexpected script reply %v for identity %.64q (with a penalty)", v, req.Identity)
+		}
+		v = v[:6]
+	}
 	if len(v) != 6 || v[0] < 0 || v[0] > req.Want || v[1] < 0 || v[1] >= int64(len(req.Limits)) || v[5] < 0 || v[5] > MaxSightings {
 		return Result{}, fmt.Errorf("bucket: redis: unexpected script reply %v for identity %.64q", v, req.Identity)
 	}
@@ -261,6 +267,10 @@ func (r *Redis) reply(ctx context.Context, c *redisCall, args []any, req *Reques
 		ResetMicros:      v[4],
 	}, SourceRedis)
 	res.Seen = int(v[5])
+	if req.Penalty != nil {
+		v = cmd.Val()
+		res.Penalized, res.PenaltyCount = v[6] == 1, v[7]
+	}
 	return res, nil
 }
 
@@ -268,9 +278,10 @@ func isNoScript(err error) bool {
 	return err != nil && (errors.Is(err, redis.ErrNoScript) || redis.HasErrorPrefix(err, "NOSCRIPT"))
 }
 
-// maxArgs is the longest command: evalsha sha numkeys, the keys and the sightings key,
-// want min, rate and burst for each key, and the sighting's three.
-const maxArgs = 3 + MaxLimits + 1 + 2 + 2*MaxLimits + 3
+// maxArgs is the longest command: evalsha sha numkeys, the keys, the sightings key and
+// the penalty key, want min, rate and burst for each key, the sighting's three and the
+// penalty's four.
+const maxArgs = 3 + MaxLimits + 2 + 2 + 2*MaxLimits + 3 + 4
 
 // redisCall holds one command's arguments, reused through a sync.Pool so a Take builds
 // them without allocating: args[i] points at strs[i] (a *string goes into an interface
@@ -304,13 +315,17 @@ func (c *redisCall) init() {
 func (c *redisCall) build(prefix string, req *Request) []any {
 	n := len(req.Limits)
 	sight := req.Sight != ""
+	pen := req.Penalty
 	b := c.buf[:0]
 	k := 2
+	keys := n
 	if sight {
-		b = strconv.AppendInt(b, int64(n+1), 10)
-	} else {
-		b = strconv.AppendInt(b, int64(n), 10)
+		keys++
 	}
+	if pen != nil {
+		keys++
+	}
+	b = strconv.AppendInt(b, int64(keys), 10)
 	c.ends[k] = len(b)
 	k++
 	for _, l := range req.Limits {
@@ -320,6 +335,11 @@ func (c *redisCall) build(prefix string, req *Request) []any {
 	}
 	if sight {
 		b = appendSightKey(b, prefix, req.Identity)
+		c.ends[k] = len(b)
+		k++
+	}
+	if pen != nil {
+		b = appendPenaltyKey(b, prefix, req.Identity, pen.Name)
 		c.ends[k] = len(b)
 		k++
 	}
@@ -349,6 +369,13 @@ func (c *redisCall) build(prefix string, req *Request) []any {
 		c.ends[k] = len(b)
 		k++
 	}
+	if pen != nil {
+		for _, x := range [...]int64{req.Refused, pen.Refusals, pen.Within.Microseconds(), pen.Block.Microseconds()} {
+			b = strconv.AppendInt(b, x, 10)
+			c.ends[k] = len(b)
+			k++
+		}
+	}
 	c.buf = b
 	s := string(b) // the one allocation: go-redis takes strings
 	start := 0
@@ -377,6 +404,23 @@ func appendSightKey(b []byte, prefix, identity string) []byte {
 	b = append(b, '{')
 	b = appendEscaped(b, identity)
 	return append(b, "}#seen"...)
+}
+
+// appendPenaltyKey appends identity's state of the penalty name:
+// prefix{escaped identity}#penalty:name, in the identity's slot and apart from its buckets
+// and sightings.
+func appendPenaltyKey(b []byte, prefix, identity, name string) []byte {
+	b = append(b, prefix...)
+	b = append(b, '{')
+	b = appendEscaped(b, identity)
+	b = append(b, "}#penalty:"...)
+	return append(b, name...)
+}
+
+// PenaltyKey returns the Redis key of identity's state of the penalty name (for tests
+// and operators).
+func (r *Redis) PenaltyKey(identity, name string) string {
+	return string(appendPenaltyKey(nil, r.prefix, identity, name))
 }
 
 // Slot returns the Redis Cluster hash slot of every bucket of identity: CRC16 (XMODEM) of

@@ -19,6 +19,18 @@
 -- It is recorded whether or not tokens are granted, and the set expires with its last
 -- sighting.
 --
+-- A penalty (bucket.Request.Penalty) adds one more key, last, and four more arguments,
+-- last; with s = 1 for a sighting and p = 1 for a penalty, #ARGV - 2 × #KEYS - 2 = s + 2p:
+-- KEYS[#KEYS]  the identity's penalty state: absent or "<count> <window start µs> <until µs>"
+-- ARGV[#ARGV-3] refusals answered from memory to count (Request.Refused)
+-- ARGV[#ARGV-2] the refusals that block; ARGV[#ARGV-1] the window (µs); ARGV[#ARGV] the
+--              block (µs)
+-- This is bucket.Penalty.Add step for step (integers, exact in doubles below 2^53): a
+-- blocked identity is refused before its buckets are read; else the refusals handed over
+-- are counted, then this take's own refusal, and an identity whose count reaches the
+-- threshold is refused outright from then for the block. The state expires when neither
+-- its window nor its block matters.
+--
 -- Time is the server's own (TIME, µs). A bucket's time never moves back: if the server's
 -- clock is behind a bucket's (failover to a replica on another host), nothing is refilled
 -- and the bucket keeps its later time. A granted take writes every bucket and sets it to
@@ -26,7 +38,9 @@
 -- nothing.
 --
 -- Reply: {granted, limiting (0-based), remaining, retry-after µs, reset µs, seen}, all
--- integers (seen: the distinct takers sighted within the time given, 0 without a sighting):
+-- integers (seen: the distinct takers sighted within the time given, 0 without a sighting),
+-- and with a penalty two more: {…, blocked (1: refused outright, retry-after = reset =
+-- the block's end), the refusals counted in the window}:
 -- Redis truncates Lua numbers in replies, and numbers passed to redis.call would be
 -- formatted with 14 significant digits, so everything written is formatted here.
 
@@ -39,7 +53,13 @@ local want = tonumber(ARGV[1])
 local min = tonumber(ARGV[2])
 local n = #KEYS
 local seen = 0
-if #ARGV == 3 + 2 * n then
+local extra = #ARGV - 2 * n - 2
+local pk, pa
+if extra >= 2 then
+  pk, pa = KEYS[n], #ARGV - 3
+  n = n - 1
+end
+if extra == 1 or extra == 3 then
   n = n - 1
   local sk, ttl, cap = KEYS[n + 1], tonumber(ARGV[4 + 2 * n]), tonumber(ARGV[5 + 2 * n])
   local ms = math.floor(now / 1000)
@@ -52,6 +72,48 @@ if #ARGV == 3 + 2 * n then
   end
   redis.call('PEXPIRE', sk, string.format('%.0f', ttl + 1))
 end
+
+-- bucket.Penalty.Add and the state's write; made only for a take with a penalty, so a
+-- take without one creates no closure
+local pc, ps, pu, pdirty = 0, 0, 0, false
+local padd, pwrite
+if pk then
+  padd = function(k)
+    if k <= 0 or now < pu then
+      return
+    end
+    if now - ps >= tonumber(ARGV[pa + 2]) or ps < pu then
+      pc, ps, pu = 0, now, 0
+    end
+    pc = pc + k
+    if pc >= tonumber(ARGV[pa + 1]) then
+      pu = now + tonumber(ARGV[pa + 3])
+    end
+    pdirty = true
+  end
+  pwrite = function()
+    if pdirty then
+      local exp = ps + tonumber(ARGV[pa + 2])
+      if pu > exp then
+        exp = pu
+      end
+      redis.call('SET', pk, string.format('%.0f %.0f %.0f', pc, ps, pu), 'PX', string.format('%.0f', math.ceil((exp - now) / 1000) + 1))
+    end
+  end
+  local v = redis.call('GET', pk)
+  if v then
+    local a, b, c = string.match(v, '^(%d+) (%d+) (%d+)$')
+    if a then -- anything else is not ours: treat it as never refused
+      pc, ps, pu = tonumber(a), tonumber(b), tonumber(c)
+    end
+  end
+  padd(tonumber(ARGV[pa]))
+  if now < pu then
+    pwrite()
+    return {0, 0, 0, pu - now, pu - now, seen, 1, pc}
+  end
+end
+
 local vals = redis.call('MGET', unpack(KEYS, 1, n))
 
 local rate, burst, tok, last = {}, {}, {}, {}
@@ -116,6 +178,14 @@ if avail < min then
       lim, ra = i, w
     end
   end
+  if pk then
+    padd(1)
+    pwrite()
+    if now < pu then
+      return {0, 0, 0, pu - now, pu - now, seen, 1, pc}
+    end
+    return {0, lim - 1, whole(tok[lim]), ra, wait(lim, tok[lim], burst[lim]), seen, 0, pc}
+  end
   return {0, lim - 1, whole(tok[lim]), ra, wait(lim, tok[lim], burst[lim]), seen}
 end
 
@@ -134,5 +204,9 @@ for i = 1, n do
   -- before now: one more ms so a key never vanishes before its bucket is full.
   local ms = math.ceil((last[i] - now + full) / 1000) + 1
   redis.call('SET', KEYS[i], string.format('%.17g %.0f', x, last[i]), 'PX', string.format('%.0f', ms))
+end
+if pk then
+  pwrite()
+  return {avail, lim - 1, whole(tok[lim]), 0, wait(lim, tok[lim], burst[lim]), seen, 0, pc}
 end
 return {avail, lim - 1, whole(tok[lim]), 0, wait(lim, tok[lim], burst[lim]), seen}

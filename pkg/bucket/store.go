@@ -93,6 +93,15 @@ type Request struct {
 	// SightTTL is how long a sighting counts, in [MinSightTTL, MaxSightTTL]; used only
 	// with Sight.
 	SightTTL time.Duration
+	// Penalty, when not nil, is the rule's penalty for abuse (see Penalty): the store
+	// refuses the identity outright while it is blocked (Result.Penalized), and otherwise
+	// counts this take's refusal, if it refuses, and Refused more toward it. Nil costs a
+	// store nothing.
+	Penalty *Penalty
+	// Refused is how many refusals a layer above answered from memory for this identity
+	// since its last call (pkg/lease), counted toward Penalty; in [0, MaxPenaltyRefusals],
+	// and 0 without a Penalty.
+	Refused int64
 }
 
 // Sightings: the bounds of Request.Sight and Request.SightTTL, and the most distinct
@@ -131,6 +140,12 @@ type Result struct {
 	// within its SightTTL, this one included; 0 when the request asked nothing or the
 	// layer that answered does not know (pkg/fallback's local answers).
 	Seen int
+	// Penalized says the identity is refused outright by Request.Penalty until
+	// RetryAfter from now (Granted is 0; Limiting, Remaining and Reset are zero).
+	Penalized bool
+	// PenaltyCount is, for a request with a Penalty, the refusals counted in its current
+	// window (the count that blocked it, when Penalized).
+	PenaltyCount int64
 }
 
 // Allowed reports whether any tokens were granted.
@@ -197,6 +212,14 @@ func (r *Request) Validate() error {
 	}
 	if r.Sight != "" && (len(r.Sight) > MaxSightLen || r.SightTTL < MinSightTTL || r.SightTTL > MaxSightTTL) {
 		return fmt.Errorf("%w: sight %.64q (%d bytes, at most %d) for %v (in [%v, %v])", ErrInvalid, r.Sight, len(r.Sight), MaxSightLen, r.SightTTL, MinSightTTL, MaxSightTTL)
+	}
+	if r.Penalty != nil {
+		if err := r.Penalty.validate(); err != nil {
+			return fmt.Errorf("%w: %v", ErrInvalid, err)
+		}
+	}
+	if r.Refused < 0 || r.Refused > MaxPenaltyRefusals || (r.Refused > 0 && r.Penalty == nil) {
+		return fmt.Errorf("%w: refused %d, must be in [0, %d], and 0 without a penalty", ErrInvalid, r.Refused, MaxPenaltyRefusals)
 	}
 	for i, l := range r.Limits {
 		if err := l.validate(); err != nil {

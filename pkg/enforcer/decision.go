@@ -75,6 +75,9 @@ type Decision struct {
 	// Handle, when the check holds in-flight slots (rules with an in-flight limit), names
 	// them for Enforcer.Release once the response is done; "" when it holds none.
 	Handle string
+	// Penalized says the deciding rule's penalty for abuse refuses the identity outright
+	// (rules.Rule.Penalty): RetryAfter and Reset run to the end of the block.
+	Penalized bool
 
 	shadowN     int
 	shadowNames [maxShadowNames]string

@@ -46,7 +46,8 @@ type Request struct {
 	// hits_addend of 0: "check only"): each enforcing rule's buckets are read
 	// (Config.Peek, else the Store when it is a bucket.Peeker) and the decision is the one
 	// a take of Hits (0 means 1) × cost would get, with Remaining and Reset the buckets'
-	// levels as they are. Nothing is taken, nothing is reported as usage. A read the store
+	// levels as they are (an identity blocked by the rule's penalty is refused, read with
+	// one more read for such rules only). Nothing is taken, nothing is reported as usage. A read the store
 	// cannot make is a store error, answered by the rule's fail mode. Under a lease layer
 	// the read is of Redis, which does not count the tokens enforcers hold leased: a peek
 	// then sees fewer tokens than there are, so it errs under. The read does not pass
@@ -424,6 +425,7 @@ func (e *Enforcer) take(ctx context.Context, sc *scratch, m *rules.Matched, lim 
 		Want:       want,
 		Min:        want,
 		FailClosed: m.Rule.FailMode == rules.FailClosed,
+		Penalty:    m.Rule.Penalty,
 	}
 	r, err := e.cfg.Store.Take(ctx, &sc.req)
 	*res = r
@@ -449,6 +451,21 @@ func (e *Enforcer) peek(ctx context.Context, m *rules.Matched, lim limits, want 
 	}
 	if n := len(lim.l); n == 0 || n > bucket.MaxLimits || float64(want) > minBurst(lim.l) {
 		return bucket.ErrInvalid // as a take would be: it could never be granted
+	}
+	if p := m.Rule.Penalty; p != nil {
+		// A blocked identity is refused whatever its buckets hold, as a take would be
+		// (one more read, for rules with a penalty only).
+		if pp, ok := e.peeker.(bucket.PenaltyPeeker); ok {
+			st, now, err := pp.PeekPenalty(ctx, m.Identity, p)
+			if err != nil {
+				return err
+			}
+			if st.Blocked(now) {
+				d := time.Duration(st.Until-now) * time.Microsecond
+				*res = bucket.Result{RetryAfter: d, Reset: d, Source: e.peekSource, Penalized: true, PenaltyCount: st.Count}
+				return nil
+			}
+		}
 	}
 	var got, left [bucket.MaxLimits]float64
 	levels, err := e.peeker.Peek(ctx, m.Identity, lim.l, got[:0])
@@ -529,6 +546,7 @@ func (e *Enforcer) fill(d *Decision, m *rules.Matched, lim limits, i int, res *b
 	d.Effective = eff + jitter(m.Identity, eff, e.cfg.ResetJitterMax, e.cfg.ResetJitterRatio)
 	d.RetryAfter = res.RetryAfter
 	d.Source = res.Source
+	d.Penalized = res.Penalized
 }
 
 func (e *Enforcer) observeUsage(m *rules.Matched, want int64, allowed bool, src Source, now time.Time) {

@@ -50,9 +50,12 @@ type RuleExplain struct {
 	ExpiresAt   time.Time         `json:"expires_at,omitzero"`
 	Reason      string            `json:"reason,omitempty"`
 
-	Share  ShareExplain     `json:"share"`
-	Limits []LimitExplain   `json:"limits"`
-	Recent []RecentDecision `json:"recent,omitempty"`
+	Share  ShareExplain   `json:"share"`
+	Limits []LimitExplain `json:"limits"`
+	// Penalty is the rule's penalty for abuse and where the identity stands with it;
+	// absent for a rule without one.
+	Penalty *PenaltyExplain  `json:"penalty,omitempty"`
+	Recent  []RecentDecision `json:"recent,omitempty"`
 	// Redacted is true in a customer's view for a bucket that is not the caller's own
 	// (ip, org, endpoint, global): its identity, levels, share and recent takes are left
 	// out; the rule and its limits are shown.
@@ -95,6 +98,25 @@ type LimitExplain struct {
 	// shared bucket's: tokens leased to enforcers' local batches are already out of it.
 	Level      *float64 `json:"level,omitempty"`
 	LevelError string   `json:"level_error,omitempty"`
+}
+
+// PenaltyExplain is a rule's penalty (rules.Rule.Penalty) and the identity's state of it
+// in the store. The count is the store's: refusals enforcers answered from their refusal
+// caches and have not handed over yet (at most one refusal-cache interval's each) are not
+// in it.
+type PenaltyExplain struct {
+	Refusals      int64   `json:"refusals"`
+	WithinSeconds float64 `json:"within_seconds"`
+	BlockSeconds  float64 `json:"block_seconds"`
+	// Counted is the refusals counted in the current window (the count that blocked the
+	// identity, while Blocked).
+	Counted int64 `json:"counted"`
+	// Blocked says the identity is refused outright by this rule until Until (UTC, the
+	// store's clock).
+	Blocked bool      `json:"blocked"`
+	Until   time.Time `json:"until,omitzero"`
+	// Error says why the state could not be read (then Counted and Blocked are unknown).
+	Error string `json:"error,omitempty"`
 }
 
 // Explain explains req (see Explanation). admin false gives the customer's view: only
@@ -172,6 +194,9 @@ func (e *Enforcer) Explain(ctx context.Context, req *Request, admin bool) (Expla
 				re.Limits[j].Level = &v
 			}
 		}
+		if p := c.Penalty; p != nil {
+			re.Penalty = e.penaltyExplain(ctx, peek, m.Identity, p)
+		}
 		for _, d := range e.recent.of(m.Identity) {
 			if d.Rule == c.ID {
 				re.Recent = append(re.Recent, d)
@@ -180,6 +205,27 @@ func (e *Enforcer) Explain(ctx context.Context, req *Request, admin bool) (Expla
 		x.Rules = append(x.Rules, re)
 	}
 	return x, nil
+}
+
+// penaltyExplain reads identity's state of penalty p from the store that explain reads
+// (Config.Peek, else the Store), when it can.
+func (e *Enforcer) penaltyExplain(ctx context.Context, peek bucket.Peeker, identity string, p *bucket.Penalty) *PenaltyExplain {
+	x := &PenaltyExplain{Refusals: p.Refusals, WithinSeconds: p.Within.Seconds(), BlockSeconds: p.Block.Seconds()}
+	pp, ok := peek.(bucket.PenaltyPeeker)
+	if !ok {
+		x.Error = "the store cannot read a penalty without taking"
+		return x
+	}
+	st, now, err := pp.PeekPenalty(ctx, identity, p)
+	if err != nil {
+		x.Error = err.Error()
+		return x
+	}
+	x.Counted = st.Count
+	if st.Blocked(now) {
+		x.Blocked, x.Until = true, time.UnixMicro(st.Until).UTC()
+	}
+	return x
 }
 
 func (e *Enforcer) shareExplain(m *rules.Matched, share float64, now time.Time) ShareExplain {

@@ -28,6 +28,7 @@ type callFor struct {
 func (s *Store) begin(e *entry, req *bucket.Request, now int64) callFor {
 	c := callFor{f: &flight{done: make(chan struct{})}, req: *req, gen: e.gen, peers: s.peersOf(e, now)}
 	s.sight(e, &c.req, now)
+	e.handOver(&c.req)
 	e.flight = c.f
 	batch, ttl, lease, opening := s.leaseBatch(e, req.Limits, req.Want, c.peers, now)
 	c.ttl, c.opening, c.why = ttl, opening, e.callReason(lease)
@@ -56,6 +57,7 @@ func (s *Store) call(ctx context.Context, sh *shard, e *entry, req *bucket.Reque
 	}
 	if err != nil {
 		f.err, f.shared = err, ctx.Err() == nil
+		e.unpaid += c.req.Refused // not heard: counted at the next call
 		s.emit(EventCallError, 0)
 		return bucket.Result{}, err
 	}
@@ -64,6 +66,9 @@ func (s *Store) call(ctx context.Context, sh *shard, e *entry, req *bucket.Reque
 		e.seen, e.seenAt = res.Seen, start
 	}
 	if current {
+		if res.Penalized && e.held() > 0 {
+			s.emit(EventLimitsChanged, e.dropLease())
+		}
 		e.observe(&c.req, res, start)
 		if c.lease {
 			e.setContended(!c.opening && res.Granted < c.req.Want, start, c.req.Limits, c.req.Want, c.peers, s.cfg.Window)

@@ -147,6 +147,21 @@
 // per admitted check; a retry storm at 100× the limit costs at most about one call per
 // retry interval per enforcer.
 //
+// # Penalties
+//
+// A request with a bucket.Penalty (a rule's penalty for abuse) has its refusals from
+// memory — the refusal cache and pacing — counted per key (not while the key is blocked),
+// and the count handed to the next store with the key's next call, foreground or refill
+// (bucket.Request.Refused; given back if the call fails), so the store counts the key's
+// refusals across the region's enforcers. An answer that the key is blocked
+// (bucket.Result.Penalized) drops the tokens leased for it and primes the refusal cache
+// until the block's end: the key is then refused from memory, without a call, and those
+// answers say Penalized. Which way it errs: the store hears of a refusal up to one
+// refusal-cache interval after it was answered (the block begins that much late, and a
+// window may count refusals that much older than it), refusals still counted here when
+// a client stops are never handed over, and this enforcer learns of a block others
+// started at its next call for the key. A request without a penalty costs one nil test.
+//
 // # Where answers come from
 //
 // Result.Source is bucket.SourceLease for checks spent from leased tokens,

@@ -57,6 +57,31 @@ type entry struct {
 	sightFrom       int64 // the first sighting of the current run (none SightTTL long before it)
 	seen            int
 	sighted         bool // sightAt is set
+	// Penalty (bucket.Request.Penalty): the rule's penalty the last request carried (nil
+	// without one), the refusals answered from memory since the last call that handed
+	// them over (counted only with a penalty, and not while blocked), and when the store
+	// last said the key is blocked until.
+	penalty      *bucket.Penalty
+	unpaid       int64
+	penaltyUntil int64
+}
+
+// countRefusal counts a refusal answered from memory at now toward the key's penalty:
+// only with a penalty and not while the key is blocked by it. Called with e's shard lock
+// held.
+func (e *entry) countRefusal(now int64) {
+	if e.penalty != nil && now >= e.penaltyUntil && e.unpaid < bucket.MaxPenaltyRefusals {
+		e.unpaid++
+	}
+}
+
+// handOver moves the refusals counted from memory into req, which a call is about to
+// send (none without a penalty). The caller gives them back (e.unpaid += req.Refused)
+// if the call fails.
+func (e *entry) handOver(req *bucket.Request) {
+	if req.Penalty != nil && e.unpaid > 0 {
+		req.Refused, e.unpaid = e.unpaid, 0
+	}
 }
 
 // flight is one call to the next store; checks that miss while it is in flight wait for it
@@ -183,6 +208,9 @@ func (e *entry) held() int64 { return e.cur + e.nxt }
 // refusalFromMemory is the answer of a check refused without calling the next store, until
 // the given time (the refusal cache's or the pacing's), with the budget last seen.
 func (e *entry) refusalFromMemory(until, now int64) bucket.Result {
+	if now < e.penaltyUntil && until <= e.penaltyUntil {
+		return bucket.Result{RetryAfter: time.Duration(until - now), Reset: time.Duration(until - now), Source: bucket.SourceRefusalCache, Penalized: true}
+	}
 	return bucket.Result{
 		Limiting:   e.limiting,
 		Remaining:  e.remaining,
@@ -274,6 +302,14 @@ func sameLimits(a, b []bucket.Limit) bool {
 func (e *entry) observe(req *bucket.Request, res bucket.Result, start int64) {
 	e.limiting, e.remaining = res.Limiting, res.Remaining
 	e.resetAt = start + int64(res.Reset)
+	if res.Penalized {
+		// Blocked by the rule's penalty: refused from memory until its end, and tokens
+		// still leased are dropped (the caller counts them as limits-changed), so the key
+		// gets nothing here until then.
+		e.penaltyUntil = start + int64(res.RetryAfter)
+		e.refusedUntil, e.refusedMin = e.penaltyUntil, 1
+		return
+	}
 	if res.Granted == 0 {
 		if res.RetryAfter > 0 {
 			e.refusedUntil, e.refusedMin = start+int64(res.RetryAfter), req.MinGrant()

@@ -269,6 +269,9 @@ func (s *Store) refresh(sh *shard, e *entry, req *bucket.Request, now int64) {
 			s.emit(EventLimitsChanged, d)
 		}
 	}
+	if e.penalty != req.Penalty {
+		e.penalty = req.Penalty // a compiled rule's: one pointer per rules snapshot
+	}
 	if d := e.expire(now); d > 0 {
 		e.lapsed = true
 		if d -= keepLapsed(e, req, now, d); d > 0 {
@@ -324,9 +327,11 @@ func (s *Store) fromMemory(e *entry, req *bucket.Request, now int64) (res bucket
 		return res, true, refill
 	case e.refused(now, min):
 		s.emit(EventRefusalHit, 0)
+		e.countRefusal(now)
 		return e.refusalFromMemory(e.refusedUntil, now), true, false
 	case now < e.pacedUntil:
 		e.pacedRefused = true
+		e.countRefusal(now)
 		s.emit(EventPaced, 0)
 		return e.refusalFromMemory(e.pacedUntil, now), true, false
 	case s.refillsContended(e, now):
@@ -340,6 +345,7 @@ func (s *Store) fromMemory(e *entry, req *bucket.Request, now int64) (res bucket
 			}
 		}
 		s.emit(EventPaced, 0)
+		e.countRefusal(now)
 		return e.refusalFromMemory(now+int64(refillWait), now), true, refill
 	}
 	return bucket.Result{}, false, false

@@ -67,8 +67,9 @@ func (s *Store) refill(e *entry) {
 			if held := e.held(); 2*held > b {
 				want = max(b+b/2-held, e.lastCost)
 			}
-			req = &bucket.Request{Identity: e.key, Limits: e.limits, Want: want, Min: e.lastCost}
+			req = &bucket.Request{Identity: e.key, Limits: e.limits, Want: want, Min: e.lastCost, Penalty: e.penalty}
 			s.sight(e, req, now)
+			e.handOver(req)
 		}
 	}
 	if req == nil { // evicted, gone quiet, or no longer worth a lease
@@ -93,6 +94,7 @@ func (s *Store) refill(e *entry) {
 	}
 	switch {
 	case err != nil:
+		e.unpaid += req.Refused // not heard: counted at the next call
 		e.refillAfter = start + s.window
 		s.emit(EventRefillError, 0)
 	case gen != e.gen || e.gone:
@@ -101,6 +103,9 @@ func (s *Store) refill(e *entry) {
 			s.emit(EventLimitsChanged, res.Granted)
 		}
 	default:
+		if res.Penalized && e.held() > 0 {
+			s.emit(EventLimitsChanged, e.dropLease())
+		}
 		e.observe(req, res, start)
 		e.setContended(!opening && res.Granted < req.Want, start, req.Limits, req.Want, peers, s.cfg.Window)
 		if res.Granted > 0 {

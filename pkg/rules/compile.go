@@ -132,6 +132,9 @@ type Compiled struct {
 	// Inflight is the rule's in-flight limit, nil without one. It is not in Limits or
 	// Global: a check acquires a slot of it after the rule's buckets granted.
 	Inflight *InflightLimit
+	// Penalty is the rule's penalty for abuse (Rule.Penalty) as the stores take it, named
+	// by the rule id; nil without one.
+	Penalty *bucket.Penalty
 
 	maxCost float64 // max(1, the largest cost): the burst clamp
 }
@@ -346,6 +349,9 @@ func compileRule(r *Rule, order int, opt CompileOptions, cr *crule) {
 	cr.desc = descEdges(r.Match.Descriptor)
 	if r.Refuse {
 		cr.c.Global = []bucket.Limit{{Name: r.ID + "/refuse"}} // holds nothing: NoTokens
+	}
+	if p := r.Penalty; p != nil {
+		cr.c.Penalty = &bucket.Penalty{Name: r.ID, Refusals: p.Refusals, Within: p.Within, Block: p.Block}
 	}
 	for _, l := range r.Limits {
 		if l.IsInflight() {

@@ -27,6 +27,7 @@ type jsonRule struct {
 	Refuse    bool               `json:"refuse,omitempty"`
 	Replaces  []string           `json:"replaces,omitempty"`
 	Quota     bool               `json:"quota,omitempty"`
+	Penalty   *jsonPenalty       `json:"penalty,omitempty"`
 }
 
 type jsonMatch struct {
@@ -43,6 +44,12 @@ type jsonDescEntry struct {
 	Key    string `json:"key"`
 	Value  string `json:"value,omitempty"`
 	Shared bool   `json:"shared,omitempty"`
+}
+
+type jsonPenalty struct {
+	Refusals int64  `json:"refusals"`
+	Within   string `json:"within"`
+	Block    string `json:"block"`
 }
 
 type jsonLimit struct {
@@ -83,6 +90,9 @@ func EncodeRule(r *Rule) ([]byte, error) {
 	if !r.ExpiresAt.IsZero() {
 		j.ExpiresAt = r.ExpiresAt.UTC().Format(time.RFC3339)
 	}
+	if p := r.Penalty; p != nil {
+		j.Penalty = &jsonPenalty{Refusals: p.Refusals, Within: formatPer(p.Within), Block: formatPer(p.Block)}
+	}
 	j.Limits = make([]jsonLimit, len(r.Limits)) // [] when unlimited or refuse: the field is always there
 	for i, l := range r.Limits {
 		if l.IsInflight() {
@@ -115,6 +125,13 @@ type yamlRule struct {
 	ExpiresAt string             `yaml:"expires_at,omitempty"`
 	Reason    string             `yaml:"reason,omitempty"`
 	Shares    map[string]float64 `yaml:"shares,omitempty"`
+	Penalty   *yamlPenalty       `yaml:"penalty,omitempty,flow"`
+}
+
+type yamlPenalty struct {
+	Refusals int64  `yaml:"refusals"`
+	Within   string `yaml:"within"`
+	Block    string `yaml:"block"`
 }
 
 type yamlMatch struct {
@@ -181,6 +198,9 @@ func yamlRuleOf(j *jsonRule) yamlRule {
 	}
 	for _, l := range j.Limits {
 		y.Limits = append(y.Limits, yamlLimit(l))
+	}
+	if p := j.Penalty; p != nil {
+		y.Penalty = &yamlPenalty{Refusals: p.Refusals, Within: p.Within, Block: p.Block}
 	}
 	return y
 }

@@ -25,6 +25,9 @@ rules:
     fail_mode: closed
     expires_at: 2030-01-01T00:00:00Z
     shares: {us-east: 0.5}
+  - id: abuse
+    limits: [{name: second, rate: 5, per: 1s}]
+    penalty: {refusals: 1000, within: 1m, block: 10m}
 `))
 	if err != nil {
 		t.Fatal(err)
@@ -69,7 +72,8 @@ func TestEtcdSet(t *testing.T) {
 
 // EncodeSet's file parses back into the rules it came from.
 func TestEncodeSetRoundTrip(t *testing.T) {
-	s := mustParse(t, specificitySet+strings.TrimPrefix(descriptorSet, "\nrules:\n"))
+	s := mustParse(t, specificitySet+strings.TrimPrefix(descriptorSet, "\nrules:\n")+
+		"  - id: abuse\n    limits: [{name: second, rate: 5, per: 1s}]\n    penalty: {refusals: 1000, within: 1m, block: 10m}\n")
 	back, err := ParseYAML(EncodeSet(s))
 	if err != nil {
 		t.Fatalf("%v\n%s", err, EncodeSet(s))

@@ -48,6 +48,13 @@ type rawRule struct {
 	Refuse    bool               `yaml:"refuse"`
 	Replaces  []string           `yaml:"replaces"`
 	Quota     bool               `yaml:"quota"`
+	Penalty   *rawPenalty        `yaml:"penalty"`
+}
+
+type rawPenalty struct {
+	Refusals float64 `yaml:"refusals"` // float so 1.5 is an error, not a silent 1
+	Within   string  `yaml:"within"`
+	Block    string  `yaml:"block"`
 }
 
 type rawMatch struct {
@@ -118,6 +125,7 @@ func (p *rulePos) lineOf(field string) int {
 //	    expires_at: 2024-07-01T00:00:00Z   # RFC 3339; mandatory when match.api_key is set
 //	    reason: "launch week"
 //	    shares: {us-east: 0.5, eu-west: 0.3, ap-south: 0.2}
+//	    penalty: {refusals: 1000, within: 1m, block: 10m}   # refused 1,000 times in a minute → refused for 10 minutes
 //	  - id: marketing-sms                # a descriptor rule (Envoy RLS; see the package doc)
 //	    match:
 //	      domain: messaging
@@ -452,6 +460,9 @@ func convertRule(raw *rawRule, index int, pos *rulePos, r *Rule) error {
 			bad("match.ip", "%v", err)
 		}
 	}
+	if raw.Penalty != nil {
+		r.Penalty = parsePenalty(raw.Penalty, bad)
+	}
 	r.Limits = make([]LimitSpec, len(raw.Limits))
 	for i, l := range raw.Limits {
 		r.Limits[i] = LimitSpec{Name: l.Name, Rate: l.Rate, Burst: l.Burst}
@@ -515,6 +526,33 @@ func sortedKeys[V any](m map[string]V) []string {
 	}
 	sort.Strings(ks)
 	return ks
+}
+
+// parsePenalty reads a rule's penalty ({refusals, within, block}); Validate checks the
+// values.
+func parsePenalty(raw *rawPenalty, bad func(field, format string, a ...any)) *PenaltySpec {
+	p := &PenaltySpec{}
+	if raw.Refusals != math.Trunc(raw.Refusals) || math.Abs(raw.Refusals) > 1e15 {
+		bad("penalty.refusals", "%g, want a whole number of refusals", raw.Refusals)
+	} else {
+		p.Refusals = int64(raw.Refusals)
+	}
+	for _, f := range []struct {
+		name, v string
+		d       *time.Duration
+	}{{"within", raw.Within, &p.Within}, {"block", raw.Block, &p.Block}} {
+		if f.v == "" {
+			bad("penalty."+f.name, "missing (a duration like 1m or 10m)")
+			continue
+		}
+		d, err := time.ParseDuration(f.v)
+		if err != nil {
+			bad("penalty."+f.name, "%q is not a duration (like 1m, 10m)", f.v)
+			continue
+		}
+		*f.d = d
+	}
+	return p
 }
 
 // parseInflight reads an in-flight limit ({name, concurrent, timeout}); Validate checks

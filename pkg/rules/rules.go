@@ -213,6 +213,9 @@ type Rule struct {
 	// without shares the split is by region weight (see DefaultShare). The balancer may
 	// give one identity other shares (pkg/enforcer/overrides).
 	Shares map[string]float64
+	// Penalty, when set, refuses an identity outright for a while once it has been
+	// refused too often (see PenaltySpec). Nil: no penalty.
+	Penalty *PenaltySpec
 
 	pos *rulePos // where the rule was written, for error messages; nil when built in Go
 }
@@ -270,6 +273,16 @@ type LimitSpec struct {
 	// Timeout is how long an in-flight request holds its slot without a release: a lost
 	// release heals within it. Required with Concurrent.
 	Timeout time.Duration
+}
+
+// PenaltySpec is a rule's penalty for abuse as written: an identity this rule refused
+// Refusals times within Within is refused by it outright for Block ("refused 1,000 times
+// in a minute → refused for 10 minutes"), answered from the enforcers' refusal caches
+// without a store call (bucket.Penalty says how refusals are counted).
+type PenaltySpec struct {
+	Refusals int64
+	Within   time.Duration
+	Block    time.Duration
 }
 
 // IsInflight reports whether l is an in-flight limit.

@@ -192,6 +192,23 @@ func validateRule(r *Rule, i int, file string, errs *errList) {
 			}
 		}
 	}
+	if p := r.Penalty; p != nil {
+		switch {
+		case r.Unlimited || r.Refuse:
+			bad("penalty", "beside unlimited or refuse: true; a penalty counts a rule's refusals of its limits")
+		case inflight >= 0 && len(r.Limits) == 1:
+			bad("penalty", "on a rule of only an in-flight limit; a penalty counts the refusals of a rate limit")
+		}
+		if p.Refusals < 1 || p.Refusals > bucket.MaxPenaltyRefusals {
+			bad("penalty.refusals", "%d, must be in [1, %d]", p.Refusals, bucket.MaxPenaltyRefusals)
+		}
+		if p.Within < bucket.MinPenaltyTime || p.Within > bucket.MaxPenaltyTime {
+			bad("penalty.within", "%v, must be in [%v, %v] (the window the refusals are counted in)", p.Within, bucket.MinPenaltyTime, bucket.MaxPenaltyTime)
+		}
+		if p.Block < bucket.MinPenaltyTime || p.Block > bucket.MaxPenaltyTime {
+			bad("penalty.block", "%v, must be in [%v, %v] (how long the identity is then refused)", p.Block, bucket.MinPenaltyTime, bucket.MaxPenaltyTime)
+		}
+	}
 	for _, ep := range sortedKeys(r.Cost) {
 		c := r.Cost[ep]
 		switch {

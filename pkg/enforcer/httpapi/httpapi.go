@@ -317,6 +317,9 @@ type CheckResponse struct {
 	// Handle names the in-flight slots an allowed check holds (rules with an in-flight
 	// limit): POST it to /v1/release when the response is done. Absent when none.
 	Handle string `json:"handle,omitempty"`
+	// Penalized: the rule's penalty for abuse refuses the caller outright until
+	// retry_after_ms (rules' penalty field). Absent otherwise.
+	Penalized bool `json:"penalized,omitempty"`
 }
 
 // ErrorResponse is the body of a 400.
@@ -374,7 +377,7 @@ func (h *handler) check(w http.ResponseWriter, req *http.Request) {
 	setHeaders(w.Header(), &d)
 	resp := CheckResponse{
 		Allowed: d.Allowed, Rule: d.Rule, Limit: d.Limit, Quota: d.Quota, WindowSeconds: d.Window,
-		Remaining: d.Remaining, ResetMs: d.Reset.Milliseconds(), RetryAfterMs: d.RetryAfter.Milliseconds(),
+		Remaining: d.Remaining, ResetMs: d.Reset.Milliseconds(), RetryAfterMs: d.RetryAfter.Milliseconds(), Penalized: d.Penalized,
 		Source: d.Source.String(), CountedBy: d.CountedBy, Handle: d.Handle,
 	}
 	if d.ShadowRefusedCount() > 0 {
