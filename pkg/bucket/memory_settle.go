@@ -90,9 +90,8 @@ func (m *Memory) SettleAt(st *Settlement, now int64) (Settled, error) {
 		if !ok || mk.until <= now {
 			return Settled{}, ErrNotMarked
 		}
-		// As the script computes it: in float64, exact for amounts within MaxSettle × cost
-		// below 2^53, which validation keeps.
-		delta = int64(float64(st.Actual)*float64(mk.cost) - float64(mk.estimate))
+		// As the script computes it: in float64, bounded by maxDelta.
+		delta = int64(min(max(float64(st.Actual)*float64(mk.cost)-float64(mk.estimate), -maxDelta), maxDelta))
 	}
 	var buf [MaxLimits]float64
 	tokens := buf[:len(st.Limits)]

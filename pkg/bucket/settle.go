@@ -43,6 +43,10 @@ const (
 	MaxSettle = int64(MaxBurst)
 )
 
+// maxDelta bounds a marked settlement's delta (actual × cost − estimate), as the script
+// does: any bucket (burst ≤ MaxBurst) ends the same past it, and it stays an exact integer.
+const maxDelta = 2 * MaxBurst
+
 // ErrNotMarked is Settle's answer when the marker of a settlement is not there: never
 // recorded, expired, or settled already. Nothing was changed.
 var ErrNotMarked = errors.New("bucket: settlement handle unknown, expired or already settled")

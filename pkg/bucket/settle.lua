@@ -35,6 +35,13 @@ if ARGV[1] == 'm' then
     return {0, 0, 0, 0}
   end
   delta = tonumber(ARGV[2]) * cost - est
+  -- bucket.maxDelta: a bucket in [-burst, burst] ends the same past it, and the reply
+  -- stays an exact integer
+  if delta > 2e12 then
+    delta = 2e12
+  elseif delta < -2e12 then
+    delta = -2e12
+  end
 else
   delta = tonumber(ARGV[2])
 end

@@ -75,6 +75,10 @@ type Decision struct {
 	// Handle, when the check holds in-flight slots (rules with an in-flight limit), names
 	// them for Enforcer.Release once the response is done; "" when it holds none.
 	Handle string
+	// SettleHandle, when the check asked to settle (Request.Settle) and was allowed, names
+	// what it took for Enforcer.Settle once the actual cost is known; "" otherwise (then,
+	// or when the window passes, the estimate stands).
+	SettleHandle string
 
 	shadowN     int
 	shadowNames [maxShadowNames]string
