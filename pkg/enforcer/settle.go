@@ -222,7 +222,8 @@ func (e *Enforcer) takeAfter(ctx context.Context, m *rules.Matched, lim limits, 
 }
 
 // Refund gives hits × cost tokens back to the buckets of every enforcing rule with rate
-// limits that req matches (Envoy's is_negative_hits; Hits 0 means 1), never above their
+// limits that req matches (Envoy's is_negative_hits; Hits 0 means 1, and a Peek gives
+// nothing), never above their
 // burst. It returns how many rules were refunded. A refund carries no handle: it is for
 // trusted callers (a gateway), and bounded by the burst. Invalid input is ErrInvalid.
 func (e *Enforcer) Refund(ctx context.Context, req *Request) (int, error) {
@@ -230,8 +231,8 @@ func (e *Enforcer) Refund(ctx context.Context, req *Request) (int, error) {
 		return 0, err
 	}
 	snap := e.cfg.Rules.Current()
-	if snap == nil || e.settler == nil {
-		return 0, nil
+	if snap == nil || e.settler == nil || req.Peek {
+		return 0, nil // Peek: negative hits of 0 give nothing back
 	}
 	hits := max(req.Hits, 1)
 	now := e.clock.Now()
