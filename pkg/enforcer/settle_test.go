@@ -108,3 +108,26 @@ func TestSettleRuleTakesAfterTheFact(t *testing.T) {
 		t.Fatalf("a refund of 1000: %+v, want the burst 10", d)
 	}
 }
+
+// Explain shows a bucket in debt as it is: a negative level, and the check refused until
+// it refills.
+func TestExplainShowsDebt(t *testing.T) {
+	r := newRig(t, settleMemRules, nil)
+	ctx := context.Background()
+	a := rules.Attrs{APIKey: "k", Plan: "pro"}
+	d, err := r.e.Check(ctx, &Request{Attrs: a, Hits: 10, Settle: true})
+	if err != nil || d.SettleHandle == "" {
+		t.Fatalf("check: %+v %v", d, err)
+	}
+	if _, err := r.e.Settle(ctx, d.SettleHandle, 100); err != nil {
+		t.Fatal(err)
+	}
+	x := explainOf(t, r, a, true)
+	llm := ruleOf(t, x, "llm")
+	if lv := llm.Limits[0].Level; lv == nil || *lv != -40 || llm.Limits[0].LevelError != "" {
+		t.Fatalf("explain of a bucket in debt: %+v, want level -40 (60 − 10 − 90)", llm.Limits[0])
+	}
+	if d := r.check(t, a); d.Allowed || d.Remaining != 0 || d.RetryAfter != 41*time.Second {
+		t.Fatalf("a check in debt: %+v, want refused for 41s", d)
+	}
+}
