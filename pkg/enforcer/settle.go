@@ -221,11 +221,12 @@ func (e *Enforcer) takeAfter(ctx context.Context, m *rules.Matched, lim limits, 
 	return nil
 }
 
-// Refund gives hits × cost tokens back to the buckets of every enforcing rule with rate
-// limits that req matches (Envoy's is_negative_hits; Hits 0 means 1, and a Peek gives
-// nothing), never above their
-// burst. It returns how many rules were refunded. A refund carries no handle: it is for
-// trusted callers (a gateway), and bounded by the burst. Invalid input is ErrInvalid.
+// Refund gives hits × cost tokens back, never above the burst, to the buckets of every
+// enforcing rule that req matches with rate limits and no in-flight limit (Envoy's
+// is_negative_hits; Hits 0 means 1, and a Peek gives nothing). A rule with an in-flight
+// limit keeps what negative hits mean to it: a slot released (ReleaseOldest), no tokens.
+// It returns how many rules were refunded. A refund carries no handle: it is for trusted
+// callers (a gateway), and bounded by the burst. Invalid input is ErrInvalid.
 func (e *Enforcer) Refund(ctx context.Context, req *Request) (int, error) {
 	if err := e.Validate(req); err != nil {
 		return 0, err
@@ -246,8 +247,8 @@ func (e *Enforcer) Refund(ctx context.Context, req *Request) (int, error) {
 	var errs []error
 	for i := range sc.matched {
 		m := &sc.matched[i]
-		if m.Rule.Mode != rules.ModeEnforce || len(m.Rule.Global) == 0 || rules.NoTokens(m.Rule.Limits) {
-			continue
+		if m.Rule.Mode != rules.ModeEnforce || len(m.Rule.Global) == 0 || m.Rule.Inflight != nil || rules.NoTokens(m.Rule.Limits) {
+			continue // a rule with an in-flight limit: its negative hits release a slot (ReleaseOldest), no tokens
 		}
 		want, ok := tokens(m.Cost, hits)
 		if !ok || want > bucket.MaxSettle {

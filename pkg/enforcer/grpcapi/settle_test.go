@@ -103,3 +103,32 @@ func TestEnvoySettleOnStreamDone(t *testing.T) {
 func peekOf(hits int64) *enforcer.Request {
 	return &enforcer.Request{Attrs: rules.Attrs{Domain: "llm", Entries: []rules.Entry{{Key: "api_key", Value: "k"}}}, Hits: hits, Peek: true}
 }
+
+// Negative hits on a rule with an in-flight limit release a slot and give no rate tokens
+// back: the in-flight behaviour is kept.
+func TestEnvoyNegativeHitsKeepInflightTokens(t *testing.T) {
+	rig := enforcertest.New(t, `
+rules:
+  - id: exports
+    limits:
+      - {name: second, rate: 5, per: 1s}
+      - {name: inflight, concurrent: 5, timeout: 30s}
+`)
+	cli := rlsv3.NewRateLimitServiceClient(serve(t, New(rig.E, Config{})))
+	ctx := context.Background()
+	start := &rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*ratelimitv3.RateLimitDescriptor{desc("api_key", "k")}}
+	done := &rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*ratelimitv3.RateLimitDescriptor{
+		{Entries: desc("api_key", "k").Entries, IsNegativeHits: true}}}
+	for range 5 {
+		if r, err := cli.ShouldRateLimit(ctx, start); err != nil || r.GetOverallCode() != rlsv3.RateLimitResponse_OK {
+			t.Fatalf("request: %v %v", r, err)
+		}
+		if r, err := cli.ShouldRateLimit(ctx, done); err != nil || r.GetOverallCode() != rlsv3.RateLimitResponse_OK {
+			t.Fatalf("stream done: %v %v", r, err)
+		}
+	}
+	// Five slots released, but the five tokens of the second stay taken.
+	if r, err := cli.ShouldRateLimit(ctx, start); err != nil || r.GetOverallCode() != rlsv3.RateLimitResponse_OVER_LIMIT {
+		t.Fatalf("sixth request in the second: %v %v, want OVER_LIMIT by the rate", r, err)
+	}
+}
