@@ -119,3 +119,38 @@ func TestConformanceInflightRedisCluster(t *testing.T) {
 		Redis:   &buckettest.RedisBackend{Client: c, Key: st.Key, ScriptCalls: st.Calls},
 	})
 }
+
+func TestConformanceSettleMemory(t *testing.T) {
+	fc := clock.NewFake(t0)
+	buckettest.RunSettle(t, buckettest.SettleHarness{
+		New:    func(*testing.T) buckettest.SettleStore { return bucket.NewMemory(fc, 0) },
+		Clock:  fc,
+		Source: bucket.SourceMemory,
+	})
+}
+
+func TestConformanceSettleRedis(t *testing.T) {
+	n := testenv.Redis(t)
+	c := redis.NewClient(&redis.Options{Addr: n.Addr})
+	t.Cleanup(func() { _ = c.Close() })
+	runSettleConformance(t, c)
+}
+
+func TestConformanceSettleRedisCluster(t *testing.T) {
+	cl := testenv.RedisCluster(t, testenv.ClusterOptions{Masters: 3})
+	runSettleConformance(t, cl.Client())
+}
+
+func runSettleConformance(t *testing.T, c redis.UniversalClient) {
+	cmds := countCommands(c)
+	st, err := bucket.NewRedis(c, bucket.RedisOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = st.Close() })
+	buckettest.RunSettle(t, buckettest.SettleHarness{
+		New:    func(*testing.T) buckettest.SettleStore { return st },
+		Source: bucket.SourceRedis,
+		Calls:  cmds.Load,
+	})
+}

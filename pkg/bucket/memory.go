@@ -30,12 +30,16 @@ const memoryShards = 64
 // It is also an InflightStore (memory_inflight.go): at most MaxKeys (identity, limit) slot
 // sets, each at most its cap, bounded the same way (empty or timed-out sets go first,
 // else the one that times out soonest: its slots come back early, erring over).
+//
+// And it is a Settler (memory_settle.go): the Redis script's settlement math, with its
+// markers in a table bounded the same way.
 type Memory struct {
 	clock  clock.Clock
 	seed   maphash.Seed
 	max    int // per shard
 	shards [memoryShards]memShard
 	held   [memoryShards]heldShard // in-flight slots (memory_inflight.go)
+	marks  [memoryShards]markShard // settlement markers (memory_settle.go)
 }
 
 type memShard struct {
@@ -148,6 +152,7 @@ func NewMemory(c clock.Clock, maxKeys int) *Memory {
 	for i := range m.shards {
 		m.shards[i].entries = make(map[string]*memEntry)
 		m.held[i].sets = make(map[heldKey]*heldSet)
+		m.marks[i].marks = make(map[markKey]memMark)
 	}
 	return m
 }

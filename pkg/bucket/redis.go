@@ -107,6 +107,9 @@ func (o RedisOptions) Validate() error {
 // SCRIPT FLUSH), Take sends the script itself once (EVAL), which runs it and caches it on
 // that node again; later calls go back to EVALSHA. Preload loads it on every node ahead.
 //
+// It is a Settler too (redis_settle.go): a marker is one SET NX PX beside the identity's
+// buckets, a settlement one script (settle.lua) that deletes it and adjusts the buckets.
+//
 // With RedisOptions.Pipeline, concurrent Takes on one shard share a pipeline, sent by one
 // goroutine per shard that Close stops; every guarantee above holds per take.
 type Redis struct {
@@ -166,6 +169,9 @@ func (r *Redis) Preload(ctx context.Context) error {
 	}
 	if err := r.client.ScriptLoad(ctx, inflightScript).Err(); err != nil {
 		return fmt.Errorf("bucket: while loading the in-flight script: %w", err)
+	}
+	if err := r.client.ScriptLoad(ctx, settleScript).Err(); err != nil {
+		return fmt.Errorf("bucket: while loading the settle script: %w", err)
 	}
 	r.known.Store(true)
 	return nil

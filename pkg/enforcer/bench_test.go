@@ -55,6 +55,29 @@ func BenchmarkCheck(b *testing.B) {
 	}
 }
 
+// BenchmarkCheckSettle is BenchmarkCheck for checks that ask to settle (an estimate, a
+// marker per rule that took, a handle), each settled once after: beside BenchmarkCheck,
+// what settling costs a check with the in-memory store.
+func BenchmarkCheckSettle(b *testing.B) {
+	r := benchRig(b)
+	reqs := benchKeys(1024)
+	for i := range reqs {
+		reqs[i].Settle = true
+	}
+	ctx := context.Background()
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		d, err := r.e.Check(ctx, &reqs[i&1023])
+		if err != nil || d.SettleHandle == "" {
+			b.Fatal(d, err)
+		}
+		if _, err := r.e.Settle(ctx, d.SettleHandle, 1); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
 func BenchmarkCheckParallel(b *testing.B) {
 	r := benchRig(b)
 	reqs := benchKeys(1024)

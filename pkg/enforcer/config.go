@@ -78,6 +78,14 @@ type Config struct {
 	// do not apply); nil means the Store itself when it is a bucket.InflightStore, and
 	// without either an in-flight limit answers as a failed store (by its fail mode).
 	Inflight bucket.InflightStore
+	// Settle records settlement markers and settles costs after the response
+	// (Request.Settle, Enforcer.Settle; in production the Store's stack: fallback → lease
+	// → redis, settling in Redis); nil means the Store itself when it is a bucket.Settler,
+	// and without either a check asking to settle gets no handle.
+	Settle bucket.Settler
+	// SettleWindow is how long a check's settlement handle may be settled
+	// (Request.Settle): after it the estimate stands. In [1s, 24h]; default 10 min.
+	SettleWindow time.Duration
 	// Clock tells the time rules are matched at (expiring overrides). Default clock.Real().
 	Clock clock.Clock
 	// Logger receives decision logs and store errors. Default hclog.NewNullLogger().
@@ -151,6 +159,7 @@ func DefaultConfig() Config {
 		DecisionLogEvery:     10000,
 		RefusalLogEvery:      100,
 		RecentDecisions:      1024,
+		SettleWindow:         10 * time.Minute,
 	}
 }
 
@@ -171,6 +180,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("enforcer: config: reset jitter ratio %g, must be in [0, 0.5]", c.ResetJitterRatio)
 	case c.FailClosedRetryAfter < 0 || c.FailClosedRetryAfter > time.Hour:
 		return fmt.Errorf("enforcer: config: fail-closed retry-after %v, must be in [0, 1h]", c.FailClosedRetryAfter)
+	case c.SettleWindow < time.Second || c.SettleWindow > 24*time.Hour:
+		return fmt.Errorf("enforcer: config: settle window %v, must be in [1s, 24h]", c.SettleWindow)
 	case c.RecentDecisions < 0 || c.RecentDecisions > 1<<20:
 		return fmt.Errorf("enforcer: config: recent decisions %d, must be in [0, %d]", c.RecentDecisions, 1<<20)
 	}

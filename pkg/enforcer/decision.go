@@ -78,6 +78,10 @@ type Decision struct {
 	// Penalized says the deciding rule's penalty for abuse refuses the identity outright
 	// (rules.Rule.Penalty): RetryAfter and Reset run to the end of the block.
 	Penalized bool
+	// SettleHandle, when the check asked to settle (Request.Settle) and was allowed, names
+	// what it took for Enforcer.Settle once the actual cost is known; "" otherwise (then,
+	// or when the window passes, the estimate stands).
+	SettleHandle string
 
 	shadowN     int
 	shadowNames [maxShadowNames]string

@@ -60,6 +60,9 @@ type Request struct {
 	// hit. The rules of the named dimensions still apply. For Envoy's descriptor limit
 	// override (grpcapi.Config.LimitOverrides).
 	Override *rules.Compiled
+	// Settle asks for a settlement handle (Decision.SettleHandle): Hits is an estimate,
+	// and Enforcer.Settle takes or gives back the difference once the actual is known.
+	Settle bool
 }
 
 // UsageObserver is told the outcome of every enforcing take; it is the seam for
@@ -119,6 +122,7 @@ type Enforcer struct {
 	digestKey  []byte               // IdentityDigestKey, or a random one
 	tracer     trace.Tracer         // Config.Tracer; nil: no spans
 	inflight   bucket.InflightStore // Config.Inflight, or the Store; nil: none
+	settler    bucket.Settler       // Config.Settle, or the Store; nil: none
 }
 
 type scratch struct {
@@ -127,6 +131,7 @@ type scratch struct {
 	limits  [bucket.MaxLimits]bucket.Limit // a take's limits rescaled by its identity's share
 	held    []heldSlot                     // in-flight slots this check holds (inflight.go)
 	slotID  string                         // their handle's slot id; "" until one is acquired
+	settle  []settleTake                   // takes a settlement handle will name (settle.go)
 }
 
 // New validates cfg and builds an Enforcer, registering its metrics with cfg.Registerer.
@@ -161,6 +166,10 @@ func New(cfg Config) (*Enforcer, error) {
 		}
 	}
 	e.inflight = e.inflightStore()
+	e.settler = cfg.Settle
+	if e.settler == nil {
+		e.settler, _ = cfg.Store.(bucket.Settler)
+	}
 	return e, nil
 }
 
@@ -287,7 +296,11 @@ func (e *Enforcer) Check(ctx context.Context, req *Request) (d Decision, err err
 		empty := ok && rules.NoTokens(lim.l)
 		var err error
 		if ok && !empty {
-			err = e.takeOrPeek(ctx, sc, m, lim, want, req.Peek, &res)
+			if m.Rule.Settle && !req.Peek {
+				err = e.takeAfter(ctx, m, lim, want, &res)
+			} else {
+				err = e.takeOrPeek(ctx, sc, m, lim, want, req.Peek, &res)
+			}
 		}
 		switch {
 		case empty:
@@ -344,6 +357,9 @@ func (e *Enforcer) Check(ctx context.Context, req *Request) (d Decision, err err
 		}
 		if ok && err == nil && !req.Peek {
 			e.observeUsage(m, want, res.Allowed(), res.Source, now)
+			if req.Settle && res.Allowed() && d.Allowed {
+				sc.settle = append(sc.settle, settleTake{rule: m.Rule.ID, identity: m.Identity, want: want, cost: max(m.Cost, 1)})
+			}
 		}
 		if m.Rule.Inflight != nil && !req.Peek && d.Allowed && ok && err == nil && res.Allowed() {
 			if err := e.acquire(ctx, sc, m, lim.share, &chosen, &d); err != nil {
@@ -353,6 +369,9 @@ func (e *Enforcer) Check(ctx context.Context, req *Request) (d Decision, err err
 		}
 	}
 	e.finishHeld(ctx, sc, &d)
+	if req.Settle {
+		e.finishSettle(ctx, sc, &d)
+	}
 	e.finish(&d, req, snap, now)
 	return d, nil
 }
@@ -377,6 +396,10 @@ func (e *Enforcer) putScratch(sc *scratch) {
 	if sc.held != nil {
 		clear(sc.held)
 		sc.held, sc.slotID = sc.held[:0], ""
+	}
+	if sc.settle != nil {
+		clear(sc.settle)
+		sc.settle = sc.settle[:0]
 	}
 	e.scratch.Put(sc)
 }

@@ -96,6 +96,8 @@ type LimitExplain struct {
 	// Level is the tokens the bucket holds now (Burst when full or never used); absent
 	// when it could not be read (LevelError says why) or is redacted. On Redis it is the
 	// shared bucket's: tokens leased to enforcers' local batches are already out of it.
+	// Negative while the bucket is in debt after a settlement (settle.go): checks are
+	// refused until it has refilled past zero.
 	Level      *float64 `json:"level,omitempty"`
 	LevelError string   `json:"level_error,omitempty"`
 }

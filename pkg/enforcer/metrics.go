@@ -40,6 +40,7 @@ type metrics struct {
 	globShadow  [numAPIs]prometheus.Counter // requests a global shadow mode admitted
 	plans       *planMetrics                // decisions by bounded plan (planmetrics.go)
 	releases    [2]prometheus.Counter       // in-flight slots released, unknown
+	settles     [numSettleResults]prometheus.Counter
 }
 
 // released counts in-flight releases: ok slots given back, unknown ones not held.
@@ -106,7 +107,14 @@ func newMetrics(reg prometheus.Registerer, holder *rules.Holder, clk clock.Clock
 	}, []string{"result"})
 	m.releases[0] = releases.WithLabelValues("released")
 	m.releases[1] = releases.WithLabelValues("unknown")
-	for _, c := range []prometheus.Collector{&m.checks, shadow, storeErrors, invalid, globShadow, rulesAge, rulesCount, &rulesInfo{holder: holder}, m.plans.vec, releases} {
+	settles := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "allot_enforcer_settlements_total",
+		Help: "Settlements of costs known after the response, per rule and identity: settled (a check's handle), unknown (handle unknown, expired or settled already), unmarked (Envoy's stream-done hits and negative hits), error (the store could not answer).",
+	}, []string{"result"})
+	for i, n := range settleResultNames {
+		m.settles[i] = settles.WithLabelValues(n)
+	}
+	for _, c := range []prometheus.Collector{&m.checks, shadow, storeErrors, invalid, globShadow, rulesAge, rulesCount, &rulesInfo{holder: holder}, m.plans.vec, releases, settles} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

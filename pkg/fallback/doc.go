@@ -63,6 +63,12 @@
 // errs under for the shared limit, by at most the request's Want per such check; the
 // answer itself is the local one (over, as above, for that one check).
 //
+// In-flight slots (inflight.go) and settlements of costs known after the response
+// (settle.go) pass through the same breakers: while a shard is down a settlement of a
+// check's handle is refused (its marker is in Redis; the estimate stands unless it is
+// sent again once the shard is back) and one without a handle (Envoy's stream-done and
+// negative hits) is applied to the local limits.
+//
 // Bounds: at most MaxInFlight calls per shard are in flight (each lives at most
 // ReplyTimeout, or ProbeTimeout); a check finding its shard at the bound is answered
 // locally. Every call runs on a goroutine the Store owns, and so does the stall meter

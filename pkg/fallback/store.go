@@ -59,6 +59,7 @@ type Store struct {
 	next    bucket.Store
 	take    func(context.Context, *bucket.Request) (bucket.Result, error) // next's TakeValid (or Take)
 	cache   Cache                                                         // next, when it can answer from memory; else nil
+	settler bucket.Settler                                                // next, when it settles; else nil (settle.go)
 	held    bucket.InflightStore                                          // next, when it holds in-flight slots; else nil (inflight.go)
 	cfg     Config
 	clock   clock.Clock
@@ -115,6 +116,7 @@ func New(next bucket.Store, cfg Config) (*Store, error) {
 	}
 	s.cache, _ = next.(Cache)
 	s.held, _ = next.(bucket.InflightStore)
+	s.settler, _ = next.(bucket.Settler)
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	s.scratch.New = func() any { return new(scratch) }
 	s.calls.New = func() any { return &call{done: make(chan struct{}, 1)} }

@@ -167,4 +167,12 @@
 // Result.Source is bucket.SourceLease for checks spent from leased tokens,
 // bucket.SourceRefusalCache for refusals from memory, and the next store's own Source for
 // checks that called it.
+//
+// # Settlements
+//
+// Settlements of costs known after the response (bucket.Settler, settle.go) are not
+// leased: they go to the next store, where the leased tokens came from. A debt there
+// stops the key's next lease call; tokens already leased are spent (over, by at most
+// those: about 1.5 batches an enforcer). A refund does not lift a refusal cached before
+// it (under, until that retry time).
 package lease

@@ -129,6 +129,8 @@ type Compiled struct {
 	Replaces []string
 	// Quota is Rule.Quota.
 	Quota bool
+	// Settle is Rule.Settle.
+	Settle bool
 	// Inflight is the rule's in-flight limit, nil without one. It is not in Limits or
 	// Global: a check acquires a slot of it after the rule's buckets granted.
 	Inflight *InflightLimit
@@ -335,7 +337,7 @@ func compileRule(r *Rule, order int, opt CompileOptions, cr *crule) {
 			ID: r.ID, Mode: r.Mode, FailMode: r.FailMode, By: r.By,
 			Global:    make([]bucket.Limit, 0, len(r.Limits)),
 			ExpiresAt: r.ExpiresAt, Reason: r.Reason, Policy: r.ID, Share: share, Split: split, Match: cloneMatch(r.Match),
-			Unlimited: r.Unlimited, Replaces: slices.Clone(r.Replaces), Quota: r.Quota,
+			Unlimited: r.Unlimited, Replaces: slices.Clone(r.Replaces), Quota: r.Quota, Settle: r.Settle,
 			maxCost: float64(maxCost),
 		},
 		m:     normalMatch(r.Match),

@@ -28,6 +28,7 @@ type jsonRule struct {
 	Replaces  []string           `json:"replaces,omitempty"`
 	Quota     bool               `json:"quota,omitempty"`
 	Penalty   *jsonPenalty       `json:"penalty,omitempty"`
+	Settle    bool               `json:"settle,omitempty"`
 }
 
 type jsonMatch struct {
@@ -65,7 +66,7 @@ type jsonLimit struct {
 // under the rules prefix (EtcdSource), which ParseRule reads back into an equal Rule.
 // Fields at their defaults are left out. It checks nothing: validate the set first.
 func EncodeRule(r *Rule) ([]byte, error) {
-	j := jsonRule{ID: r.ID, Cost: r.Cost, Reason: r.Reason, Shares: r.Shares, Unlimited: r.Unlimited, Refuse: r.Refuse, Replaces: r.Replaces, Quota: r.Quota}
+	j := jsonRule{ID: r.ID, Cost: r.Cost, Reason: r.Reason, Shares: r.Shares, Unlimited: r.Unlimited, Refuse: r.Refuse, Replaces: r.Replaces, Quota: r.Quota, Settle: r.Settle}
 	if m := &r.Match; !m.IsZero() {
 		j.Match = &jsonMatch{APIKey: m.APIKey, Plan: m.Plan, Org: m.Org, Endpoint: m.Endpoint, IP: m.IP, Domain: m.Domain}
 		for _, e := range m.Descriptor {
@@ -119,6 +120,7 @@ type yamlRule struct {
 	Refuse    bool               `yaml:"refuse,omitempty"`
 	Replaces  []string           `yaml:"replaces,omitempty,flow"`
 	Quota     bool               `yaml:"quota,omitempty"`
+	Settle    bool               `yaml:"settle,omitempty"`
 	Cost      map[string]int64   `yaml:"cost,omitempty"`
 	Mode      string             `yaml:"mode,omitempty"`
 	FailMode  string             `yaml:"fail_mode,omitempty"`
@@ -188,7 +190,7 @@ func EncodeSet(s *Set) []byte {
 }
 
 func yamlRuleOf(j *jsonRule) yamlRule {
-	y := yamlRule{ID: j.ID, By: j.By, Unlimited: j.Unlimited, Refuse: j.Refuse, Replaces: j.Replaces, Quota: j.Quota, Cost: j.Cost,
+	y := yamlRule{ID: j.ID, By: j.By, Unlimited: j.Unlimited, Refuse: j.Refuse, Replaces: j.Replaces, Quota: j.Quota, Settle: j.Settle, Cost: j.Cost,
 		Mode: j.Mode, FailMode: j.FailMode, ExpiresAt: j.ExpiresAt, Reason: j.Reason, Shares: j.Shares}
 	if m := j.Match; m != nil {
 		y.Match = &yamlMatch{APIKey: m.APIKey, Plan: m.Plan, Org: m.Org, Endpoint: m.Endpoint, IP: m.IP, Domain: m.Domain}

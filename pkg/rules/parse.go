@@ -49,6 +49,7 @@ type rawRule struct {
 	Replaces  []string           `yaml:"replaces"`
 	Quota     bool               `yaml:"quota"`
 	Penalty   *rawPenalty        `yaml:"penalty"`
+	Settle    bool               `yaml:"settle"`
 }
 
 type rawPenalty struct {
@@ -136,6 +137,10 @@ func (p *rulePos) lineOf(field string) int {
 //	    limits: [{name: day, rate: 5, per: 24h}]
 //	    replaces: [sms-default]          # rules that then do not apply to the request
 //	    quota: true                      # Envoy RLS: refuses the request only with the others (quota_mode)
+//	  - id: llm-tokens-done
+//	    match: {domain: llm, descriptor: [{key: api_key}, {key: phase, value: done}]}
+//	    limits: [{name: minute, rate: 100000, per: 1m}]
+//	    settle: true                     # hits are costs settled after the response: never refused, may leave a debt
 //	  - id: internal
 //	    match: {domain: internal, descriptor: [{key: ldap}]}
 //	    unlimited: true                  # no limits: what it wins is not limited
@@ -428,6 +433,7 @@ func convertRule(raw *rawRule, index int, pos *rulePos, r *Rule) error {
 		Refuse:    raw.Refuse,
 		Replaces:  raw.Replaces,
 		Quota:     raw.Quota,
+		Settle:    raw.Settle,
 		pos:       pos,
 	}
 	if len(m.Descriptor) > 0 {

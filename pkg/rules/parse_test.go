@@ -18,7 +18,7 @@ func TestParseExampleFile(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if s.Version != "example-1" || len(s.Rules) != 8 {
+	if s.Version != "example-1" || len(s.Rules) != 9 || !s.Rules[8].Settle {
 		t.Fatalf("version %q, %d rules", s.Version, len(s.Rules))
 	}
 	r := s.Rules[3]

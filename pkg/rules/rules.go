@@ -197,6 +197,13 @@ type Rule struct {
 	// (grpcapi). The descriptor's own status says OVER_LIMIT either way. Other front ends
 	// have one check a request, so there a quota rule refuses as any rule does.
 	Quota bool
+	// Settle marks a rule whose hits are settlements of costs known only after the
+	// response (Envoy's hits sent on stream done, apply_on_stream_done): a check of it
+	// takes its hits × cost whatever the buckets hold — never refused, the buckets going
+	// into debt of at most one burst (bucket.Limit.Settle) — so the requests after it are
+	// refused until the debt has refilled. A check of it with hits_addend 0 (a peek) is
+	// refused while the buckets are empty or in debt, as any peek. It needs rate limits.
+	Settle bool
 	// Cost maps an endpoint to the tokens a request to it takes; absent endpoints cost 1.
 	Cost map[string]int64
 	// Mode is enforce (default) or shadow.

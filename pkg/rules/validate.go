@@ -130,6 +130,8 @@ func validateRule(r *Rule, i int, file string, errs *errList) {
 		bad("limits", "%d limits beside unlimited: true; an unlimited rule has none", n)
 	case r.Refuse && n > 0:
 		bad("limits", "%d limits beside refuse: true; a rule that refuses everything has none", n)
+	case r.Settle && (r.Unlimited || r.Refuse):
+		bad("settle", "beside unlimited or refuse: true; a rule that settles needs rate limits")
 	case r.Unlimited || r.Refuse:
 	case n == 0:
 		bad("limits", "missing; a rule needs at least one limit (or unlimited: true, or refuse: true)")
@@ -208,6 +210,9 @@ func validateRule(r *Rule, i int, file string, errs *errList) {
 		if p.Block < bucket.MinPenaltyTime || p.Block > bucket.MaxPenaltyTime {
 			bad("penalty.block", "%v, must be in [%v, %v] (how long the identity is then refused)", p.Block, bucket.MinPenaltyTime, bucket.MaxPenaltyTime)
 		}
+	}
+	if r.Settle && inflight >= 0 && len(r.Limits) == 1 {
+		bad("settle", "beside only an in-flight limit; a rule that settles needs rate limits")
 	}
 	for _, ep := range sortedKeys(r.Cost) {
 		c := r.Cost[ep]

@@ -299,6 +299,9 @@ type CheckConfig struct {
 	ResetJitterMax   time.Duration `yaml:"reset_jitter_max"`
 	DecisionLogEvery uint64        `yaml:"decision_log_every"`
 	RefusalLogEvery  uint64        `yaml:"refusal_log_every"`
+	// SettleWindow is how long a check's settlement handle may be settled (in [1s, 24h];
+	// enforcer.Config.SettleWindow): after it the estimate stands.
+	SettleWindow time.Duration `yaml:"settle_window"`
 	// IdentityDigestKey keys the identity digest of the sampled refusal logs (see
 	// enforcer.Config.IdentityDigestKey): the same secret on every enforcer makes digests
 	// match across the fleet; prefer $ALLOT_IDENTITY_DIGEST_KEY to the file. Empty: a
@@ -535,6 +538,7 @@ func (c *Config) enforcerConfig() enforcer.Config {
 	overrideIfSet(&ec.ResetJitterMax, ch.ResetJitterMax)
 	overrideIfSet(&ec.DecisionLogEvery, ch.DecisionLogEvery)
 	overrideIfSet(&ec.RefusalLogEvery, ch.RefusalLogEvery)
+	overrideIfSet(&ec.SettleWindow, ch.SettleWindow)
 	if ch.IdentityDigestKey != "" {
 		ec.IdentityDigestKey = []byte(ch.IdentityDigestKey)
 	}

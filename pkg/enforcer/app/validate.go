@@ -79,6 +79,7 @@ func (c *Config) validateSections() []error {
 	num("check.max_value_len", int64(ch.MaxValueLen))
 	num("check.max_hits", ch.MaxHits)
 	dur("check.reset_jitter_max", ch.ResetJitterMax)
+	dur("check.settle_window", ch.SettleWindow)
 	if len(errs) > 0 {
 		return errs // the layers' checks would only repeat these
 	}

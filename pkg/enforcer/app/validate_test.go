@@ -33,6 +33,7 @@ func TestConfigErrorsAreErrors(t *testing.T) {
 		{func(c *Config) { c.Store.ReadTimeout = -time.Second }, "store.read_timeout -1s"},
 		{func(c *Config) { c.Check.MaxHits = -1 }, "check.max_hits -1"},
 		{func(c *Config) { c.Check.ResetJitterMax = -time.Second }, "check.reset_jitter_max -1s"},
+		{func(c *Config) { c.Check.SettleWindow = -time.Second }, "check.settle_window -1s"},
 		{func(c *Config) { c.Rules.PollInterval = -time.Second }, "rules.poll_interval -1s"},
 		{func(c *Config) { f := 1.5; c.Rules.DefaultShare = &f }, "rules.default_share 1.5 is no longer supported"},
 		{func(c *Config) { c.Balancer.Interval = -time.Second }, "balancer.interval -1s, must be > 0"},

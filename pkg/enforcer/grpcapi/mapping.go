@@ -35,8 +35,12 @@
 // nothing and is answered OK with no limit; it releases one in-flight slot of every
 // enforcing rule with an in-flight limit that it matches — the oldest slot of that
 // identity, since Envoy has no handle to send (enforcer.ReleaseOldest, which says the
-// error this brings) — whatever its hits, as a check holds one slot whatever its hits. It
-// returns no tokens of a rate limit. A descriptor's own limit override is honoured only
+// error this brings) — whatever its hits, as a check holds one slot whatever its hits —
+// and gives hits × cost tokens back to every other enforcing rule with rate limits that
+// it matches, never above the burst (enforcer.Refund). A descriptor matching a rule
+// marked settle: true (Envoy's hits sent on stream done) is taken whatever the buckets
+// hold and answered OK (enforcer.Request, rules.Rule.Settle). A descriptor's own limit
+// override is honoured only
 // with Config.LimitOverrides (see there); otherwise the rules decide. The domain is checked
 // for length (and, when Config.Domain is set, must equal it) and selects the descriptor
 // rules of that domain.

@@ -165,9 +165,12 @@ func (s *Server) shouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 	for i := range checks {
 		if skips[i] {
 			// Negative hits, sent when the stream is done: release an in-flight slot of the
-			// descriptor's rules (the oldest: Envoy has no handle). Answered OK with no limit
-			// whatever happens; a store error leaves the slot to its timeout.
+			// descriptor's rules (the oldest: Envoy has no handle), and give hits × cost
+			// tokens back to their rate limits (never above the burst). Answered OK with no
+			// limit whatever happens; a store error leaves the slot to its timeout and the
+			// tokens taken.
 			_, _ = s.e.ReleaseOldest(ctx, &checks[i])
+			_, _ = s.e.Refund(ctx, &checks[i])
 			continue
 		}
 		d, err := s.e.Check(ctx, &checks[i])
@@ -338,12 +341,34 @@ func (s *Server) Release(ctx context.Context, req *allotv1.ReleaseRequest) (*all
 	return nil, status.Error(codes.Unavailable, err.Error())
 }
 
+// Settle implements allot.v1.Allot: a check's cost settled once it is known. Unknown,
+// expired or settled already is NOT_FOUND; nothing is settled twice.
+func (s *Server) Settle(ctx context.Context, req *allotv1.SettleRequest) (*allotv1.SettleResponse, error) {
+	if req == nil {
+		return nil, status.Error(codes.InvalidArgument, "enforcer: invalid check: empty request")
+	}
+	res, err := s.e.Settle(ctx, req.GetHandle(), req.GetCost())
+	out := &allotv1.SettleResponse{Settled: int32(res.Settled), Rule: res.Rule, Limit: res.Limit, Remaining: res.Remaining}
+	switch {
+	case err == nil:
+		return out, nil
+	case errors.Is(err, enforcer.ErrInvalid):
+		return nil, status.Error(codes.InvalidArgument, err.Error())
+	case errors.Is(err, enforcer.ErrUnknownSettle):
+		return nil, status.Error(codes.NotFound, err.Error())
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
+		return nil, statusOf(err)
+	}
+	return nil, status.Error(codes.Unavailable, err.Error())
+}
+
 func allotRequest(req *allotv1.CheckRequest, r *enforcer.Request) error {
 	if req == nil {
 		return fmt.Errorf("%w: empty request", enforcer.ErrInvalid)
 	}
 	r.Attrs.APIKey, r.Attrs.Plan, r.Attrs.Org, r.Attrs.Endpoint = req.GetApiKey(), req.GetPlan(), req.GetOrg(), req.GetEndpoint()
 	r.Hits = int64(req.GetHits())
+	r.Settle = req.GetSettle()
 	if ip := req.GetIp(); ip != "" {
 		a, err := netip.ParseAddr(ip)
 		if err != nil {
@@ -366,6 +391,7 @@ func allotResponse(d *enforcer.Decision) *allotv1.CheckResponse {
 		RetryAfterMs:  d.RetryAfter.Milliseconds(),
 		Source:        allotSource(d.Source),
 		Handle:        d.Handle,
+		SettleHandle:  d.SettleHandle,
 	}
 	if n := d.ShadowRefusedCount(); n > 0 {
 		resp.ShadowRefused = append([]string(nil), d.ShadowRefused()...)

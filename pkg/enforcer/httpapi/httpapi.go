@@ -1,6 +1,9 @@
 // Package httpapi serves the enforcer over HTTP:
 //
 //	POST /v1/check   JSON in, JSON out: 200 when allowed, 429 when refused (both with a body)
+//	POST /v1/release {handle}: the in-flight slots of a check given back (200, 404, 400, 503)
+//	POST /v1/settle  {handle, cost}: a check's cost settled once known (settle.go; 200,
+//	                 404 unknown, expired or settled already, 400, 503)
 //	ANY  /v1/auth    forward auth from request headers (nginx auth_request, Traefik
 //	                 forwardAuth): 200 or Config.RefuseStatus (429), empty body
 //	GET  /metrics    Prometheus metrics of the injected registry
@@ -225,6 +228,7 @@ func Handler(e *enforcer.Enforcer, cfg Config, gatherer prometheus.Gatherer, rea
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/check", h.check)
 	mux.HandleFunc("POST /v1/release", h.release)
+	mux.HandleFunc("POST /v1/settle", h.settle)
 	mux.HandleFunc("/v1/auth", h.auth)
 	mux.Handle("GET /metrics", promhttp.HandlerFor(gatherer, promhttp.HandlerOpts{ErrorLog: nil}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
@@ -299,6 +303,9 @@ type CheckRequest struct {
 	Endpoint string `json:"endpoint"`
 	IP       string `json:"ip"`
 	Hits     int64  `json:"hits"`
+	// Settle says hits is an estimate of a cost known only after the response: an allowed
+	// check answers a settle_handle for POST /v1/settle.
+	Settle bool `json:"settle"`
 }
 
 // CheckResponse is the body POST /v1/check answers with.
@@ -320,6 +327,9 @@ type CheckResponse struct {
 	// Penalized: the rule's penalty for abuse refuses the caller outright until
 	// retry_after_ms (rules' penalty field). Absent otherwise.
 	Penalized bool `json:"penalized,omitempty"`
+	// SettleHandle, when the check asked to settle and was allowed, names what it took:
+	// POST it with the actual cost to /v1/settle within the enforcer's settle window.
+	SettleHandle string `json:"settle_handle,omitempty"`
 }
 
 // ErrorResponse is the body of a 400.
@@ -346,7 +356,7 @@ func DecodeCheck(body io.Reader, r *enforcer.Request) error {
 	if rest := bytes.TrimSpace(b[dec.InputOffset():]); len(rest) > 0 {
 		return fmt.Errorf("%w: body: more than one JSON value (%.32q follows the object)", enforcer.ErrInvalid, rest)
 	}
-	*r = enforcer.Request{Hits: in.Hits}
+	*r = enforcer.Request{Hits: in.Hits, Settle: in.Settle}
 	r.Attrs.APIKey, r.Attrs.Plan, r.Attrs.Org, r.Attrs.Endpoint = in.APIKey, in.Plan, in.Org, in.Endpoint
 	if in.IP != "" {
 		ip, err := netip.ParseAddr(in.IP)
@@ -378,7 +388,7 @@ func (h *handler) check(w http.ResponseWriter, req *http.Request) {
 	resp := CheckResponse{
 		Allowed: d.Allowed, Rule: d.Rule, Limit: d.Limit, Quota: d.Quota, WindowSeconds: d.Window,
 		Remaining: d.Remaining, ResetMs: d.Reset.Milliseconds(), RetryAfterMs: d.RetryAfter.Milliseconds(), Penalized: d.Penalized,
-		Source: d.Source.String(), CountedBy: d.CountedBy, Handle: d.Handle,
+		Source: d.Source.String(), CountedBy: d.CountedBy, Handle: d.Handle, SettleHandle: d.SettleHandle,
 	}
 	if d.ShadowRefusedCount() > 0 {
 		resp.ShadowRefused = append([]string(nil), d.ShadowRefused()...)

@@ -44,18 +44,8 @@ func Middleware(e *enforcer.Enforcer, attrs AttrsFunc, next http.Handler) http.H
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		req := enforcer.Request{Attrs: attrs(r)}
-		d, err := e.Check(r.Context(), &req)
-		switch {
-		case errors.Is(err, enforcer.ErrInvalid):
-			http.Error(w, err.Error(), http.StatusBadRequest)
-			return
-		case err != nil:
-			http.Error(w, err.Error(), http.StatusServiceUnavailable)
-			return
-		}
-		setHeaders(w.Header(), &d)
-		if !d.Allowed {
-			http.Error(w, "rate limited by rule "+d.Rule, http.StatusTooManyRequests)
+		d, ok := checkAndHeaders(r.Context(), e, w, &req)
+		if !ok {
 			return
 		}
 		if d.Handle != "" {
@@ -63,4 +53,24 @@ func Middleware(e *enforcer.Enforcer, attrs AttrsFunc, next http.Handler) http.H
 		}
 		next.ServeHTTP(w, r)
 	})
+}
+
+// checkAndHeaders checks req and writes the answer's header fields; a refusal or an error
+// is answered here (ok false).
+func checkAndHeaders(ctx context.Context, e *enforcer.Enforcer, w http.ResponseWriter, req *enforcer.Request) (enforcer.Decision, bool) {
+	d, err := e.Check(ctx, req)
+	switch {
+	case errors.Is(err, enforcer.ErrInvalid):
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return d, false
+	case err != nil:
+		http.Error(w, err.Error(), http.StatusServiceUnavailable)
+		return d, false
+	}
+	setHeaders(w.Header(), &d)
+	if !d.Allowed {
+		http.Error(w, "rate limited by rule "+d.Rule, http.StatusTooManyRequests)
+		return d, false
+	}
+	return d, true
 }

@@ -106,6 +106,134 @@ func (Source) EnumDescriptor() ([]byte, []int) {
 	return file_allot_v1_allot_proto_rawDescGZIP(), []int{0}
 }
 
+// SettleRequest is the actual cost of a checked request.
+type SettleRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// CheckResponse.settle_handle, as the check answered it.
+	Handle string `protobuf:"bytes,1,opt,name=handle,proto3" json:"handle,omitempty"`
+	// The actual cost, in the unit of the check's hits (the estimate), >= 0.
+	Cost          int64 `protobuf:"varint,2,opt,name=cost,proto3" json:"cost,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SettleRequest) Reset() {
+	*x = SettleRequest{}
+	mi := &file_allot_v1_allot_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SettleRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SettleRequest) ProtoMessage() {}
+
+func (x *SettleRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_allot_v1_allot_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SettleRequest.ProtoReflect.Descriptor instead.
+func (*SettleRequest) Descriptor() ([]byte, []int) {
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *SettleRequest) GetHandle() string {
+	if x != nil {
+		return x.Handle
+	}
+	return ""
+}
+
+func (x *SettleRequest) GetCost() int64 {
+	if x != nil {
+		return x.Cost
+	}
+	return 0
+}
+
+// SettleResponse says what the settlement left.
+type SettleResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// How many rules' takes were settled.
+	Settled int32 `protobuf:"varint,1,opt,name=settled,proto3" json:"settled,omitempty"`
+	// The rule and limit whose bucket holds the fewest tokens after the settlement, and its
+	// whole tokens: negative while it is in debt (later checks are refused until it
+	// refills).
+	Rule          string `protobuf:"bytes,2,opt,name=rule,proto3" json:"rule,omitempty"`
+	Limit         string `protobuf:"bytes,3,opt,name=limit,proto3" json:"limit,omitempty"`
+	Remaining     int64  `protobuf:"varint,4,opt,name=remaining,proto3" json:"remaining,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SettleResponse) Reset() {
+	*x = SettleResponse{}
+	mi := &file_allot_v1_allot_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SettleResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SettleResponse) ProtoMessage() {}
+
+func (x *SettleResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_allot_v1_allot_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SettleResponse.ProtoReflect.Descriptor instead.
+func (*SettleResponse) Descriptor() ([]byte, []int) {
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *SettleResponse) GetSettled() int32 {
+	if x != nil {
+		return x.Settled
+	}
+	return 0
+}
+
+func (x *SettleResponse) GetRule() string {
+	if x != nil {
+		return x.Rule
+	}
+	return ""
+}
+
+func (x *SettleResponse) GetLimit() string {
+	if x != nil {
+		return x.Limit
+	}
+	return ""
+}
+
+func (x *SettleResponse) GetRemaining() int64 {
+	if x != nil {
+		return x.Remaining
+	}
+	return 0
+}
+
 // ReleaseRequest names the slots to give back.
 type ReleaseRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -117,7 +245,7 @@ type ReleaseRequest struct {
 
 func (x *ReleaseRequest) Reset() {
 	*x = ReleaseRequest{}
-	mi := &file_allot_v1_allot_proto_msgTypes[0]
+	mi := &file_allot_v1_allot_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -129,7 +257,7 @@ func (x *ReleaseRequest) String() string {
 func (*ReleaseRequest) ProtoMessage() {}
 
 func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[0]
+	mi := &file_allot_v1_allot_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -142,7 +270,7 @@ func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseRequest) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{0}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *ReleaseRequest) GetHandle() string {
@@ -161,7 +289,7 @@ type ReleaseResponse struct {
 
 func (x *ReleaseResponse) Reset() {
 	*x = ReleaseResponse{}
-	mi := &file_allot_v1_allot_proto_msgTypes[1]
+	mi := &file_allot_v1_allot_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -173,7 +301,7 @@ func (x *ReleaseResponse) String() string {
 func (*ReleaseResponse) ProtoMessage() {}
 
 func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[1]
+	mi := &file_allot_v1_allot_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -186,7 +314,7 @@ func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseResponse) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{1}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{3}
 }
 
 // CheckRequest is what a gateway knows about one request. Empty fields are unknown: a rule
@@ -205,14 +333,18 @@ type CheckRequest struct {
 	Ip string `protobuf:"bytes,5,opt,name=ip,proto3" json:"ip,omitempty"`
 	// How many requests this check stands for (a batch); 0 means 1. Each rule takes
 	// hits x its cost for the endpoint.
-	Hits          uint32 `protobuf:"varint,6,opt,name=hits,proto3" json:"hits,omitempty"`
+	Hits uint32 `protobuf:"varint,6,opt,name=hits,proto3" json:"hits,omitempty"`
+	// Hits is an estimate of a cost known only after the response (LLM tokens, rows,
+	// bytes): the check takes it as any check and, allowed, answers a settle_handle for
+	// Settle once the actual cost is known.
+	Settle        bool `protobuf:"varint,7,opt,name=settle,proto3" json:"settle,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CheckRequest) Reset() {
 	*x = CheckRequest{}
-	mi := &file_allot_v1_allot_proto_msgTypes[2]
+	mi := &file_allot_v1_allot_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -224,7 +356,7 @@ func (x *CheckRequest) String() string {
 func (*CheckRequest) ProtoMessage() {}
 
 func (x *CheckRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[2]
+	mi := &file_allot_v1_allot_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -237,7 +369,7 @@ func (x *CheckRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckRequest.ProtoReflect.Descriptor instead.
 func (*CheckRequest) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{2}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *CheckRequest) GetApiKey() string {
@@ -282,6 +414,13 @@ func (x *CheckRequest) GetHits() uint32 {
 	return 0
 }
 
+func (x *CheckRequest) GetSettle() bool {
+	if x != nil {
+		return x.Settle
+	}
+	return false
+}
+
 // CheckResponse is the decision. The budget fields describe the deciding limit: the one
 // that refused, or when allowed the enforcing limit with the fewest tokens left. They
 // describe only the caller's own buckets.
@@ -310,14 +449,18 @@ type CheckResponse struct {
 	// When allowed under rules with an in-flight limit, names the slots this check holds:
 	// call Release with it when the response is done, or they come back after the limit's
 	// timeout. Empty when the check holds none. Checking is acquiring.
-	Handle        string `protobuf:"bytes,12,opt,name=handle,proto3" json:"handle,omitempty"`
+	Handle string `protobuf:"bytes,12,opt,name=handle,proto3" json:"handle,omitempty"`
+	// When the check asked to settle (CheckRequest.settle) and was allowed, names what it
+	// took: call Settle with the actual cost within the enforcer's settle window (10 min by
+	// default), after which the estimate stands. Empty when there is nothing to settle.
+	SettleHandle  string `protobuf:"bytes,13,opt,name=settle_handle,json=settleHandle,proto3" json:"settle_handle,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CheckResponse) Reset() {
 	*x = CheckResponse{}
-	mi := &file_allot_v1_allot_proto_msgTypes[3]
+	mi := &file_allot_v1_allot_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -329,7 +472,7 @@ func (x *CheckResponse) String() string {
 func (*CheckResponse) ProtoMessage() {}
 
 func (x *CheckResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[3]
+	mi := &file_allot_v1_allot_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -342,7 +485,7 @@ func (x *CheckResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckResponse.ProtoReflect.Descriptor instead.
 func (*CheckResponse) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{3}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *CheckResponse) GetAllowed() bool {
@@ -429,6 +572,13 @@ func (x *CheckResponse) GetHandle() string {
 	return ""
 }
 
+func (x *CheckResponse) GetSettleHandle() string {
+	if x != nil {
+		return x.SettleHandle
+	}
+	return ""
+}
+
 // Header is one HTTP response header field.
 type Header struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -440,7 +590,7 @@ type Header struct {
 
 func (x *Header) Reset() {
 	*x = Header{}
-	mi := &file_allot_v1_allot_proto_msgTypes[4]
+	mi := &file_allot_v1_allot_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -452,7 +602,7 @@ func (x *Header) String() string {
 func (*Header) ProtoMessage() {}
 
 func (x *Header) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_allot_proto_msgTypes[4]
+	mi := &file_allot_v1_allot_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -465,7 +615,7 @@ func (x *Header) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Header.ProtoReflect.Descriptor instead.
 func (*Header) Descriptor() ([]byte, []int) {
-	return file_allot_v1_allot_proto_rawDescGZIP(), []int{4}
+	return file_allot_v1_allot_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Header) GetName() string {
@@ -486,17 +636,26 @@ var File_allot_v1_allot_proto protoreflect.FileDescriptor
 
 const file_allot_v1_allot_proto_rawDesc = "" +
 	"\n" +
-	"\x14allot/v1/allot.proto\x12\ballot.v1\"(\n" +
+	"\x14allot/v1/allot.proto\x12\ballot.v1\";\n" +
+	"\rSettleRequest\x12\x16\n" +
+	"\x06handle\x18\x01 \x01(\tR\x06handle\x12\x12\n" +
+	"\x04cost\x18\x02 \x01(\x03R\x04cost\"r\n" +
+	"\x0eSettleResponse\x12\x18\n" +
+	"\asettled\x18\x01 \x01(\x05R\asettled\x12\x12\n" +
+	"\x04rule\x18\x02 \x01(\tR\x04rule\x12\x14\n" +
+	"\x05limit\x18\x03 \x01(\tR\x05limit\x12\x1c\n" +
+	"\tremaining\x18\x04 \x01(\x03R\tremaining\"(\n" +
 	"\x0eReleaseRequest\x12\x16\n" +
 	"\x06handle\x18\x01 \x01(\tR\x06handle\"\x11\n" +
-	"\x0fReleaseResponse\"\x8d\x01\n" +
+	"\x0fReleaseResponse\"\xa5\x01\n" +
 	"\fCheckRequest\x12\x17\n" +
 	"\aapi_key\x18\x01 \x01(\tR\x06apiKey\x12\x12\n" +
 	"\x04plan\x18\x02 \x01(\tR\x04plan\x12\x10\n" +
 	"\x03org\x18\x03 \x01(\tR\x03org\x12\x1a\n" +
 	"\bendpoint\x18\x04 \x01(\tR\bendpoint\x12\x0e\n" +
 	"\x02ip\x18\x05 \x01(\tR\x02ip\x12\x12\n" +
-	"\x04hits\x18\x06 \x01(\rR\x04hits\"\x84\x03\n" +
+	"\x04hits\x18\x06 \x01(\rR\x04hits\x12\x16\n" +
+	"\x06settle\x18\a \x01(\bR\x06settle\"\xa9\x03\n" +
 	"\rCheckResponse\x12\x18\n" +
 	"\aallowed\x18\x01 \x01(\bR\aallowed\x12\x12\n" +
 	"\x04rule\x18\x02 \x01(\tR\x04rule\x12\x14\n" +
@@ -510,7 +669,8 @@ const file_allot_v1_allot_proto_rawDesc = "" +
 	"\x0eshadow_refused\x18\n" +
 	" \x03(\tR\rshadowRefused\x12*\n" +
 	"\aheaders\x18\v \x03(\v2\x10.allot.v1.HeaderR\aheaders\x12\x16\n" +
-	"\x06handle\x18\f \x01(\tR\x06handle\"2\n" +
+	"\x06handle\x18\f \x01(\tR\x06handle\x12#\n" +
+	"\rsettle_handle\x18\r \x01(\tR\fsettleHandle\"2\n" +
 	"\x06Header\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value*\xdb\x01\n" +
@@ -524,10 +684,11 @@ const file_allot_v1_allot_proto_rawDesc = "" +
 	"\x0fSOURCE_FALLBACK\x10\x06\x12\x16\n" +
 	"\x12SOURCE_FAIL_CLOSED\x10\a\x12\x14\n" +
 	"\x10SOURCE_FAIL_OPEN\x10\b\x12\x14\n" +
-	"\x10SOURCE_TOO_LARGE\x10\t2\x81\x01\n" +
+	"\x10SOURCE_TOO_LARGE\x10\t2\xbe\x01\n" +
 	"\x05Allot\x128\n" +
 	"\x05Check\x12\x16.allot.v1.CheckRequest\x1a\x17.allot.v1.CheckResponse\x12>\n" +
-	"\aRelease\x12\x18.allot.v1.ReleaseRequest\x1a\x19.allot.v1.ReleaseResponseB3Z1github.com/allot-dev/allot/proto/allot/v1;allotv1b\x06proto3"
+	"\aRelease\x12\x18.allot.v1.ReleaseRequest\x1a\x19.allot.v1.ReleaseResponse\x12;\n" +
+	"\x06Settle\x12\x17.allot.v1.SettleRequest\x1a\x18.allot.v1.SettleResponseB3Z1github.com/allot-dev/allot/proto/allot/v1;allotv1b\x06proto3"
 
 var (
 	file_allot_v1_allot_proto_rawDescOnce sync.Once
@@ -542,24 +703,28 @@ func file_allot_v1_allot_proto_rawDescGZIP() []byte {
 }
 
 var file_allot_v1_allot_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_allot_v1_allot_proto_msgTypes = make([]protoimpl.MessageInfo, 5)
+var file_allot_v1_allot_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
 var file_allot_v1_allot_proto_goTypes = []any{
 	(Source)(0),             // 0: allot.v1.Source
-	(*ReleaseRequest)(nil),  // 1: allot.v1.ReleaseRequest
-	(*ReleaseResponse)(nil), // 2: allot.v1.ReleaseResponse
-	(*CheckRequest)(nil),    // 3: allot.v1.CheckRequest
-	(*CheckResponse)(nil),   // 4: allot.v1.CheckResponse
-	(*Header)(nil),          // 5: allot.v1.Header
+	(*SettleRequest)(nil),   // 1: allot.v1.SettleRequest
+	(*SettleResponse)(nil),  // 2: allot.v1.SettleResponse
+	(*ReleaseRequest)(nil),  // 3: allot.v1.ReleaseRequest
+	(*ReleaseResponse)(nil), // 4: allot.v1.ReleaseResponse
+	(*CheckRequest)(nil),    // 5: allot.v1.CheckRequest
+	(*CheckResponse)(nil),   // 6: allot.v1.CheckResponse
+	(*Header)(nil),          // 7: allot.v1.Header
 }
 var file_allot_v1_allot_proto_depIdxs = []int32{
 	0, // 0: allot.v1.CheckResponse.source:type_name -> allot.v1.Source
-	5, // 1: allot.v1.CheckResponse.headers:type_name -> allot.v1.Header
-	3, // 2: allot.v1.Allot.Check:input_type -> allot.v1.CheckRequest
-	1, // 3: allot.v1.Allot.Release:input_type -> allot.v1.ReleaseRequest
-	4, // 4: allot.v1.Allot.Check:output_type -> allot.v1.CheckResponse
-	2, // 5: allot.v1.Allot.Release:output_type -> allot.v1.ReleaseResponse
-	4, // [4:6] is the sub-list for method output_type
-	2, // [2:4] is the sub-list for method input_type
+	7, // 1: allot.v1.CheckResponse.headers:type_name -> allot.v1.Header
+	5, // 2: allot.v1.Allot.Check:input_type -> allot.v1.CheckRequest
+	3, // 3: allot.v1.Allot.Release:input_type -> allot.v1.ReleaseRequest
+	1, // 4: allot.v1.Allot.Settle:input_type -> allot.v1.SettleRequest
+	6, // 5: allot.v1.Allot.Check:output_type -> allot.v1.CheckResponse
+	4, // 6: allot.v1.Allot.Release:output_type -> allot.v1.ReleaseResponse
+	2, // 7: allot.v1.Allot.Settle:output_type -> allot.v1.SettleResponse
+	5, // [5:8] is the sub-list for method output_type
+	2, // [2:5] is the sub-list for method input_type
 	2, // [2:2] is the sub-list for extension type_name
 	2, // [2:2] is the sub-list for extension extendee
 	0, // [0:2] is the sub-list for field type_name
@@ -576,7 +741,7 @@ func file_allot_v1_allot_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_allot_v1_allot_proto_rawDesc), len(file_allot_v1_allot_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   5,
+			NumMessages:   7,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -26,6 +26,7 @@ const _ = grpc.SupportPackageIsVersion9
 const (
 	Allot_Check_FullMethodName   = "/allot.v1.Allot/Check"
 	Allot_Release_FullMethodName = "/allot.v1.Allot/Release"
+	Allot_Settle_FullMethodName  = "/allot.v1.Allot/Settle"
 )
 
 // AllotClient is the client API for Allot service.
@@ -43,6 +44,16 @@ type AllotClient interface {
 	// is released twice; a handle the enforcer cannot read is INVALID_ARGUMENT; a store
 	// that cannot answer is UNAVAILABLE (the slots then come back at their timeout).
 	Release(ctx context.Context, in *ReleaseRequest, opts ...grpc.CallOption) (*ReleaseResponse, error)
+	// Settle settles a check's cost once it is known (CheckRequest.settle,
+	// CheckResponse.settle_handle): cost - the check's hits, times each rule's cost, is
+	// taken from the buckets that check took from (never refused: a bucket may go into
+	// debt of at most one burst) or, when negative, given back (never above the burst). A
+	// handle already settled, unknown, or older than the enforcer's settle window is
+	// NOT_FOUND and nothing is settled twice, also when two enforcers receive it at once;
+	// a handle the enforcer cannot read or a cost out of range is INVALID_ARGUMENT; a store
+	// that cannot answer is UNAVAILABLE (nothing was settled: send it again, or the
+	// estimate stands).
+	Settle(ctx context.Context, in *SettleRequest, opts ...grpc.CallOption) (*SettleResponse, error)
 }
 
 type allotClient struct {
@@ -73,6 +84,16 @@ func (c *allotClient) Release(ctx context.Context, in *ReleaseRequest, opts ...g
 	return out, nil
 }
 
+func (c *allotClient) Settle(ctx context.Context, in *SettleRequest, opts ...grpc.CallOption) (*SettleResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SettleResponse)
+	err := c.cc.Invoke(ctx, Allot_Settle_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AllotServer is the server API for Allot service.
 // All implementations must embed UnimplementedAllotServer
 // for forward compatibility.
@@ -88,6 +109,16 @@ type AllotServer interface {
 	// is released twice; a handle the enforcer cannot read is INVALID_ARGUMENT; a store
 	// that cannot answer is UNAVAILABLE (the slots then come back at their timeout).
 	Release(context.Context, *ReleaseRequest) (*ReleaseResponse, error)
+	// Settle settles a check's cost once it is known (CheckRequest.settle,
+	// CheckResponse.settle_handle): cost - the check's hits, times each rule's cost, is
+	// taken from the buckets that check took from (never refused: a bucket may go into
+	// debt of at most one burst) or, when negative, given back (never above the burst). A
+	// handle already settled, unknown, or older than the enforcer's settle window is
+	// NOT_FOUND and nothing is settled twice, also when two enforcers receive it at once;
+	// a handle the enforcer cannot read or a cost out of range is INVALID_ARGUMENT; a store
+	// that cannot answer is UNAVAILABLE (nothing was settled: send it again, or the
+	// estimate stands).
+	Settle(context.Context, *SettleRequest) (*SettleResponse, error)
 	mustEmbedUnimplementedAllotServer()
 }
 
@@ -103,6 +134,9 @@ func (UnimplementedAllotServer) Check(context.Context, *CheckRequest) (*CheckRes
 }
 func (UnimplementedAllotServer) Release(context.Context, *ReleaseRequest) (*ReleaseResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Release not implemented")
+}
+func (UnimplementedAllotServer) Settle(context.Context, *SettleRequest) (*SettleResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Settle not implemented")
 }
 func (UnimplementedAllotServer) mustEmbedUnimplementedAllotServer() {}
 func (UnimplementedAllotServer) testEmbeddedByValue()               {}
@@ -161,6 +195,24 @@ func _Allot_Release_Handler(srv interface{}, ctx context.Context, dec func(inter
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Allot_Settle_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SettleRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AllotServer).Settle(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Allot_Settle_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AllotServer).Settle(ctx, req.(*SettleRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Allot_ServiceDesc is the grpc.ServiceDesc for Allot service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -175,6 +227,10 @@ var Allot_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Release",
 			Handler:    _Allot_Release_Handler,
+		},
+		{
+			MethodName: "Settle",
+			Handler:    _Allot_Settle_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
