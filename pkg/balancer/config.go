@@ -138,6 +138,10 @@ type CoreConfig struct {
 	// MaxEnforcers caps the enforcers tracked per region (ack state, dedupe); reports from
 	// more are refused. Default 4,096.
 	MaxEnforcers int
+	// MaxQuotaEntries caps the calendar quotas the leader keeps counts of (quota.go); past
+	// it, quotas no report named for an hour are forgotten, then new ones go unanswered
+	// (Stats.QuotaRefused). About 300 bytes each. Default 200,000.
+	MaxQuotaEntries int
 
 	// Share configures the policy (pkg/share). Share.Floor × len(Regions) must be ≤ 1;
 	// the core uses min(Share.Floor, ReserveTotal / (regions − 1)).
@@ -150,21 +154,22 @@ type CoreConfig struct {
 // DefaultCoreConfig returns the defaults above, with LeaderRev 1 and no regions.
 func DefaultCoreConfig() CoreConfig {
 	return CoreConfig{
-		LeaderRev:     1,
-		Interval:      10 * time.Second,
-		EarlyGap:      2 * time.Second,
-		ShiftGap:      500 * time.Millisecond,
-		Learning:      20 * time.Second,
-		AckTimeout:    5 * time.Second,
-		MinVersionGap: 2 * time.Second,
-		SilentAfter:   20 * time.Second,
-		Stale:         5 * time.Minute,
-		KeyTTL:        time.Minute,
-		MaxEntries:    10_000,
-		MaxIdentities: 2_000_000,
-		MaxPublished:  50_000,
-		MaxEnforcers:  4096,
-		Share:         share.DefaultConfig(),
+		LeaderRev:       1,
+		Interval:        10 * time.Second,
+		EarlyGap:        2 * time.Second,
+		ShiftGap:        500 * time.Millisecond,
+		Learning:        20 * time.Second,
+		AckTimeout:      5 * time.Second,
+		MinVersionGap:   2 * time.Second,
+		SilentAfter:     20 * time.Second,
+		Stale:           5 * time.Minute,
+		KeyTTL:          time.Minute,
+		MaxEntries:      10_000,
+		MaxIdentities:   2_000_000,
+		MaxPublished:    50_000,
+		MaxEnforcers:    4096,
+		MaxQuotaEntries: 200_000,
+		Share:           share.DefaultConfig(),
 	}
 }
 
@@ -215,7 +220,7 @@ func (c *CoreConfig) Validate() error {
 	for _, n := range []struct {
 		name string
 		v    int
-	}{{"MaxEntries", c.MaxEntries}, {"MaxIdentities", c.MaxIdentities}, {"MaxPublished", c.MaxPublished}, {"MaxEnforcers", c.MaxEnforcers}} {
+	}{{"MaxEntries", c.MaxEntries}, {"MaxIdentities", c.MaxIdentities}, {"MaxPublished", c.MaxPublished}, {"MaxEnforcers", c.MaxEnforcers}, {"MaxQuotaEntries", c.MaxQuotaEntries}} {
 		if n.v <= 0 {
 			bad("%s %d, must be > 0", n.name, n.v)
 		}

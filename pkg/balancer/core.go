@@ -171,6 +171,7 @@ type Core struct {
 	weights   []float64
 
 	regions []regionState
+	quotas  *quotaBook // its own lock: answered without mu
 	ids     map[key]*ident
 	all     []*ident // the same identities, for iteration in allocation order
 	pending map[*ident]struct{}
@@ -251,6 +252,7 @@ func NewCore(cfg CoreConfig) (*Core, error) {
 		regions: make([]regionState, n), ids: map[key]*ident{}, pending: map[*ident]struct{}{},
 		learning: true, dirty: true, mayBuf: make([]float64, n), gone: make([]bool, n), fenced: make([]bool, n),
 	}
+	c.quotas = newQuotaBook(c.weights, cfg.SilentAfter, cfg.MaxQuotaEntries)
 	for i, r := range cfg.Regions {
 		c.regionIdx[r] = i
 		c.regions[i] = regionState{name: r, enforcers: map[string]*enforcerState{}}

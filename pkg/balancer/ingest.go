@@ -37,6 +37,9 @@ func (c *Core) validate(r *allotv1.ReportRequest) (int, error) {
 	case !count(r.OmittedTokens):
 		return bad("omitted_tokens %g, must be finite and >= 0", r.OmittedTokens)
 	}
+	if err := validateQuotas(r.Quotas, c.cfg.MaxEntries); err != nil {
+		return 0, err
+	}
 	for i, u := range r.Usage {
 		switch {
 		case u == nil:

@@ -561,7 +561,9 @@ func (s *Service) report(ctx context.Context, req *allotv1.ReportRequest) (_ *al
 		default:
 		}
 	}
-	return &allotv1.ReportResponse{Accepted: true, LeaderAddr: s.cfg.Advertise, LeaderRev: rev}, "accepted", nil
+	resp := &allotv1.ReportResponse{Accepted: true, LeaderAddr: s.cfg.Advertise, LeaderRev: rev}
+	resp.QuotaOthers, resp.QuotaAnswered, resp.QuotaIsolatedFraction = core.Quotas(now, req)
+	return resp, "accepted", nil
 }
 
 // peerMayReport refuses (PermissionDenied) a report for region unless the connection's

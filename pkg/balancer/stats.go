@@ -35,6 +35,8 @@ type Stats struct {
 	Dropped         uint64 // new identities dropped past MaxIdentities + 1/8
 	Evicted         uint64 // identities forgotten (KeyTTL, cap, rule gone)
 	Clamped         uint64 // usage entries whose admitted count was above Limits.MaxAdmitted
+	Quotas          int    // calendar quotas whose counts the leader keeps
+	QuotaRefused    uint64 // quota counts not kept: the book was full (MaxQuotaEntries)
 	Regions         []RegionStats
 }
 
@@ -48,6 +50,7 @@ func (c *Core) Stats(now time.Time) Stats {
 		Recomputes: c.stats.recomputes, FollowUps: c.stats.followUps, Duplicates: c.stats.duplicates, Invalid: c.stats.invalid,
 		UnknownRule: c.stats.unknownRule, Dropped: c.stats.dropped, Evicted: c.stats.evicted, Clamped: c.stats.clamped,
 	}
+	s.Quotas, s.QuotaRefused = c.quotas.stats()
 	ack := c.acks(now)
 	for r := range c.regions {
 		rs := &c.regions[r]

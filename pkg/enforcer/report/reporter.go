@@ -86,11 +86,19 @@ type ReporterConfig struct {
 	// its transport credentials: e.g. an interceptor that times each Report call (the
 	// scale benchmark's). nil adds none.
 	DialOptions []grpc.DialOption
+	// Quotas, if not nil, gives the region's calendar quota counts each report carries (at
+	// most MaxQuotas), and QuotaView, if not nil, takes the leader's answers: the other
+	// regions' counts (quota.go). nil: no quotas reported.
+	Quotas    QuotaCounter
+	QuotaView *QuotaView
+	// MaxQuotas caps the quota counts of one report (the balancer refuses a report with
+	// more than its MaxEntries). Default 10,000.
+	MaxQuotas int
 }
 
 // DefaultReporterConfig returns the defaults described on each ReporterConfig field.
 func DefaultReporterConfig() ReporterConfig {
-	return ReporterConfig{SendTimeout: 2 * time.Second, MaxRedirects: 2, AckGap: 250 * time.Millisecond}
+	return ReporterConfig{SendTimeout: 2 * time.Second, MaxRedirects: 2, AckGap: 250 * time.Millisecond, MaxQuotas: 10_000}
 }
 
 // Validate reports the first bad field, naming it and its value.
@@ -114,6 +122,8 @@ func (c ReporterConfig) Validate() error {
 		return fmt.Errorf("%w: AckGap %v, must be > 0", ErrConfig, c.AckGap)
 	case c.MaxRedirects < 0 || c.MaxRedirects > 5:
 		return fmt.Errorf("%w: MaxRedirects %d, must be in [0, 5]", ErrConfig, c.MaxRedirects)
+	case c.Quotas != nil && c.MaxQuotas <= 0:
+		return fmt.Errorf("%w: MaxQuotas %d, must be > 0 with Quotas", ErrConfig, c.MaxQuotas)
 	}
 	for i, a := range c.Addrs {
 		if err := CheckAddr(a); err != nil {
@@ -227,9 +237,12 @@ func (r *Reporter) leave() {
 	if r.cfg.Shares != nil {
 		req.ShareLeaderRev, req.ShareVersion = r.cfg.Shares()
 	}
+	if r.cfg.Quotas != nil {
+		req.Quotas = r.cfg.Quotas.QuotaCounts(now, r.cfg.MaxQuotas)
+	}
 	ctx, span := r.startSpan(req)
 	defer span.End()
-	if err := r.send(ctx, req); err != nil {
+	if _, err := r.send(ctx, req); err != nil {
 		r.m.failures.Inc()
 		endSpan(span, 1, err)
 		r.log.Warn("final usage report not delivered; the balancer holds this enforcer's share until its staleness period passes", "seq", req.Seq, "error", err)
@@ -280,6 +293,9 @@ func (r *Reporter) report(now time.Time, early, ack bool) {
 	if r.cfg.Shares != nil {
 		req.ShareLeaderRev, req.ShareVersion = r.cfg.Shares()
 	}
+	if r.cfg.Quotas != nil {
+		req.Quotas = r.cfg.Quotas.QuotaCounts(now, r.cfg.MaxQuotas)
+	}
 	if early {
 		r.m.early.Inc()
 	}
@@ -291,9 +307,13 @@ func (r *Reporter) report(now time.Time, early, ack bool) {
 	defer span.End()
 	var err error
 	for try := 0; try < 2; try++ {
-		if err = r.send(ctx, req); err == nil {
+		var resp *allotv1.ReportResponse
+		if resp, err = r.send(ctx, req); err == nil {
 			endSpan(span, try+1, nil)
 			at := r.clock.Now()
+			if r.cfg.QuotaView != nil {
+				r.cfg.QuotaView.Answered(at, req.Quotas, resp)
+			}
 			if r.cfg.Accepted != nil {
 				r.cfg.Accepted(at)
 			}
@@ -333,7 +353,7 @@ var (
 // most MaxRedirects standby redirects; with Addrs, once round the list (sendList). parent
 // is the report's context (r.ctx with the report's span): each RPC carries its trace
 // context.
-func (r *Reporter) send(parent context.Context, req *allotv1.ReportRequest) error {
+func (r *Reporter) send(parent context.Context, req *allotv1.ReportRequest) (*allotv1.ReportResponse, error) {
 	if r.ring != nil {
 		return r.sendList(parent, req)
 	}
@@ -343,28 +363,28 @@ func (r *Reporter) send(parent context.Context, req *allotv1.ReportRequest) erro
 		a, err := r.cfg.Leader.Leader(ctx)
 		cancel()
 		if err != nil {
-			return err
+			return nil, err
 		}
 		addr = a
 	}
 	for redirects := 0; ; redirects++ {
 		cc, err := r.dial(addr)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		ctx, cancel := context.WithTimeout(tracing.InjectGRPC(parent), r.cfg.SendTimeout)
 		resp, err := allotv1.NewBalancerClient(cc).Report(ctx, req)
 		cancel()
 		switch {
 		case err != nil:
-			return fmt.Errorf("while reporting to %s: %w", addr, err)
+			return nil, fmt.Errorf("while reporting to %s: %w", addr, err)
 		case resp.GetAccepted():
 			r.addr = addr
-			return nil
+			return resp, nil
 		case resp.GetLeaderAddr() == "" || resp.GetLeaderAddr() == addr:
-			return fmt.Errorf("%w (asked %s)", errStandby, addr)
+			return nil, fmt.Errorf("%w (asked %s)", errStandby, addr)
 		case redirects == r.cfg.MaxRedirects:
-			return fmt.Errorf("%w: %d followed, %s points at %s", errRedirects, redirects, addr, resp.GetLeaderAddr())
+			return nil, fmt.Errorf("%w: %d followed, %s points at %s", errRedirects, redirects, addr, resp.GetLeaderAddr())
 		}
 		r.m.redirects.Inc()
 		addr = resp.GetLeaderAddr()
@@ -373,14 +393,14 @@ func (r *Reporter) send(parent context.Context, req *allotv1.ReportRequest) erro
 
 // sendList makes one attempt over Addrs (see ReporterConfig.Addrs): every address at
 // most once, from the one that last accepted. The error joins every address's.
-func (r *Reporter) sendList(parent context.Context, req *allotv1.ReportRequest) error {
+func (r *Reporter) sendList(parent context.Context, req *allotv1.ReportRequest) (*allotv1.ReportResponse, error) {
 	var errs []error
 	p := r.ring.pass()
 	for addr, ok := p.addr(); ok; addr, ok = p.addr() {
-		redirect, err := r.sendOnce(parent, addr, req)
+		resp, redirect, err := r.sendOnce(parent, addr, req)
 		if err == nil {
 			p.accepted()
-			return nil
+			return resp, nil
 		}
 		errs = append(errs, err)
 		r.closeConn() // the next address, or a fresh connection for the retry
@@ -393,28 +413,28 @@ func (r *Reporter) sendList(parent context.Context, req *allotv1.ReportRequest) 
 			break
 		}
 	}
-	return errors.Join(errs...)
+	return nil, errors.Join(errs...)
 }
 
 // sendOnce sends req to addr: nil when accepted, else the error and, for a non-leader
 // answer, the leader address it named ("" if none).
-func (r *Reporter) sendOnce(parent context.Context, addr string, req *allotv1.ReportRequest) (redirect string, err error) {
+func (r *Reporter) sendOnce(parent context.Context, addr string, req *allotv1.ReportRequest) (_ *allotv1.ReportResponse, redirect string, err error) {
 	cc, err := r.dial(addr)
 	if err != nil {
-		return "", err
+		return nil, "", err
 	}
 	ctx, cancel := context.WithTimeout(tracing.InjectGRPC(parent), r.cfg.SendTimeout)
 	resp, err := allotv1.NewBalancerClient(cc).Report(ctx, req)
 	cancel()
 	switch {
 	case err != nil:
-		return "", fmt.Errorf("while reporting to %s: %w", addr, err)
+		return nil, "", fmt.Errorf("while reporting to %s: %w", addr, err)
 	case resp.GetAccepted():
-		return "", nil
+		return resp, "", nil
 	case resp.GetLeaderAddr() == "":
-		return "", fmt.Errorf("%w (asked %s)", errStandby, addr)
+		return nil, "", fmt.Errorf("%w (asked %s)", errStandby, addr)
 	}
-	return resp.GetLeaderAddr(), fmt.Errorf("%w: %s answered as a standby (leader %s)", errNotLeader, addr, resp.GetLeaderAddr())
+	return nil, resp.GetLeaderAddr(), fmt.Errorf("%w: %s answered as a standby (leader %s)", errNotLeader, addr, resp.GetLeaderAddr())
 }
 
 // startSpan starts req's span (tracing.SpanReport) under r.ctx.

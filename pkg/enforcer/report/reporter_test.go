@@ -31,6 +31,7 @@ type fakeBalancer struct {
 	leader   bool
 	redirect string
 	failNext int
+	others   int64 // answered as every quota's others' count
 	got      []*allotv1.ReportRequest
 	parents  []string // each call's traceparent ("" without)
 }
@@ -65,7 +66,12 @@ func (b *fakeBalancer) Report(ctx context.Context, r *allotv1.ReportRequest) (*a
 	if !b.leader {
 		return &allotv1.ReportResponse{LeaderAddr: b.redirect}, nil
 	}
-	return &allotv1.ReportResponse{Accepted: true, LeaderRev: 7}, nil
+	resp := &allotv1.ReportResponse{Accepted: true, LeaderRev: 7, QuotaAnswered: len(r.Quotas) > 0, QuotaIsolatedFraction: 0.5}
+	for _, q := range r.Quotas {
+		resp.QuotaOthers = append(resp.QuotaOthers, &allotv1.QuotaCount{Rule: q.Rule, Limit: q.Limit, Identity: q.Identity,
+			PeriodStartMs: q.PeriodStartMs, Quota: q.Quota, Count: b.others})
+	}
+	return resp, nil
 }
 
 func (b *fakeBalancer) reports() []*allotv1.ReportRequest {

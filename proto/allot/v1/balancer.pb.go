@@ -63,8 +63,12 @@ type ReportRequest struct {
 	// 1000); 0 when this enforcer does not measure recent rates (then recent_rate is 0 and
 	// means nothing).
 	RecentWindowMs uint32 `protobuf:"varint,14,opt,name=recent_window_ms,json=recentWindowMs,proto3" json:"recent_window_ms,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// This region's counts of its calendar quotas in their current periods, as this
+	// enforcer last read them from its region's counters (docs/design.md §8, "Calendar
+	// quotas"): the balancer answers each with the other regions' counts.
+	Quotas        []*QuotaCount `protobuf:"bytes,15,rep,name=quotas,proto3" json:"quotas,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ReportRequest) Reset() {
@@ -195,6 +199,103 @@ func (x *ReportRequest) GetRecentWindowMs() uint32 {
 	return 0
 }
 
+func (x *ReportRequest) GetQuotas() []*QuotaCount {
+	if x != nil {
+		return x.Quotas
+	}
+	return nil
+}
+
+// QuotaCount is one calendar quota's count in one period: the unit the regions share.
+type QuotaCount struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The rule id, the quota limit's name in it, and the identity it counts.
+	Rule     string `protobuf:"bytes,1,opt,name=rule,proto3" json:"rule,omitempty"`
+	Limit    string `protobuf:"bytes,2,opt,name=limit,proto3" json:"limit,omitempty"`
+	Identity string `protobuf:"bytes,3,opt,name=identity,proto3" json:"identity,omitempty"`
+	// The period's start, Unix milliseconds (its calendar boundary in the rule's zone).
+	PeriodStartMs int64 `protobuf:"varint,4,opt,name=period_start_ms,json=periodStartMs,proto3" json:"period_start_ms,omitempty"`
+	// The quota in force (requests a period), for the part a silent region may still use.
+	Quota int64 `protobuf:"varint,5,opt,name=quota,proto3" json:"quota,omitempty"`
+	// In a report: this region's count in the period. In an answer: the other regions'
+	// counts summed, a silent region counted at what it may still use.
+	Count         int64 `protobuf:"varint,6,opt,name=count,proto3" json:"count,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *QuotaCount) Reset() {
+	*x = QuotaCount{}
+	mi := &file_allot_v1_balancer_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *QuotaCount) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*QuotaCount) ProtoMessage() {}
+
+func (x *QuotaCount) ProtoReflect() protoreflect.Message {
+	mi := &file_allot_v1_balancer_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use QuotaCount.ProtoReflect.Descriptor instead.
+func (*QuotaCount) Descriptor() ([]byte, []int) {
+	return file_allot_v1_balancer_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *QuotaCount) GetRule() string {
+	if x != nil {
+		return x.Rule
+	}
+	return ""
+}
+
+func (x *QuotaCount) GetLimit() string {
+	if x != nil {
+		return x.Limit
+	}
+	return ""
+}
+
+func (x *QuotaCount) GetIdentity() string {
+	if x != nil {
+		return x.Identity
+	}
+	return ""
+}
+
+func (x *QuotaCount) GetPeriodStartMs() int64 {
+	if x != nil {
+		return x.PeriodStartMs
+	}
+	return 0
+}
+
+func (x *QuotaCount) GetQuota() int64 {
+	if x != nil {
+		return x.Quota
+	}
+	return 0
+}
+
+func (x *QuotaCount) GetCount() int64 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
 // IdentityUsage is one limited identity's counts over the interval, in tokens.
 type IdentityUsage struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -221,7 +322,7 @@ type IdentityUsage struct {
 
 func (x *IdentityUsage) Reset() {
 	*x = IdentityUsage{}
-	mi := &file_allot_v1_balancer_proto_msgTypes[1]
+	mi := &file_allot_v1_balancer_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -233,7 +334,7 @@ func (x *IdentityUsage) String() string {
 func (*IdentityUsage) ProtoMessage() {}
 
 func (x *IdentityUsage) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_balancer_proto_msgTypes[1]
+	mi := &file_allot_v1_balancer_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -246,7 +347,7 @@ func (x *IdentityUsage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use IdentityUsage.ProtoReflect.Descriptor instead.
 func (*IdentityUsage) Descriptor() ([]byte, []int) {
-	return file_allot_v1_balancer_proto_rawDescGZIP(), []int{1}
+	return file_allot_v1_balancer_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *IdentityUsage) GetRule() string {
@@ -305,14 +406,23 @@ type ReportResponse struct {
 	// When not accepted: the leader's report address, if one is known ("" otherwise).
 	LeaderAddr string `protobuf:"bytes,2,opt,name=leader_addr,json=leaderAddr,proto3" json:"leader_addr,omitempty"`
 	// The leader's election revision (fencing token), for logs.
-	LeaderRev     int64 `protobuf:"varint,3,opt,name=leader_rev,json=leaderRev,proto3" json:"leader_rev,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	LeaderRev int64 `protobuf:"varint,3,opt,name=leader_rev,json=leaderRev,proto3" json:"leader_rev,omitempty"`
+	// The other regions' counts of the report's quotas (QuotaCount.count is their sum), in
+	// no particular order. Only when quota_answered: a leader that has not yet heard every
+	// live region in its term answers nothing, and the enforcer keeps what it knew.
+	QuotaOthers   []*QuotaCount `protobuf:"bytes,4,rep,name=quota_others,json=quotaOthers,proto3" json:"quota_others,omitempty"`
+	QuotaAnswered bool          `protobuf:"varint,5,opt,name=quota_answered,json=quotaAnswered,proto3" json:"quota_answered,omitempty"`
+	// The part of a quota's remainder this region may use on its own while it hears no
+	// answer (its weight in the default split): what the balancer counts it at once it
+	// falls silent.
+	QuotaIsolatedFraction float64 `protobuf:"fixed64,6,opt,name=quota_isolated_fraction,json=quotaIsolatedFraction,proto3" json:"quota_isolated_fraction,omitempty"`
+	unknownFields         protoimpl.UnknownFields
+	sizeCache             protoimpl.SizeCache
 }
 
 func (x *ReportResponse) Reset() {
 	*x = ReportResponse{}
-	mi := &file_allot_v1_balancer_proto_msgTypes[2]
+	mi := &file_allot_v1_balancer_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -324,7 +434,7 @@ func (x *ReportResponse) String() string {
 func (*ReportResponse) ProtoMessage() {}
 
 func (x *ReportResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_balancer_proto_msgTypes[2]
+	mi := &file_allot_v1_balancer_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -337,7 +447,7 @@ func (x *ReportResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportResponse.ProtoReflect.Descriptor instead.
 func (*ReportResponse) Descriptor() ([]byte, []int) {
-	return file_allot_v1_balancer_proto_rawDescGZIP(), []int{2}
+	return file_allot_v1_balancer_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *ReportResponse) GetAccepted() bool {
@@ -361,11 +471,32 @@ func (x *ReportResponse) GetLeaderRev() int64 {
 	return 0
 }
 
+func (x *ReportResponse) GetQuotaOthers() []*QuotaCount {
+	if x != nil {
+		return x.QuotaOthers
+	}
+	return nil
+}
+
+func (x *ReportResponse) GetQuotaAnswered() bool {
+	if x != nil {
+		return x.QuotaAnswered
+	}
+	return false
+}
+
+func (x *ReportResponse) GetQuotaIsolatedFraction() float64 {
+	if x != nil {
+		return x.QuotaIsolatedFraction
+	}
+	return 0
+}
+
 var File_allot_v1_balancer_proto protoreflect.FileDescriptor
 
 const file_allot_v1_balancer_proto_rawDesc = "" +
 	"\n" +
-	"\x17allot/v1/balancer.proto\x12\ballot.v1\"\xea\x03\n" +
+	"\x17allot/v1/balancer.proto\x12\ballot.v1\"\x98\x04\n" +
 	"\rReportRequest\x12\x16\n" +
 	"\x06region\x18\x01 \x01(\tR\x06region\x12\x1f\n" +
 	"\venforcer_id\x18\x02 \x01(\tR\n" +
@@ -382,7 +513,16 @@ const file_allot_v1_balancer_proto_rawDesc = "" +
 	"\x0eomitted_tokens\x18\v \x01(\x01R\romittedTokens\x12\x14\n" +
 	"\x05final\x18\f \x01(\bR\x05final\x12\x10\n" +
 	"\x03ack\x18\r \x01(\bR\x03ack\x12(\n" +
-	"\x10recent_window_ms\x18\x0e \x01(\rR\x0erecentWindowMs\"\xd1\x01\n" +
+	"\x10recent_window_ms\x18\x0e \x01(\rR\x0erecentWindowMs\x12,\n" +
+	"\x06quotas\x18\x0f \x03(\v2\x14.allot.v1.QuotaCountR\x06quotas\"\xa6\x01\n" +
+	"\n" +
+	"QuotaCount\x12\x12\n" +
+	"\x04rule\x18\x01 \x01(\tR\x04rule\x12\x14\n" +
+	"\x05limit\x18\x02 \x01(\tR\x05limit\x12\x1a\n" +
+	"\bidentity\x18\x03 \x01(\tR\bidentity\x12&\n" +
+	"\x0fperiod_start_ms\x18\x04 \x01(\x03R\rperiodStartMs\x12\x14\n" +
+	"\x05quota\x18\x05 \x01(\x03R\x05quota\x12\x14\n" +
+	"\x05count\x18\x06 \x01(\x03R\x05count\"\xd1\x01\n" +
 	"\rIdentityUsage\x12\x12\n" +
 	"\x04rule\x18\x01 \x01(\tR\x04rule\x12\x1a\n" +
 	"\bidentity\x18\x02 \x01(\tR\bidentity\x12\x1a\n" +
@@ -391,13 +531,16 @@ const file_allot_v1_balancer_proto_rawDesc = "" +
 	"\rregional_rate\x18\x05 \x01(\x01R\fregionalRate\x12\x14\n" +
 	"\x05error\x18\x06 \x01(\x01R\x05error\x12\x1f\n" +
 	"\vrecent_rate\x18\a \x01(\x01R\n" +
-	"recentRate\"l\n" +
+	"recentRate\"\x84\x02\n" +
 	"\x0eReportResponse\x12\x1a\n" +
 	"\baccepted\x18\x01 \x01(\bR\baccepted\x12\x1f\n" +
 	"\vleader_addr\x18\x02 \x01(\tR\n" +
 	"leaderAddr\x12\x1d\n" +
 	"\n" +
-	"leader_rev\x18\x03 \x01(\x03R\tleaderRev2G\n" +
+	"leader_rev\x18\x03 \x01(\x03R\tleaderRev\x127\n" +
+	"\fquota_others\x18\x04 \x03(\v2\x14.allot.v1.QuotaCountR\vquotaOthers\x12%\n" +
+	"\x0equota_answered\x18\x05 \x01(\bR\rquotaAnswered\x126\n" +
+	"\x17quota_isolated_fraction\x18\x06 \x01(\x01R\x15quotaIsolatedFraction2G\n" +
 	"\bBalancer\x12;\n" +
 	"\x06Report\x12\x17.allot.v1.ReportRequest\x1a\x18.allot.v1.ReportResponseB3Z1github.com/allot-dev/allot/proto/allot/v1;allotv1b\x06proto3"
 
@@ -413,21 +556,24 @@ func file_allot_v1_balancer_proto_rawDescGZIP() []byte {
 	return file_allot_v1_balancer_proto_rawDescData
 }
 
-var file_allot_v1_balancer_proto_msgTypes = make([]protoimpl.MessageInfo, 3)
+var file_allot_v1_balancer_proto_msgTypes = make([]protoimpl.MessageInfo, 4)
 var file_allot_v1_balancer_proto_goTypes = []any{
 	(*ReportRequest)(nil),  // 0: allot.v1.ReportRequest
-	(*IdentityUsage)(nil),  // 1: allot.v1.IdentityUsage
-	(*ReportResponse)(nil), // 2: allot.v1.ReportResponse
+	(*QuotaCount)(nil),     // 1: allot.v1.QuotaCount
+	(*IdentityUsage)(nil),  // 2: allot.v1.IdentityUsage
+	(*ReportResponse)(nil), // 3: allot.v1.ReportResponse
 }
 var file_allot_v1_balancer_proto_depIdxs = []int32{
-	1, // 0: allot.v1.ReportRequest.usage:type_name -> allot.v1.IdentityUsage
-	0, // 1: allot.v1.Balancer.Report:input_type -> allot.v1.ReportRequest
-	2, // 2: allot.v1.Balancer.Report:output_type -> allot.v1.ReportResponse
-	2, // [2:3] is the sub-list for method output_type
-	1, // [1:2] is the sub-list for method input_type
-	1, // [1:1] is the sub-list for extension type_name
-	1, // [1:1] is the sub-list for extension extendee
-	0, // [0:1] is the sub-list for field type_name
+	2, // 0: allot.v1.ReportRequest.usage:type_name -> allot.v1.IdentityUsage
+	1, // 1: allot.v1.ReportRequest.quotas:type_name -> allot.v1.QuotaCount
+	1, // 2: allot.v1.ReportResponse.quota_others:type_name -> allot.v1.QuotaCount
+	0, // 3: allot.v1.Balancer.Report:input_type -> allot.v1.ReportRequest
+	3, // 4: allot.v1.Balancer.Report:output_type -> allot.v1.ReportResponse
+	4, // [4:5] is the sub-list for method output_type
+	3, // [3:4] is the sub-list for method input_type
+	3, // [3:3] is the sub-list for extension type_name
+	3, // [3:3] is the sub-list for extension extendee
+	0, // [0:3] is the sub-list for field type_name
 }
 
 func init() { file_allot_v1_balancer_proto_init() }
@@ -441,7 +587,7 @@ func file_allot_v1_balancer_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_allot_v1_balancer_proto_rawDesc), len(file_allot_v1_balancer_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   3,
+			NumMessages:   4,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
