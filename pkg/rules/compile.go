@@ -132,6 +132,9 @@ type Compiled struct {
 	// Inflight is the rule's in-flight limit, nil without one. It is not in Limits or
 	// Global: a check acquires a slot of it after the rule's buckets granted.
 	Inflight *InflightLimit
+	// Calendar are the rule's calendar quotas, none without. They are not in Limits or
+	// Global: a check counts against them in memory (pkg/quota), before the rule's buckets.
+	Calendar []CalendarQuota
 
 	maxCost float64 // max(1, the largest cost): the burst clamp
 }
@@ -348,6 +351,15 @@ func compileRule(r *Rule, order int, opt CompileOptions, cr *crule) {
 		cr.c.Global = []bucket.Limit{{Name: r.ID + "/refuse"}} // holds nothing: NoTokens
 	}
 	for _, l := range r.Limits {
+		if l.IsQuota() {
+			loc, err := loadZone(l.TimeZone)
+			if err != nil { // Validate refused it already
+				loc = time.UTC
+			}
+			cr.c.Calendar = append(cr.c.Calendar, CalendarQuota{Name: r.ID + "/" + l.Name, Quota: l.Quota,
+				Period: l.Period, Zone: loc.String(), Loc: loc})
+			continue
+		}
 		if l.IsInflight() {
 			in := &InflightLimit{Name: r.ID + "/" + l.Name, Global: l.Concurrent, Timeout: l.Timeout}
 			in.Cap = in.CapFor(share)
