@@ -1,0 +1,461 @@
+package quota
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/maphash"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/allot-dev/allot/pkg/bucket"
+	"github.com/allot-dev/allot/pkg/clock"
+	"github.com/allot-dev/allot/pkg/rules"
+	"github.com/hashicorp/go-hclog"
+)
+
+// ErrUnsynced is Reserve's error for a fail-closed quota whose key's count is not known
+// from the counter (its last batch or first read failed): the rule refuses.
+var ErrUnsynced = fmt.Errorf("quota: count not synced with the counter: %w", bucket.ErrUnavailable)
+
+// Config configures a Table. Start from DefaultConfig.
+type Config struct {
+	// Flush is how often the counts are added to the counters and the totals refreshed:
+	// the batch interval of the over-error bound (package doc). Default 2 s; [50ms, 1m].
+	Flush time.Duration
+	// Keep is how long an entry no check used is still refreshed and kept; after it, with
+	// nothing pending, it is dropped. Default 1 m; at least Flush.
+	Keep time.Duration
+	// ReadTimeout bounds a key's first read on the checking goroutine, and Timeout a
+	// whole batch. Defaults 250 ms and 2 s.
+	ReadTimeout time.Duration
+	Timeout     time.Duration
+	// MaxEntries bounds the table (default 100,000; [64, 1<<24]).
+	MaxEntries int
+	// Clock tells the period and drives the flusher. Default clock.Real().
+	Clock clock.Clock
+	// Logger receives failed batches. Default hclog.NewNullLogger().
+	Logger hclog.Logger
+	// View gives other regions' counts; nil is 0 (one region).
+	View View
+}
+
+// DefaultConfig returns a Config with every tunable set.
+func DefaultConfig() Config {
+	return Config{Flush: 2 * time.Second, Keep: time.Minute, ReadTimeout: 250 * time.Millisecond,
+		Timeout: 2 * time.Second, MaxEntries: 100_000}
+}
+
+// Validate names the first bad value.
+func (c *Config) Validate() error {
+	switch {
+	case c.Flush < 50*time.Millisecond || c.Flush > time.Minute:
+		return fmt.Errorf("quota: config: flush %v, must be in [50ms, 1m]", c.Flush)
+	case c.Keep < c.Flush || c.Keep > 24*time.Hour:
+		return fmt.Errorf("quota: config: keep %v, must be in [flush %v, 24h]", c.Keep, c.Flush)
+	case c.ReadTimeout <= 0 || c.ReadTimeout > 10*time.Second:
+		return fmt.Errorf("quota: config: read timeout %v, must be in (0, 10s]", c.ReadTimeout)
+	case c.Timeout <= 0 || c.Timeout > time.Minute:
+		return fmt.Errorf("quota: config: timeout %v, must be in (0, 1m]", c.Timeout)
+	case c.MaxEntries < 64 || c.MaxEntries > 1<<24:
+		return fmt.Errorf("quota: config: max entries %d, must be in [64, %d]", c.MaxEntries, 1<<24)
+	}
+	return nil
+}
+
+// expireAfter is how long a counter outlives its period: late batches and the admin's
+// reads of the period just ended still find it.
+const expireAfter = 24 * time.Hour
+
+const numShards = 16
+
+// Table counts calendar quotas in memory and flushes them in batches (package doc). Safe
+// for concurrent use. It owns one goroutine, the flusher; Close stops it after a last
+// batch and waits. Build it with New.
+type Table struct {
+	cfg     Config
+	counter Counter
+	log     hclog.Logger
+	seed    maphash.Seed
+	shards  [numShards]shard
+	down    atomic.Bool // the last batch failed whole: new keys skip their first read
+	flushMu sync.Mutex  // one batch at a time (the flusher, Close, tests' Flush)
+	stop    chan struct{}
+	done    chan struct{}
+	once    sync.Once
+}
+
+type shard struct {
+	mu      sync.Mutex // guards entries and orphans
+	entries map[entryKey]*entry
+	orphans []bucket.CounterOp // counts of entries evicted or of periods ended, sent next
+}
+
+type entryKey struct{ identity, name string }
+
+// entry is one (identity, quota) in the period [start, end).
+type entry struct {
+	start, end time.Time
+	known      int64 // the counter's total at the last answer (this enforcer's counts in it)
+	pending    int64 // admitted since, not yet sent
+	syncing    int64 // sent in a batch not answered yet
+	used       time.Time
+	synced     bool          // known came from the counter and the last batch succeeded
+	reading    chan struct{} // non-nil while the first read is under way; closed at its end
+}
+
+// Result is a Reserve's answer: the quota this region holds now, what is used of it and
+// when the period ends.
+type Result struct {
+	Allowed    bool
+	Quota      int64 // the rule's quota − others' counts (View)
+	Used       int64 // known + pending + syncing, after this check
+	Start, End time.Time
+	Synced     bool // the count is the counter's, not only local
+}
+
+// Remaining is what is left of the quota, never below 0.
+func (r *Result) Remaining() int64 { return max(r.Quota-r.Used, 0) }
+
+// New builds a Table over counter and starts its flusher.
+func New(counter Counter, cfg Config) (*Table, error) {
+	if counter == nil {
+		return nil, errors.New("quota: New: nil counter")
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = clock.Real()
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = hclog.NewNullLogger()
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	t := &Table{cfg: cfg, counter: counter, log: cfg.Logger.Named("quota"), seed: maphash.MakeSeed(),
+		stop: make(chan struct{}), done: make(chan struct{})}
+	for i := range t.shards {
+		t.shards[i].entries = make(map[entryKey]*entry)
+	}
+	go t.loop()
+	return t, nil
+}
+
+// Close stops the flusher after one last batch (bounded by Config.Timeout) and waits for
+// it. Idempotent.
+func (t *Table) Close() error {
+	t.once.Do(func() { close(t.stop) })
+	<-t.done
+	return nil
+}
+
+func (t *Table) loop() {
+	defer close(t.done)
+	for {
+		tm := t.cfg.Clock.NewTimer(t.cfg.Flush)
+		select {
+		case <-t.stop:
+			tm.Stop()
+			ctx, cancel := context.WithTimeout(context.Background(), t.cfg.Timeout)
+			t.Flush(ctx)
+			cancel()
+			return
+		case <-tm.C():
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), t.cfg.Timeout)
+		t.Flush(ctx)
+		cancel()
+	}
+}
+
+func (t *Table) shardOf(k entryKey) *shard {
+	var h maphash.Hash
+	h.SetSeed(t.seed)
+	h.WriteString(k.identity)
+	h.WriteByte(0)
+	h.WriteString(k.name)
+	return &t.shards[h.Sum64()%numShards]
+}
+
+// Reserve decides a check of cost tokens against q for identity at now, and on admission
+// counts them (pending). It calls the counter only for the key's first check in a
+// period on this table (one read, bounded by Config.ReadTimeout). A fail-closed quota
+// whose count is not synced refuses with ErrUnsynced; a fail-open one is decided on the
+// local count. The error is otherwise nil, or ctx's.
+func (t *Table) Reserve(ctx context.Context, identity string, q *rules.CalendarQuota, cost int64, failClosed bool, now time.Time) (Result, error) {
+	return t.decide(ctx, identity, q, cost, failClosed, now, true)
+}
+
+// Peek decides as Reserve would, counting nothing.
+func (t *Table) Peek(ctx context.Context, identity string, q *rules.CalendarQuota, cost int64, failClosed bool, now time.Time) (Result, error) {
+	return t.decide(ctx, identity, q, cost, failClosed, now, false)
+}
+
+func (t *Table) decide(ctx context.Context, identity string, q *rules.CalendarQuota, cost int64, failClosed bool, now time.Time, take bool) (Result, error) {
+	k := entryKey{identity, q.Name}
+	sh := t.shardOf(k)
+	sh.mu.Lock()
+	e, err := t.entryLocked(ctx, sh, k, q, now)
+	if err != nil {
+		sh.mu.Unlock()
+		return Result{}, err
+	}
+	e.used = now
+	start, known, used, synced := e.start, e.known, e.known+e.pending+e.syncing, e.synced
+	sh.mu.Unlock()
+
+	r := Result{Quota: q.Quota, Start: start, End: e.end, Synced: synced, Used: used}
+	if v := t.cfg.View; v != nil {
+		r.Quota -= max(v.Others(identity, q.Name, start), 0)
+	}
+	if failClosed && !synced {
+		return r, ErrUnsynced
+	}
+	if used+cost > r.Quota {
+		return r, nil
+	}
+	r.Allowed = true
+	if !take {
+		r.Used += cost
+		return r, nil
+	}
+	sh.mu.Lock()
+	if e2 := sh.entries[k]; e2 == e && e.start.Equal(start) {
+		// Checked again under the lock: another check may have taken the last tokens.
+		if e.known+e.pending+e.syncing+cost > r.Quota {
+			r.Allowed, r.Used = false, e.known+e.pending+e.syncing
+		} else {
+			e.pending += cost
+			r.Used = e.known + e.pending + e.syncing
+		}
+	} else {
+		// Evicted or rolled over meanwhile: the count goes out with the next batch.
+		sh.orphans = append(sh.orphans, t.op(identity, q.Name, start, r.End, cost, known+cost))
+		r.Used = used + cost
+	}
+	sh.mu.Unlock()
+	return r, nil
+}
+
+// Cancel gives back cost tokens a Reserve of the period starting at start counted, for a
+// check refused afterwards (refusals never count).
+func (t *Table) Cancel(identity string, q *rules.CalendarQuota, cost int64, start, end time.Time) {
+	k := entryKey{identity, q.Name}
+	sh := t.shardOf(k)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if e := sh.entries[k]; e != nil && e.start.Equal(start) {
+		e.pending -= cost // may go below 0 when a batch took it: then a negative add
+		return
+	}
+	sh.orphans = append(sh.orphans, t.op(identity, q.Name, start, end, -cost, 0))
+}
+
+// entryLocked returns k's entry for the period holding now, creating it (and reading the
+// counter once, the lock released meanwhile) when there is none. sh.mu is held.
+func (t *Table) entryLocked(ctx context.Context, sh *shard, k entryKey, q *rules.CalendarQuota, now time.Time) (*entry, error) {
+	for {
+		e := sh.entries[k]
+		if e != nil && !now.Before(e.end) {
+			t.retireLocked(sh, k, e) // the period ended: its counts go out, a new one starts
+			e = nil
+		}
+		if e == nil {
+			if len(sh.entries) >= t.cfg.MaxEntries/numShards {
+				t.evictLocked(sh)
+			}
+			start, end := q.Bounds(now)
+			e = &entry{start: start, end: end, used: now}
+			sh.entries[k] = e
+			if t.down.Load() {
+				return e, nil // the counter is out: counted locally until a batch answers
+			}
+			e.reading = make(chan struct{})
+			ch := e.reading
+			sh.mu.Unlock()
+			op := []bucket.CounterOp{t.op(k.identity, k.name, start, end, 0, 0)}
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), t.cfg.ReadTimeout)
+			err := t.counter.AddCounters(rctx, op)
+			cancel()
+			sh.mu.Lock()
+			if err == nil && op[0].Err == nil && sh.entries[k] == e {
+				e.known, e.synced = op[0].Total, true
+			}
+			e.reading = nil
+			close(ch)
+			return e, nil
+		}
+		if ch := e.reading; ch != nil {
+			sh.mu.Unlock()
+			select {
+			case <-ch:
+			case <-ctx.Done():
+				sh.mu.Lock()
+				return nil, ctx.Err()
+			}
+			sh.mu.Lock()
+			continue
+		}
+		return e, nil
+	}
+}
+
+// retireLocked drops k's entry e, its unsent counts going out with the next batch.
+func (t *Table) retireLocked(sh *shard, k entryKey, e *entry) {
+	if e.pending != 0 {
+		sh.orphans = append(sh.orphans, t.op(k.identity, k.name, e.start, e.end, e.pending, e.known+e.pending))
+	}
+	delete(sh.entries, k)
+}
+
+// evictLocked drops the least recently used of a few entries (map order is random),
+// keeping its counts for the next batch. Entries being read are skipped.
+func (t *Table) evictLocked(sh *shard) {
+	var vk entryKey
+	var victim *entry
+	n := 0
+	for k, e := range sh.entries {
+		if e.reading == nil && e.syncing == 0 && (victim == nil || e.used.Before(victim.used)) {
+			vk, victim = k, e
+		}
+		if n++; n == 8 {
+			break
+		}
+	}
+	if victim != nil {
+		t.retireLocked(sh, vk, victim)
+	}
+}
+
+func (t *Table) op(identity, name string, start, end time.Time, delta, floor int64) bucket.CounterOp {
+	return bucket.CounterOp{Identity: identity, Name: name, Start: start, ExpireAt: end.Add(expireAfter),
+		Delta: delta, Floor: floor}
+}
+
+// Flush sends one batch now: every entry's pending counts, a refresh of every entry used
+// within Config.Keep, the counts of entries evicted or of periods ended; and drops the
+// entries idle past Keep. The flusher calls it every Config.Flush.
+func (t *Table) Flush(ctx context.Context) {
+	t.flushMu.Lock()
+	defer t.flushMu.Unlock()
+	now := t.cfg.Clock.Now()
+	type ref struct {
+		sh *shard
+		k  entryKey
+		e  *entry // nil: an orphan
+	}
+	var ops []bucket.CounterOp
+	var refs []ref
+	for i := range t.shards {
+		sh := &t.shards[i]
+		sh.mu.Lock()
+		for _, o := range sh.orphans {
+			ops = append(ops, o)
+			refs = append(refs, ref{sh: sh})
+		}
+		clear(sh.orphans)
+		sh.orphans = sh.orphans[:0]
+		for k, e := range sh.entries {
+			if e.reading != nil {
+				continue
+			}
+			if !now.Before(e.end) || (now.Sub(e.used) > t.cfg.Keep && e.pending == 0) {
+				t.retireLocked(sh, k, e)
+				continue
+			}
+			floor := e.known + e.pending
+			if !e.synced {
+				floor = e.pending // nothing known: the counter is at least what is pending here
+			}
+			ops = append(ops, t.op(k.identity, k.name, e.start, e.end, e.pending, floor))
+			refs = append(refs, ref{sh, k, e})
+			e.syncing, e.pending = e.pending, 0
+		}
+		sh.mu.Unlock()
+	}
+	if len(ops) == 0 {
+		return
+	}
+	err := t.counter.AddCounters(ctx, ops)
+	t.down.Store(err != nil)
+	failed := 0
+	for i := range ops {
+		op, r := &ops[i], refs[i]
+		if op.Err == nil && err != nil {
+			op.Err = err
+		}
+		if op.Err != nil {
+			failed++
+		}
+		r.sh.mu.Lock()
+		switch {
+		case r.e == nil || r.sh.entries[r.k] != r.e:
+			if op.Err != nil { // an orphan, or an entry dropped meanwhile: try again next time
+				if len(r.sh.orphans) < t.cfg.MaxEntries/numShards {
+					op.Err = nil
+					r.sh.orphans = append(r.sh.orphans, *op)
+				}
+			}
+		case op.Err != nil:
+			r.e.pending += r.e.syncing
+			r.e.syncing, r.e.synced = 0, false
+		default:
+			r.e.known, r.e.syncing, r.e.synced = op.Total, 0, true
+		}
+		r.sh.mu.Unlock()
+	}
+	if failed > 0 {
+		t.log.Warn("quota counters not updated; counts kept for the next batch", "failed", failed, "ops", len(ops),
+			"error", firstErr(ops))
+	}
+}
+
+func firstErr(ops []bucket.CounterOp) error {
+	for i := range ops {
+		if ops[i].Err != nil {
+			return ops[i].Err
+		}
+	}
+	return nil
+}
+
+// Usage is what an admin reads of identity's use of q in the period holding now: from
+// this table when it holds the key, else read from the counter (one call; creates
+// nothing in the table).
+func (t *Table) Usage(ctx context.Context, identity string, q *rules.CalendarQuota, now time.Time) (Result, error) {
+	k := entryKey{identity, q.Name}
+	sh := t.shardOf(k)
+	start, end := q.Bounds(now)
+	r := Result{Quota: q.Quota, Start: start, End: end}
+	if v := t.cfg.View; v != nil {
+		r.Quota -= max(v.Others(identity, q.Name, start), 0)
+	}
+	sh.mu.Lock()
+	if e := sh.entries[k]; e != nil && e.start.Equal(start) && e.reading == nil {
+		r.Used, r.Synced = e.known+e.pending+e.syncing, e.synced
+		sh.mu.Unlock()
+		return r, nil
+	}
+	sh.mu.Unlock()
+	op := []bucket.CounterOp{t.op(identity, q.Name, start, end, 0, 0)}
+	if err := t.counter.AddCounters(ctx, op); err != nil {
+		return r, err
+	}
+	if op[0].Err != nil {
+		return r, op[0].Err
+	}
+	r.Used, r.Synced = op[0].Total, true
+	return r, nil
+}
+
+// Len returns how many entries the table holds.
+func (t *Table) Len() int {
+	n := 0
+	for i := range t.shards {
+		sh := &t.shards[i]
+		sh.mu.Lock()
+		n += len(sh.entries)
+		sh.mu.Unlock()
+	}
+	return n
+}
