@@ -376,4 +376,3 @@ func TestConfigValidate(t *testing.T) {
 		}
 	}
 }
-
