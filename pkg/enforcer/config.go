@@ -7,6 +7,7 @@ import (
 
 	"github.com/allot-dev/allot/pkg/bucket"
 	"github.com/allot-dev/allot/pkg/clock"
+	"github.com/allot-dev/allot/pkg/quota"
 	"github.com/allot-dev/allot/pkg/rules"
 	"github.com/hashicorp/go-hclog"
 	"github.com/prometheus/client_golang/prometheus"
@@ -78,6 +79,11 @@ type Config struct {
 	// do not apply); nil means the Store itself when it is a bucket.InflightStore, and
 	// without either an in-flight limit answers as a failed store (by its fail mode).
 	Inflight bucket.InflightStore
+	// Quotas counts calendar quotas (rules.CalendarQuota) in memory and flushes them to
+	// their counters in batches (pkg/quota); the caller owns it and closes it after the
+	// enforcer's last check. nil: a calendar quota answers as a failed store (by its
+	// fail mode).
+	Quotas *quota.Table
 	// Clock tells the time rules are matched at (expiring overrides). Default clock.Real().
 	Clock clock.Clock
 	// Logger receives decision logs and store errors. Default hclog.NewNullLogger().

@@ -50,8 +50,12 @@ type RuleExplain struct {
 	ExpiresAt   time.Time         `json:"expires_at,omitzero"`
 	Reason      string            `json:"reason,omitempty"`
 
-	Share  ShareExplain     `json:"share"`
-	Limits []LimitExplain   `json:"limits"`
+	Share  ShareExplain   `json:"share"`
+	Limits []LimitExplain `json:"limits"`
+	// Quotas are the rule's calendar quotas: the identity's use in the current period,
+	// what is left and when the period resets (this enforcer's count: the counter's last
+	// total + its own counts not yet sent).
+	Quotas []QuotaUsage     `json:"quotas,omitempty"`
 	Recent []RecentDecision `json:"recent,omitempty"`
 	// Redacted is true in a customer's view for a bucket that is not the caller's own
 	// (ip, org, endpoint, global): its identity, levels, share and recent takes are left
@@ -171,6 +175,9 @@ func (e *Enforcer) Explain(ctx context.Context, req *Request, admin bool) (Expla
 				v := levels[j]
 				re.Limits[j].Level = &v
 			}
+		}
+		if len(c.Calendar) > 0 {
+			re.Quotas = e.quotaUsage(ctx, m, now)
 		}
 		for _, d := range e.recent.of(m.Identity) {
 			if d.Rule == c.ID {

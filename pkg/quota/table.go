@@ -459,3 +459,6 @@ func (t *Table) Len() int {
 	}
 	return n
 }
+
+// FlushInterval is Config.Flush: how soon a failed batch is tried again.
+func (t *Table) FlushInterval() time.Duration { return t.cfg.Flush }
