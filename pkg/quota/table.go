@@ -363,11 +363,10 @@ func (t *Table) Flush(ctx context.Context) {
 				t.retireLocked(sh, k, e)
 				continue
 			}
-			floor := e.known + e.pending
-			if !e.synced {
-				floor = e.pending // nothing known: the counter is at least what is pending here
-			}
-			ops = append(ops, t.op(k.identity, k.name, e.start, e.end, e.pending, floor))
+			// known (0 if never read) was the counter's total once, and the pending counts
+			// are not in it: the counter holds at least their sum. A batch that failed
+			// keeps known, so the floor still restores a counter that restarted empty.
+			ops = append(ops, t.op(k.identity, k.name, e.start, e.end, e.pending, e.known+e.pending))
 			refs = append(refs, ref{sh, k, e})
 			e.syncing, e.pending = e.pending, 0
 		}

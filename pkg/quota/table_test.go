@@ -192,6 +192,39 @@ func TestCounterRestoredAfterLoss(t *testing.T) {
 	}
 }
 
+// After a loss, whichever enforcer sends first, the counts made during the outage are
+// added on top of the last known total, not lost under it.
+func TestCounterRestoredWhicheverFirst(t *testing.T) {
+	clk := clock.NewFake(t0)
+	m := NewMemory()
+	a, b := newTable(t, m, clk), newTable(t, m, clk)
+	q := daily(1000)
+	start, _ := q.Bounds(t0)
+	ctx := context.Background()
+	for range 60 {
+		reserve(t, a, "key:k", q, 1, clk.Now())
+	}
+	for range 40 {
+		reserve(t, b, "key:k", q, 1, clk.Now())
+	}
+	a.Flush(ctx)
+	b.Flush(ctx)
+	a.Flush(ctx)
+	m.Fail(errors.New("down"))
+	for range 5 {
+		reserve(t, b, "key:k", q, 1, clk.Now())
+	}
+	b.Flush(ctx) // fails
+	m.Reset()
+	m.Fail(nil)
+	b.Flush(ctx) // b first, into an empty counter
+	a.Flush(ctx)
+	b.Flush(ctx)
+	if got := m.Get("key:k", q.Name, start); got != 105 {
+		t.Fatalf("counter %d, want 105 (100 known + 5 counted during the outage)", got)
+	}
+}
+
 // While the counter fails: a fail-closed quota refuses once its key's batch failed; a
 // fail-open one counts locally against the total it last knew, and the counts reach the
 // counter when it answers again.
