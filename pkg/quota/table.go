@@ -11,13 +11,24 @@ import (
 
 	"github.com/allot-dev/allot/pkg/bucket"
 	"github.com/allot-dev/allot/pkg/clock"
-	"github.com/allot-dev/allot/pkg/rules"
 	"github.com/hashicorp/go-hclog"
 )
 
 // ErrUnsynced is Reserve's error for a fail-closed quota whose key's count is not known
 // from the counter (its last batch or first read failed): the rule refuses.
 var ErrUnsynced = fmt.Errorf("quota: count not synced with the counter: %w", bucket.ErrUnavailable)
+
+// Limit is one calendar quota as compiled: rules.CalendarQuota (a pointer to it, which
+// makes no allocation as an interface value). The table reads it at every check, so a
+// quota raised or lowered takes effect at once.
+type Limit interface {
+	// ID names the quota ("<rule id>/<limit name>"): the counter's name.
+	ID() string
+	// Max is the tokens an identity may use in one period, all regions together.
+	Max() int64
+	// Bounds returns the start and end of the period that holds t.
+	Bounds(t time.Time) (start, end time.Time)
+}
 
 // Config configures a Table. Start from DefaultConfig.
 type Config struct {
@@ -182,17 +193,17 @@ func (t *Table) shardOf(k entryKey) *shard {
 // period on this table (one read, bounded by Config.ReadTimeout). A fail-closed quota
 // whose count is not synced refuses with ErrUnsynced; a fail-open one is decided on the
 // local count. The error is otherwise nil, or ctx's.
-func (t *Table) Reserve(ctx context.Context, identity string, q *rules.CalendarQuota, cost int64, failClosed bool, now time.Time) (Result, error) {
+func (t *Table) Reserve(ctx context.Context, identity string, q Limit, cost int64, failClosed bool, now time.Time) (Result, error) {
 	return t.decide(ctx, identity, q, cost, failClosed, now, true)
 }
 
 // Peek decides as Reserve would, counting nothing.
-func (t *Table) Peek(ctx context.Context, identity string, q *rules.CalendarQuota, cost int64, failClosed bool, now time.Time) (Result, error) {
+func (t *Table) Peek(ctx context.Context, identity string, q Limit, cost int64, failClosed bool, now time.Time) (Result, error) {
 	return t.decide(ctx, identity, q, cost, failClosed, now, false)
 }
 
-func (t *Table) decide(ctx context.Context, identity string, q *rules.CalendarQuota, cost int64, failClosed bool, now time.Time, take bool) (Result, error) {
-	k := entryKey{identity, q.Name}
+func (t *Table) decide(ctx context.Context, identity string, q Limit, cost int64, failClosed bool, now time.Time, take bool) (Result, error) {
+	k := entryKey{identity, q.ID()}
 	sh := t.shardOf(k)
 	sh.mu.Lock()
 	e, err := t.entryLocked(ctx, sh, k, q, now)
@@ -204,9 +215,9 @@ func (t *Table) decide(ctx context.Context, identity string, q *rules.CalendarQu
 	start, known, used, synced := e.start, e.known, e.known+e.pending+e.syncing, e.synced
 	sh.mu.Unlock()
 
-	r := Result{Quota: q.Quota, Start: start, End: e.end, Synced: synced, Used: used}
+	r := Result{Quota: q.Max(), Start: start, End: e.end, Synced: synced, Used: used}
 	if v := t.cfg.View; v != nil {
-		r.Quota -= max(v.Others(identity, q.Name, start), 0)
+		r.Quota -= max(v.Others(identity, q.ID(), start), 0)
 	}
 	if failClosed && !synced {
 		return r, ErrUnsynced
@@ -230,7 +241,7 @@ func (t *Table) decide(ctx context.Context, identity string, q *rules.CalendarQu
 		}
 	} else {
 		// Evicted or rolled over meanwhile: the count goes out with the next batch.
-		sh.orphans = append(sh.orphans, t.op(identity, q.Name, start, r.End, cost, known+cost))
+		sh.orphans = append(sh.orphans, t.op(identity, q.ID(), start, r.End, cost, known+cost))
 		r.Used = used + cost
 	}
 	sh.mu.Unlock()
@@ -239,8 +250,8 @@ func (t *Table) decide(ctx context.Context, identity string, q *rules.CalendarQu
 
 // Cancel gives back cost tokens a Reserve of the period starting at start counted, for a
 // check refused afterwards (refusals never count).
-func (t *Table) Cancel(identity string, q *rules.CalendarQuota, cost int64, start, end time.Time) {
-	k := entryKey{identity, q.Name}
+func (t *Table) Cancel(identity string, q Limit, cost int64, start, end time.Time) {
+	k := entryKey{identity, q.ID()}
 	sh := t.shardOf(k)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
@@ -248,12 +259,12 @@ func (t *Table) Cancel(identity string, q *rules.CalendarQuota, cost int64, star
 		e.pending -= cost // may go below 0 when a batch took it: then a negative add
 		return
 	}
-	sh.orphans = append(sh.orphans, t.op(identity, q.Name, start, end, -cost, 0))
+	sh.orphans = append(sh.orphans, t.op(identity, q.ID(), start, end, -cost, 0))
 }
 
 // entryLocked returns k's entry for the period holding now, creating it (and reading the
 // counter once, the lock released meanwhile) when there is none. sh.mu is held.
-func (t *Table) entryLocked(ctx context.Context, sh *shard, k entryKey, q *rules.CalendarQuota, now time.Time) (*entry, error) {
+func (t *Table) entryLocked(ctx context.Context, sh *shard, k entryKey, q Limit, now time.Time) (*entry, error) {
 	for {
 		e := sh.entries[k]
 		if e != nil && !now.Before(e.end) {
@@ -421,13 +432,13 @@ func firstErr(ops []bucket.CounterOp) error {
 // Usage is what an admin reads of identity's use of q in the period holding now: from
 // this table when it holds the key, else read from the counter (one call; creates
 // nothing in the table).
-func (t *Table) Usage(ctx context.Context, identity string, q *rules.CalendarQuota, now time.Time) (Result, error) {
-	k := entryKey{identity, q.Name}
+func (t *Table) Usage(ctx context.Context, identity string, q Limit, now time.Time) (Result, error) {
+	k := entryKey{identity, q.ID()}
 	sh := t.shardOf(k)
 	start, end := q.Bounds(now)
-	r := Result{Quota: q.Quota, Start: start, End: end}
+	r := Result{Quota: q.Max(), Start: start, End: end}
 	if v := t.cfg.View; v != nil {
-		r.Quota -= max(v.Others(identity, q.Name, start), 0)
+		r.Quota -= max(v.Others(identity, q.ID(), start), 0)
 	}
 	sh.mu.Lock()
 	if e := sh.entries[k]; e != nil && e.start.Equal(start) && e.reading == nil {
@@ -436,7 +447,7 @@ func (t *Table) Usage(ctx context.Context, identity string, q *rules.CalendarQuo
 		return r, nil
 	}
 	sh.mu.Unlock()
-	op := []bucket.CounterOp{t.op(identity, q.Name, start, end, 0, 0)}
+	op := []bucket.CounterOp{t.op(identity, q.ID(), start, end, 0, 0)}
 	if err := t.counter.AddCounters(ctx, op); err != nil {
 		return r, err
 	}

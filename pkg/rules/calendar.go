@@ -142,6 +142,12 @@ type CalendarQuota struct {
 	Loc    *time.Location // Zone, loaded
 }
 
+// ID is q's name (quota.Limit).
+func (q *CalendarQuota) ID() string { return q.Name }
+
+// Max is q's quota (quota.Limit).
+func (q *CalendarQuota) Max() int64 { return q.Quota }
+
 // Bounds returns the start and end of the period that holds t (PeriodBounds).
 func (q *CalendarQuota) Bounds(t time.Time) (start, end time.Time) {
 	return PeriodBounds(t, q.Period, q.Loc)
