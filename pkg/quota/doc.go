@@ -54,5 +54,8 @@
 // Memory. The table holds at most Config.MaxEntries entries; an entry idle for
 // Config.Keep with nothing pending is dropped at a flush, and a new key on a full table
 // evicts the least recently checked of a few sampled, whose pending counts are sent in
-// the next batch first. A client inventing keys grows nothing past the bound.
+// the next batch first. Those waiting counts are bounded the same way: filling up wakes
+// the flusher at once, and past the bound a count is dropped and counted in Table.Lost
+// (under), which only a client evicting more keys with counts than the table holds within
+// one batch can cause. A client inventing keys grows nothing past the bound.
 package quota

@@ -90,8 +90,10 @@ type Table struct {
 	log     hclog.Logger
 	seed    maphash.Seed
 	shards  [numShards]shard
-	down    atomic.Bool // the last batch failed whole: new keys skip their first read
-	flushMu sync.Mutex  // one batch at a time (the flusher, Close, tests' Flush)
+	down    atomic.Bool   // the last batch failed whole: new keys skip their first read
+	lost    atomic.Int64  // counts dropped from full orphans (Lost)
+	kick    chan struct{} // wakes the flusher before its time (orphans filling up)
+	flushMu sync.Mutex    // one batch at a time (the flusher, Close, tests' Flush)
 	stop    chan struct{}
 	done    chan struct{}
 	once    sync.Once
@@ -144,7 +146,7 @@ func New(counter Counter, cfg Config) (*Table, error) {
 		return nil, err
 	}
 	t := &Table{cfg: cfg, counter: counter, log: cfg.Logger.Named("quota"), seed: maphash.MakeSeed(),
-		stop: make(chan struct{}), done: make(chan struct{})}
+		stop: make(chan struct{}), done: make(chan struct{}), kick: make(chan struct{}, 1)}
 	for i := range t.shards {
 		t.shards[i].entries = make(map[entryKey]*entry)
 	}
@@ -172,6 +174,8 @@ func (t *Table) loop() {
 			cancel()
 			return
 		case <-tm.C():
+		case <-t.kick:
+			tm.Stop()
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), t.cfg.Timeout)
 		t.Flush(ctx)
@@ -241,7 +245,7 @@ func (t *Table) decide(ctx context.Context, identity string, q Limit, cost int64
 		}
 	} else {
 		// Evicted or rolled over meanwhile: the count goes out with the next batch.
-		sh.orphans = append(sh.orphans, t.op(identity, q.ID(), start, r.End, cost, known+cost))
+		t.orphanLocked(sh, t.op(identity, q.ID(), start, r.End, cost, known+cost))
 		r.Used = used + cost
 	}
 	sh.mu.Unlock()
@@ -259,7 +263,7 @@ func (t *Table) Cancel(identity string, q Limit, cost int64, start, end time.Tim
 		e.pending -= cost // may go below 0 when a batch took it: then a negative add
 		return
 	}
-	sh.orphans = append(sh.orphans, t.op(identity, q.ID(), start, end, -cost, 0))
+	t.orphanLocked(sh, t.op(identity, q.ID(), start, end, -cost, 0))
 }
 
 // entryLocked returns k's entry for the period holding now, creating it (and reading the
@@ -314,19 +318,49 @@ func (t *Table) entryLocked(ctx context.Context, sh *shard, k entryKey, q Limit,
 // retireLocked drops k's entry e, its unsent counts going out with the next batch.
 func (t *Table) retireLocked(sh *shard, k entryKey, e *entry) {
 	if e.pending != 0 {
-		sh.orphans = append(sh.orphans, t.op(k.identity, k.name, e.start, e.end, e.pending, e.known+e.pending))
+		t.orphanLocked(sh, t.op(k.identity, k.name, e.start, e.end, e.pending, e.known+e.pending))
 	}
 	delete(sh.entries, k)
 }
 
+// orphanLocked keeps op (the counts of an entry no longer in the table) for the next
+// batch. The orphans of a shard are bounded like its entries: past MaxEntries/16 the
+// flusher is woken at once, and an op that finds the list full is merged into the last
+// one of the same counter or, failing that, dropped and counted in Lost (under: those
+// counts never reach the counter). Only a client evicting more keys with counts than the
+// table holds within one flush interval gets there.
+func (t *Table) orphanLocked(sh *shard, op bucket.CounterOp) {
+	limit := t.cfg.MaxEntries / numShards
+	if len(sh.orphans) >= limit/2 {
+		select {
+		case t.kick <- struct{}{}:
+		default:
+		}
+	}
+	if len(sh.orphans) < limit {
+		sh.orphans = append(sh.orphans, op)
+		return
+	}
+	if last := &sh.orphans[len(sh.orphans)-1]; last.Identity == op.Identity && last.Name == op.Name && last.Start.Equal(op.Start) {
+		last.Delta += op.Delta
+		last.Floor = max(last.Floor, op.Floor)
+		return
+	}
+	t.lost.Add(op.Delta)
+}
+
+// Lost is the counts dropped because the orphans were full (orphanLocked): under.
+func (t *Table) Lost() int64 { return t.lost.Load() }
+
 // evictLocked drops the least recently used of a few entries (map order is random),
-// keeping its counts for the next batch. Entries being read are skipped.
+// keeping its counts for the next batch. Entries being read are skipped; one in a batch
+// on the wire may go (its batch's counts, if they fail, come back as an orphan).
 func (t *Table) evictLocked(sh *shard) {
 	var vk entryKey
 	var victim *entry
 	n := 0
 	for k, e := range sh.entries {
-		if e.reading == nil && e.syncing == 0 && (victim == nil || e.used.Before(victim.used)) {
+		if e.reading == nil && (victim == nil || e.used.Before(victim.used)) {
 			vk, victim = k, e
 		}
 		if n++; n == 8 {
@@ -401,10 +435,8 @@ func (t *Table) Flush(ctx context.Context) {
 		switch {
 		case r.e == nil || r.sh.entries[r.k] != r.e:
 			if op.Err != nil { // an orphan, or an entry dropped meanwhile: try again next time
-				if len(r.sh.orphans) < t.cfg.MaxEntries/numShards {
-					op.Err = nil
-					r.sh.orphans = append(r.sh.orphans, *op)
-				}
+				op.Err = nil
+				t.orphanLocked(r.sh, *op)
 			}
 		case op.Err != nil:
 			r.e.pending += r.e.syncing

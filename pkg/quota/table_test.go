@@ -284,8 +284,14 @@ func TestBoundedTable(t *testing.T) {
 		if n := tb.Len(); n > 64 {
 			t.Fatalf("table holds %d entries, more than 64", n)
 		}
+		if i%16 == 15 {
+			tb.Flush(context.Background()) // batches keep up with the evictions
+		}
 	}
 	tb.Flush(context.Background())
+	if lost := tb.Lost(); lost != 0 {
+		t.Fatalf("%d counts lost although every batch was sent", lost)
+	}
 	sum := int64(0)
 	for i := range 5000 {
 		sum += m.Get(fmt.Sprintf("key:%d", i), q.Name, start)
@@ -407,5 +413,38 @@ func TestConfigValidate(t *testing.T) {
 		if err := c.Validate(); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("Validate() = %v, want %q", err, tc.want)
 		}
+	}
+}
+
+// The counts of evicted entries waiting for a batch are bounded too: past the bound they
+// are counted as lost, never kept without limit.
+func TestOrphansBounded(t *testing.T) {
+	clk := clock.NewFake(t0)
+	m := NewMemory()
+	m.Fail(errors.New("down")) // nothing is sent: everything evicted waits
+	tb := newTable(t, m, clk, func(c *Config) { c.MaxEntries = 64 })
+	q := daily(1000)
+	for i := range 10000 {
+		reserve(t, tb, fmt.Sprintf("key:%d", i), q, 1, clk.Now())
+	}
+	tb.flushMu.Lock() // no batch half done while counting
+	defer tb.flushMu.Unlock()
+	held := 0
+	for i := range tb.shards {
+		sh := &tb.shards[i]
+		sh.mu.Lock()
+		if len(sh.orphans) > 64/numShards {
+			t.Errorf("shard %d holds %d orphans, more than %d", i, len(sh.orphans), 64/numShards)
+		}
+		for _, o := range sh.orphans {
+			held += int(o.Delta)
+		}
+		for _, e := range sh.entries {
+			held += int(e.pending + e.syncing)
+		}
+		sh.mu.Unlock()
+	}
+	if lost := tb.Lost(); lost+int64(held) != 10000 {
+		t.Fatalf("lost %d + held %d, want the 10000 counts accounted for", lost, held)
 	}
 }
