@@ -229,6 +229,7 @@ rules:
 				}
 				time.Sleep(100 * time.Millisecond) // a real server reconnecting: bounded poll
 			}
+			a.tb.Flush(ctx) // a learns b's counts
 			x, err := a.e.Explain(ctx, &Request{Attrs: attrs}, true)
 			if err != nil || len(x.Rules) != 1 || len(x.Rules[0].Quotas) != 1 || x.Rules[0].Quotas[0].Used != 105 || x.Rules[0].Quotas[0].Remaining != 895 {
 				t.Fatalf("explain after the restart: %+v, %v", x, err)
