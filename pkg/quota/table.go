@@ -208,47 +208,37 @@ func (t *Table) Peek(ctx context.Context, identity string, q Limit, cost int64, 
 
 func (t *Table) decide(ctx context.Context, identity string, q Limit, cost int64, failClosed bool, now time.Time, take bool) (Result, error) {
 	k := entryKey{identity, q.ID()}
+	limit := q.Max()
+	if v := t.cfg.View; v != nil { // asked with no lock held
+		start, _ := q.Bounds(now)
+		limit -= max(v.Others(identity, k.name, start), 0)
+	}
 	sh := t.shardOf(k)
 	sh.mu.Lock()
+	defer sh.mu.Unlock()
 	e, err := t.entryLocked(ctx, sh, k, q, now)
 	if err != nil {
-		sh.mu.Unlock()
 		return Result{}, err
 	}
 	e.used = now
-	start, known, used, synced := e.start, e.known, e.known+e.pending+e.syncing, e.synced
-	sh.mu.Unlock()
-
-	r := Result{Quota: q.Max(), Start: start, End: e.end, Synced: synced, Used: used}
-	if v := t.cfg.View; v != nil {
-		r.Quota -= max(v.Others(identity, q.ID(), start), 0)
-	}
-	if failClosed && !synced {
+	used := e.known + e.pending + e.syncing
+	r := Result{Quota: limit, Start: e.start, End: e.end, Synced: e.synced, Used: used}
+	switch {
+	case failClosed && !e.synced:
 		return r, ErrUnsynced
-	}
-	if used+cost > r.Quota {
+	case used+cost > limit:
 		return r, nil
 	}
-	r.Allowed = true
-	if !take {
-		r.Used += cost
-		return r, nil
+	r.Allowed, r.Used = true, used+cost
+	switch {
+	case !take:
+	case sh.entries[k] == e:
+		e.pending += cost
+	default:
+		// Evicted while its first read was on the wire: the count goes out with the next
+		// batch.
+		t.orphanLocked(sh, t.op(identity, k.name, e.start, e.end, cost, e.known+cost))
 	}
-	sh.mu.Lock()
-	if e2 := sh.entries[k]; e2 == e && e.start.Equal(start) {
-		// Checked again under the lock: another check may have taken the last tokens.
-		if e.known+e.pending+e.syncing+cost > r.Quota {
-			r.Allowed, r.Used = false, e.known+e.pending+e.syncing
-		} else {
-			e.pending += cost
-			r.Used = e.known + e.pending + e.syncing
-		}
-	} else {
-		// Evicted or rolled over meanwhile: the count goes out with the next batch.
-		t.orphanLocked(sh, t.op(identity, q.ID(), start, r.End, cost, known+cost))
-		r.Used = used + cost
-	}
-	sh.mu.Unlock()
 	return r, nil
 }
 

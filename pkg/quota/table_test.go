@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -446,5 +448,30 @@ func TestOrphansBounded(t *testing.T) {
 	}
 	if lost := tb.Lost(); lost+int64(held) != 10000 {
 		t.Fatalf("lost %d + held %d, want the 10000 counts accounted for", lost, held)
+	}
+}
+
+// One table never admits past the quota, however many checks race: the decision and the
+// count are one step under the entry's lock.
+func TestReserveConcurrent(t *testing.T) {
+	clk := clock.NewFake(t0)
+	tb := newTable(t, NewMemory(), clk)
+	q := daily(500)
+	var admitted atomic.Int64
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 100 {
+				if r, err := tb.Reserve(context.Background(), "key:a", q, 1, false, clk.Now()); err == nil && r.Allowed {
+					admitted.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if got := admitted.Load(); got != 500 {
+		t.Fatalf("admitted %d of 800 racing checks, want exactly the quota, 500", got)
 	}
 }
