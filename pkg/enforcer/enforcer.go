@@ -370,7 +370,9 @@ func (e *Enforcer) Check(ctx context.Context, req *Request) (d Decision, err err
 		}
 	}
 	e.finishHeld(ctx, sc, &d)
-	e.finishQuotas(sc, &d)
+	if len(sc.reserved) > 0 { // tested here: a check without quotas makes no call
+		e.finishQuotas(sc, &d)
+	}
 	e.finish(&d, req, snap, now)
 	return d, nil
 }
