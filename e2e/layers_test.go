@@ -20,7 +20,7 @@ var layers = [][]string{
 	// 1: primitives over the leaves.
 	{"pkg/bucket", "pkg/cliconf", "pkg/appkit", "pkg/etcdwatch", "pkg/testenv", "pkg/envoyrl"},
 	// 2: mechanisms: the rules, the layers over a bucket store, membership.
-	{"pkg/rules", "pkg/lease", "pkg/fallback", "pkg/registry", "pkg/bucket/buckettest", "pkg/envoyrl/xds"},
+	{"pkg/rules", "pkg/quota", "pkg/lease", "pkg/fallback", "pkg/registry", "pkg/bucket/buckettest", "pkg/envoyrl/xds"},
 	// 3: each side's core.
 	{"pkg/enforcer", "pkg/enforcer/overrides", "pkg/enforcer/report", "pkg/balancer"},
 	// 4: what is built on a core: the node's composition, front ends, admin, dashboard.

@@ -57,7 +57,7 @@ case "${1:-}" in
         redis-server --port "$p" --bind 127.0.0.1 --cluster-enabled yes \
         --cluster-config-file "/tmp/nodes-$p.conf" --cluster-node-timeout 2000 \
         --cluster-require-full-coverage no \
-        --save '' --appendonly no >/dev/null
+        --save '' --appendonly yes --appendfsync everysec >/dev/null
       wait_for "redis $p" docker exec "${prefix}redis-$p" redis-cli -p "$p" ping
       addrs+=("127.0.0.1:$p")
     done

@@ -173,6 +173,9 @@ func (r *Redis) Preload(ctx context.Context) error {
 	if err := r.client.ScriptLoad(ctx, settleScript).Err(); err != nil {
 		return fmt.Errorf("bucket: while loading the settle script: %w", err)
 	}
+	if err := r.client.ScriptLoad(ctx, counterScript).Err(); err != nil {
+		return fmt.Errorf("bucket: while loading the quota counter script: %w", err)
+	}
 	r.known.Store(true)
 	return nil
 }

@@ -4,10 +4,12 @@ import (
 	"context"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/allot-dev/allot/pkg/bucket"
 	"github.com/allot-dev/allot/pkg/clock"
+	"github.com/allot-dev/allot/pkg/quota"
 	"github.com/allot-dev/allot/pkg/rules"
 )
 
@@ -135,4 +137,53 @@ func BenchmarkCheckInflight(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
+}
+
+// countingCounters counts the counter batches a quota table sends.
+type countingCounters struct {
+	*quota.Memory
+	calls atomic.Int64
+}
+
+func (c *countingCounters) AddCounters(ctx context.Context, ops []bucket.CounterOp) error {
+	c.calls.Add(1)
+	return c.Memory.AddCounters(ctx, ops)
+}
+
+// BenchmarkCheckQuota is BenchmarkCheck with a calendar quota on pro-search beside its
+// rate: the quota is decided from memory, and the counter is called only for each key's
+// first check of the period (1024 keys) and the flusher's batches; counter-calls/op
+// reports it.
+func BenchmarkCheckQuota(b *testing.B) {
+	rules := strings.Replace(benchRules, "limits: [{name: second, rate: 1000000, per: 1s}]\n  - id: per-ip",
+		"limits: [{name: second, rate: 1000000, per: 1s}, {name: daily, quota: 1000000000000, period: day}]\n  - id: per-ip", 1)
+	cc := &countingCounters{Memory: quota.NewMemory()}
+	r := newRig(b, rules, func(clock.Clock) bucket.Store { return bucket.NewMemory(clock.Real(), 0) },
+		func(c *Config) {
+			c.Clock = clock.Real()
+			tb, err := quota.New(cc, quota.DefaultConfig())
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.Cleanup(func() { _ = tb.Close() })
+			c.Quotas = tb
+		})
+	reqs := benchKeys(1024)
+	ctx := context.Background()
+	for i := range reqs { // every key's first read, before the clock starts
+		if _, err := r.e.Check(ctx, &reqs[i]); err != nil {
+			b.Fatal(err)
+		}
+	}
+	before := cc.calls.Load()
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		d, err := r.e.Check(ctx, &reqs[i&1023])
+		if err != nil || !d.Allowed {
+			b.Fatal(d, err)
+		}
+	}
+	b.StopTimer()
+	b.ReportMetric(float64(cc.calls.Load()-before)/float64(b.N), "counter-calls/op")
 }

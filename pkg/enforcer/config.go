@@ -7,6 +7,7 @@ import (
 
 	"github.com/allot-dev/allot/pkg/bucket"
 	"github.com/allot-dev/allot/pkg/clock"
+	"github.com/allot-dev/allot/pkg/quota"
 	"github.com/allot-dev/allot/pkg/rules"
 	"github.com/hashicorp/go-hclog"
 	"github.com/prometheus/client_golang/prometheus"
@@ -86,6 +87,11 @@ type Config struct {
 	// SettleWindow is how long a check's settlement handle may be settled
 	// (Request.Settle): after it the estimate stands. In [1s, 24h]; default 10 min.
 	SettleWindow time.Duration
+	// Quotas counts calendar quotas (rules.CalendarQuota) in memory and flushes them to
+	// their counters in batches (pkg/quota); the caller owns it and closes it after the
+	// enforcer's last check. nil: a calendar quota answers as a failed store (by its
+	// fail mode).
+	Quotas *quota.Table
 	// Clock tells the time rules are matched at (expiring overrides). Default clock.Real().
 	Clock clock.Clock
 	// Logger receives decision logs and store errors. Default hclog.NewNullLogger().

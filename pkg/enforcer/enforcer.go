@@ -22,6 +22,7 @@ import (
 
 	"github.com/allot-dev/allot/pkg/bucket"
 	"github.com/allot-dev/allot/pkg/clock"
+	"github.com/allot-dev/allot/pkg/quota"
 	"github.com/allot-dev/allot/pkg/rules"
 	"github.com/allot-dev/allot/pkg/tracing"
 	"github.com/hashicorp/go-hclog"
@@ -123,15 +124,17 @@ type Enforcer struct {
 	tracer     trace.Tracer         // Config.Tracer; nil: no spans
 	inflight   bucket.InflightStore // Config.Inflight, or the Store; nil: none
 	settler    bucket.Settler       // Config.Settle, or the Store; nil: none
+	quotas     *quota.Table         // Config.Quotas; nil: calendar quotas answer by their fail mode
 }
 
 type scratch struct {
-	matched []rules.Matched
-	req     bucket.Request
-	limits  [bucket.MaxLimits]bucket.Limit // a take's limits rescaled by its identity's share
-	held    []heldSlot                     // in-flight slots this check holds (inflight.go)
-	slotID  string                         // their handle's slot id; "" until one is acquired
-	settle  []settleTake                   // takes a settlement handle will name (settle.go)
+	matched  []rules.Matched
+	req      bucket.Request
+	limits   [bucket.MaxLimits]bucket.Limit // a take's limits rescaled by its identity's share
+	held     []heldSlot                     // in-flight slots this check holds (inflight.go)
+	slotID   string                         // their handle's slot id; "" until one is acquired
+	settle   []settleTake                   // takes a settlement handle will name (settle.go)
+	reserved []reserved                     // calendar quota counts this check holds (quota.go)
 }
 
 // New validates cfg and builds an Enforcer, registering its metrics with cfg.Registerer.
@@ -170,6 +173,7 @@ func New(cfg Config) (*Enforcer, error) {
 	if e.settler == nil {
 		e.settler, _ = cfg.Store.(bucket.Settler)
 	}
+	e.quotas = cfg.Quotas
 	return e, nil
 }
 
@@ -282,10 +286,21 @@ func (e *Enforcer) Check(ctx context.Context, req *Request) (d Decision, err err
 		if !d.Allowed {
 			break
 		}
+		if len(m.Rule.Calendar) > 0 {
+			if err := e.checkQuotas(ctx, sc, m, hits, req.Peek, now, &chosen, &d); err != nil {
+				e.finishHeld(ctx, sc, &Decision{})
+				e.finishQuotas(sc, &Decision{})
+				return Decision{}, err
+			}
+			if !d.Allowed || len(m.Rule.Global) == 0 && m.Rule.Inflight == nil {
+				continue
+			}
+		}
 		if m.Rule.Inflight != nil && len(m.Rule.Global) == 0 {
 			// A rule of only an in-flight limit: no bucket to take from.
 			if err := e.acquire(ctx, sc, m, e.limitsOf(sc, m, now).share, &chosen, &d); err != nil {
 				e.finishHeld(ctx, sc, &Decision{})
+				e.finishQuotas(sc, &Decision{})
 				return Decision{}, err
 			}
 			continue
@@ -322,6 +337,8 @@ func (e *Enforcer) Check(ctx context.Context, req *Request) (d Decision, err err
 			d.Allowed, d.Source, d.RetryAfter = false, SourceTooLarge, 0
 		case err != nil:
 			if ctxErr := ctx.Err(); ctxErr != nil {
+				e.finishHeld(ctx, sc, &Decision{})
+				e.finishQuotas(sc, &Decision{})
 				return Decision{}, ctxErr
 			}
 			// The one place the fail mode is decided. A layer that knows when the store will
@@ -364,6 +381,7 @@ func (e *Enforcer) Check(ctx context.Context, req *Request) (d Decision, err err
 		if m.Rule.Inflight != nil && !req.Peek && d.Allowed && ok && err == nil && res.Allowed() {
 			if err := e.acquire(ctx, sc, m, lim.share, &chosen, &d); err != nil {
 				e.finishHeld(ctx, sc, &Decision{})
+				e.finishQuotas(sc, &Decision{})
 				return Decision{}, err
 			}
 		}
@@ -371,6 +389,9 @@ func (e *Enforcer) Check(ctx context.Context, req *Request) (d Decision, err err
 	e.finishHeld(ctx, sc, &d)
 	if req.Settle {
 		e.finishSettle(ctx, sc, &d)
+	}
+	if len(sc.reserved) > 0 { // tested here: a check without quotas makes no call
+		e.finishQuotas(sc, &d)
 	}
 	e.finish(&d, req, snap, now)
 	return d, nil
@@ -400,6 +421,10 @@ func (e *Enforcer) putScratch(sc *scratch) {
 	if sc.settle != nil {
 		clear(sc.settle)
 		sc.settle = sc.settle[:0]
+	}
+	if sc.reserved != nil {
+		clear(sc.reserved)
+		sc.reserved = sc.reserved[:0]
 	}
 	e.scratch.Put(sc)
 }
@@ -520,8 +545,20 @@ func minBurst(ls []bucket.Limit) float64 {
 // shadow evaluates one shadow rule and notes a "would refuse" in d; it never changes
 // whether d allows.
 func (e *Enforcer) shadow(ctx context.Context, sc *scratch, m *rules.Matched, hits int64, peek bool, now time.Time, d *Decision) {
+	if len(m.Rule.Calendar) > 0 && !peek && e.quotas != nil {
+		if want, ok := tokens(m.Cost, hits); ok {
+			for i := range m.Rule.Calendar {
+				res, err := e.quotas.Reserve(ctx, m.Identity, &m.Rule.Calendar[i], want, false, now)
+				if err == nil && !res.Allowed {
+					e.metrics.shadow[shadowRefuse].Inc()
+					d.addShadow(m.Rule.ID)
+					return
+				}
+			}
+		}
+	}
 	if len(m.Rule.Global) == 0 {
-		return // only an in-flight limit: shadow rules acquire nothing
+		return // only an in-flight limit or quotas: no bucket to take from
 	}
 	want, ok := tokens(m.Cost, hits)
 	var res bucket.Result

@@ -54,8 +54,12 @@ type RuleExplain struct {
 	Limits []LimitExplain `json:"limits"`
 	// Penalty is the rule's penalty for abuse and where the identity stands with it;
 	// absent for a rule without one.
-	Penalty *PenaltyExplain  `json:"penalty,omitempty"`
-	Recent  []RecentDecision `json:"recent,omitempty"`
+	Penalty *PenaltyExplain `json:"penalty,omitempty"`
+	// Quotas are the rule's calendar quotas: the identity's use in the current period,
+	// what is left and when the period resets (this enforcer's count: the counter's last
+	// total + its own counts not yet sent).
+	Quotas []QuotaUsage     `json:"quotas,omitempty"`
+	Recent []RecentDecision `json:"recent,omitempty"`
 	// Redacted is true in a customer's view for a bucket that is not the caller's own
 	// (ip, org, endpoint, global): its identity, levels, share and recent takes are left
 	// out; the rule and its limits are shown.
@@ -198,6 +202,9 @@ func (e *Enforcer) Explain(ctx context.Context, req *Request, admin bool) (Expla
 		}
 		if p := c.Penalty; p != nil {
 			re.Penalty = e.penaltyExplain(ctx, peek, m.Identity, p)
+		}
+		if len(c.Calendar) > 0 {
+			re.Quotas = e.quotaUsage(ctx, m, now)
 		}
 		for _, d := range e.recent.of(m.Identity) {
 			if d.Rule == c.ID {

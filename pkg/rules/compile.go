@@ -137,6 +137,9 @@ type Compiled struct {
 	// Penalty is the rule's penalty for abuse (Rule.Penalty) as the stores take it, named
 	// by the rule id; nil without one.
 	Penalty *bucket.Penalty
+	// Calendar are the rule's calendar quotas, none without. They are not in Limits or
+	// Global: a check counts against them in memory (pkg/quota), before the rule's buckets.
+	Calendar []CalendarQuota
 
 	maxCost float64 // max(1, the largest cost): the burst clamp
 }
@@ -356,6 +359,15 @@ func compileRule(r *Rule, order int, opt CompileOptions, cr *crule) {
 		cr.c.Penalty = &bucket.Penalty{Name: r.ID, Refusals: p.Refusals, Within: p.Within, Block: p.Block}
 	}
 	for _, l := range r.Limits {
+		if l.IsQuota() {
+			loc, err := loadZone(l.TimeZone)
+			if err != nil { // Validate refused it already
+				loc = time.UTC
+			}
+			cr.c.Calendar = append(cr.c.Calendar, CalendarQuota{Name: r.ID + "/" + l.Name, Quota: l.Quota,
+				Period: l.Period, Zone: loc.String(), Loc: loc})
+			continue
+		}
 		if l.IsInflight() {
 			in := &InflightLimit{Name: r.ID + "/" + l.Name, Global: l.Concurrent, Timeout: l.Timeout}
 			in.Cap = in.CapFor(share)

@@ -60,6 +60,9 @@ type jsonLimit struct {
 	Burst      float64 `json:"burst,omitempty"`
 	Concurrent int64   `json:"concurrent,omitempty"`
 	Timeout    string  `json:"timeout,omitempty"`
+	Quota      int64   `json:"quota,omitempty"`
+	Period     string  `json:"period,omitempty"`
+	TimeZone   string  `json:"time_zone,omitempty"`
 }
 
 // EncodeRule writes r as one JSON mapping in the rule schema: the value of one etcd key
@@ -96,6 +99,10 @@ func EncodeRule(r *Rule) ([]byte, error) {
 	}
 	j.Limits = make([]jsonLimit, len(r.Limits)) // [] when unlimited or refuse: the field is always there
 	for i, l := range r.Limits {
+		if l.IsQuota() {
+			j.Limits[i] = jsonLimit{Name: l.Name, Quota: l.Quota, Period: l.Period.String(), TimeZone: l.TimeZone}
+			continue
+		}
 		if l.IsInflight() {
 			j.Limits[i] = jsonLimit{Name: l.Name, Concurrent: l.Concurrent, Timeout: formatPer(l.Timeout)}
 			continue
@@ -159,6 +166,9 @@ type yamlLimit struct {
 	Burst      float64 `yaml:"burst,omitempty"`
 	Concurrent int64   `yaml:"concurrent,omitempty"`
 	Timeout    string  `yaml:"timeout,omitempty"`
+	Quota      int64   `yaml:"quota,omitempty"`
+	Period     string  `yaml:"period,omitempty"`
+	TimeZone   string  `yaml:"time_zone,omitempty"`
 }
 
 // EncodeSet writes s as a rule file (YAML) that LoadFile and ParseYAML read back into the

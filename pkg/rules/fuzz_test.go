@@ -42,9 +42,9 @@ func FuzzParseYAML(f *testing.F) {
 			}
 			// Every compiled rule is a request a store accepts, at its largest cost too,
 			// unless its limits hold no tokens in this region or it has none (unlimited):
-			// no store is asked then.
+			// no store is asked then, nor for a rule of only in-flight or calendar limits.
 			for _, c := range snap.Rules() {
-				if NoTokens(c.Limits) || c.Unlimited {
+				if NoTokens(c.Limits) || c.Unlimited || len(c.Limits) == 0 {
 					continue
 				}
 				req := bucket.Request{Identity: "key:x", Limits: c.Limits, Want: 1}

@@ -81,6 +81,9 @@ type rawLimit struct {
 	Burst      float64 `yaml:"burst"`
 	Concurrent float64 `yaml:"concurrent"`
 	Timeout    string  `yaml:"timeout"`
+	Quota      float64 `yaml:"quota"`
+	Period     string  `yaml:"period"`
+	TimeZone   string  `yaml:"time_zone"`
 }
 
 // rulePos is where a rule was written: its first line and the line of each field
@@ -120,6 +123,7 @@ func (p *rulePos) lineOf(field string) int {
 //	      - {name: second, rate: 100, per: 1s, burst: 200}
 //	      - {name: minute, rate: 5000, per: 1m}
 //	      - {name: inflight, concurrent: 20, timeout: 30s}  # at most 20 in flight at once
+//	      - {name: daily, quota: 10000, period: day, time_zone: Europe/Paris}  # a calendar quota
 //	    cost: {"GET /v1/search": 2}
 //	    mode: enforce              # enforce (default) | shadow
 //	    fail_mode: open            # open (default) | closed
@@ -472,6 +476,10 @@ func convertRule(raw *rawRule, index int, pos *rulePos, r *Rule) error {
 	r.Limits = make([]LimitSpec, len(raw.Limits))
 	for i, l := range raw.Limits {
 		r.Limits[i] = LimitSpec{Name: l.Name, Rate: l.Rate, Burst: l.Burst}
+		if l.Quota != 0 || l.Period != "" || l.TimeZone != "" {
+			parseQuota(&r.Limits[i], l, i, bad)
+			continue
+		}
 		if l.Concurrent != 0 || l.Timeout != "" {
 			parseInflight(&r.Limits[i], l, i, bad)
 			continue
@@ -583,4 +591,29 @@ func parseInflight(spec *LimitSpec, l rawLimit, i int, bad func(field, format st
 		return
 	}
 	spec.Timeout = d
+}
+
+// parseQuota reads a calendar quota ({name, quota, period, time_zone}); Validate checks
+// the values and loads the zone.
+func parseQuota(spec *LimitSpec, l rawLimit, i int, bad func(field, format string, a ...any)) {
+	f := func(s string) string { return fmt.Sprintf("limits[%d].%s", i, s) }
+	if l.Quota != math.Trunc(l.Quota) || math.Abs(l.Quota) > 1e15 {
+		bad(f("quota"), "%g, want a whole number of tokens", l.Quota)
+	} else {
+		spec.Quota = int64(l.Quota) // Validate checks the range
+	}
+	if l.Per != "" || l.Concurrent != 0 || l.Timeout != "" {
+		bad(f("quota"), "beside per, concurrent or timeout; a calendar quota has quota, period and time_zone only")
+	}
+	spec.TimeZone = l.TimeZone
+	if l.Period == "" {
+		bad(f("period"), "missing (day, week or month)")
+		return
+	}
+	p, ok := ParsePeriod(l.Period)
+	if !ok {
+		bad(f("period"), "%.40q, want day, week (ISO, from Monday) or month", l.Period)
+		return
+	}
+	spec.Period = p
 }

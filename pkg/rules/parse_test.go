@@ -18,7 +18,7 @@ func TestParseExampleFile(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if s.Version != "example-1" || len(s.Rules) != 9 || !s.Rules[8].Settle {
+	if s.Version != "example-1" || len(s.Rules) != 10 || !s.Rules[8].Settle {
 		t.Fatalf("version %q, %d rules", s.Version, len(s.Rules))
 	}
 	r := s.Rules[3]
@@ -128,6 +128,22 @@ func TestParseAndValidateErrors(t *testing.T) {
 			[]string{`line 6`, `rule "r1"`, `limits[0]`, `concurrent and timeout only`}},
 		{"two inflight", head + "  - id: r1\n    limits:\n      - {name: a, concurrent: 5, timeout: 30s}\n      - {name: b, concurrent: 6, timeout: 30s}\n",
 			[]string{`line 7`, `rule "r1"`, `limits[1].concurrent`, `at most one`}},
+		{"quota without period", head + "  - id: r1\n    limits:\n      - {name: d, quota: 100}\n",
+			[]string{`line 6`, `rule "r1"`, `limits[0].period`, `missing`}},
+		{"quota bad period", head + "  - id: r1\n    limits:\n      - {name: d, quota: 100, period: fortnight}\n",
+			[]string{`line 6`, `rule "r1"`, `limits[0].period`, `"fortnight", want day, week`}},
+		{"quota bad zone", head + "  - id: r1\n    limits:\n      - {name: d, quota: 100, period: day, time_zone: Europe/Parus}\n",
+			[]string{`line 6`, `rule "r1"`, `limits[0].time_zone`, `"Europe/Parus" is not an IANA time zone`}},
+		{"quota local zone", head + "  - id: r1\n    limits:\n      - {name: d, quota: 100, period: day, time_zone: Local}\n",
+			[]string{`line 6`, `limits[0].time_zone`, `depends on the machine`}},
+		{"quota path zone", head + "  - id: r1\n    limits:\n      - {name: d, quota: 100, period: day, time_zone: ../../etc/passwd}\n",
+			[]string{`line 6`, `limits[0].time_zone`, `not an IANA time zone`}},
+		{"quota zero", head + "  - id: r1\n    limits:\n      - {name: d, quota: 0, period: day}\n",
+			[]string{`line 6`, `limits[0].quota`, `0, must be in [1, `}},
+		{"quota fractional", head + "  - id: r1\n    limits:\n      - {name: d, quota: 2.5, period: day}\n",
+			[]string{`line 6`, `limits[0].quota`, `2.5, want a whole number`}},
+		{"quota with per", head + "  - id: r1\n    limits:\n      - {name: d, quota: 5, period: day, per: 1s}\n",
+			[]string{`line 6`, `limits[0].quota`, `quota, period and time_zone only`}},
 		{"too many limits", head + "  - id: r1\n    limits: [" + strings.Repeat("{name: a, rate: 1, per: 1s},", 9) + "]\n",
 			[]string{`line 5`, `rule "r1"`, `limits: 9 limits, more than 8`}},
 		{"duplicate limit name", head + "  - id: r1\n    limits:\n      - {name: s, rate: 1, per: 1s}\n      - {name: s, rate: 2, per: 1m}\n",

@@ -264,7 +264,10 @@ func (m *Match) IsZero() bool {
 // LimitSpec is one limit as written: Rate tokens per Per, holding up to Burst tokens; or,
 // with Concurrent set, an in-flight limit: at most Concurrent requests of one identity at
 // once, each holding its slot until released or for at most Timeout (then Rate, Per and
-// Burst are unset). A rule has at most one in-flight limit.
+// Burst are unset). A rule has at most one in-flight limit. With Quota set, a calendar
+// quota: at most Quota tokens of one identity from each Period's start in TimeZone to its
+// end (calendar.go), all regions together (then Rate, Per, Burst, Concurrent and Timeout
+// are unset).
 type LimitSpec struct {
 	// Name tells the limits of one rule apart ("second", "minute"); unique within the rule.
 	Name string
@@ -280,6 +283,15 @@ type LimitSpec struct {
 	// Timeout is how long an in-flight request holds its slot without a release: a lost
 	// release heals within it. Required with Concurrent.
 	Timeout time.Duration
+	// Quota, when > 0, makes this a calendar quota: the most tokens one identity may use
+	// in one Period, globally (every region counts against the same number).
+	Quota int64
+	// Period is the quota's calendar period (day, ISO week from Monday, month). Required
+	// with Quota.
+	Period Period
+	// TimeZone is the IANA zone whose midnights bound the periods ("Europe/Paris"); ""
+	// means UTC.
+	TimeZone string
 }
 
 // PenaltySpec is a rule's penalty for abuse as written: an identity this rule refused
@@ -294,6 +306,9 @@ type PenaltySpec struct {
 
 // IsInflight reports whether l is an in-flight limit.
 func (l *LimitSpec) IsInflight() bool { return l.Concurrent != 0 || l.Timeout != 0 }
+
+// IsQuota reports whether l is a calendar quota.
+func (l *LimitSpec) IsQuota() bool { return l.Quota != 0 || l.Period != 0 || l.TimeZone != "" }
 
 // Set is a parsed, not yet compiled rule set. Version, when set, names the snapshot it
 // compiles into; when empty the snapshot is named by a hash of the content.

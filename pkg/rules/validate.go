@@ -23,6 +23,8 @@ const (
 	MaxDescriptorDepth = 64
 	// MaxReplaces is the most rules one rule may replace.
 	MaxReplaces = 64
+	// MaxQuota is the largest calendar quota, in tokens.
+	MaxQuota = 1 << 50
 	// MaxInflightTimeout is the longest an in-flight request may hold its slot without a
 	// release.
 	MaxInflightTimeout = time.Hour
@@ -152,6 +154,10 @@ func validateRule(r *Rule, i int, file string, errs *errList) {
 			bad(f("name"), "%q appears twice in the rule; limit names must be unique", l.Name)
 		}
 		names[l.Name] = true
+		if l.IsQuota() {
+			validateQuota(l, f, bad)
+			continue
+		}
 		if l.IsInflight() {
 			if inflight >= 0 {
 				bad(f("concurrent"), "a second in-flight limit (limits[%d] is one); a rule has at most one", inflight)
@@ -324,5 +330,21 @@ func validateInflight(l LimitSpec, f func(string) string, bad func(field, format
 	}
 	if l.Rate != 0 || l.Per != 0 || l.Burst != 0 {
 		bad(f("concurrent"), "beside rate, per or burst; an in-flight limit has concurrent and timeout only")
+	}
+}
+
+// validateQuota checks a calendar quota ({name, quota, period, time_zone}).
+func validateQuota(l LimitSpec, f func(string) string, bad func(field, format string, a ...any)) {
+	if l.Quota < 1 || l.Quota > MaxQuota {
+		bad(f("quota"), "%d, must be in [1, %d]", l.Quota, int64(MaxQuota))
+	}
+	if l.Period.String() == "" {
+		bad(f("period"), "missing (day, week or month)")
+	}
+	if _, err := loadZone(l.TimeZone); err != nil {
+		bad(f("time_zone"), "%v", err)
+	}
+	if l.Rate != 0 || l.Per != 0 || l.Burst != 0 || l.Concurrent != 0 || l.Timeout != 0 {
+		bad(f("quota"), "beside rate, per, burst, concurrent or timeout; a calendar quota has quota, period and time_zone only")
 	}
 }

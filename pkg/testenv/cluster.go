@@ -32,6 +32,11 @@ type ClusterOptions struct {
 	// unserved, every node refuses every query. The default (false, "no") lets the other
 	// masters keep serving their slots while one is down, as allot runs in production.
 	RequireFullCoverage bool
+	// Persist turns on the append-only file, as allot's shipped clusters run for quota
+	// counters (appendonly yes, appendfsync everysec): a node stopped and started again
+	// (Stop, Kill, Start) comes back with its data, less at most the last second's writes
+	// after a Kill. The default (false) persists nothing: a restarted node is empty.
+	Persist bool
 }
 
 // Cluster is a running Redis Cluster whose nodes all announce 127.0.0.1:<port>. Its
@@ -86,6 +91,7 @@ func RedisCluster(t testing.TB, opt ClusterOptions) *Cluster {
 			defer wg.Done()
 			c.Nodes[i], errs[i] = startRedis(t, redisConfig{
 				cluster: true, nodeTimeout: opt.NodeTimeout, requireFullCoverage: opt.RequireFullCoverage,
+				persist: opt.Persist,
 			})
 		}()
 	}

@@ -35,6 +35,7 @@ type redisConfig struct {
 	cluster             bool
 	nodeTimeout         time.Duration
 	requireFullCoverage bool
+	persist             bool // appendonly yes, appendfsync everysec
 }
 
 // Redis starts one standalone redis-server (no persistence: save "" and appendonly no),
@@ -76,11 +77,16 @@ func startRedisOnce(t testing.TB, cfg redisConfig) (*Node, error) {
 	}
 	n := &Node{Addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(p[0])), Port: p[0], owner: t}
 	n.token = fmt.Sprintf("allot-test-%016x.rdb", rand.Uint64())
+	appendonly := "no"
+	if cfg.persist {
+		appendonly = "yes"
+	}
 	argv := []string{"redis-server",
 		"--bind", "127.0.0.1",
 		"--port", strconv.Itoa(n.Port),
 		"--save", "",
-		"--appendonly", "no",
+		"--appendonly", appendonly,
+		"--appendfsync", "everysec",
 		"--dir", "/tmp",
 		"--dbfilename", n.token,
 		"--repl-diskless-sync", "yes",

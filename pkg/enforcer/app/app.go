@@ -21,6 +21,7 @@ import (
 	"github.com/allot-dev/allot/pkg/enforcer/node"
 	"github.com/allot-dev/allot/pkg/enforcer/overrides"
 	"github.com/allot-dev/allot/pkg/enforcer/report"
+	"github.com/allot-dev/allot/pkg/quota"
 	"github.com/allot-dev/allot/pkg/registry"
 	"github.com/allot-dev/allot/pkg/rules"
 	"github.com/hashicorp/go-hclog"
@@ -330,6 +331,9 @@ func (a *App) buildNode() (err error) {
 	if a.redisStore != nil {
 		deps.Peek = a.redisStore // explain reads levels in Redis, under fallback → lease
 		deps.Shard = a.redisStore.ShardOf
+		deps.Quotas = a.redisStore // calendar quota counters beside the buckets
+	} else {
+		deps.Quotas = quota.NewMemory() // the memory store: this process's counts only
 	}
 	if nc.Layers {
 		if !nc.NoLease {

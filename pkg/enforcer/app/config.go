@@ -46,6 +46,7 @@ type Config struct {
 	Listen   ListenConfig   `yaml:"listen"`
 	Lease    LeaseConfig    `yaml:"lease"`
 	Fallback FallbackConfig `yaml:"fallback"`
+	Quota    QuotaConfig    `yaml:"quota"`
 	Check    CheckConfig    `yaml:"check"`
 	Auth     AuthConfig     `yaml:"forward_auth"`
 	RLS      RLSConfig      `yaml:"envoy_rls"`
@@ -287,6 +288,16 @@ type FallbackConfig struct {
 	MaxInFlight  int           `yaml:"max_in_flight"`
 	Slack        float64       `yaml:"slack"`
 	MaxLocalKeys int           `yaml:"max_local_keys"`
+}
+
+// QuotaConfig tunes pkg/quota (calendar quotas counted in batches). Zero fields keep
+// quota.DefaultConfig's values.
+type QuotaConfig struct {
+	// Flush is how often each enforcer adds its counts to the quota counters in Redis and
+	// learns the others' (default 2 s): the batch interval of the over-error bound.
+	Flush      time.Duration `yaml:"flush"`
+	Keep       time.Duration `yaml:"keep"`
+	MaxEntries int           `yaml:"max_entries"`
 }
 
 // CheckConfig tunes the enforcer core. Zero fields keep enforcer.DefaultConfig's values.

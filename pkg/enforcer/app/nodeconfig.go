@@ -12,6 +12,7 @@ func (c *Config) nodeConfig() node.Config {
 	nc.Layers = c.Store.Kind != "memory" // fallback → lease over Redis; memory alone is exact
 	nc.Lease, nc.NoLease = c.leaseConfig(), c.Lease.Disabled
 	nc.Fallback = c.fallbackConfig()
+	nc.Quota = c.quotaConfig()
 	nc.Balanced = c.watchShares()
 	nc.Shares.Stale = c.Shares.StaleAfter
 	nc.Shares.Floor = node.ShareFloor(len(c.Regions))

@@ -7,6 +7,7 @@ import (
 
 	"github.com/allot-dev/allot/pkg/fallback"
 	"github.com/allot-dev/allot/pkg/lease"
+	"github.com/allot-dev/allot/pkg/quota"
 )
 
 // Configuration errors are errors: in the tuning sections a zero (or absent) value means
@@ -65,6 +66,9 @@ func (c *Config) validateSections() []error {
 	num("fallback.max_in_flight", int64(f.MaxInFlight))
 	neg("fallback.slack", f.Slack, f.Slack)
 	num("fallback.max_local_keys", int64(f.MaxLocalKeys))
+	dur("quota.flush", c.Quota.Flush)
+	dur("quota.keep", c.Quota.Keep)
+	num("quota.max_entries", int64(c.Quota.MaxEntries))
 	dur("listen.max_connection_age_grace", c.Listen.MaxConnectionAgeGrace)
 	if c.Listen.MaxConnectionAge <= 0 {
 		errs = append(errs, fmt.Errorf("app: config: listen.max_connection_age %v, must be > 0 (default %v)", c.Listen.MaxConnectionAge, DefaultMaxConnectionAge))
@@ -92,6 +96,11 @@ func (c *Config) validateSections() []error {
 			if err := c.leaseConfig().Validate(); err != nil {
 				errs = append(errs, fmt.Errorf("app: config: lease section: %w", err))
 			}
+		}
+	}
+	if qc := c.quotaConfig(); true {
+		if err := qc.Validate(); err != nil {
+			errs = append(errs, fmt.Errorf("app: config: quota section: %w", err))
 		}
 	}
 	if err := c.enforcerConfig().Limits.Validate(); err != nil {
@@ -122,6 +131,18 @@ func (c *Config) fallbackConfig() fallback.Config {
 	overrideIfSet(&fc.Slack, f.Slack)
 	overrideIfSet(&fc.MaxLocalKeys, f.MaxLocalKeys)
 	return fc
+}
+
+// quotaConfig applies the quota section over quota.DefaultConfig.
+func (c *Config) quotaConfig() quota.Config {
+	qc := quota.DefaultConfig()
+	overrideIfSet(&qc.Flush, c.Quota.Flush)
+	overrideIfSet(&qc.Keep, c.Quota.Keep)
+	if c.Quota.Keep == 0 && qc.Keep < qc.Flush {
+		qc.Keep = qc.Flush // a long flush alone does not make the default keep an error
+	}
+	overrideIfSet(&qc.MaxEntries, c.Quota.MaxEntries)
+	return qc
 }
 
 // leaseConfig applies the lease section over lease.DefaultConfig.

@@ -44,6 +44,7 @@ import (
 	"github.com/allot-dev/allot/pkg/enforcer/report"
 	"github.com/allot-dev/allot/pkg/fallback"
 	"github.com/allot-dev/allot/pkg/lease"
+	"github.com/allot-dev/allot/pkg/quota"
 	"github.com/allot-dev/allot/pkg/rules"
 	"github.com/hashicorp/go-hclog"
 	"github.com/prometheus/client_golang/prometheus"
@@ -80,6 +81,9 @@ type Config struct {
 	// Fallback is the fallback layer's settings (Build sets Clock, Peers, Shard, Logger,
 	// Observer and Inline).
 	Fallback fallback.Config
+	// Quota is the calendar quota table's settings (Build sets Clock, Logger); used when
+	// Deps.Quotas is set.
+	Quota quota.Config
 
 	// Balanced: the balancer's shares are read (Deps' caller feeds the share table: an
 	// etcd watcher, regionsim's virtual etcd) and enforced. The table then waits for its
@@ -111,6 +115,7 @@ func DefaultConfig() Config {
 		Check:    enforcer.DefaultConfig(),
 		Lease:    lease.DefaultConfig(),
 		Fallback: fallback.DefaultConfig(),
+		Quota:    quota.DefaultConfig(),
 		Shares:   overrides.DefaultConfig(),
 		Usage:    report.DefaultConfig(),
 		AckGap:   report.DefaultReporterConfig().AckGap,
@@ -174,6 +179,10 @@ type Deps struct {
 	// Shard names the shard that owns an identity, one breaker each (bucket.Redis.ShardOf);
 	// nil: one shard.
 	Shard func(identity string) string
+	// Quotas holds the calendar quota counters (bucket.Redis in production); nil: no
+	// quota table, and a calendar quota answers by its rule's fail mode. The table's
+	// flusher is a goroutine on Clock: not for Inline (a virtual clock).
+	Quotas quota.Counter
 	// Peers is N, the live enforcers of the region, that lease batches and local limits
 	// are divided by; nil: 1.
 	Peers func() int
@@ -230,6 +239,7 @@ type Node struct {
 	lease    *lease.Store    // nil without Layers or with NoLease
 	fallback *fallback.Store // nil without Layers
 	shares   sharesRef
+	quotas   *quota.Table  // nil without Deps.Quotas
 	usage    *report.Table // nil without Reports
 	reporter Reporter      // nil without Reports
 
@@ -288,6 +298,17 @@ func Build(cfg Config, deps Deps) (_ *Node, err error) {
 	ec := n.cfg.Check
 	ec.Rules, ec.Store, ec.Clock, ec.Logger, ec.Registerer = deps.Rules, n.store, n.clock, n.log, deps.Registerer
 	ec.Peek = deps.Peek
+	if deps.Quotas != nil {
+		if deps.Inline {
+			return nil, fmt.Errorf("%w: Deps.Quotas with Inline: the quota flusher runs on a goroutine of its own", ErrConfig)
+		}
+		qc := n.cfg.Quota
+		qc.Clock, qc.Logger = n.clock, n.log
+		if n.quotas, err = quota.New(deps.Quotas, qc); err != nil {
+			return nil, fmt.Errorf("node: quota table: %w", err)
+		}
+		ec.Quotas = n.quotas
+	}
 	if deps.Tracing != nil {
 		ec.Tracer = deps.Tracing.Tracer("github.com/allot-dev/allot/pkg/enforcer")
 	}
@@ -426,6 +447,9 @@ func (n *Node) Lease() *lease.Store { return n.lease }
 // Fallback returns the fallback layer (nil without Layers).
 func (n *Node) Fallback() *fallback.Store { return n.fallback }
 
+// Quotas returns the calendar quota table, nil without Deps.Quotas.
+func (n *Node) Quotas() *quota.Table { return n.quotas }
+
 // Shares returns the share table in force (see ResetShares). Never nil: without Balanced
 // it holds no set and gives every identity its default split.
 func (n *Node) Shares() *overrides.Holder { return n.shares.h.Load() }
@@ -456,6 +480,9 @@ func (n *Node) Close() error {
 		}
 		if n.lease != nil {
 			n.lease.Close()
+		}
+		if n.quotas != nil {
+			_ = n.quotas.Close() // the last batch of counts
 		}
 	})
 	return n.closeErr
