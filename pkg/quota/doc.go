@@ -49,7 +49,8 @@
 // its key is unsynced, a fail-open one counts locally against the total it last knew
 // and flushes when Redis answers again. A key first seen during an outage has no known
 // total: it is counted from zero on each enforcer (over, by what the key had used
-// before). Leases (pkg/lease) do not apply: the batch is the quota's own lease.
+// before); while only some shards are down, its first check waits for the read once, at
+// most Config.ReadTimeout. Leases (pkg/lease) do not apply: the batch is the quota's own lease.
 //
 // Memory. The table holds at most Config.MaxEntries entries; an entry idle for
 // Config.Keep with nothing pending is dropped at a flush, and a new key on a full table

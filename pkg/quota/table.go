@@ -12,6 +12,7 @@ import (
 	"github.com/allot-dev/allot/pkg/bucket"
 	"github.com/allot-dev/allot/pkg/clock"
 	"github.com/hashicorp/go-hclog"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // ErrUnsynced is Reserve's error for a fail-closed quota whose key's count is not known
@@ -50,6 +51,10 @@ type Config struct {
 	Logger hclog.Logger
 	// View gives other regions' counts; nil is 0 (one region).
 	View View
+	// Registerer, if set, gets the table's metrics: allot_quota_batches_total{result}
+	// (ok, failed: a batch with any op failed), allot_quota_keys (entries held) and
+	// allot_quota_lost_counts_total (counts dropped, Lost). nil: none.
+	Registerer prometheus.Registerer
 }
 
 // DefaultConfig returns a Config with every tunable set.
@@ -97,6 +102,7 @@ type Table struct {
 	stop    chan struct{}
 	done    chan struct{}
 	once    sync.Once
+	batches [2]prometheus.Counter // ok, failed; nil without Config.Registerer
 }
 
 type shard struct {
@@ -149,6 +155,9 @@ func New(counter Counter, cfg Config) (*Table, error) {
 		stop: make(chan struct{}), done: make(chan struct{}), kick: make(chan struct{}, 1)}
 	for i := range t.shards {
 		t.shards[i].entries = make(map[entryKey]*entry)
+	}
+	if err := t.register(cfg.Registerer); err != nil {
+		return nil, err
 	}
 	go t.loop()
 	return t, nil
@@ -436,6 +445,9 @@ func (t *Table) Flush(ctx context.Context) {
 		}
 		r.sh.mu.Unlock()
 	}
+	if t.batches[0] != nil {
+		t.batches[min(failed, 1)].Inc()
+	}
 	if failed > 0 {
 		t.log.Warn("quota counters not updated; counts kept for the next batch", "failed", failed, "ops", len(ops),
 			"error", firstErr(ops))
@@ -494,3 +506,23 @@ func (t *Table) Len() int {
 
 // FlushInterval is Config.Flush: how soon a failed batch is tried again.
 func (t *Table) FlushInterval() time.Duration { return t.cfg.Flush }
+
+// register puts the table's metrics on reg (nothing when nil).
+func (t *Table) register(reg prometheus.Registerer) error {
+	if reg == nil {
+		return nil
+	}
+	b := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "allot_quota_batches_total",
+		Help: "Batches of calendar quota counts sent to the counters, by result (failed: any op of it failed)."}, []string{"result"})
+	keys := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "allot_quota_keys",
+		Help: "Calendar quota entries (identity, quota) the enforcer holds in memory."}, func() float64 { return float64(t.Len()) })
+	lost := prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "allot_quota_lost_counts_total",
+		Help: "Calendar quota counts dropped because the waiting list of evicted keys was full (under)."}, func() float64 { return float64(t.Lost()) })
+	for _, c := range []prometheus.Collector{b, keys, lost} {
+		if err := reg.Register(c); err != nil {
+			return fmt.Errorf("quota: while registering metrics: %w", err)
+		}
+	}
+	t.batches = [2]prometheus.Counter{b.WithLabelValues("ok"), b.WithLabelValues("failed")}
+	return nil
+}

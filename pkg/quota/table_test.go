@@ -13,6 +13,8 @@ import (
 	"github.com/allot-dev/allot/pkg/bucket"
 	"github.com/allot-dev/allot/pkg/clock"
 	"github.com/allot-dev/allot/pkg/rules"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
 var t0 = time.Date(2026, 12, 4, 10, 0, 0, 0, time.UTC)
@@ -473,5 +475,29 @@ func TestReserveConcurrent(t *testing.T) {
 	wg.Wait()
 	if got := admitted.Load(); got != 500 {
 		t.Fatalf("admitted %d of 800 racing checks, want exactly the quota, 500", got)
+	}
+}
+
+// The table's metrics: batches by result, keys held.
+func TestMetrics(t *testing.T) {
+	clk := clock.NewFake(t0)
+	m := NewMemory()
+	reg := prometheus.NewRegistry()
+	tb := newTable(t, m, clk, func(c *Config) { c.Registerer = reg })
+	reserve(t, tb, "key:a", daily(10), 1, clk.Now())
+	tb.Flush(context.Background())
+	m.Fail(errors.New("down"))
+	tb.Flush(context.Background())
+	want := `
+# HELP allot_quota_batches_total Batches of calendar quota counts sent to the counters, by result (failed: any op of it failed).
+# TYPE allot_quota_batches_total counter
+allot_quota_batches_total{result="failed"} 1
+allot_quota_batches_total{result="ok"} 1
+# HELP allot_quota_keys Calendar quota entries (identity, quota) the enforcer holds in memory.
+# TYPE allot_quota_keys gauge
+allot_quota_keys 1
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "allot_quota_batches_total", "allot_quota_keys"); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -81,7 +81,7 @@ type Config struct {
 	// Fallback is the fallback layer's settings (Build sets Clock, Peers, Shard, Logger,
 	// Observer and Inline).
 	Fallback fallback.Config
-	// Quota is the calendar quota table's settings (Build sets Clock, Logger); used when
+	// Quota is the calendar quota table's settings (Build sets Clock, Logger, Registerer); used when
 	// Deps.Quotas is set.
 	Quota quota.Config
 
@@ -303,7 +303,7 @@ func Build(cfg Config, deps Deps) (_ *Node, err error) {
 			return nil, fmt.Errorf("%w: Deps.Quotas with Inline: the quota flusher runs on a goroutine of its own", ErrConfig)
 		}
 		qc := n.cfg.Quota
-		qc.Clock, qc.Logger = n.clock, n.log
+		qc.Clock, qc.Logger, qc.Registerer = n.clock, n.log, deps.Registerer
 		if n.quotas, err = quota.New(deps.Quotas, qc); err != nil {
 			return nil, fmt.Errorf("node: quota table: %w", err)
 		}
