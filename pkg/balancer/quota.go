@@ -34,10 +34,14 @@ import (
 //     long, so a cut-off region and the rest never both spend the remainder; over by what
 //     it admitted between its last answer and the moment it held itself (its rate ×
 //     SilentAfter at most).
-//   - A new leader answers nothing until it has heard every live region (SilentAfter into
-//     its term): the enforcers keep what the previous leader told them meanwhile, and
-//     never take a smaller count from a new term (under, by a silent region's reservation
-//     when the new leader knows it is back).
+//   - A new leader answers nothing until it has heard every region (or, with one silent,
+//     for SilentAfter into its term): the enforcers keep what the previous leader told
+//     them meanwhile, and never take a smaller count from a new term (under, by a silent
+//     region's reservation when the new leader knows it is back). A count the book lacks
+//     then (a quota only another enforcer of a region holds, not reported yet) arrives
+//     with that enforcer's report: the same one-report lag as any new quota.
+//   - An enforcer that has had no answer yet (just started) counts its region only: over
+//     by the others' counts for its first report round at most, at its own rate.
 //   - A full book (MaxQuotaEntries) first forgets the quotas no report named for
 //     quotaForget, then takes no new ones: those go unanswered and their enforcers count
 //     only their own region (over, by the others' counts, for those quotas only); counted
@@ -108,8 +112,8 @@ func validateQuotas(qs []*allotv1.QuotaCount, maxEntries int) error {
 
 // answer records region ri's report of qs at now and returns, for each quota of qs, the
 // other regions' counts summed (a silent region counted at what it may still use). ok is
-// false while the book is warming up (its term's first SilentAfter): then nothing is
-// answered and the enforcer keeps what it knew.
+// false while the book is warming up (until every region has reported in this term, or
+// SilentAfter passed): then nothing is answered and the enforcer keeps what it knew.
 func (b *quotaBook) answer(now time.Time, ri int, qs []*allotv1.QuotaCount) (others []*allotv1.QuotaCount, ok bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -121,6 +125,12 @@ func (b *quotaBook) answer(now time.Time, ri int, qs []*allotv1.QuotaCount) (oth
 		b.sweep(now)
 	}
 	ok = now.Sub(b.start) >= b.silentAfter
+	if !ok {
+		ok = true // every region heard in this term: each count the book lacks is new
+		for r := range b.n {
+			ok = ok && !b.heard[r].IsZero()
+		}
+	}
 	if ok {
 		others = make([]*allotv1.QuotaCount, 0, len(qs))
 	}
@@ -193,15 +203,16 @@ func (b *quotaBook) stats() (entries int, refused uint64) {
 	return len(b.entries), b.refused
 }
 
-// Quotas records a report's quota counts, after Ingest took the report, and returns the
+// Quotas records a report's quota counts, after Ingest took the report, and fills resp's
 // answer for them: the other regions' counts (see quotaBook.answer), whether the leader
-// answers yet, and the report's region's isolated fraction. An unknown region answers
-// nothing (Ingest refused its report).
-func (c *Core) Quotas(now time.Time, r *allotv1.ReportRequest) (others []*allotv1.QuotaCount, answered bool, fraction float64) {
+// answers yet, the report's region's isolated fraction and SilentAfter. An unknown region
+// answers nothing (Ingest refused its report).
+func (c *Core) Quotas(now time.Time, r *allotv1.ReportRequest, resp *allotv1.ReportResponse) {
 	ri, ok := c.regionIdx[r.GetRegion()]
 	if !ok {
-		return nil, false, 0
+		return
 	}
-	others, answered = c.quotas.answer(now, ri, r.GetQuotas())
-	return others, answered, c.quotas.isolatedFraction(ri)
+	resp.QuotaOthers, resp.QuotaAnswered = c.quotas.answer(now, ri, r.GetQuotas())
+	resp.QuotaIsolatedFraction = c.quotas.isolatedFraction(ri)
+	resp.QuotaHoldAfterMs = c.cfg.SilentAfter.Milliseconds()
 }

@@ -562,7 +562,7 @@ func (s *Service) report(ctx context.Context, req *allotv1.ReportRequest) (_ *al
 		}
 	}
 	resp := &allotv1.ReportResponse{Accepted: true, LeaderAddr: s.cfg.Advertise, LeaderRev: rev}
-	resp.QuotaOthers, resp.QuotaAnswered, resp.QuotaIsolatedFraction = core.Quotas(now, req)
+	core.Quotas(now, req, resp)
 	return resp, "accepted", nil
 }
 

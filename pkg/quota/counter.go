@@ -22,7 +22,7 @@ type Counter interface {
 // the checking goroutine with no lock held, so it must be quick, must not block and must
 // be safe for concurrent use. A nil View (one region) is 0.
 type View interface {
-	Others(identity, rule string, periodStart time.Time) int64
+	Others(now time.Time, identity, rule string, periodStart time.Time) int64
 }
 
 // Memory is a Counter in memory: counters shared by every table given it, as one Redis

@@ -120,6 +120,7 @@ type entry struct {
 	pending    int64 // admitted since, not yet sent
 	syncing    int64 // sent in a batch not answered yet
 	used       time.Time
+	quota      int64         // the quota in force at its last check (q.Max(): all regions')
 	synced     bool          // known came from the counter and the last batch succeeded
 	reading    chan struct{} // non-nil while the first read is under way; closed at its end
 }
@@ -220,7 +221,7 @@ func (t *Table) decide(ctx context.Context, identity string, q Limit, cost int64
 	limit := q.Max()
 	if v := t.cfg.View; v != nil { // asked with no lock held
 		start, _ := q.Bounds(now)
-		limit -= max(v.Others(identity, k.name, start), 0)
+		limit -= max(v.Others(now, identity, k.name, start), 0)
 	}
 	sh := t.shardOf(k)
 	sh.mu.Lock()
@@ -229,7 +230,7 @@ func (t *Table) decide(ctx context.Context, identity string, q Limit, cost int64
 	if err != nil {
 		return Result{}, err
 	}
-	e.used = now
+	e.used, e.quota = now, q.Max()
 	used := e.known + e.pending + e.syncing
 	r := Result{Quota: limit, Start: e.start, End: e.end, Synced: e.synced, Used: used}
 	switch {
@@ -472,7 +473,7 @@ func (t *Table) Usage(ctx context.Context, identity string, q Limit, now time.Ti
 	start, end := q.Bounds(now)
 	r := Result{Quota: q.Max(), Start: start, End: end}
 	if v := t.cfg.View; v != nil {
-		r.Quota -= max(v.Others(identity, q.ID(), start), 0)
+		r.Quota -= max(v.Others(now, identity, q.ID(), start), 0)
 	}
 	sh.mu.Lock()
 	if e := sh.entries[k]; e != nil && e.start.Equal(start) && e.reading == nil {

@@ -339,7 +339,7 @@ func TestPeriodRollover(t *testing.T) {
 
 type fixedView int64
 
-func (v fixedView) Others(string, string, time.Time) int64 { return int64(v) }
+func (v fixedView) Others(time.Time, string, string, time.Time) int64 { return int64(v) }
 
 // Other regions' counts (View) come off the quota this region holds.
 func TestViewOthers(t *testing.T) {

@@ -139,6 +139,8 @@ type BalanceConfig struct {
 	MaxIdentities int           `yaml:"max_identities"`
 	MaxPublished  int           `yaml:"max_published"`
 	MaxEnforcers  int           `yaml:"max_enforcers"`
+	// MaxQuotaEntries caps the calendar quotas the leader keeps counts of (balancer.CoreConfig).
+	MaxQuotaEntries int `yaml:"max_quota_entries"`
 }
 
 // ShareConfig tunes the policy (share.Config).
@@ -162,7 +164,8 @@ func DefaultConfig() Config {
 		Balance: BalanceConfig{Interval: cc.Interval, EarlyGap: cc.EarlyGap, ShiftGap: cc.ShiftGap, Learning: cc.Learning, AckTimeout: cc.AckTimeout,
 			MinVersionGap: cc.MinVersionGap,
 			SilentAfter:   cc.SilentAfter, Stale: cc.Stale, KeyTTL: cc.KeyTTL, TickEvery: sc.TickEvery,
-			MaxEntries: cc.MaxEntries, MaxIdentities: cc.MaxIdentities, MaxPublished: cc.MaxPublished, MaxEnforcers: cc.MaxEnforcers},
+			MaxEntries: cc.MaxEntries, MaxIdentities: cc.MaxIdentities, MaxPublished: cc.MaxPublished, MaxEnforcers: cc.MaxEnforcers,
+			MaxQuotaEntries: cc.MaxQuotaEntries},
 		Share:        ShareConfig{Floor: cc.Share.Floor, Alpha: cc.Share.Alpha, DeadBand: cc.Share.DeadBand, Headroom: cc.Share.Headroom},
 		DrainTimeout: 10 * time.Second,
 		LogLevel:     "info",
@@ -192,6 +195,7 @@ func (c *Config) coreConfig() balancer.CoreConfig {
 	cc.Interval, cc.EarlyGap, cc.ShiftGap, cc.Learning, cc.AckTimeout = b.Interval, b.EarlyGap, b.ShiftGap, b.Learning, b.AckTimeout
 	cc.SilentAfter, cc.Stale, cc.KeyTTL, cc.MinVersionGap = b.SilentAfter, b.Stale, b.KeyTTL, b.MinVersionGap
 	cc.MaxEntries, cc.MaxIdentities, cc.MaxPublished, cc.MaxEnforcers = b.MaxEntries, b.MaxIdentities, b.MaxPublished, b.MaxEnforcers
+	cc.MaxQuotaEntries = b.MaxQuotaEntries
 	cc.Share.Floor, cc.Share.Alpha, cc.Share.DeadBand, cc.Share.Headroom = c.Share.Floor, c.Share.Alpha, c.Share.DeadBand, c.Share.Headroom
 	return cc
 }

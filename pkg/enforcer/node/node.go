@@ -239,9 +239,11 @@ type Node struct {
 	lease    *lease.Store    // nil without Layers or with NoLease
 	fallback *fallback.Store // nil without Layers
 	shares   sharesRef
-	quotas   *quota.Table  // nil without Deps.Quotas
-	usage    *report.Table // nil without Reports
-	reporter Reporter      // nil without Reports
+	quotas   *quota.Table // nil without Deps.Quotas
+	// quotaRegions joins the quota table to the reports (quotas.go); nil without both.
+	quotaRegions *quotaRegions
+	usage        *report.Table // nil without Reports
+	reporter     Reporter      // nil without Reports
 
 	once     sync.Once
 	closeErr error // Close's result
@@ -304,10 +306,20 @@ func Build(cfg Config, deps Deps) (_ *Node, err error) {
 		}
 		qc := n.cfg.Quota
 		qc.Clock, qc.Logger, qc.Registerer = n.clock, n.log, deps.Registerer
+		if n.cfg.Reports {
+			// Other regions' counts come back in the answers to the usage reports; a
+			// region that hears none for two report intervals holds itself to what the
+			// leader then counts it at (the leader's SilentAfter, 2 × its interval).
+			n.quotaRegions = &quotaRegions{view: report.NewQuotaView(2*n.cfg.Usage.Interval, qc.MaxEntries)}
+			qc.View = n.quotaRegions
+		}
 		if n.quotas, err = quota.New(deps.Quotas, qc); err != nil {
 			return nil, fmt.Errorf("node: quota table: %w", err)
 		}
 		ec.Quotas = n.quotas
+		if n.quotaRegions != nil {
+			n.quotaRegions.table = n.quotas
+		}
 	}
 	if deps.Tracing != nil {
 		ec.Tracer = deps.Tracing.Tracer("github.com/allot-dev/allot/pkg/enforcer")
@@ -338,6 +350,9 @@ func Build(cfg Config, deps Deps) (_ *Node, err error) {
 		rc.Clock, rc.Logger, rc.Registerer = n.clock, n.log.Named("usage"), deps.Registerer
 		rc.Shares, rc.Accepted = n.applied, n.heard
 		rc.SharesChanged = h.Changed()
+		if n.quotaRegions != nil {
+			rc.Quotas, rc.QuotaView = n.quotaRegions, n.quotaRegions.view
+		}
 		if deps.Tracing != nil {
 			rc.Tracer = deps.Tracing.Tracer("github.com/allot-dev/allot/pkg/enforcer/report")
 		}

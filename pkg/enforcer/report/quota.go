@@ -45,7 +45,7 @@ type quotaSeen struct {
 // QuotaView holds the balancer's answers about the other regions' quota counts. Safe for
 // concurrent use; the zero value is not usable (NewQuotaView).
 type QuotaView struct {
-	mu sync.Mutex // mu guards every field below
+	mu sync.RWMutex // mu guards every field below; Others (every quota check) reads
 
 	stale    time.Duration
 	max      int
@@ -55,7 +55,7 @@ type QuotaView struct {
 }
 
 // NewQuotaView returns a view that holds its region on its own after stale without an
-// answer, keeping at most max quotas (past it, answers for new quotas are dropped: those
+// answer (the leader's SilentAfter once an answer has said it), keeping at most max quotas (past it, answers for new quotas are dropped: those
 // quotas count this region only, over by the others' counts).
 func NewQuotaView(stale time.Duration, max int) *QuotaView {
 	return &QuotaView{stale: stale, max: max, fraction: 1, seen: map[QuotaKey]*quotaSeen{}}
@@ -76,6 +76,9 @@ func (v *QuotaView) Answered(at time.Time, sent []*allotv1.QuotaCount, resp *all
 	v.answered = at
 	if f := resp.GetQuotaIsolatedFraction(); f > 0 && f <= 1 {
 		v.fraction = f
+	}
+	if h := time.Duration(resp.GetQuotaHoldAfterMs()) * time.Millisecond; h > 0 && h <= time.Hour {
+		v.stale = h // the leader's SilentAfter: hold when it starts counting the region so
 	}
 	for _, o := range resp.GetQuotaOthers() {
 		k := QuotaKey{o.Rule, o.Limit, o.Identity, o.PeriodStartMs}
@@ -115,8 +118,8 @@ func (v *QuotaView) forgetOld(period int64) {
 // answer, the count that holds the region to its count at the last answer plus its
 // isolated fraction of what was left then. 0 for a quota never answered.
 func (v *QuotaView) Others(now time.Time, k QuotaKey) int64 {
-	v.mu.Lock()
-	defer v.mu.Unlock()
+	v.mu.RLock()
+	defer v.mu.RUnlock()
 	s := v.seen[k]
 	if s == nil {
 		return 0
@@ -135,7 +138,7 @@ func (v *QuotaView) Others(now time.Time, k QuotaKey) int64 {
 
 // Held reports whether the view holds its region on its own (no answer for Stale).
 func (v *QuotaView) Held(now time.Time) bool {
-	v.mu.Lock()
-	defer v.mu.Unlock()
+	v.mu.RLock()
+	defer v.mu.RUnlock()
 	return !v.answered.IsZero() && now.Sub(v.answered) > v.stale
 }

@@ -409,15 +409,20 @@ type ReportResponse struct {
 	LeaderRev int64 `protobuf:"varint,3,opt,name=leader_rev,json=leaderRev,proto3" json:"leader_rev,omitempty"`
 	// The other regions' counts of the report's quotas (QuotaCount.count is their sum), in
 	// no particular order. Only when quota_answered: a leader that has not yet heard every
-	// live region in its term answers nothing, and the enforcer keeps what it knew.
+	// region in its term (or waited its SilentAfter) answers nothing, and the enforcer keeps
+	// what it knew.
 	QuotaOthers   []*QuotaCount `protobuf:"bytes,4,rep,name=quota_others,json=quotaOthers,proto3" json:"quota_others,omitempty"`
 	QuotaAnswered bool          `protobuf:"varint,5,opt,name=quota_answered,json=quotaAnswered,proto3" json:"quota_answered,omitempty"`
 	// The part of a quota's remainder this region may use on its own while it hears no
 	// answer (its weight in the default split): what the balancer counts it at once it
 	// falls silent.
 	QuotaIsolatedFraction float64 `protobuf:"fixed64,6,opt,name=quota_isolated_fraction,json=quotaIsolatedFraction,proto3" json:"quota_isolated_fraction,omitempty"`
-	unknownFields         protoimpl.UnknownFields
-	sizeCache             protoimpl.SizeCache
+	// How long the leader waits before it counts a region that sends no report as silent
+	// (its SilentAfter, milliseconds): an enforcer that hears no answer for as long holds
+	// its region to its isolated fraction, at the moment the leader starts counting it so.
+	QuotaHoldAfterMs int64 `protobuf:"varint,7,opt,name=quota_hold_after_ms,json=quotaHoldAfterMs,proto3" json:"quota_hold_after_ms,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *ReportResponse) Reset() {
@@ -492,6 +497,13 @@ func (x *ReportResponse) GetQuotaIsolatedFraction() float64 {
 	return 0
 }
 
+func (x *ReportResponse) GetQuotaHoldAfterMs() int64 {
+	if x != nil {
+		return x.QuotaHoldAfterMs
+	}
+	return 0
+}
+
 var File_allot_v1_balancer_proto protoreflect.FileDescriptor
 
 const file_allot_v1_balancer_proto_rawDesc = "" +
@@ -531,7 +543,7 @@ const file_allot_v1_balancer_proto_rawDesc = "" +
 	"\rregional_rate\x18\x05 \x01(\x01R\fregionalRate\x12\x14\n" +
 	"\x05error\x18\x06 \x01(\x01R\x05error\x12\x1f\n" +
 	"\vrecent_rate\x18\a \x01(\x01R\n" +
-	"recentRate\"\x84\x02\n" +
+	"recentRate\"\xb3\x02\n" +
 	"\x0eReportResponse\x12\x1a\n" +
 	"\baccepted\x18\x01 \x01(\bR\baccepted\x12\x1f\n" +
 	"\vleader_addr\x18\x02 \x01(\tR\n" +
@@ -540,7 +552,8 @@ const file_allot_v1_balancer_proto_rawDesc = "" +
 	"leader_rev\x18\x03 \x01(\x03R\tleaderRev\x127\n" +
 	"\fquota_others\x18\x04 \x03(\v2\x14.allot.v1.QuotaCountR\vquotaOthers\x12%\n" +
 	"\x0equota_answered\x18\x05 \x01(\bR\rquotaAnswered\x126\n" +
-	"\x17quota_isolated_fraction\x18\x06 \x01(\x01R\x15quotaIsolatedFraction2G\n" +
+	"\x17quota_isolated_fraction\x18\x06 \x01(\x01R\x15quotaIsolatedFraction\x12-\n" +
+	"\x13quota_hold_after_ms\x18\a \x01(\x03R\x10quotaHoldAfterMs2G\n" +
 	"\bBalancer\x12;\n" +
 	"\x06Report\x12\x17.allot.v1.ReportRequest\x1a\x18.allot.v1.ReportResponseB3Z1github.com/allot-dev/allot/proto/allot/v1;allotv1b\x06proto3"
 

@@ -1,0 +1,86 @@
+package inprocess
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/allot-dev/allot/pkg/enforcer"
+	"github.com/allot-dev/allot/pkg/rules"
+	"github.com/hashicorp/go-hclog"
+)
+
+const quotaRules = `
+rules:
+  - id: default
+    limits:
+      - {name: second, rate: 1000, per: 1s}
+      - {name: daily, quota: 900, period: day}
+`
+
+// TestQuotaSharedAcrossRegions: one daily quota of 900 for a key used in three regions at
+// 50 checks a second each, through the real balancer (reports and answers over mutual
+// TLS). Each region counts its own use; the others' reach it in the answers to its
+// reports. Without them every region would admit the whole quota (2,700 in all); with
+// them the regions together stop at the quota plus what they admit while the counts are
+// on their way (about the others' rates × (a report interval + a flush), here 100/s × 3 s,
+// once) — and keep refusing after.
+func TestQuotaSharedAcrossRegions(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts etcd, a balancer and three enforcers")
+	}
+	s, err := Start(Config{
+		Regions:  []Region{{"us-east", 1}, {"eu-west", 1}, {"ap-south", 1}},
+		Rules:    []byte(quotaRules),
+		Interval: time.Second,
+		Logger:   hclog.New(&hclog.LoggerOptions{Output: tWriter{t}, Level: hclog.Warn}),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		if err := s.Close(); err != nil {
+			t.Error(err)
+		}
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	const perRegion, seconds = 50, 30
+	var mu sync.Mutex
+	admitted := map[string]int{}
+	var wg sync.WaitGroup
+	for _, region := range []string{"us-east", "eu-west", "ap-south"} {
+		e := s.Enforcers(region)[0].Enforcer()
+		wg.Go(func() {
+			tick := time.NewTicker(time.Second / perRegion)
+			defer tick.Stop()
+			for range perRegion * seconds {
+				select {
+				case <-tick.C:
+				case <-ctx.Done():
+					return
+				}
+				d, err := e.Check(ctx, &enforcer.Request{Attrs: rules.Attrs{APIKey: "k_quota"}})
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if d.Allowed {
+					mu.Lock()
+					admitted[region]++
+					mu.Unlock()
+				}
+			}
+		})
+	}
+	wg.Wait()
+	total := admitted["us-east"] + admitted["eu-west"] + admitted["ap-south"]
+	t.Logf("admitted %v: %d in all of a quota of 900 (%d offered)", admitted, total, 3*perRegion*seconds)
+	if total < 900 {
+		t.Fatalf("%d admitted of a quota of 900 with %d offered: under", total, 3*perRegion*seconds)
+	}
+	if total > 900+300 {
+		t.Fatalf("%d admitted in all regions of a quota of 900: the regions did not learn each other's counts", total)
+	}
+}
