@@ -51,52 +51,21 @@ type heldSlot struct {
 	name, identity string
 }
 
-const handlePrefix = "h1."
+// slotHandle is the in-flight handle (handle.go): "h1." + the slot id + "." +
+// base64url(name NUL identity NUL …). The slot id (16 random bytes, base64url) is the
+// member of every slot set; the rest says where the slots are. A client can forge a
+// handle but releases only slots whose id it knows.
+var slotHandle = handleKind{prefix: "h1.", what: "handle", id: "slot id", pairs: "slots", maxID: bucket.MaxHandleLen}
 
-// encodeHandle writes a handle: "h1." + the slot id + "." + base64url(name NUL identity
-// NUL …). The slot id (16 random bytes, base64url) is the member of every slot set; the
-// rest says where the slots are. A client can forge a handle but releases only slots
-// whose id it knows.
 func encodeHandle(id string, held []heldSlot) string {
-	var b []byte
-	for i, h := range held {
-		if i > 0 {
-			b = append(b, 0)
-		}
-		b = append(b, h.name...)
-		b = append(b, 0)
-		b = append(b, h.identity...)
-	}
-	return handlePrefix + id + "." + base64.RawURLEncoding.EncodeToString(b)
+	return slotHandle.encode(id, len(held), func(i int) (string, string) { return held[i].name, held[i].identity })
 }
 
 // decodeHandle reads a handle; an error wraps ErrInvalid.
 func decodeHandle(h string) (id string, held []heldSlot, err error) {
-	bad := func(why string) error { return fmt.Errorf("%w: handle: %s", ErrInvalid, why) }
-	if len(h) > MaxHandleLen {
-		return "", nil, bad(fmt.Sprintf("%d bytes, more than %d", len(h), MaxHandleLen))
-	}
-	rest, ok := strings.CutPrefix(h, handlePrefix)
-	if !ok {
-		return "", nil, bad("not a handle this enforcer gave (want h1.…)")
-	}
-	id, enc, ok := strings.Cut(rest, ".")
-	if !ok || id == "" || len(id) > bucket.MaxHandleLen {
-		return "", nil, bad("no slot id")
-	}
-	raw, err := base64.RawURLEncoding.DecodeString(enc)
+	id, err = slotHandle.decode(h, func(name, identity string) { held = append(held, heldSlot{name: name, identity: identity}) })
 	if err != nil {
-		return "", nil, bad("slots are not base64url")
-	}
-	parts := strings.Split(string(raw), "\x00")
-	if len(parts)%2 != 0 || len(parts)/2 > maxHeld {
-		return "", nil, bad("malformed slots")
-	}
-	for i := 0; i < len(parts); i += 2 {
-		if parts[i] == "" || parts[i+1] == "" {
-			return "", nil, bad("empty slot name or identity")
-		}
-		held = append(held, heldSlot{name: parts[i], identity: parts[i+1]})
+		return "", nil, err
 	}
 	return id, held, nil
 }

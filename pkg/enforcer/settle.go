@@ -2,10 +2,8 @@ package enforcer
 
 import (
 	"context"
-	"encoding/base64"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	"github.com/allot-dev/allot/pkg/bucket"
@@ -53,50 +51,20 @@ type settleTake struct {
 	want, cost     int64
 }
 
-const settlePrefix = "s1."
+// settleHandle is the settlement handle (handle.go): "s1." + the marker id + "." +
+// base64url(rule id NUL identity NUL …). Each rule's marker is "<id>:<rule id>" in its
+// identity's slot.
+var settleHandle = handleKind{prefix: "s1.", what: "settle handle", id: "marker id", pairs: "rules", maxID: 64}
 
-// encodeSettle writes a settlement handle: "s1." + the marker id + "." + base64url(rule
-// id NUL identity NUL …). Each rule's marker is "<id>:<rule id>" in its identity's slot.
 func encodeSettle(id string, ts []settleTake) string {
-	var b []byte
-	for i, t := range ts {
-		if i > 0 {
-			b = append(b, 0)
-		}
-		b = append(b, t.rule...)
-		b = append(b, 0)
-		b = append(b, t.identity...)
-	}
-	return settlePrefix + id + "." + base64.RawURLEncoding.EncodeToString(b)
+	return settleHandle.encode(id, len(ts), func(i int) (string, string) { return ts[i].rule, ts[i].identity })
 }
 
 // decodeSettle reads a settlement handle; an error wraps ErrInvalid.
 func decodeSettle(h string) (id string, ts []settleTake, err error) {
-	bad := func(why string) error { return fmt.Errorf("%w: settle handle: %s", ErrInvalid, why) }
-	if len(h) > MaxHandleLen {
-		return "", nil, bad(fmt.Sprintf("%d bytes, more than %d", len(h), MaxHandleLen))
-	}
-	rest, ok := strings.CutPrefix(h, settlePrefix)
-	if !ok {
-		return "", nil, bad("not a settlement handle this enforcer gave (want s1.…)")
-	}
-	id, enc, ok := strings.Cut(rest, ".")
-	if !ok || id == "" || len(id) > 64 {
-		return "", nil, bad("no marker id")
-	}
-	raw, err := base64.RawURLEncoding.DecodeString(enc)
+	id, err = settleHandle.decode(h, func(rule, identity string) { ts = append(ts, settleTake{rule: rule, identity: identity}) })
 	if err != nil {
-		return "", nil, bad("rules are not base64url")
-	}
-	parts := strings.Split(string(raw), "\x00")
-	if len(parts)%2 != 0 || len(parts)/2 > maxHeld {
-		return "", nil, bad("malformed rules")
-	}
-	for i := 0; i < len(parts); i += 2 {
-		if parts[i] == "" || parts[i+1] == "" || len(parts[i+1]) > bucket.MaxIdentityLen {
-			return "", nil, bad("empty rule or identity")
-		}
-		ts = append(ts, settleTake{rule: parts[i], identity: parts[i+1]})
+		return "", nil, err
 	}
 	return id, ts, nil
 }
