@@ -642,25 +642,34 @@ type ReleaseResponse struct {
 	Error    string `json:"error,omitempty"`
 }
 
-func (h *handler) release(w http.ResponseWriter, req *http.Request) {
+// readJSON reads a small JSON body (release, settle) into in: unknown fields and
+// anything after the object refused. A bad body is answered 400 naming what was wrong,
+// counted as an invalid request, and readJSON returns false.
+func (h *handler) readJSON(w http.ResponseWriter, req *http.Request, in any) bool {
 	var buf [512]byte
 	b, err := readBody(http.MaxBytesReader(w, req.Body, MaxBodyBytes), buf[:0])
 	if err == nil {
 		err = strictBody(b)
 	}
-	var in ReleaseRequest
 	if err == nil {
 		dec := json.NewDecoder(bytes.NewReader(b))
 		dec.DisallowUnknownFields()
-		err = dec.Decode(&in)
+		err = dec.Decode(in)
 	}
 	if err != nil {
 		h.e.CountInvalid(enforcer.APIHTTPCheck)
 		writeJSON(w, http.StatusBadRequest, ErrorResponse{Error: fmt.Sprintf("%v: body: %v", enforcer.ErrInvalid, err)})
+		return false
+	}
+	return true
+}
+
+func (h *handler) release(w http.ResponseWriter, req *http.Request) {
+	var in ReleaseRequest
+	if !h.readJSON(w, req, &in) {
 		return
 	}
-	err = h.e.Release(req.Context(), in.Handle)
-	switch {
+	switch err := h.e.Release(req.Context(), in.Handle); {
 	case err == nil:
 		writeJSON(w, http.StatusOK, ReleaseResponse{Released: true})
 	case errors.Is(err, enforcer.ErrInvalid):

@@ -1,11 +1,8 @@
 package httpapi
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
-	"fmt"
 	"net/http"
 	"sync/atomic"
 
@@ -35,20 +32,8 @@ type SettleResponse struct {
 }
 
 func (h *handler) settle(w http.ResponseWriter, req *http.Request) {
-	var buf [512]byte
-	b, err := readBody(http.MaxBytesReader(w, req.Body, MaxBodyBytes), buf[:0])
-	if err == nil {
-		err = strictBody(b)
-	}
 	var in SettleRequest
-	if err == nil {
-		dec := json.NewDecoder(bytes.NewReader(b))
-		dec.DisallowUnknownFields()
-		err = dec.Decode(&in)
-	}
-	if err != nil {
-		h.e.CountInvalid(enforcer.APIHTTPCheck)
-		writeJSON(w, http.StatusBadRequest, ErrorResponse{Error: fmt.Sprintf("%v: body: %v", enforcer.ErrInvalid, err)})
+	if !h.readJSON(w, req, &in) {
 		return
 	}
 	res, err := h.e.Settle(req.Context(), in.Handle, in.Cost)
