@@ -30,6 +30,27 @@ type tWriter struct{ t *testing.T }
 
 func (w tWriter) Write(p []byte) (int, error) { w.t.Log(string(p)); return len(p), nil }
 
+// startStack starts three regions of perRegion enforcers each over rules, at a 1 s
+// interval, logging warnings to t, and closes the stack when the test ends.
+func startStack(t *testing.T, rules string, perRegion int) *Stack {
+	t.Helper()
+	s, err := Start(Config{
+		Regions:  []Region{{"us-east", perRegion}, {"eu-west", perRegion}, {"ap-south", perRegion}},
+		Rules:    []byte(rules),
+		Interval: time.Second,
+		Logger:   hclog.New(&hclog.LoggerOptions{Output: tWriter{t}, Level: hclog.Warn}),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := s.Close(); err != nil {
+			t.Error(err)
+		}
+	})
+	return s
+}
+
 // TestSharesFollowTrafficAcrossRegions: three regions in one process, traffic for one
 // key in us-east only. At the default split us-east may admit 100/s of the key's 300/s;
 // once the balancer has moved the share, it admits close to the whole limit — and the
@@ -38,20 +59,7 @@ func TestSharesFollowTrafficAcrossRegions(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts etcd, a balancer and six enforcers")
 	}
-	s, err := Start(Config{
-		Regions:  []Region{{"us-east", 2}, {"eu-west", 2}, {"ap-south", 2}},
-		Rules:    []byte(testRules),
-		Interval: time.Second,
-		Logger:   hclog.New(&hclog.LoggerOptions{Output: tWriter{t}, Level: hclog.Warn}),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		if err := s.Close(); err != nil {
-			t.Error(err)
-		}
-	}()
+	s := startStack(t, testRules, 2)
 	var clients []allotv1.AllotClient
 	for _, addr := range s.Targets()["us-east"] {
 		cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))

@@ -8,7 +8,6 @@ import (
 
 	"github.com/allot-dev/allot/pkg/enforcer"
 	"github.com/allot-dev/allot/pkg/rules"
-	"github.com/hashicorp/go-hclog"
 )
 
 const quotaRules = `
@@ -30,20 +29,7 @@ func TestQuotaSharedAcrossRegions(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts etcd, a balancer and three enforcers")
 	}
-	s, err := Start(Config{
-		Regions:  []Region{{"us-east", 1}, {"eu-west", 1}, {"ap-south", 1}},
-		Rules:    []byte(quotaRules),
-		Interval: time.Second,
-		Logger:   hclog.New(&hclog.LoggerOptions{Output: tWriter{t}, Level: hclog.Warn}),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() {
-		if err := s.Close(); err != nil {
-			t.Error(err)
-		}
-	}()
+	s := startStack(t, quotaRules, 1)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	const perRegion, seconds = 50, 30
