@@ -288,8 +288,7 @@ func (e *Enforcer) Check(ctx context.Context, req *Request) (d Decision, err err
 		}
 		if len(m.Rule.Calendar) > 0 {
 			if err := e.checkQuotas(ctx, sc, m, hits, req.Peek, now, &chosen, &d); err != nil {
-				e.finishHeld(ctx, sc, &Decision{})
-				e.finishQuotas(sc, &Decision{})
+				e.abandon(ctx, sc)
 				return Decision{}, err
 			}
 			if !d.Allowed || len(m.Rule.Global) == 0 && m.Rule.Inflight == nil {
@@ -299,8 +298,7 @@ func (e *Enforcer) Check(ctx context.Context, req *Request) (d Decision, err err
 		if m.Rule.Inflight != nil && len(m.Rule.Global) == 0 {
 			// A rule of only an in-flight limit: no bucket to take from.
 			if err := e.acquire(ctx, sc, m, e.limitsOf(sc, m, now).share, &chosen, &d); err != nil {
-				e.finishHeld(ctx, sc, &Decision{})
-				e.finishQuotas(sc, &Decision{})
+				e.abandon(ctx, sc)
 				return Decision{}, err
 			}
 			continue
@@ -337,8 +335,7 @@ func (e *Enforcer) Check(ctx context.Context, req *Request) (d Decision, err err
 			d.Allowed, d.Source, d.RetryAfter = false, SourceTooLarge, 0
 		case err != nil:
 			if ctxErr := ctx.Err(); ctxErr != nil {
-				e.finishHeld(ctx, sc, &Decision{})
-				e.finishQuotas(sc, &Decision{})
+				e.abandon(ctx, sc)
 				return Decision{}, ctxErr
 			}
 			// The one place the fail mode is decided. A layer that knows when the store will
@@ -380,8 +377,7 @@ func (e *Enforcer) Check(ctx context.Context, req *Request) (d Decision, err err
 		}
 		if m.Rule.Inflight != nil && !req.Peek && d.Allowed && ok && err == nil && res.Allowed() {
 			if err := e.acquire(ctx, sc, m, lim.share, &chosen, &d); err != nil {
-				e.finishHeld(ctx, sc, &Decision{})
-				e.finishQuotas(sc, &Decision{})
+				e.abandon(ctx, sc)
 				return Decision{}, err
 			}
 		}
@@ -408,6 +404,13 @@ func override(ms []rules.Matched, req *Request) []rules.Matched {
 	clear(ms[len(out):])
 	id := rules.DescriptorIdentity(req.Attrs.Domain, req.Attrs.Entries, nil)
 	return append(out, rules.Matched{Rule: req.Override, Identity: id, Cost: 1})
+}
+
+// abandon gives back what a check that ends in an error holds: its in-flight slots and
+// its calendar quota counts.
+func (e *Enforcer) abandon(ctx context.Context, sc *scratch) {
+	e.finishHeld(ctx, sc, &Decision{})
+	e.finishQuotas(sc, &Decision{})
 }
 
 func (e *Enforcer) putScratch(sc *scratch) {

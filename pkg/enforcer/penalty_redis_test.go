@@ -2,6 +2,7 @@ package enforcer
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -11,6 +12,7 @@ import (
 	"github.com/allot-dev/allot/pkg/lease"
 	"github.com/allot-dev/allot/pkg/rules"
 	"github.com/allot-dev/allot/pkg/testenv"
+	"github.com/allot-dev/allot/pkg/testenv/poll"
 )
 
 // A penalty through the production stack (fallback → lease → Redis Cluster) on three
@@ -93,19 +95,18 @@ rules:
 	blockedAt := time.Now()
 	// Each enforcer learns of the block at its next call (when its refusal cache runs
 	// out: at most 1/rate here); then none calls Redis for the rest of the block.
-	learned := 0
-	for learned < 3 && time.Since(blockedAt) < time.Second {
-		learned = 0
+	poll.Until(t, time.Second, "every enforcer answering penalized", func() error {
+		learned := 0
 		for _, e := range es {
 			if check(e).Penalized {
 				learned++
 			}
 		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	if learned < 3 {
-		t.Fatalf("only %d of 3 enforcers answered penalized within 1 s of the block", learned)
-	}
+		if learned < 3 {
+			return fmt.Errorf("only %d of 3 enforcers answered penalized", learned)
+		}
+		return nil
+	})
 	x, err := es[0].r.e.Explain(ctx, &Request{Attrs: a}, true)
 	if err != nil {
 		t.Fatal(err)
@@ -127,16 +128,13 @@ rules:
 		t.Fatalf("%d Redis calls for %d checks during the block, want none", n, during)
 	}
 	// After the block (2 s, + a bounded wait): admitted again on every enforcer.
-	deadline := blockedAt.Add(4 * time.Second)
 	for i := range es {
-		for {
-			if d := check(es[i]); d.Allowed {
-				break
-			} else if time.Now().After(deadline) {
-				t.Fatalf("enforcer %d still refuses 4 s after a 2 s block: %+v", i, d)
+		poll.Until(t, time.Until(blockedAt.Add(4*time.Second)), fmt.Sprintf("enforcer %d admitting again after a 2 s block", i), func() error {
+			if d := check(es[i]); !d.Allowed {
+				return fmt.Errorf("refused: %+v", d)
 			}
-			time.Sleep(20 * time.Millisecond)
-		}
+			return nil
+		})
 	}
 	t.Logf("blocked after %d refusals seen on 3 enforcers (threshold 150); %d checks during the block, 0 Redis calls", refused, during)
 }
