@@ -39,7 +39,6 @@ type quotaSeen struct {
 	rev    int64 // the leader term of others
 	own    int64 // this region's count in the report others answered
 	quota  int64 // the quota then
-	period int64
 }
 
 // QuotaView holds the balancer's answers about the other regions' quota counts. Safe for
@@ -94,7 +93,7 @@ func (v *QuotaView) Answered(at time.Time, sent []*allotv1.QuotaCount, resp *all
 			if len(v.seen) >= v.max {
 				continue
 			}
-			s = &quotaSeen{rev: rev, period: o.PeriodStartMs}
+			s = &quotaSeen{rev: rev}
 			v.seen[k] = s
 		}
 		if s.rev != rev {
@@ -106,8 +105,8 @@ func (v *QuotaView) Answered(at time.Time, sent []*allotv1.QuotaCount, resp *all
 
 // forgetOld drops the quotas of periods that started before period. Called with mu held.
 func (v *QuotaView) forgetOld(period int64) {
-	for k, s := range v.seen {
-		if s.period < period {
+	for k := range v.seen {
+		if k.PeriodStartMs < period {
 			delete(v.seen, k)
 		}
 	}
