@@ -87,7 +87,13 @@
 //     publishes) — except that a region that wants more than it has (s_r/L > p_r) and
 //     would gain at least DeadBand/4 is always pushed. So small wobbles are not
 //     published, yet a region held below what it wants loses at most DeadBand/4 of the
-//     limit to the dead-band.
+//     limit to the dead-band. With slack, a region whose share is more than DeadBand
+//     under its need u_r (demand plus headroom, step 4, at most what one region can
+//     hold beside the others' floors) while its target covers it is pushed too, by
+//     DeadBand/4 or more, taking only what the other regions hold above their own
+//     targets and needs (topUp): the noise band is about the demand, and a target in the
+//     slack often does not follow the demand (a 5/s key offered 2.25/s in one region
+//     was kept at its first seconds' 0.76 for a whole run while its target was 0.98).
 //
 // # Defaults and why
 //
@@ -197,8 +203,12 @@
 // count and push the change (TestNoiseIsNotRepublished: 160 of 190 intervals
 // republished). Input.Noise gives each region's standard deviation σ_r (√tokens / T), and
 // State.Var carries the variance v_r of each smoothed demand as an estimate: σ_r² when the
-// demand replaces it, (1 − α)²·v_r + α²·σ_r² after an EWMA step, unchanged when the region
-// was not heard. Then:
+// demand replaces it, (1 − a)²·v_r + a²·σ_r² after an EWMA step of weight a, unchanged when
+// the region was not heard. The step's weight is a = max(α, v_r/(v_r + σ_r²)): a reading
+// more precise than the smoothed demand weighs as much as its precision says (after the
+// fast path took one second's count, the next window's average replaces most of that
+// second's noise at once, TestPreciseReadingWeighsMore); in the steady state v_r ≈ σ_r²/3
+// and a = α. Then:
 //   - the fast path also needs |d_r − s_r| > 3·√(σ_r² + v_r) (the demand moved, not only
 //     exceeds the share);
 //   - a collapse is any free region's demand moving either way by more than that and
