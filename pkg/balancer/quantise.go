@@ -27,9 +27,9 @@ const quantEps = 1e-9
 //	A   = floor(Σ_free target_r / u)             requests to hand out
 //	m_r = floor(target_r / u)                    each region's whole requests
 //	the A − Σ m_r left go one each to the regions with the largest remainder
-//	target_r / u − m_r (a region that holds that request now, pub_r ≥ (m_r + 1) u,
-//	ranks 0.25 higher so noise does not move a token back and forth; ties: the larger
-//	smoothed demand, then the first region), and
+//	target_r / u − m_r (a region with demand that holds that request now, pub_r ≥
+//	(m_r + 1) u, ranks 0.25 higher so noise does not move a token back and forth; an
+//	idle holder does not; ties: the larger smoothed demand, then the first region), and
 //	target_r = m_r × u, plus the fraction Σ_free target − A × u (under one request) to
 //	the region holding the most (so the rate is not lost).
 //
@@ -60,20 +60,17 @@ func quantise(tgt, held, smoothed, pub []float64, requests float64) {
 	rank := make([]float64, len(tgt))
 	holds := make([]bool, len(tgt)) // holds a leftover request now (pub)
 	given := 0.0
-	wanted := false // a region with demand that would hold no request at all
 	for _, r := range free {
 		x := tgt[r] / u
 		m[r] = math.Floor(x + quantEps)
 		rank[r] = max(x-m[r], 0)
 		holds[r] = r < len(pub) && pub[r]/u >= m[r]+1-quantEps
-		wanted = wanted || (!holds[r] && m[r] == 0 && r < len(smoothed) && smoothed[r] > 0)
 		given += m[r]
-	}
-	for _, r := range free {
-		// Sticky to the holder, unless it has no demand while a region with demand would
-		// hold no request at all (a 2/s key's token stayed with an idle region while the
-		// region its traffic came from refused all of it).
-		if holds[r] && (!wanted || r < len(smoothed) && smoothed[r] > 0) {
+		// Sticky to a holder that has demand, never to an idle one: a 2/s key's token
+		// stayed with an idle region while the region its traffic came from refused all
+		// of it, and a 6/s key's sixth token stayed with an idle region while a region
+		// offered 1.2/s held one (steady_ratio 0.85; 0.98 without).
+		if holds[r] && r < len(smoothed) && smoothed[r] > 0 {
 			rank[r] += 0.25
 		}
 	}

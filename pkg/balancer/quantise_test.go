@@ -31,6 +31,10 @@ func TestQuantise(t *testing.T) {
 		// no request at all: burst 2 at the default split, us-east and eu-west holding
 		// the requests, eu-west idle, ap-south refused everything (a 2/s key at 0.27).
 		{"not sticky to an idle holder", 2, []float64{1.0 / 3, 1.0 / 3, 1.0 / 3}, free, []float64{0.37, 0, 0.7}, []float64{0.5, 0.5, 0}, []float64{0.5, 0, 0.5}},
+		// ... nor when the region with demand holds a request already: burst 6, targets
+		// (0.267, 0.063, 0.671) → (1.6, 0.38, 4.03), eu-west idle and holding the sixth
+		// request; us-east, offered 1.2/s, gets it (it stayed with eu-west: 0.85 steady).
+		{"not sticky to an idle holder beside a holder", 6, []float64{0.267, 0.063, 0.67}, free, []float64{1.18, 0, 2.32}, []float64{1.0 / 6, 1.0 / 6, 4.0 / 6}, []float64{2.0 / 6, 0, 4.0 / 6}},
 		// A held (silent) region keeps its target; the rest is handed out in requests and
 		// the fraction under one request goes to the region holding most.
 		{"held region", 2, []float64{0.3, 0.6, 0.1}, []float64{0.3, nan, nan}, []float64{0, 3, 1}, nil, []float64{0.3, 0.7, 0}},

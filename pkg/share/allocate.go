@@ -283,7 +283,7 @@ func AllocateInto(dst State, cfg Config, st State, in Input) (next State, change
 		copy(tgt, t)
 		copy(t, prev)
 		if limitOK {
-			topUp(t, tgt, w, hr, held, free, floor, max(cfg.DeadBand/4, minMove), max(cfg.DeadBand, minMove))
+			topUp(t, tgt, w, hr, held, sm, vr, perLimit, free, floor, max(cfg.DeadBand/4, minMove), max(cfg.DeadBand, minMove))
 		}
 	}
 	for r := 0; r < n; r++ {
@@ -457,9 +457,12 @@ func noiseOf(noise []float64, r int) float64 {
 // surplus no region is made short by it (pushing whole targets made two regions take
 // turns, a version each).
 //
+// A region is short by its demand's lower bound (sm − 2√v): one noisy window (a 48/s key
+// read at 80/s over less than half a second) is not a need.
+//
 // Which way it errs: a region whose target does not cover its need (the slack too short
 // for every region's headroom) stays with the dead-band's answer, within the band.
-func topUp(p, t, w, hr, held []float64, free, floor, gain, short0 float64) {
+func topUp(p, t, w, hr, held, sm, vr []float64, perLimit, free, floor, gain, short0 float64) {
 	n := len(p)
 	m := 0
 	used := 0.0
@@ -481,7 +484,11 @@ func topUp(p, t, w, hr, held []float64, free, floor, gain, short0 float64) {
 	most := free - float64(m-1)*floor // the most one free region can hold
 	need := func(r int) float64 { return min(w[r]+hr[r], most) }
 	short := func(r int) bool {
-		return math.IsNaN(held[r]) && t[r] >= need(r)-minMove && p[r] < need(r)-short0 && t[r]-p[r] >= gain
+		// Short by the demand's lower bound (two standard deviations of the smoothed
+		// demand under it): one noisy short window (80/s read of a 48/s key) is not a
+		// need.
+		lo := min(max(sm[r]-2*math.Sqrt(vr[r]), 0)*perLimit+hr[r], most)
+		return math.IsNaN(held[r]) && t[r] >= need(r)-minMove && p[r] < lo-short0 && t[r]-p[r] >= gain
 	}
 	want, spare := 0.0, max(free-used, 0)
 	for r := 0; r < n; r++ {

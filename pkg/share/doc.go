@@ -88,8 +88,10 @@
 //     would gain at least DeadBand/4 is always pushed. So small wobbles are not
 //     published, yet a region held below what it wants loses at most DeadBand/4 of the
 //     limit to the dead-band. With slack, a region whose share is more than DeadBand
-//     under its need u_r (demand plus headroom, step 4, at most what one region can
-//     hold beside the others' floors) while its target covers it is pushed too, by
+//     under its need (demand plus headroom, step 4, at most what one region can hold
+//     beside the others' floors; the demand taken two standard deviations of its
+//     estimate low, so one noisy window is not a need) while its target covers its need
+//     u_r is pushed too, by
 //     DeadBand/4 or more, taking only what the other regions hold above their own
 //     targets and needs (topUp): the noise band is about the demand, and a target in the
 //     slack often does not follow the demand (a 5/s key offered 2.25/s in one region

@@ -614,3 +614,18 @@ func TestPreciseReadingWeighsMore(t *testing.T) {
 		t.Fatalf("steady: smoothed %v, want %v (α)", next.Smoothed[1], want)
 	}
 }
+
+func TestOneNoisyWindowIsNotANeed(t *testing.T) {
+	// many-keys' key06 (100/s; 48/s in ap-south, 12/s in us-east) read at 80/s in a
+	// window of under half a second, the other regions not heard: the smoothed demand
+	// jumps to 64.5, but a region is short of headroom only by its demand's lower bound,
+	// so the shares stay (pushed, they came back ten seconds later: two versions).
+	nan := math.NaN()
+	st := State{Shares: []float64{0.227, 0.082, 0.691}, Smoothed: []float64{11.35, 0, 49.1}, Var: []float64{1.32, 0.06, 5}}
+	in := Input{Limit: 100, Demand: []float64{nan, nan, 80}, Noise: []float64{nan, nan, 14.6},
+		Default: []float64{third, third, third}, Held: []float64{nan, nan, nan}}
+	next, changed := AllocateInto(State{}, DefaultConfig(), st, in)
+	if changed {
+		t.Fatalf("shares %v → %v on one noisy window: want them kept", st.Shares, next.Shares)
+	}
+}
