@@ -26,7 +26,9 @@ const quantEps = 1e-9
 //
 //	A   = floor(Σ_free target_r / u)             requests to hand out
 //	m_r = floor(target_r / u)                    each region's whole requests
-//	the A − Σ m_r left go one each to the regions with the largest remainder
+//	the A − Σ m_r left go one each to the regions with demand (smoothed > 0) before
+//	the idle ones (an idle region's slack is a reserve, a request of burst is what a
+//	region with traffic refuses without), each group by the largest remainder
 //	target_r / u − m_r (a region with demand that holds that request now, pub_r ≥
 //	(m_r + 1) u, ranks 0.25 higher so noise does not move a token back and forth; an
 //	idle holder does not; ties: the larger smoothed demand, then the first region), and
@@ -91,8 +93,14 @@ func quantise(tgt, held, smoothed, pub []float64, requests float64) {
 		return 0
 	}
 	order := slices.Clone(free)
+	has := func(r int) int { // 1: the region has demand
+		if dem(r) > 0 {
+			return 1
+		}
+		return 0
+	}
 	slices.SortStableFunc(order, func(p, q int) int {
-		return cmp.Or(cmp.Compare(rank[q], rank[p]), cmp.Compare(dem(q), dem(p)))
+		return cmp.Or(cmp.Compare(has(q), has(p)), cmp.Compare(rank[q], rank[p]), cmp.Compare(dem(q), dem(p)))
 	})
 	for _, r := range order {
 		if given >= a {

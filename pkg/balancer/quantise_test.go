@@ -35,6 +35,11 @@ func TestQuantise(t *testing.T) {
 		// (0.267, 0.063, 0.671) → (1.6, 0.38, 4.03), eu-west idle and holding the sixth
 		// request; us-east, offered 1.2/s, gets it (it stayed with eu-west: 0.85 steady).
 		{"not sticky to an idle holder beside a holder", 6, []float64{0.267, 0.063, 0.67}, free, []float64{1.18, 0, 2.32}, []float64{1.0 / 6, 1.0 / 6, 4.0 / 6}, []float64{2.0 / 6, 0, 4.0 / 6}},
+		// A leftover request goes to a region with demand before an idle one, whatever
+		// the remainders: burst 6, targets (0.423, 0.477, 0.1) → (2.54, 2.86, 0.6), two
+		// left; ap-south (idle, 0.6) ranked over us-east (0.54) and a 6/s key offered
+		// 3.6/s in two regions held 2 and 3 requests of burst (steady 0.88).
+		{"demand first", 6, []float64{0.423, 0.477, 0.1}, free, []float64{1.63, 1.93, 0}, nil, []float64{3.0 / 6, 3.0 / 6, 0}},
 		// A held (silent) region keeps its target; the rest is handed out in requests and
 		// the fraction under one request goes to the region holding most.
 		{"held region", 2, []float64{0.3, 0.6, 0.1}, []float64{0.3, nan, nan}, []float64{0, 3, 1}, nil, []float64{0.3, 0.7, 0}},

@@ -134,6 +134,7 @@ func (c *Core) recompute(now time.Time, snapshot bool) {
 		c.stats.recomputes++
 	}
 	perEnf := make([]float64, n)  // D_r, seconds; NaN: region not heard this window
+	weight := make([]float64, n)  // the EWMA weight of a window D_r long (share.Input.Weight)
 	perRep := make([]float64, n)  // enforcers per report this window: Σ recent × perRep
 	snapRep := make([]float64, n) // the same for the reports since the last version (snapshot)
 	silent := make([]bool, n)
@@ -156,6 +157,7 @@ func (c *Core) recompute(now time.Time, snapshot bool) {
 			}
 			live = max(live, rs.winEnfs)
 			perEnf[r] = rs.winSecs / float64(live)
+			weight[r] = share.WindowWeight(c.cfg.Share.Alpha, perEnf[r]/c.cfg.Interval.Seconds())
 			if rs.winRecent == rs.winReports { // else an older enforcer's report: no recent rates
 				perRep[r] = float64(live) / float64(rs.winReports)
 			}
@@ -272,7 +274,7 @@ func (c *Core) recompute(now time.Time, snapshot bool) {
 		}
 		id.shift = false
 		// In place: id.st is this identity's alone, and its Shares are copied out below.
-		id.st, _ = share.AllocateInto(id.st, c.cfg.Share, id.st, share.Input{Limit: id.rate, Demand: demand, Default: id.def, Held: held, Noise: noise, Fast: fast})
+		id.st, _ = share.AllocateInto(id.st, c.cfg.Share, id.st, share.Input{Limit: id.rate, Demand: demand, Default: id.def, Held: held, Noise: noise, Weight: weight, Fast: fast})
 		copy(tgt, id.st.Shares)
 		if id.requests > 0 && id.requests < SmallBurst {
 			quantise(tgt, held, id.st.Smoothed, pub, id.requests)

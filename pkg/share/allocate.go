@@ -179,6 +179,9 @@ func AllocateInto(dst State, cfg Config, st State, in Input) (next State, change
 			// the noise band, for three intervals). In the steady state v ≈ noise²/3 and
 			// the weight is α.
 			a := cfg.Alpha
+			if r < len(in.Weight) && in.Weight[r] > 0 && in.Weight[r] <= 1 {
+				a = in.Weight[r]
+			}
 			if nz > 0 && vr[r] > 0 {
 				a = max(a, vr[r]/(vr[r]+nz*nz))
 			}

@@ -125,6 +125,14 @@ type Input struct {
 	// demands of the regions whose claim is met (see the package doc, # Noise). nil or
 	// NaN: 0.
 	Noise []float64
+	// Weight, if not nil, is each region's EWMA weight for this Demand in place of Alpha:
+	// WindowWeight(Alpha, x) for a window x intervals long (a recompute 2.5 s into a 10 s
+	// interval: x = 0.25), so that the smoothing's time constant is in seconds, not in
+	// recomputes. nil, NaN or outside (0, 1]: Alpha. Without it a balancer recomputing
+	// every few seconds (a population of thousands of keys always has one that moved)
+	// averaged a few seconds of counts, and the noise band of so short an average held
+	// a key off its split for 18 s.
+	Weight []float64
 	// Fast takes the fast path whatever the noise: the caller knows the traffic moved
 	// (the balancer's shift detection) and Demand is the rate since it did.
 	Fast bool
@@ -183,4 +191,14 @@ func (in Input) check(cfg Config, st State) error {
 		return fmt.Errorf("%w: Held sums to %v, must be <= 1", ErrInput, held)
 	}
 	return nil
+}
+
+// WindowWeight is the EWMA weight of a window x intervals long when a whole interval
+// weighs alpha: 1 − (1 − alpha)^x, x capped at 3 (x ≤ 0 or NaN: alpha). Steps of
+// WindowWeight(alpha, 1/k) k times smooth a constant demand exactly as one step of alpha.
+func WindowWeight(alpha, x float64) float64 {
+	if !(x > 0) || x == 1 {
+		return alpha
+	}
+	return 1 - math.Pow(1-alpha, min(x, 3))
 }

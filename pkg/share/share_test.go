@@ -629,3 +629,25 @@ func TestOneNoisyWindowIsNotANeed(t *testing.T) {
 		t.Fatalf("shares %v → %v on one noisy window: want them kept", st.Shares, next.Shares)
 	}
 }
+
+func TestWindowKeepsTheTimeConstantInSeconds(t *testing.T) {
+	// Four recomputes a quarter of an interval apart smooth a step of demand as one
+	// recompute an interval later does: the time constant is in seconds, not in
+	// recomputes (a population of thousands of keys recomputes every few seconds).
+	nan := math.NaN()
+	base := Input{Limit: 1000, Demand: []float64{300, 100}, Default: []float64{0.5, 0.5}, Held: []float64{nan, nan}}
+	st0 := State{Smoothed: []float64{200, 200}, Shares: []float64{0.5, 0.5}}
+	once := Allocate(DefaultConfig(), st0, base)
+	st := st0
+	quarter := base
+	w := WindowWeight(DefaultConfig().Alpha, 0.25)
+	quarter.Weight = []float64{w, w}
+	for range 4 {
+		st = Allocate(DefaultConfig(), st, quarter)
+	}
+	for r := range 2 {
+		if math.Abs(st.Smoothed[r]-once.Smoothed[r]) > 1e-9 {
+			t.Fatalf("four quarter windows: smoothed %v, one whole window: %v", st.Smoothed, once.Smoothed)
+		}
+	}
+}
