@@ -3,6 +3,7 @@ package contract
 import (
 	"encoding/json"
 	"fmt"
+	"math"
 	"testing"
 )
 
@@ -200,4 +201,35 @@ func BenchmarkChunkerTenThousand(b *testing.B) {
 	b.ReportMetric(float64(written)/n, "bytes-written/version")
 	b.ReportMetric(float64(whole), "bytes-whole-set/version")
 	b.ReportMetric(float64(chunks)/n, "chunks-written/version")
+}
+
+// appendEntry writes what json.Marshal writes, for the entries it encodes itself and for
+// those it hands to json.Marshal.
+func TestAppendEntryIsMarshal(t *testing.T) {
+	shares := []float64{0, 1, 0.5, 1.0 / 3, 2.0 / 3, 1e-7, 1.5e-9, 0.000001, 1e21, 123456789.125, 0.1 + 0.2, 5e-324, -0.25}
+	strs := []string{"default", "key:k_123", "", "a\"b", `back\slash`, "<html>&", "tab\there", "é", "\u2028", "\xff"}
+	var entries []Entry
+	for i, s := range strs {
+		m := map[string]float64{}
+		for j := 0; j <= i%4; j++ {
+			m[[]string{"us-east", "eu-west", "ap-south", s}[j]] = shares[(i+j)%len(shares)]
+		}
+		entries = append(entries, Entry{Rule: s, Identity: "key:" + s, Shares: m})
+		entries = append(entries, Entry{Rule: "r", Identity: s, Shares: map[string]float64{"us-east": shares[i%len(shares)]}})
+	}
+	for _, f := range shares {
+		entries = append(entries, Entry{Rule: "r", Identity: "i", Shares: map[string]float64{"z": f, "a": 1 - f}})
+	}
+	entries = append(entries, Entry{Rule: "r", Identity: "nil"}, Entry{Rule: "r", Identity: "empty", Shares: map[string]float64{}},
+		Entry{Rule: "r", Identity: "nan", Shares: map[string]float64{"a": math.NaN()}},
+		Entry{Rule: "r", Identity: "inf", Shares: map[string]float64{"a": math.Inf(1)}})
+	for _, e := range entries {
+		want, err := json.Marshal(&e)
+		if err != nil {
+			want = nil
+		}
+		if got := appendEntry([]byte("x"), &e); string(got) != "x"+string(want) {
+			t.Errorf("%+v: %s, want x%s", e, got, want)
+		}
+	}
 }

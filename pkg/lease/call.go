@@ -13,8 +13,7 @@ import (
 // callFor is a foreground call begun for a key: its flight, the request it sends, and
 // what it was sized under.
 type callFor struct {
-	f       *flight
-	req     bucket.Request
+	f       *flight // f.req is the request it sends
 	gen     uint32
 	peers   int
 	ttl     int64 // how long what it is granted may be spent
@@ -26,16 +25,16 @@ type callFor struct {
 // begin claims the one foreground call for e's key. Called with e's shard lock held. If
 // the key is busy the call asks for a batch, else it passes the check through as it is.
 func (s *Store) begin(e *entry, req *bucket.Request, now int64) callFor {
-	c := callFor{f: &flight{done: make(chan struct{})}, req: *req, gen: e.gen, peers: s.peersOf(e, now)}
-	s.sight(e, &c.req, now)
-	e.handOver(&c.req)
+	c := callFor{f: &flight{req: *req}, gen: e.gen, peers: s.peersOf(e, now)}
+	s.sight(e, &c.f.req, now)
+	e.handOver(&c.f.req)
 	e.flight = c.f
 	batch, ttl, lease, opening := s.leaseBatch(e, req.Limits, req.Want, c.peers, now)
 	c.ttl, c.opening, c.why = ttl, opening, e.callReason(lease)
 	e.lapsed = false
 	if lease {
 		e.batch = batch
-		c.req.Want, c.req.Min = batch, req.MinGrant()
+		c.f.req.Want, c.f.req.Min = batch, req.MinGrant()
 	}
 	c.lease = lease
 	return c
@@ -44,20 +43,20 @@ func (s *Store) begin(e *entry, req *bucket.Request, now int64) callFor {
 // call makes the foreground call c for e's key (begun under the shard lock, which the
 // caller has released) and keeps what the check does not spend.
 func (s *Store) call(ctx context.Context, sh *shard, e *entry, req *bucket.Request, c callFor, start int64) (bucket.Result, error) {
-	s.emit(EventCall, c.req.Want)
+	s.emit(EventCall, c.f.req.Want)
 	s.emit(c.why, 0)
-	res, err := s.take(ctx, &c.req)
+	res, err := s.take(ctx, &c.f.req)
 
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	f := c.f
-	defer close(f.done)
+	defer f.landed()
 	if e.flight == f {
 		e.flight = nil
 	}
 	if err != nil {
 		f.err, f.shared = err, ctx.Err() == nil
-		e.unpaid += c.req.Refused // not heard: counted at the next call
+		e.unpaid += c.f.req.Refused // not heard: counted at the next call
 		s.emit(EventCallError, 0)
 		return bucket.Result{}, err
 	}
@@ -69,9 +68,9 @@ func (s *Store) call(ctx context.Context, sh *shard, e *entry, req *bucket.Reque
 		if res.Penalized && e.held() > 0 {
 			s.emit(EventLimitsChanged, e.dropLease())
 		}
-		e.observe(&c.req, res, start)
+		e.observe(&c.f.req, res, start)
 		if c.lease {
-			e.setContended(!c.opening && res.Granted < c.req.Want, start, c.req.Limits, c.req.Want, c.peers, s.cfg.Window)
+			e.setContended(!c.opening && res.Granted < c.f.req.Want, start, c.f.req.Limits, c.f.req.Want, c.peers, s.cfg.Window)
 		}
 	}
 	if !c.lease || res.Granted == 0 {

@@ -86,12 +86,33 @@ func (e *entry) handOver(req *bucket.Request) {
 
 // flight is one call to the next store; checks that miss while it is in flight wait for it
 // instead of calling too (single flight).
+//
+// A flight is one allocation: the request a foreground call sends lives in it (a request
+// of its own would escape to the heap through the next store's Take), and done is made
+// only for a check that waits (wait), which is rare: most calls land unwaited for.
 type flight struct {
-	done chan struct{} // closed when the call has landed
-	bg   bool          // a background refill: its error is told to nobody
-	err  error         // the call's error, set before done is closed
+	req  bucket.Request // the request a foreground call sends (begin)
+	done chan struct{}  // closed when the call has landed, if a check waits for it
+	bg   bool           // a background refill: its error is told to nobody
+	err  error          // the call's error, set before done is closed
 	// shared: waiters return err too (the store failed, not the leader's context).
 	shared bool
+}
+
+// wait returns a channel closed when f lands. Called with the key's shard lock held, while
+// f is the entry's flight (it has not landed).
+func (f *flight) wait() <-chan struct{} {
+	if f.done == nil {
+		f.done = make(chan struct{})
+	}
+	return f.done
+}
+
+// landed wakes the checks waiting for f. Called with the key's shard lock held, once.
+func (f *flight) landed() {
+	if f.done != nil {
+		close(f.done)
+	}
 }
 
 // count records one check of cost tokens at now in the busyness window.

@@ -205,11 +205,13 @@ func (s *Store) TakeValid(ctx context.Context, req *bucket.Request) (bucket.Resu
 		}
 		f := e.flight
 		var c callFor
+		var landed <-chan struct{}
 		if f == nil {
 			c = s.begin(e, req, now)
 		} else {
 			// Someone is calling for this key: it is busy; wait for that call and look again.
 			e.hits = max(e.hits, s.busyHits)
+			landed = f.wait()
 		}
 		sh.mu.Unlock()
 		if f == nil {
@@ -219,7 +221,7 @@ func (s *Store) TakeValid(ctx context.Context, req *bucket.Request) (bucket.Resu
 			s.hooks.waiting()
 		}
 		select {
-		case <-f.done:
+		case <-landed:
 		case <-ctx.Done():
 			return bucket.Result{}, ctx.Err()
 		}

@@ -22,12 +22,12 @@ func (s *Store) enqueue(e *entry) (runNow bool) {
 	}
 	s.bg.Add(1)
 	if s.cfg.SyncRefill {
-		e.flight = &flight{done: make(chan struct{}), bg: true}
+		e.flight = &flight{bg: true}
 		return true
 	}
 	select {
 	case s.work <- e:
-		e.flight = &flight{done: make(chan struct{}), bg: true}
+		e.flight = &flight{bg: true}
 	default:
 		s.bg.Done()
 		s.emit(EventRefillSkipped, 0)
@@ -124,7 +124,7 @@ func (s *Store) land(e *entry, f *flight) {
 	if e.flight == f {
 		e.flight = nil
 	}
-	close(f.done)
+	f.landed()
 }
 
 // landed counts a background refill done, after its shard lock is released.

@@ -14,15 +14,21 @@ import (
 // piecewise-constant rate (memorylessness makes resampling at a phase change unnecessary).
 // Each stream has its own generator seeded from (scenario seed, key, region), so adding a
 // key does not change the traffic of the others.
+//
+// A stream is read at every arrival of its key, and 10,000 keys' streams miss the cache:
+// its generator and its phases (at, rate and split's, in inl for a key of one phase) are
+// kept in or beside it rather than in five allocations of their own.
 type stream struct {
 	key, region int
-	rng         *rand.Rand
+	rng         rand.Rand // over pcg
+	pcg         rand.PCG
 	at          []float64 // phase starts, seconds
 	rate        []float64 // offered requests/s from at[i]
 	end         float64   // the run's end, seconds
 	t           float64   // the next arrival, seconds; +Inf when none
 	next        int64     // the next arrival, ns since Epoch
 	split       splitBucket
+	inl         [4]float64 // at, rate, split.rate and split.burst of a key of one phase
 }
 
 // splitBucket is the reference the judge's steady_split reads (KeyResult.SteadySplit): the
@@ -65,11 +71,15 @@ func (s *stream) phase(t float64) int {
 
 func newStream(sc *scenario.Scenario, k, r int) *stream {
 	key := &sc.Keys[k]
-	s := &stream{
-		key: k, region: r,
-		rng: rand.New(rand.NewPCG(uint64(sc.Seed), uint64(k)<<16|uint64(r))),
-		end: sc.Duration.Seconds(),
+	s := &stream{key: k, region: r, end: sc.Duration.Seconds()}
+	s.pcg.Seed(uint64(sc.Seed), uint64(k)<<16|uint64(r))
+	s.rng = *rand.New(&s.pcg)
+	n := len(key.Phases)
+	buf := s.inl[:]
+	if 4*n > len(buf) {
+		buf = make([]float64, 4*n)
 	}
+	s.at, s.rate, s.split.rate, s.split.burst = buf[:0:n], buf[n:n:2*n], buf[2*n:2*n:3*n], buf[3*n:3*n:4*n]
 	for _, p := range key.Phases {
 		s.at = append(s.at, p.At.Seconds())
 		s.rate = append(s.rate, p.Offered[r])
@@ -131,11 +141,36 @@ func (s *stream) setT(t float64) {
 	s.next = int64(t * float64(time.Second))
 }
 
-// streamHeap orders streams by their next arrival (ties: key, then region).
-type streamHeap []*stream
+// streamHeap orders streams by their next arrival (ties: key, then region). Each slot
+// carries the order's fields beside the stream, so that sifting compares within the
+// heap's own array: with 10,000 streams a region, loading each stream compared missed the
+// cache (a tenth of a long-tail run went to the heap).
+type streamHeap []streamSlot
+
+type streamSlot struct {
+	next        int64 // s.next when the slot was last fixed
+	key, region int32
+	s           *stream
+}
+
+func slotOf(s *stream) streamSlot {
+	return streamSlot{next: s.next, key: int32(s.key), region: int32(s.region), s: s}
+}
+
+// push appends s; init orders the heap once every stream was pushed.
+func (h *streamHeap) push(s *stream) { *h = append(*h, slotOf(s)) }
+
+// top is the stream whose arrival is next.
+func (h streamHeap) top() *stream { return h[0].s }
+
+// advanced restores the heap after the top stream drew its next arrival.
+func (h streamHeap) advanced() {
+	h[0].next = h[0].s.next
+	h.down(0)
+}
 
 func (h streamHeap) less(i, j int) bool {
-	a, b := h[i], h[j]
+	a, b := &h[i], &h[j]
 	if a.next != b.next {
 		return a.next < b.next
 	}

@@ -9,6 +9,7 @@ import (
 	"github.com/allot-dev/allot/pkg/balancer"
 	"github.com/allot-dev/allot/pkg/contract"
 	"github.com/allot-dev/allot/pkg/enforcer/node"
+	"github.com/allot-dev/allot/pkg/enforcer/overrides"
 	"github.com/allot-dev/allot/pkg/enforcer/report"
 	"github.com/allot-dev/allot/pkg/sim/scenario"
 	allotv1 "github.com/allot-dev/allot/proto/allot/v1"
@@ -325,6 +326,7 @@ func (p *balancerPlane) tick() {
 func (p *balancerPlane) deliver(r, e int) {
 	head, entries, clk := p.head, p.entries, p.w.regions[r].clk
 	written := p.written
+	set := overrides.Prepare(p.sc.Regions[r].Name, head, entries) // built once for the region's enforcers
 	for q, n := range p.w.regions[r].nodes {
 		if (e >= 0 && q != e) || p.cut(r, q) {
 			continue
@@ -339,7 +341,7 @@ func (p *balancerPlane) deliver(r, e int) {
 				h.MarkLoaded()
 				return
 			}
-			if h.Apply(head, entries, clk.Now()) {
+			if h.ApplyPrepared(set, clk.Now()) {
 				// A new set swapped in (what Holder.Changed tells the Reporter): report early,
 				// AckGap after the last report at the soonest, so the balancer sees the version
 				// applied (what its change plan waits for before it publishes an increase).

@@ -155,7 +155,7 @@ func RunLive(ctx context.Context, sc *scenario.Scenario, opt LiveOptions) (*Resu
 	var streams streamHeap
 	for k := range sc.Keys {
 		for r := range sc.Regions {
-			streams = append(streams, newStream(sc, k, r))
+			streams.push(newStream(sc, k, r))
 		}
 	}
 	streams.init()
@@ -191,7 +191,7 @@ func RunLive(ctx context.Context, sc *scenario.Scenario, opt LiveOptions) (*Resu
 	<-timer.C
 loop:
 	for {
-		st := streams[0]
+		st := streams.top()
 		if st.next >= end {
 			break
 		}
@@ -230,7 +230,7 @@ loop:
 			}
 		}
 		st.advance()
-		streams.down(0)
+		streams.advanced()
 	}
 	close(jobs)
 	wg.Wait()

@@ -201,7 +201,7 @@ func newWorld(sc *scenario.Scenario, p plane, summaryOnly bool) (*world, error) 
 			reg.nodes = append(reg.nodes, nd)
 		}
 		for k := range sc.Keys {
-			reg.streams = append(reg.streams, newStream(sc, k, r))
+			reg.streams.push(newStream(sc, k, r))
 		}
 		reg.streams.init()
 	}
@@ -318,7 +318,7 @@ func (w *world) runUntil(reg *region, b int64) {
 	R := len(w.regions)
 	ctx := context.Background()
 	for {
-		st := reg.streams[0]
+		st := reg.streams.top()
 		evAt, ok := reg.clk.peek()
 		if ok && evAt < b && evAt <= st.next {
 			reg.clk.runNext()
@@ -358,7 +358,7 @@ func (w *world) runUntil(reg *region, b int64) {
 			c.Sources[sourceCol(d.Source)]++
 		}
 		st.advance()
-		reg.streams.down(0)
+		reg.streams.advanced()
 	}
 	reg.clk.set(b)
 }

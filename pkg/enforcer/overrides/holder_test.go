@@ -423,3 +423,31 @@ func TestHolderStaleWhenReportsGoUnheard(t *testing.T) {
 		t.Fatalf("heard again: share %g, want 0.8", got)
 	}
 }
+
+// A prepared set is built once for the Holders of its region, which each swap it in (and
+// refresh or ignore it by their own set); a Holder of another region reads its own share.
+func TestApplyPrepared(t *testing.T) {
+	fc := clock.NewFake(t0)
+	r := compiled(t)
+	a, b := newHolder(t, fc, nil), newHolder(t, fc, nil)
+	cfg := DefaultConfig()
+	cfg.Region, cfg.Clock = "eu-west", fc
+	eu, err := NewHolder(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	es := []contract.Entry{entry("key:a", 0.5, 0.3, 0.2), {Rule: "default", Identity: "key:bad", Shares: map[string]float64{"us-east": 2}}}
+	p := Prepare("us-east", head(1, 1, t0), es)
+	if !a.ApplyPrepared(p, t0) || !b.ApplyPrepared(p, t0) || !eu.ApplyPrepared(p, t0) {
+		t.Fatal("a new set was not swapped in")
+	}
+	if a.cur.Load().invalid != 1 || b.Len() != 1 {
+		t.Fatalf("invalid %d, entries %d: want the bad entry skipped", a.cur.Load().invalid, b.Len())
+	}
+	if sa, sb, se := a.Share(r, "key:a", t0), b.Share(r, "key:a", t0), eu.Share(r, "key:a", t0); !near(sa, 0.5) || !near(sb, 0.5) || !near(se, 0.3) {
+		t.Fatalf("shares %g, %g (us-east) and %g (eu-west): want 0.5, 0.5 and 0.3", sa, sb, se)
+	}
+	if a.ApplyPrepared(p, t0.Add(time.Second)) {
+		t.Fatal("the set in force was swapped in again")
+	}
+}

@@ -9,8 +9,10 @@ import (
 )
 
 // drained is one tracked pair of a finished interval, with what Report decides about it.
+// e points into the drained table's slab (which Report resets once it is done with it)
+// or into Table.quiet: the report sorts these three words, not a copy of each entry.
 type drained struct {
-	e         entry
+	e         *entry
 	rate      float64
 	pressured bool
 }
@@ -52,7 +54,7 @@ func (t *Table) Report(now time.Time) *allotv1.ReportRequest {
 	// against; a very short interval is taken as EarlyGap long, so the scale stays <=
 	// Interval/EarlyGap.
 	scale := float64(t.cfg.Interval) / float64(max(length, t.cfg.EarlyGap))
-	var items, quiet []drained
+	items, qs := t.items[:0], t.quiet[:0]
 	var total, evicted int64
 	cur := now.UnixNano() / int64(RecentSlot)
 	for i := range t.stripes {
@@ -74,15 +76,14 @@ func (t *Table) Report(now time.Time) *allotv1.ReportRequest {
 			if _, ok := old.m[k]; ok {
 				continue
 			}
-			e := entry{key: k, rule: st.rule, first: st.first, slots: st.slots}
-			quiet = append(quiet, drained{e: e})
+			qs = append(qs, entry{key: k, rule: st.rule, first: st.first, slots: st.slots})
 		}
 
 		total += old.total
 		evicted += old.evicted
 		var prev map[pair]prevState
 		for _, e := range old.heap {
-			items = append(items, drained{e: *e})
+			items = append(items, drained{e: e})
 			var st prevState
 			if e.refused > 0 {
 				st.refused = int64(float64(e.refused) * scale)
@@ -103,9 +104,20 @@ func (t *Table) Report(now time.Time) *allotv1.ReportRequest {
 		s.mu.Lock()
 		s.prev = prev
 		s.mu.Unlock()
-		old.reset()
-		s.spare = old
+		s.spare = old // reset below, once the report is built from its entries
 	}
+	quiet := make([]drained, len(qs))
+	for i := range qs {
+		quiet[i].e = &qs[i]
+	}
+	defer func() {
+		for i := range t.stripes {
+			t.stripes[i].spare.reset()
+		}
+		clear(items) // drop the references to the drained entries
+		clear(qs)
+		t.items, t.quiet = items[:0], qs[:0]
+	}()
 
 	secs := length.Seconds()
 	for i := range items {
@@ -113,7 +125,7 @@ func (t *Table) Report(now time.Time) *allotv1.ReportRequest {
 		d.rate = t.rate(d.e.rule, d.e.key.identity)
 		d.pressured = d.e.refused > 0 || float64(d.e.admitted) > t.cfg.PressureFraction*d.rate*secs
 	}
-	slices.SortFunc(items, func(a, b drained) int {
+	slices.SortFunc(items, func(a, b drained) int { // a total order: pairs are unique
 		switch {
 		case a.pressured != b.pressured:
 			if a.pressured {

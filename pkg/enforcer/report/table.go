@@ -31,6 +31,11 @@ type Table struct {
 	mask    uint64
 	stripes []stripe
 
+	// items and quiet are Report's buffers, kept from one report to the next (guarded by
+	// mu): a report of a full table of 20,000 pairs no longer grows a slice of them.
+	items []drained
+	quiet []entry
+
 	jumped atomic.Bool   // some identity's refusals jumped this interval (see entry.earlyAt)
 	early  chan struct{} // cap 1: poked when jumped goes true, so a Reporter need not poll
 	startN atomic.Int64  // start as Unix ns, for WantEarly without mu
