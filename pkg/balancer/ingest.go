@@ -321,14 +321,14 @@ func (c *Core) ingestMembers(now time.Time, ri int, r *allotv1.ReportRequest) er
 	maxSecs := 2 * c.cfg.Interval.Seconds()
 	for _, m := range r.Members {
 		e := rs.enforcers[m.EnforcerId]
+		heard := now.Add(-time.Duration(m.HeardAgoMs) * time.Millisecond)
 		if e == nil {
-			if m.Final {
-				continue
+			if m.Final || now.Sub(heard) >= c.cfg.Stale+c.cfg.AckTimeout {
+				continue // gone, or fenced itself by now (acks dropped it): nothing to wait for
 			}
 			e = &enforcerState{}
 			rs.enforcers[m.EnforcerId] = e
 		}
-		heard := now.Add(-time.Duration(m.HeardAgoMs) * time.Millisecond)
 		if !heard.Before(e.lastHeard) { // a later word than the last: an older one never rolls it back
 			e.lastHeard, e.appliedRev, e.appliedVer = heard, m.ShareLeaderRev, m.ShareVersion
 		}
