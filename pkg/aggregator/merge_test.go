@@ -173,14 +173,16 @@ func TestMergeRefusesInvalid(t *testing.T) {
 		mut  func(r *allotv1.ReportRequest)
 		want string
 	}{
-		"other region":  {func(r *allotv1.ReportRequest) { r.Region = "eu-west" }, `region "eu-west"`},
-		"no enforcer":   {func(r *allotv1.ReportRequest) { r.EnforcerId = "" }, "enforcer_id"},
-		"empty":         {func(r *allotv1.ReportRequest) { r.IntervalEndMs = r.IntervalStartMs }, "interval"},
-		"negative":      {func(r *allotv1.ReportRequest) { r.Usage[0].Refused = -1 }, "usage[0] (r k)"},
-		"NaN":           {func(r *allotv1.ReportRequest) { r.Usage[0].Error = math.NaN() }, "usage[0] (r k)"},
-		"too many":      {func(r *allotv1.ReportRequest) { r.Usage = append(r.Usage, use("x", 1, 0, 0, 0), use("y", 1, 0, 0, 0)) }, "3 usage entries"},
-		"members":       {func(r *allotv1.ReportRequest) { r.Members = []*allotv1.Member{{EnforcerId: "x"}} }, "do not chain"},
-		"bad quota":     {func(r *allotv1.ReportRequest) { r.Quotas = []*allotv1.QuotaCount{{Rule: "r", Limit: "l", Identity: "i"}} }, "quotas[0]"},
+		"other region": {func(r *allotv1.ReportRequest) { r.Region = "eu-west" }, `region "eu-west"`},
+		"no enforcer":  {func(r *allotv1.ReportRequest) { r.EnforcerId = "" }, "enforcer_id"},
+		"empty":        {func(r *allotv1.ReportRequest) { r.IntervalEndMs = r.IntervalStartMs }, "interval"},
+		"negative":     {func(r *allotv1.ReportRequest) { r.Usage[0].Refused = -1 }, "usage[0] (r k)"},
+		"NaN":          {func(r *allotv1.ReportRequest) { r.Usage[0].Error = math.NaN() }, "usage[0] (r k)"},
+		"too many":     {func(r *allotv1.ReportRequest) { r.Usage = append(r.Usage, use("x", 1, 0, 0, 0), use("y", 1, 0, 0, 0)) }, "3 usage entries"},
+		"members":      {func(r *allotv1.ReportRequest) { r.Members = []*allotv1.Member{{EnforcerId: "x"}} }, "do not chain"},
+		"bad quota": {func(r *allotv1.ReportRequest) {
+			r.Quotas = []*allotv1.QuotaCount{{Rule: "r", Limit: "l", Identity: "i"}}
+		}, "quotas[0]"},
 		"omitted NaN":   {func(r *allotv1.ReportRequest) { r.OmittedTokens = math.Inf(1) }, "omitted_tokens"},
 		"nil usage row": {func(r *allotv1.ReportRequest) { r.Usage[0] = nil }, "usage[0] is nil"},
 	} {
