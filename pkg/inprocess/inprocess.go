@@ -34,6 +34,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/allot-dev/allot/pkg/aggregator"
 	"github.com/allot-dev/allot/pkg/appkit"
 	balancerapp "github.com/allot-dev/allot/pkg/balancer/app"
 	"github.com/allot-dev/allot/pkg/bucket"
@@ -41,8 +42,15 @@ import (
 	"github.com/allot-dev/allot/pkg/clock"
 	"github.com/allot-dev/allot/pkg/contract"
 	enforcerapp "github.com/allot-dev/allot/pkg/enforcer/app"
+	"github.com/allot-dev/allot/pkg/enforcer/report"
+	"github.com/allot-dev/allot/pkg/tlsfiles"
+	allotv1 "github.com/allot-dev/allot/proto/allot/v1"
 	"github.com/hashicorp/go-hclog"
+	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/server/v3/embed"
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 )
 
 // Region is one region of the stack.
@@ -76,6 +84,10 @@ type Config struct {
 	Dir string
 	// Logger gets every part's logs (named per part); nil discards them.
 	Logger hclog.Logger
+	// Aggregate runs a report aggregator per region (pkg/aggregator, elected in etcd, over
+	// mutual TLS like the balancer), and the region's enforcers report through it
+	// (balancer.via_aggregator). Default false: the direct path.
+	Aggregate bool
 	// Tracing is every process's OpenTelemetry tracing (appkit.TracingFromEnv); each
 	// balancer and enforcer exports its own spans, as deployed. The zero value is off.
 	Tracing appkit.Tracing
@@ -134,6 +146,7 @@ type Stack struct {
 	balancers []*balancerapp.App
 	dashToken string // a read-only dashboard token (dashboard.tokens_file)
 	enforcers map[string][]*enforcerapp.App
+	aggs      map[string]*aggregator.Aggregator
 	stores    map[string]*bucket.Memory
 
 	ctx    context.Context
@@ -149,7 +162,7 @@ func Start(cfg Config) (_ *Stack, err error) {
 	if err := cfg.withDefaults(); err != nil {
 		return nil, err
 	}
-	s := &Stack{cfg: cfg, dir: cfg.Dir, enforcers: map[string][]*enforcerapp.App{}, stores: map[string]*bucket.Memory{}}
+	s := &Stack{cfg: cfg, dir: cfg.Dir, enforcers: map[string][]*enforcerapp.App{}, aggs: map[string]*aggregator.Aggregator{}, stores: map[string]*bucket.Memory{}}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	defer func() {
 		if err != nil {
@@ -207,6 +220,13 @@ func Start(cfg Config) (_ *Stack, err error) {
 		s.balancers = append(s.balancers, b)
 		s.run(func(ctx context.Context) error { return b.Run(ctx) })
 	}
+	if cfg.Aggregate {
+		for _, r := range cfg.Regions {
+			if err := s.startAggregator(r.Name); err != nil {
+				return nil, err
+			}
+		}
+	}
 	for _, r := range cfg.Regions {
 		var store *bucket.Memory
 		if len(cfg.Redis[r.Name]) == 0 {
@@ -226,6 +246,7 @@ func Start(cfg Config) (_ *Stack, err error) {
 			ec.Listen.GRPC, ec.Listen.HTTP = "127.0.0.1:0", "127.0.0.1:0"
 			ec.Shares.StaleAfter = cfg.Stale
 			ec.Balancer.Enabled, ec.Balancer.Interval = true, cfg.Interval
+			ec.Balancer.ViaAggregator = cfg.Aggregate
 			ec.Balancer.TLS = enforcerapp.TLSConfig{Enabled: true, CAFile: s.certs.CA(),
 				CertFile: s.certs.Enforcer(r.Name), KeyFile: s.certs.EnforcerKey(r.Name)}
 			ec.Tracing = cfg.Tracing
@@ -245,6 +266,60 @@ func Start(cfg Config) (_ *Stack, err error) {
 	}
 	return s, nil
 }
+
+// startAggregator starts region's report aggregator: a gRPC server on loopback over
+// mutual TLS (the balancer's server certificate, the CA verifying the region's enforcers),
+// forwarding to the balancer leader with the region's certificate, elected in etcd.
+func (s *Stack) startAggregator(region string) error {
+	srvTLS, err := tlsfiles.Server{Enabled: true, CertFile: s.certs.Balancer(), KeyFile: s.certs.BalancerKey(), ClientCAFile: s.certs.CA()}.Build()
+	if err != nil {
+		return fmt.Errorf("inprocess: aggregator %s: %w", region, err)
+	}
+	upTLS, err := tlsfiles.Client{Enabled: true, CAFile: s.certs.CA(), CertFile: s.certs.Enforcer(region), KeyFile: s.certs.EnforcerKey(region)}.Build()
+	if err != nil {
+		return fmt.Errorf("inprocess: aggregator %s: %w", region, err)
+	}
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{s.etcdURL}, DialTimeout: 2 * time.Second, Logger: zap.NewNop()})
+	if err != nil {
+		return fmt.Errorf("inprocess: aggregator %s: %w", region, err)
+	}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		_ = cli.Close()
+		return fmt.Errorf("inprocess: aggregator %s: %w", region, err)
+	}
+	ac := aggregator.DefaultConfig()
+	ac.Region, ac.ID, ac.Advertise = region, "aggregator-"+region, lis.Addr().String()
+	ac.Etcd, ac.Upstream, ac.TLS, ac.RegionFromPeer = cli, report.EtcdLeader(cli, ""), upTLS, true
+	ac.Interval = s.cfg.Interval
+	ac.Logger = s.cfg.Logger.Named(ac.ID)
+	a, err := aggregator.New(ac)
+	if err != nil {
+		_ = lis.Close()
+		_ = cli.Close()
+		return fmt.Errorf("inprocess: aggregator %s: %w", region, err)
+	}
+	srv := grpc.NewServer(grpc.Creds(credentials.NewTLS(srvTLS)))
+	allotv1.RegisterBalancerServer(srv, a)
+	s.aggs[region] = a
+	s.run(func(ctx context.Context) error {
+		done := make(chan error, 1)
+		go func() { done <- srv.Serve(lis) }()
+		err := a.Start()
+		if err == nil {
+			<-ctx.Done()
+		}
+		srv.Stop()
+		<-done
+		_ = a.Close()
+		_ = cli.Close()
+		return err
+	})
+	return nil
+}
+
+// Aggregators returns each region's report aggregator (Config.Aggregate), nil without.
+func (s *Stack) Aggregators() map[string]*aggregator.Aggregator { return s.aggs }
 
 // run starts f in a goroutine the Stack owns; Close cancels its context and waits.
 func (s *Stack) run(f func(context.Context) error) {
