@@ -166,6 +166,7 @@ func (g *merger) add(now time.Time, r *allotv1.ReportRequest) (m *member, dup, u
 		return nil, false, false, err
 	}
 	m = g.members[r.EnforcerId]
+	fresh := m == nil
 	if m == nil {
 		if len(g.members) >= g.maxMs {
 			return nil, false, false, fmt.Errorf("%w: %d already", ErrTooManyMembers, len(g.members))
@@ -176,7 +177,11 @@ func (g *merger) add(now time.Time, r *allotv1.ReportRequest) (m *member, dup, u
 		return m, true, false, nil
 	}
 	m.seen(r.Seq)
+	// An acknowledgement: a set other than the one it last reported (a new enforcer: any set).
 	acked := m.rev != r.ShareLeaderRev || m.ver != r.ShareVersion
+	if fresh {
+		acked = r.ShareVersion != 0
+	}
 	m.heard, m.rev, m.ver, m.final = now, r.ShareLeaderRev, r.ShareVersion, r.Final
 	start := max(r.IntervalStartMs, m.lastEndMs)
 	covered := min(max(r.IntervalEndMs-start, 0), 2*g.interval.Milliseconds())
@@ -222,7 +227,7 @@ func (g *merger) add(now time.Time, r *allotv1.ReportRequest) (m *member, dup, u
 		e.Count = max(e.Count, q.Count) // the region's own count: the largest is the newest
 	}
 	g.early = g.early || r.Early
-	urgent = r.Early || r.Final || (r.Ack && acked) || acked
+	urgent = r.Early || r.Final || acked
 	g.ack = g.ack || (urgent && !r.Early)
 	return m, false, urgent, nil
 }
