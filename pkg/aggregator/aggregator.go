@@ -664,3 +664,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	}
 	return m, nil
 }
+
+// EtcdUpstream finds the balancer leader on its election prefix in etcd (an empty prefix
+// means contract.ElectionPrefix): Config.Upstream in production.
+func EtcdUpstream(cli *clientv3.Client, prefix string) report.LeaderSource {
+	return report.EtcdLeader(cli, prefix)
+}

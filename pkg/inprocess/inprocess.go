@@ -42,15 +42,9 @@ import (
 	"github.com/allot-dev/allot/pkg/clock"
 	"github.com/allot-dev/allot/pkg/contract"
 	enforcerapp "github.com/allot-dev/allot/pkg/enforcer/app"
-	"github.com/allot-dev/allot/pkg/enforcer/report"
 	"github.com/allot-dev/allot/pkg/tlsfiles"
-	allotv1 "github.com/allot-dev/allot/proto/allot/v1"
 	"github.com/hashicorp/go-hclog"
-	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/server/v3/embed"
-	"go.uber.org/zap"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials"
 )
 
 // Region is one region of the stack.
@@ -222,7 +216,7 @@ func Start(cfg Config) (_ *Stack, err error) {
 	}
 	if cfg.Aggregate {
 		for _, r := range cfg.Regions {
-			if err := s.startAggregator(r.Name); err != nil {
+			if err := s.startAggregator(r.Name, names, rulesFile); err != nil {
 				return nil, err
 			}
 		}
@@ -267,54 +261,27 @@ func Start(cfg Config) (_ *Stack, err error) {
 	return s, nil
 }
 
-// startAggregator starts region's report aggregator: a gRPC server on loopback over
-// mutual TLS (the balancer's server certificate, the CA verifying the region's enforcers),
+// startAggregator starts region's report aggregator as the balancer binary runs one
+// (pkg/balancer/app with an aggregate section): its report API on loopback over mutual
+// TLS (the balancer's server certificate, the CA verifying the region's enforcers),
 // forwarding to the balancer leader with the region's certificate, elected in etcd.
-func (s *Stack) startAggregator(region string) error {
-	srvTLS, err := tlsfiles.Server{Enabled: true, CertFile: s.certs.Balancer(), KeyFile: s.certs.BalancerKey(), ClientCAFile: s.certs.CA()}.Build()
+func (s *Stack) startAggregator(region string, names []string, rulesFile string) error {
+	bc := balancerapp.DefaultConfig()
+	bc.Listen.TLS = balancerapp.ServerTLSConfig{Enabled: true, CertFile: s.certs.Balancer(), KeyFile: s.certs.BalancerKey(), ClientCAFile: s.certs.CA()}
+	bc.Regions, bc.ID = names, "aggregator-"+region
+	bc.Listen.GRPC, bc.Listen.HTTP = "127.0.0.1:0", "127.0.0.1:0"
+	bc.Etcd.Endpoints = []string{s.etcdURL}
+	bc.Rules.File = rulesFile
+	bc.Balance.Interval = s.cfg.Interval
+	bc.Aggregate = balancerapp.AggregateConfig{Region: region, UpstreamTLS: tlsfiles.Client{Enabled: true, CAFile: s.certs.CA(),
+		CertFile: s.certs.Enforcer(region), KeyFile: s.certs.EnforcerKey(region)}}
+	bc.Tracing = s.cfg.Tracing
+	a, err := balancerapp.New(bc, s.cfg.Logger.Named(bc.ID))
 	if err != nil {
 		return fmt.Errorf("inprocess: aggregator %s: %w", region, err)
 	}
-	upTLS, err := tlsfiles.Client{Enabled: true, CAFile: s.certs.CA(), CertFile: s.certs.Enforcer(region), KeyFile: s.certs.EnforcerKey(region)}.Build()
-	if err != nil {
-		return fmt.Errorf("inprocess: aggregator %s: %w", region, err)
-	}
-	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{s.etcdURL}, DialTimeout: 2 * time.Second, Logger: zap.NewNop()})
-	if err != nil {
-		return fmt.Errorf("inprocess: aggregator %s: %w", region, err)
-	}
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		_ = cli.Close()
-		return fmt.Errorf("inprocess: aggregator %s: %w", region, err)
-	}
-	ac := aggregator.DefaultConfig()
-	ac.Region, ac.ID, ac.Advertise = region, "aggregator-"+region, lis.Addr().String()
-	ac.Etcd, ac.Upstream, ac.TLS, ac.RegionFromPeer = cli, report.EtcdLeader(cli, ""), upTLS, true
-	ac.Interval = s.cfg.Interval
-	ac.Logger = s.cfg.Logger.Named(ac.ID)
-	a, err := aggregator.New(ac)
-	if err != nil {
-		_ = lis.Close()
-		_ = cli.Close()
-		return fmt.Errorf("inprocess: aggregator %s: %w", region, err)
-	}
-	srv := grpc.NewServer(grpc.Creds(credentials.NewTLS(srvTLS)))
-	allotv1.RegisterBalancerServer(srv, a)
-	s.aggs[region] = a
-	s.run(func(ctx context.Context) error {
-		done := make(chan error, 1)
-		go func() { done <- srv.Serve(lis) }()
-		err := a.Start()
-		if err == nil {
-			<-ctx.Done()
-		}
-		srv.Stop()
-		<-done
-		_ = a.Close()
-		_ = cli.Close()
-		return err
-	})
+	s.aggs[region] = a.Aggregator()
+	s.run(func(ctx context.Context) error { return a.Run(ctx) })
 	return nil
 }
 
