@@ -138,8 +138,8 @@ type Stack struct {
 	Balancers []*Balancer
 	// Aggregators, one per region in Regions' order with Options.Aggregate.
 	Aggregators []*Balancer
-	Dir       string // configs and rules files, bind-mounted at the same path
-	Image     string // the stack image
+	Dir         string // configs and rules files, bind-mounted at the same path
+	Image       string // the stack image
 	// Certs are the report API's mutual TLS (under Dir/certs): the balancers serve with
 	// them and each region's enforcers report with their region's certificate, as the
 	// shipped configs do.
