@@ -57,6 +57,19 @@ func (c *Core) validate(r *allotv1.ReportRequest) (int, error) {
 	return ri, nil
 }
 
+// membersHeard is when the latest of an aggregator's members was heard (now for an
+// enforcer's own report).
+func membersHeard(now time.Time, r *allotv1.ReportRequest) time.Time {
+	if len(r.Members) == 0 {
+		return now
+	}
+	ago := r.Members[0].HeardAgoMs
+	for _, m := range r.Members[1:] {
+		ago = min(ago, m.HeardAgoMs)
+	}
+	return now.Add(-time.Duration(max(ago, 0)) * time.Millisecond)
+}
+
 // validateMembers checks an aggregator's member list (ReportRequest.members).
 func validateMembers(r *allotv1.ReportRequest, maxMembers int) error {
 	bad := func(format string, a ...any) error {
@@ -188,7 +201,7 @@ func (c *Core) Ingest(now time.Time, r *allotv1.ReportRequest) error {
 			rs.snapEnfs++
 		}
 	}
-	c.heardRegion(now, rs, r, secs, 1, recent)
+	c.heardRegion(now, now, rs, r, secs, 1, recent)
 	if r.Final {
 		// It stopped answering checks: it enforces nothing any more, so neither its
 		// acknowledgements nor its fence are waited for (see acks).
@@ -201,9 +214,17 @@ func (c *Core) Ingest(now time.Time, r *allotv1.ReportRequest) error {
 // heardRegion counts one report (reports enforcer reports merged, recent of them with
 // recent rates, covering secs enforcer-seconds) in its region's window. Called with c.mu
 // held.
-func (c *Core) heardRegion(now time.Time, rs *regionState, r *allotv1.ReportRequest, secs float64, reports, recent int) {
+//
+// heard is when the region's latest word from an enforcer was: now for an enforcer's own
+// report; for an aggregator's, its most recently heard member — the aggregator's forwards
+// alone never make a region whose enforcers are all silent look alive (it is held, then
+// gone, as if they had reported directly).
+func (c *Core) heardRegion(now, heard time.Time, rs *regionState, r *allotv1.ReportRequest, secs float64, reports, recent int) {
 	rs.winSecs += secs
-	rs.lastHeard, rs.heard = now, true
+	if heard.After(rs.lastHeard) {
+		rs.lastHeard = heard
+	}
+	rs.heard = true
 	rs.reports++
 	rs.winReports += reports
 	if recent > 0 {
@@ -352,7 +373,7 @@ func (c *Core) ingestMembers(now time.Time, ri int, r *allotv1.ReportRequest) er
 			delete(rs.enforcers, m.EnforcerId) // as for a final report of its own
 		}
 	}
-	c.heardRegion(now, rs, r, secs, reports, recent)
+	c.heardRegion(now, membersHeard(now, r), rs, r, secs, reports, recent)
 	c.usage(now, ri, r, max(secs, 0.1), recent)
 	return nil
 }

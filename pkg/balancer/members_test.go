@@ -199,3 +199,69 @@ func TestIngestMembersRefusedAndDeduped(t *testing.T) {
 		t.Errorf("eu-west tracks %d enforcers after its only member's final report, want 0", n)
 	}
 }
+
+// TestRegionSilentBehindAggregator: every enforcer of ap-south falls silent while its
+// aggregator goes on forwarding (listing them, heard longer ago): the region is silent,
+// then gone, exactly as if they had reported directly and stopped — the aggregator's own
+// forwards never make the region look alive. A twin core publishes the same at every tick.
+func TestRegionSilentBehindAggregator(t *testing.T) {
+	mod := func(c *CoreConfig) { c.Learning, c.Stale, c.AckTimeout = time.Second, time.Minute, 5*time.Second }
+	agg, direct := newTestCore(t, mod), newTestCore(t, mod)
+	now := t0
+	agg.Published(agg.Tick(now), now)
+	direct.Published(direct.Tick(now), now)
+	seq := uint64(0)
+	ver := map[string]uint64{}
+	var silentSince time.Time
+	ingest := func(c *Core, r *allotv1.ReportRequest) {
+		t.Helper()
+		if err := c.Ingest(now, r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	reportAll := func() {
+		seq++
+		for _, region := range regions3 {
+			demand := map[string]float64{"us-east": 0, "eu-west": 400, "ap-south": 400}[region]
+			if region == "ap-south" && !silentSince.IsZero() {
+				last := silentSince.Add(-2 * time.Second) // their last report, as the direct twin's
+				ms := []aggMember{{"e1", ver[region], now.Sub(last), 0}, {"e2", ver[region], now.Sub(last), 0}}
+				ingest(agg, aggReport(region, seq, now, ms))
+				continue
+			}
+			ingest(agg, aggReport(region, seq, now, []aggMember{{"e1", ver[region], 0, 1}, {"e2", ver[region], 0, 1}}, use("key:a", demand*10, 0)))
+			for _, id := range []string{"e1", "e2"} {
+				r := report(region, id, seq, now, use("key:a", demand*5, 0))
+				r.ShareLeaderRev, r.ShareVersion = 7, ver[region]
+				ingest(direct, r)
+			}
+		}
+	}
+	for now.Sub(t0) < 4*time.Minute {
+		if now.Sub(t0) >= time.Minute && silentSince.IsZero() {
+			silentSince = now
+		}
+		reportAll()
+		now = now.Add(2 * time.Second)
+		a, d := agg.Tick(now), direct.Tick(now)
+		agg.Published(a, now)
+		direct.Published(d, now)
+		if (a == nil) != (d == nil) || a != nil && (a.Head.Version != d.Head.Version || len(a.Entries) != len(d.Entries) ||
+			len(a.Entries) > 0 && !sameShares(a.Entries[0].Shares, d.Entries[0].Shares)) {
+			t.Fatalf("%v: through the aggregators %+v, direct %+v: they differ", now.Sub(t0), a, d)
+		}
+		if a != nil && a.Changed {
+			for _, region := range regions3 {
+				if region != "ap-south" || silentSince.IsZero() {
+					ver[region] = a.Head.Version // applied at once
+				}
+			}
+		}
+	}
+	if got := agg.Stats(now).Regions[2].Enforcers; got != 0 {
+		t.Errorf("ap-south still tracks %d enforcers 3 minutes after they fell silent, want 0 (fenced)", got)
+	}
+	if p := agg.Tick(now.Add(time.Second)); p != nil && len(p.Entries) > 0 && p.Entries[0].Shares["eu-west"] < 0.5 {
+		t.Errorf("eu-west holds %v with ap-south gone: its share did not come back", p.Entries[0].Shares)
+	}
+}
