@@ -115,7 +115,7 @@ clean-containers:
 # 2 cores. `make test` runs them too.
 .PHONY: drills stack-up stack-down
 drills: images
-	$(GO) test -race -count=1 -run '^(TestDrills|TestBalancerDrills)$$' -v -timeout 20m ./e2e/
+	$(GO) test -race -count=1 -run '^(TestDrills|TestBalancerDrills|TestAggregatedDrills)$$' -v -timeout 20m ./e2e/
 
 # The same three-region stack for a user on this machine (everything on 127.0.0.1): prints
 # every address and how to point a gateway or regionsim at it, writes them to bin/stack.env,

@@ -24,7 +24,7 @@ var layers = [][]string{
 	// 3: each side's core.
 	{"pkg/enforcer", "pkg/enforcer/overrides", "pkg/enforcer/report", "pkg/balancer"},
 	// 4: what is built on a core: the node's composition, front ends, admin, dashboard.
-	{"pkg/enforcer/node", "pkg/enforcer/grpcapi", "pkg/enforcer/httpapi", "pkg/enforcer/enforcertest",
+	{"pkg/aggregator", "pkg/enforcer/node", "pkg/enforcer/grpcapi", "pkg/enforcer/httpapi", "pkg/enforcer/enforcertest",
 		"pkg/balancer/admin", "pkg/balancer/dashboard"},
 	// 5: processes and the simulator.
 	{"pkg/enforcer/app", "pkg/balancer/app", "pkg/sim"},

@@ -64,6 +64,25 @@ func balancerConfig(t testing.TB, s *Stack, regions []string, opt Options) strin
 	return string(out)
 }
 
+// aggregatorConfig is region r's report aggregator: the balancers' config with r's etcd
+// endpoints (its links) and an aggregate section forwarding with r's certificate.
+func aggregatorConfig(t testing.TB, s *Stack, r *Region, regions []string, opt Options) string {
+	t.Helper()
+	var cfg map[string]any
+	if err := yaml.Unmarshal([]byte(balancerConfig(t, s, regions, opt)), &cfg); err != nil {
+		t.Fatal(err)
+	}
+	cfg["etcd"].(map[string]any)["endpoints"] = r.EtcdEndpoints
+	delete(cfg, "admin")
+	cfg["aggregate"] = map[string]any{"region": r.Name, "upstream_tls": map[string]any{"enabled": true,
+		"ca_file": s.Certs.CA(), "cert_file": s.Certs.Enforcer(r.Name), "key_file": s.Certs.EnforcerKey(r.Name)}}
+	out, err := yaml.Marshal(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(out)
+}
+
 // newBalancer names replica i and picks its ports (it is started by startBalancer).
 func newBalancer(t testing.TB, i int) *Balancer {
 	t.Helper()

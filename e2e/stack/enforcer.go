@@ -68,7 +68,9 @@ func enforcerConfig(t testing.TB, r *Region, regions []string, rulesFile string,
 		"drain_timeout": "5s",
 		"log_level":     "info",
 	}
-	if len(r.BalancerAddrs) > 0 {
+	if opt.Aggregate {
+		cfg["balancer"].(map[string]any)["via_aggregator"] = true // the region's aggregator, found in etcd
+	} else if len(r.BalancerAddrs) > 0 {
 		// This region reaches the replicas through its own links, not at the address the
 		// leader advertises in etcd.
 		cfg["balancer"].(map[string]any)["addrs"] = r.BalancerAddrs

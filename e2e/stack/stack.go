@@ -78,6 +78,11 @@ type Options struct {
 	ShareStale time.Duration
 	// Balancer overrides config fields of every balancer replica (YAML).
 	Balancer string
+	// Aggregate runs a report aggregator per region (bin/balancer with an aggregate
+	// section, docs/design.md §12), reaching etcd through the region's links and the
+	// leader directly; the region's enforcers report through it (balancer.via_aggregator)
+	// instead of to the balancer replicas. Needs Balancers > 0.
+	Aggregate bool
 	// AdminToken, if not empty, turns on the balancers' admin API (pkg/balancer/admin on
 	// their HTTP listeners) with one named token, "drill:" + AdminToken (in a tokens file
 	// under Dir; at least adminauth.MinSecretLen bytes).
@@ -131,8 +136,10 @@ type Stack struct {
 	Gateway   *Gateway // nginx; nil unless Options.Gateway
 	Caddy     *Gateway // nil unless Options.Caddy
 	Balancers []*Balancer
-	Dir       string // configs and rules files, bind-mounted at the same path
-	Image     string // the stack image
+	// Aggregators, one per region in Regions' order with Options.Aggregate.
+	Aggregators []*Balancer
+	Dir         string // configs and rules files, bind-mounted at the same path
+	Image       string // the stack image
 	// Certs are the report API's mutual TLS (under Dir/certs): the balancers serve with
 	// them and each region's enforcers report with their region's certificate, as the
 	// shipped configs do.
@@ -205,7 +212,7 @@ func Start(t testing.TB, opt Options) *Stack {
 		s.Balancers[i] = newBalancer(t, i)
 	}
 	for i, r := range s.Regions {
-		if i == 0 {
+		if i == 0 || opt.Aggregate {
 			continue
 		}
 		for j, b := range s.Balancers {
@@ -239,6 +246,19 @@ func Start(t testing.TB, opt Options) *Stack {
 	var starts []func(tb testing.TB)
 	for _, b := range s.Balancers {
 		starts = append(starts, func(tb testing.TB) { s.startBalancer(tb, balancerConfigFile(s), b) })
+	}
+	if opt.Aggregate {
+		if opt.Balancers == 0 {
+			t.Fatal("stack: Options.Aggregate needs Balancers > 0")
+		}
+		for i, r := range s.Regions {
+			b := newBalancer(t, 100+i)
+			b.ID = "agg-" + r.Name
+			s.Aggregators = append(s.Aggregators, b)
+			conf := filepath.Join(s.Dir, "aggregator-"+r.Name+".yaml")
+			writeFile(t, conf, aggregatorConfig(t, s, r, names, opt))
+			starts = append(starts, func(tb testing.TB) { s.startBalancer(tb, conf, b) })
+		}
 	}
 	for i, r := range s.Regions {
 		r.Enforcers = make([]*Enforcer, opt.Regions[i].Enforcers)

@@ -128,15 +128,18 @@ func (e *enforcerState) seen(seq uint64) bool {
 }
 
 type regionState struct {
-	name       string
-	enforcers  map[string]*enforcerState
-	lastHeard  time.Time
-	heard      bool // since the core started (learning)
-	winSecs    float64
-	winEnfs    int
-	winReports int // reports this window (recent rates are summed over them)
-	winRecent  int // of which measured recent rates (an older enforcer's do not)
-	owned      int // identities its reports added that are still tracked (ident.origin)
+	name      string
+	enforcers map[string]*enforcerState
+	// aggregators: the region's report aggregators heard (only their seq is used, to
+	// count a retry once); nil until one reports. Their members are in enforcers.
+	aggregators map[string]*enforcerState
+	lastHeard   time.Time
+	heard       bool // since the core started (learning)
+	winSecs     float64
+	winEnfs     int
+	winReports  int // reports this window (recent rates are summed over them)
+	winRecent   int // of which measured recent rates (an older enforcer's do not)
+	owned       int // identities its reports added that are still tracked (ident.origin)
 	// fencedUntil: an enforcer of the region fenced itself (see acks) and may enforce up
 	// to its default split until then; the region keeps that much reserved.
 	fencedUntil time.Time

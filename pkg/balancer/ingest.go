@@ -40,6 +40,9 @@ func (c *Core) validate(r *allotv1.ReportRequest) (int, error) {
 	if err := validateQuotas(r.Quotas, c.cfg.MaxEntries); err != nil {
 		return 0, err
 	}
+	if err := validateMembers(r, c.cfg.MaxEnforcers); err != nil {
+		return 0, err
+	}
 	for i, u := range r.Usage {
 		switch {
 		case u == nil:
@@ -52,6 +55,53 @@ func (c *Core) validate(r *allotv1.ReportRequest) (int, error) {
 		}
 	}
 	return ri, nil
+}
+
+// membersHeard is when the latest of an aggregator's members was heard (now for an
+// enforcer's own report).
+func membersHeard(now time.Time, r *allotv1.ReportRequest) time.Time {
+	if len(r.Members) == 0 {
+		return now
+	}
+	ago := r.Members[0].HeardAgoMs
+	for _, m := range r.Members[1:] {
+		ago = min(ago, m.HeardAgoMs)
+	}
+	return now.Add(-time.Duration(max(ago, 0)) * time.Millisecond)
+}
+
+// validateMembers checks an aggregator's member list (ReportRequest.members).
+func validateMembers(r *allotv1.ReportRequest, maxMembers int) error {
+	bad := func(format string, a ...any) error {
+		return fmt.Errorf("%w: "+format, append([]any{ErrInvalidReport}, a...)...)
+	}
+	if len(r.Members) > maxMembers {
+		return bad("%d members, more than %d", len(r.Members), maxMembers)
+	}
+	if len(r.Members) == 0 {
+		return nil
+	}
+	if r.Final {
+		return bad("an aggregator's report (with members) says final: only a member leaves")
+	}
+	seen := make(map[string]struct{}, len(r.Members))
+	for i, m := range r.Members {
+		switch {
+		case m == nil:
+			return bad("members[%d] is nil", i)
+		case m.EnforcerId == "" || len(m.EnforcerId) > MaxNameLen:
+			return bad("members[%d]: enforcer_id %.64q: empty or longer than %d bytes", i, m.EnforcerId, MaxNameLen)
+		case m.HeardAgoMs < 0 || m.CoveredMs < 0:
+			return bad("members[%d] (%.64s): heard_ago_ms %d covered_ms %d: must be >= 0", i, m.EnforcerId, m.HeardAgoMs, m.CoveredMs)
+		case m.RecentReports > m.Reports:
+			return bad("members[%d] (%.64s): recent_reports %d, more than its reports %d", i, m.EnforcerId, m.RecentReports, m.Reports)
+		}
+		if _, dup := seen[m.EnforcerId]; dup {
+			return bad("members[%d]: enforcer_id %.64q listed twice", i, m.EnforcerId)
+		}
+		seen[m.EnforcerId] = struct{}{}
+	}
+	return nil
 }
 
 func count(v float64) bool { return v >= 0 && !math.IsInf(v, 0) } // false for NaN too
@@ -83,11 +133,13 @@ func (c *Core) claims(now time.Time, r *allotv1.ReportRequest) error {
 	return nil
 }
 
-// Ingest records one enforcer's report. A malformed report (unknown region, empty
-// enforcer id, a negative or non-finite count, more than MaxEntries entries, an empty
-// interval) is refused whole with an error wrapping ErrInvalidReport and changes nothing;
-// a retry of a report already counted (same region, enforcer id and seq) returns nil and
-// changes nothing. Identities whose rule LimitsFunc does not know are skipped and counted.
+// Ingest records one enforcer's report, or a region aggregator's merge of its enforcers'
+// reports (ReportRequest.members, see ingestMembers). A malformed report (unknown region,
+// empty enforcer id, a negative or non-finite count, more than MaxEntries entries, an empty
+// interval, a bad member) is refused whole with an error wrapping ErrInvalidReport and
+// changes nothing; a retry of a report already counted (same region, enforcer id and seq)
+// returns nil and changes nothing. Identities whose rule LimitsFunc does not know are
+// skipped and counted.
 func (c *Core) Ingest(now time.Time, r *allotv1.ReportRequest) error {
 	ri, err := c.validate(r)
 	c.mu.Lock()
@@ -98,6 +150,12 @@ func (c *Core) Ingest(now time.Time, r *allotv1.ReportRequest) error {
 	}
 	c.begin(now)
 	rs := &c.regions[ri]
+	if rs.snapOf != c.snapEpoch { // the first report since the last new version
+		rs.snapOf, rs.snapReports, rs.snapEnfs = c.snapEpoch, 0, 0
+	}
+	if len(r.Members) > 0 {
+		return c.ingestMembers(now, ri, r)
+	}
 	e := rs.enforcers[r.EnforcerId]
 	if e != nil && e.dup(r.Seq) {
 		c.stats.duplicates++
@@ -134,31 +192,56 @@ func (c *Core) Ingest(now time.Time, r *allotv1.ReportRequest) error {
 		start = e.lastEndMs
 	}
 	secs := min(max(float64(r.IntervalEndMs-start)/1000, 0.1), 2*c.cfg.Interval.Seconds()) // a table is drained every Interval
-	rs.winSecs += secs
 	e.lastEndMs = max(e.lastEndMs, r.IntervalEndMs)
-	rs.lastHeard, rs.heard = now, true
-	rs.reports++
-	rs.winReports++
+	recent := 0
 	if r.RecentWindowMs > 0 {
-		rs.winRecent++
-		if rs.snapOf != c.snapEpoch {
-			rs.snapOf, rs.snapReports, rs.snapEnfs = c.snapEpoch, 0, 0
-		}
-		rs.snapReports++
+		recent = 1
 		if e.snapOf != c.snapEpoch+1 { // offset by one so 0 means never
 			e.snapOf = c.snapEpoch + 1
 			rs.snapEnfs++
 		}
 	}
-	rs.lag = now.Sub(time.UnixMilli(r.IntervalEndMs))
-	if r.Early {
-		c.earlyPending = true
-	}
+	c.heardRegion(now, now, rs, r, secs, 1, recent)
 	if r.Final {
 		// It stopped answering checks: it enforces nothing any more, so neither its
 		// acknowledgements nor its fence are waited for (see acks).
 		delete(rs.enforcers, r.EnforcerId)
 	}
+	c.usage(now, ri, r, secs, recent)
+	return nil
+}
+
+// heardRegion counts one report (reports enforcer reports merged, recent of them with
+// recent rates, covering secs enforcer-seconds) in its region's window. Called with c.mu
+// held.
+//
+// heard is when the region's latest word from an enforcer was: now for an enforcer's own
+// report; for an aggregator's, its most recently heard member — the aggregator's forwards
+// alone never make a region whose enforcers are all silent look alive (it is held, then
+// gone, as if they had reported directly).
+func (c *Core) heardRegion(now, heard time.Time, rs *regionState, r *allotv1.ReportRequest, secs float64, reports, recent int) {
+	rs.winSecs += secs
+	if heard.After(rs.lastHeard) {
+		rs.lastHeard = heard
+	}
+	rs.heard = true
+	rs.reports++
+	rs.winReports += reports
+	if recent > 0 {
+		rs.winRecent += recent
+		rs.snapReports += recent
+	}
+	rs.lag = now.Sub(time.UnixMilli(r.IntervalEndMs))
+	if r.Early {
+		c.earlyPending = true
+	}
+}
+
+// usage adds a report's usage entries to the window's demand: secs is the enforcer-seconds
+// they cover (the bound on what may have been admitted), recent the reports whose recent
+// rates they sum (a shift is judged on their mean). Called with c.mu held.
+func (c *Core) usage(now time.Time, ri int, r *allotv1.ReportRequest, secs float64, recent int) {
+	rs := &c.regions[ri]
 	hardCap := c.cfg.MaxIdentities + c.cfg.MaxIdentities/8
 	for _, u := range r.Usage {
 		k := key{u.Rule, u.Identity}
@@ -196,18 +279,102 @@ func (c *Core) Ingest(now time.Time, r *allotv1.ReportRequest) error {
 		}
 		id.tokens(c.n)[ri] += admitted + u.Refused
 		id.recent(c.n)[ri] += u.RecentRate
-		if r.RecentWindowMs > 0 {
+		if recent > 0 {
 			id.snap(c.n, c.snapEpoch)[ri] += u.RecentRate
 		}
 		if !quiet {
 			id.lastSeen = now
 			id.evict = false
 		}
-		if r.RecentWindowMs > 0 && c.shifted(id, ri, u.RecentRate, max(1, len(rs.enforcers))) {
+		if recent > 0 && c.shifted(id, ri, u.RecentRate/float64(recent), max(1, len(rs.enforcers))) {
 			id.shift, c.shiftPending = true, true
 			id.moved |= regionBit(ri)
 		}
 	}
+}
+
+// ingestMembers records a region aggregator's report (pkg/aggregator): each member as if
+// it had reported itself — heard heard_ago_ms before now, applying the set it names, gone
+// if final — so acknowledgements still come from every enforcer and a silent one is still
+// held until it fenced itself; the usage as that of the members' reports it merges
+// (Member.reports, covering Member.covered_ms each). The aggregator is not an enforcer
+// (it enforces no share): it is not tracked as one, only its seq is deduplicated. Called
+// with c.mu held, r validated.
+func (c *Core) ingestMembers(now time.Time, ri int, r *allotv1.ReportRequest) error {
+	rs := &c.regions[ri]
+	if rs.aggregators == nil {
+		rs.aggregators = map[string]*enforcerState{}
+	}
+	a := rs.aggregators[r.EnforcerId]
+	if a != nil && a.dup(r.Seq) {
+		c.stats.duplicates++
+		return nil
+	}
+	if err := c.claims(now, r); err != nil {
+		c.stats.invalid++
+		return err
+	}
+	fresh := 0
+	for _, m := range r.Members {
+		if err := c.claims(now, &allotv1.ReportRequest{ShareLeaderRev: m.ShareLeaderRev, ShareVersion: m.ShareVersion, IntervalEndMs: r.IntervalEndMs}); err != nil {
+			c.stats.invalid++
+			return fmt.Errorf("member %.64q: %w", m.EnforcerId, err)
+		}
+		if rs.enforcers[m.EnforcerId] == nil && !m.Final {
+			fresh++
+		}
+	}
+	if len(rs.enforcers)+fresh > c.cfg.MaxEnforcers {
+		c.acks(now)
+	}
+	if len(rs.enforcers)+fresh > c.cfg.MaxEnforcers || (a == nil && len(rs.aggregators) >= c.cfg.MaxEnforcers) {
+		c.stats.invalid++
+		return fmt.Errorf("%w: %s has %d, a report names %d more", ErrTooManyEnforcers, rs.name, len(rs.enforcers), fresh)
+	}
+	if a == nil {
+		a = &enforcerState{}
+		rs.aggregators[r.EnforcerId] = a
+	}
+	a.seen(r.Seq)
+	a.lastHeard = now
+	var secs float64
+	reports, recent := 0, 0
+	maxSecs := 2 * c.cfg.Interval.Seconds()
+	for _, m := range r.Members {
+		e := rs.enforcers[m.EnforcerId]
+		heard := now.Add(-time.Duration(m.HeardAgoMs) * time.Millisecond)
+		if e == nil {
+			if m.Final || now.Sub(heard) >= c.cfg.Stale+c.cfg.AckTimeout {
+				continue // gone, or fenced itself by now (acks dropped it): nothing to wait for
+			}
+			e = &enforcerState{}
+			rs.enforcers[m.EnforcerId] = e
+		}
+		if !heard.Before(e.lastHeard) { // a later word than the last: an older one never rolls it back
+			e.lastHeard, e.appliedRev, e.appliedVer = heard, m.ShareLeaderRev, m.ShareVersion
+		}
+		if m.Reports > 0 {
+			if e.window != c.window+1 {
+				e.window = c.window + 1
+				rs.winEnfs++
+			}
+			n := float64(m.Reports)
+			secs += min(max(float64(m.CoveredMs)/1000, 0.1*n), maxSecs*n)
+			reports += int(m.Reports)
+		}
+		if m.RecentReports > 0 {
+			recent += int(m.RecentReports)
+			if e.snapOf != c.snapEpoch+1 {
+				e.snapOf = c.snapEpoch + 1
+				rs.snapEnfs++
+			}
+		}
+		if m.Final {
+			delete(rs.enforcers, m.EnforcerId) // as for a final report of its own
+		}
+	}
+	c.heardRegion(now, membersHeard(now, r), rs, r, secs, reports, recent)
+	c.usage(now, ri, r, max(secs, 0.1), recent)
 	return nil
 }
 

@@ -114,13 +114,15 @@ func validateQuotas(qs []*allotv1.QuotaCount, maxEntries int) error {
 // other regions' counts summed (a silent region counted at what it may still use). ok is
 // false while the book is warming up (until every region has reported in this term, or
 // SilentAfter passed): then nothing is answered and the enforcer keeps what it knew.
-func (b *quotaBook) answer(now time.Time, ri int, qs []*allotv1.QuotaCount) (others []*allotv1.QuotaCount, ok bool) {
+func (b *quotaBook) answer(now, heard time.Time, ri int, qs []*allotv1.QuotaCount) (others []*allotv1.QuotaCount, ok bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if !b.started {
 		b.started, b.start, b.swept = true, now, now
 	}
-	b.heard[ri] = now
+	if heard.After(b.heard[ri]) {
+		b.heard[ri] = heard // an aggregator's forward: its latest member's (membersHeard)
+	}
 	if now.Sub(b.swept) >= b.silentAfter {
 		b.sweep(now)
 	}
@@ -212,7 +214,7 @@ func (c *Core) Quotas(now time.Time, r *allotv1.ReportRequest, resp *allotv1.Rep
 	if !ok {
 		return
 	}
-	resp.QuotaOthers, resp.QuotaAnswered = c.quotas.answer(now, ri, r.GetQuotas())
+	resp.QuotaOthers, resp.QuotaAnswered = c.quotas.answer(now, membersHeard(now, r), ri, r.GetQuotas())
 	resp.QuotaIsolatedFraction = c.quotas.isolatedFraction(ri)
 	resp.QuotaHoldAfterMs = c.cfg.SilentAfter.Milliseconds()
 }

@@ -1,5 +1,7 @@
 package contract
 
+import "strings"
+
 // The etcd keyspace. Every prefix is configurable where it is used (a deployment may run
 // several allot installations in one etcd); these are the defaults, and the only place
 // they are written.
@@ -21,3 +23,16 @@ const (
 	// ChangeKey is bumped by every admin change (the dashboards' "last changed").
 	ChangeKey = "/allot/admin/changed"
 )
+
+// AggregatorPrefix is where each region's report aggregators (pkg/aggregator) campaign:
+// AggregatorElection(AggregatorPrefix, region).
+const AggregatorPrefix = "/allot/aggregator/"
+
+// AggregatorElection is region's aggregator election under prefix (AggregatorPrefix when
+// empty): the elected aggregator's address is read with Leader, as the balancer's.
+func AggregatorElection(prefix, region string) string {
+	if prefix == "" {
+		prefix = AggregatorPrefix
+	}
+	return strings.TrimSuffix(prefix, "/") + "/" + region + "/election"
+}

@@ -34,6 +34,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/allot-dev/allot/pkg/aggregator"
 	"github.com/allot-dev/allot/pkg/appkit"
 	balancerapp "github.com/allot-dev/allot/pkg/balancer/app"
 	"github.com/allot-dev/allot/pkg/bucket"
@@ -41,6 +42,7 @@ import (
 	"github.com/allot-dev/allot/pkg/clock"
 	"github.com/allot-dev/allot/pkg/contract"
 	enforcerapp "github.com/allot-dev/allot/pkg/enforcer/app"
+	"github.com/allot-dev/allot/pkg/tlsfiles"
 	"github.com/hashicorp/go-hclog"
 	"go.etcd.io/etcd/server/v3/embed"
 )
@@ -76,6 +78,10 @@ type Config struct {
 	Dir string
 	// Logger gets every part's logs (named per part); nil discards them.
 	Logger hclog.Logger
+	// Aggregate runs a report aggregator per region (pkg/aggregator, elected in etcd, over
+	// mutual TLS like the balancer), and the region's enforcers report through it
+	// (balancer.via_aggregator). Default false: the direct path.
+	Aggregate bool
 	// Tracing is every process's OpenTelemetry tracing (appkit.TracingFromEnv); each
 	// balancer and enforcer exports its own spans, as deployed. The zero value is off.
 	Tracing appkit.Tracing
@@ -134,6 +140,7 @@ type Stack struct {
 	balancers []*balancerapp.App
 	dashToken string // a read-only dashboard token (dashboard.tokens_file)
 	enforcers map[string][]*enforcerapp.App
+	aggs      map[string]*aggregator.Aggregator
 	stores    map[string]*bucket.Memory
 
 	ctx    context.Context
@@ -149,7 +156,7 @@ func Start(cfg Config) (_ *Stack, err error) {
 	if err := cfg.withDefaults(); err != nil {
 		return nil, err
 	}
-	s := &Stack{cfg: cfg, dir: cfg.Dir, enforcers: map[string][]*enforcerapp.App{}, stores: map[string]*bucket.Memory{}}
+	s := &Stack{cfg: cfg, dir: cfg.Dir, enforcers: map[string][]*enforcerapp.App{}, aggs: map[string]*aggregator.Aggregator{}, stores: map[string]*bucket.Memory{}}
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	defer func() {
 		if err != nil {
@@ -207,6 +214,13 @@ func Start(cfg Config) (_ *Stack, err error) {
 		s.balancers = append(s.balancers, b)
 		s.run(func(ctx context.Context) error { return b.Run(ctx) })
 	}
+	if cfg.Aggregate {
+		for _, r := range cfg.Regions {
+			if err := s.startAggregator(r.Name, names, rulesFile); err != nil {
+				return nil, err
+			}
+		}
+	}
 	for _, r := range cfg.Regions {
 		var store *bucket.Memory
 		if len(cfg.Redis[r.Name]) == 0 {
@@ -226,6 +240,7 @@ func Start(cfg Config) (_ *Stack, err error) {
 			ec.Listen.GRPC, ec.Listen.HTTP = "127.0.0.1:0", "127.0.0.1:0"
 			ec.Shares.StaleAfter = cfg.Stale
 			ec.Balancer.Enabled, ec.Balancer.Interval = true, cfg.Interval
+			ec.Balancer.ViaAggregator = cfg.Aggregate
 			ec.Balancer.TLS = enforcerapp.TLSConfig{Enabled: true, CAFile: s.certs.CA(),
 				CertFile: s.certs.Enforcer(r.Name), KeyFile: s.certs.EnforcerKey(r.Name)}
 			ec.Tracing = cfg.Tracing
@@ -245,6 +260,33 @@ func Start(cfg Config) (_ *Stack, err error) {
 	}
 	return s, nil
 }
+
+// startAggregator starts region's report aggregator as the balancer binary runs one
+// (pkg/balancer/app with an aggregate section): its report API on loopback over mutual
+// TLS (the balancer's server certificate, the CA verifying the region's enforcers),
+// forwarding to the balancer leader with the region's certificate, elected in etcd.
+func (s *Stack) startAggregator(region string, names []string, rulesFile string) error {
+	bc := balancerapp.DefaultConfig()
+	bc.Listen.TLS = balancerapp.ServerTLSConfig{Enabled: true, CertFile: s.certs.Balancer(), KeyFile: s.certs.BalancerKey(), ClientCAFile: s.certs.CA()}
+	bc.Regions, bc.ID = names, "aggregator-"+region
+	bc.Listen.GRPC, bc.Listen.HTTP = "127.0.0.1:0", "127.0.0.1:0"
+	bc.Etcd.Endpoints = []string{s.etcdURL}
+	bc.Rules.File = rulesFile
+	bc.Balance.Interval = s.cfg.Interval
+	bc.Aggregate = balancerapp.AggregateConfig{Region: region, UpstreamTLS: tlsfiles.Client{Enabled: true, CAFile: s.certs.CA(),
+		CertFile: s.certs.Enforcer(region), KeyFile: s.certs.EnforcerKey(region)}}
+	bc.Tracing = s.cfg.Tracing
+	a, err := balancerapp.New(bc, s.cfg.Logger.Named(bc.ID))
+	if err != nil {
+		return fmt.Errorf("inprocess: aggregator %s: %w", region, err)
+	}
+	s.aggs[region] = a.Aggregator()
+	s.run(func(ctx context.Context) error { return a.Run(ctx) })
+	return nil
+}
+
+// Aggregators returns each region's report aggregator (Config.Aggregate), nil without.
+func (s *Stack) Aggregators() map[string]*aggregator.Aggregator { return s.aggs }
 
 // run starts f in a goroutine the Stack owns; Close cancels its context and waits.
 func (s *Stack) run(f func(context.Context) error) {

@@ -32,14 +32,18 @@ func (w tWriter) Write(p []byte) (int, error) { w.t.Log(string(p)); return len(p
 
 // startStack starts three regions of perRegion enforcers each over rules, at a 1 s
 // interval, logging warnings to t, and closes the stack when the test ends.
-func startStack(t *testing.T, rules string, perRegion int) *Stack {
+func startStack(t *testing.T, rules string, perRegion int, mods ...func(*Config)) *Stack {
 	t.Helper()
-	s, err := Start(Config{
+	cfg := Config{
 		Regions:  []Region{{"us-east", perRegion}, {"eu-west", perRegion}, {"ap-south", perRegion}},
 		Rules:    []byte(rules),
 		Interval: time.Second,
 		Logger:   hclog.New(&hclog.LoggerOptions{Output: tWriter{t}, Level: hclog.Warn}),
-	})
+	}
+	for _, m := range mods {
+		m(&cfg)
+	}
+	s, err := Start(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -59,7 +63,38 @@ func TestSharesFollowTrafficAcrossRegions(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts etcd, a balancer and six enforcers")
 	}
-	s := startStack(t, testRules, 2)
+	sharesFollowTraffic(t, startStack(t, testRules, 2))
+}
+
+// TestSharesFollowTrafficThroughAggregators: the same with a report aggregator per
+// region (issue 26 §3): the enforcers report through their region's elected aggregator,
+// which forwards one merged report (and every acknowledgement at once) to the leader.
+// The share still moves to us-east, the global count never passes the limit, and the
+// leader tracks each enforcer behind the aggregators (their acknowledgements), not the
+// aggregators.
+func TestSharesFollowTrafficThroughAggregators(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts etcd, a balancer, three aggregators and six enforcers")
+	}
+	s := startStack(t, testRules, 2, func(c *Config) { c.Aggregate = true })
+	sharesFollowTraffic(t, s)
+	for region, a := range s.Aggregators() {
+		if !a.Elected() || a.Members() != 2 {
+			t.Errorf("aggregator %s: elected %v, %d members; want elected, 2", region, a.Elected(), a.Members())
+		}
+	}
+	core := s.Leader().Service().Core()
+	if core == nil {
+		t.Fatal("no leader")
+	}
+	for _, r := range core.Stats(time.Now()).Regions {
+		if r.Enforcers != 2 {
+			t.Errorf("the leader tracks %d enforcers in %s, want the 2 behind its aggregator", r.Enforcers, r.Region)
+		}
+	}
+}
+
+func sharesFollowTraffic(t *testing.T, s *Stack) {
 	var clients []allotv1.AllotClient
 	for _, addr := range s.Targets()["us-east"] {
 		cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/allot-dev/allot/pkg/aggregator"
 	"github.com/allot-dev/allot/pkg/appkit"
 	"github.com/allot-dev/allot/pkg/balancer"
 	"github.com/allot-dev/allot/pkg/balancer/dashboard"
@@ -43,6 +44,7 @@ type App struct {
 	srcs  []*rules.EtcdSource
 	table *balancer.RuleTable
 	svc   *balancer.Service
+	agg   *aggregator.Aggregator // aggregate mode: instead of svc (and rules, dashboard, admin)
 	dash  *dashboard.Dashboard
 	srv   appkit.Servers
 	trace *appkit.Traces // nil: tracing off
@@ -86,6 +88,12 @@ func New(cfg Config, log hclog.Logger) (_ *App, err error) {
 	}
 	if a.etcd, err = cfg.Etcd.Dial(); err != nil {
 		return nil, fmt.Errorf("app: %w", err)
+	}
+	if cfg.aggregating() {
+		if err := a.listen(); err != nil {
+			return nil, err
+		}
+		return a, a.buildAggregator()
 	}
 	if err := a.buildRules(); err != nil {
 		return nil, err
@@ -201,12 +209,18 @@ func (a *App) listen() (err error) {
 			return
 		}
 		role := "standby"
-		if ok, _ := a.svc.Leading(); ok {
-			role = "leader"
+		if a.agg != nil && a.agg.Elected() {
+			role = "aggregator"
+		} else if a.svc != nil {
+			if ok, _ := a.svc.Leading(); ok {
+				role = "leader"
+			}
 		}
 		fmt.Fprintln(w, "ready:", role)
 	})
-	a.serveDashboard(mux)
+	if !a.cfg.aggregating() {
+		a.serveDashboard(mux)
+	}
 	a.srv.HTTP = appkit.NewHTTPServer(mux, httpLimits)
 	a.srv.Log = a.log
 	if err := a.srv.Listen(a.cfg.Listen.GRPC, a.cfg.Listen.HTTP); err != nil {
@@ -223,6 +237,9 @@ func (a *App) HTTPAddr() string { return a.srv.HTTPAddr() }
 
 // Service returns the balancer service (for tests).
 func (a *App) Service() *balancer.Service { return a.svc }
+
+// Aggregator returns the region's report aggregator in aggregate mode, else nil.
+func (a *App) Aggregator() *aggregator.Aggregator { return a.agg }
 
 // Registry returns the Prometheus registry every metric is in.
 func (a *App) Registry() *prometheus.Registry { return a.reg }
@@ -263,6 +280,20 @@ func (a *App) Run(ctx context.Context) error {
 	a.serving = true
 	a.mu.Unlock()
 	errc := a.srv.Serve(&a.wg)
+	if a.agg != nil {
+		if err := a.agg.Start(); err != nil {
+			return errors.Join(err, a.Close())
+		}
+		a.log.Info("serving as report aggregator", "id", a.cfg.ID, "region", a.cfg.Aggregate.Region, "grpc", a.GRPCAddr(), "http", a.HTTPAddr())
+		var err error
+		select {
+		case <-ctx.Done():
+		case err = <-errc:
+			err = fmt.Errorf("app: %w", err)
+		case <-a.closed:
+		}
+		return errors.Join(err, a.Close())
+	}
 	a.wg.Go(func() { a.dash.Run(a.ctx) })
 	for _, f := range a.files {
 		a.wg.Go(func() { f.Run(a.ctx) })
@@ -292,6 +323,9 @@ func (a *App) Close() error {
 		var errs []error
 		if a.svc != nil {
 			errs = append(errs, a.svc.Close())
+		}
+		if a.agg != nil {
+			errs = append(errs, a.agg.Close())
 		}
 		a.mu.Lock()
 		serving := a.serving

@@ -39,6 +39,9 @@ type Config struct {
 	Admin   AdminConfig   `yaml:"admin"`
 	// Dashboard: who sees customers' identities on /dashboard/ (dashboard.go).
 	Dashboard DashboardConfig `yaml:"dashboard"`
+	// Aggregate, with a region, makes this process that region's report aggregator
+	// instead of a balancer replica (aggregate.go). Off by default.
+	Aggregate AggregateConfig `yaml:"aggregate"`
 
 	// DrainTimeout bounds graceful shutdown. Default 10s.
 	DrainTimeout time.Duration `yaml:"drain_timeout"`
@@ -219,7 +222,8 @@ func (c *Config) Validate() error {
 	if len(c.Etcd.Endpoints) == 0 {
 		bad("etcd.endpoints is empty: the election and the shares live in etcd")
 	}
-	if c.Rules.File == "" && c.Rules.EtcdPrefix == "" {
+	errs = append(errs, c.validateAggregate()...)
+	if c.Rules.File == "" && c.Rules.EtcdPrefix == "" && !c.aggregating() {
 		bad("no rules: set rules.file and/or rules.etcd_prefix")
 	}
 	if c.Listen.GRPC == "" {

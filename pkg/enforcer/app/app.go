@@ -15,6 +15,7 @@ import (
 	"github.com/allot-dev/allot/pkg/bucket"
 	"github.com/allot-dev/allot/pkg/cliconf"
 	"github.com/allot-dev/allot/pkg/clock"
+	"github.com/allot-dev/allot/pkg/contract"
 	"github.com/allot-dev/allot/pkg/enforcer"
 	"github.com/allot-dev/allot/pkg/enforcer/grpcapi"
 	"github.com/allot-dev/allot/pkg/enforcer/httpapi"
@@ -358,6 +359,8 @@ func (a *App) reportTransport(rc report.ReporterConfig) (node.Reporter, error) {
 	}
 	if len(bc.Addrs) > 0 {
 		rc.Addrs = bc.Addrs // as this region reaches the replicas
+	} else if bc.ViaAggregator {
+		rc.Leader = report.EtcdLeader(a.etcd, contract.AggregatorElection(bc.AggregatorPrefix, a.cfg.Region))
 	} else {
 		rc.Leader = report.EtcdLeader(a.etcd, bc.ElectionPrefix)
 	}

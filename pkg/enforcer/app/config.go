@@ -477,6 +477,9 @@ func (c *Config) Validate() error {
 	if b := c.Balancer; b.Enabled && !b.Insecure && (!b.TLS.Enabled || b.TLS.CertFile == "") {
 		bad("balancer: reports would not be authenticated: set balancer.tls.enabled with cert_file and key_file (this region's client certificate) and ca_file (`balancer certs -dir bin/certs` makes them), or balancer.insecure: true (-balancer-insecure) for a balancer that takes unauthenticated reports")
 	}
+	if c.Balancer.ViaAggregator && len(c.Balancer.Addrs) > 0 {
+		bad("balancer.via_aggregator and balancer.addrs are both set: reports go to the region's aggregator (found in etcd) or to the listed balancer addresses, not both")
+	}
 	if len(c.Balancer.Addrs) > 0 && !c.Balancer.Enabled {
 		bad("balancer.addrs is set but balancer.enabled is false: no reports would be sent")
 	}
@@ -580,6 +583,14 @@ type BalancerConfig struct {
 	Enabled bool `yaml:"enabled"`
 	// ElectionPrefix is the balancer's election prefix. Default contract.ElectionPrefix.
 	ElectionPrefix string `yaml:"election_prefix"`
+	// ViaAggregator sends the reports to this region's elected report aggregator
+	// (pkg/aggregator, `balancer` with an aggregate section; docs/design.md §12), found
+	// in etcd on contract.AggregatorElection(AggregatorPrefix, region), instead of the
+	// balancer leader. Default false: the direct path.
+	ViaAggregator bool `yaml:"via_aggregator"`
+	// AggregatorPrefix is the aggregators' election prefix. Default
+	// contract.AggregatorPrefix.
+	AggregatorPrefix string `yaml:"aggregator_prefix"`
 	// Addrs, if set, are the balancer replicas' report addresses as this region reaches
 	// them (host:port each; e.g. through the region's own load balancer or proxy), used
 	// instead of the address the leader advertises in etcd. A report goes to the address

@@ -75,6 +75,7 @@ func TestConfigBalancerAddrs(t *testing.T) {
 		{func(c *Config) { c.Balancer.Addrs[0] = ":7070" }, `balancer.addrs[0]: ":7070" has an empty host`},
 		{func(c *Config) { c.Balancer.Addrs[1] = "b:0" }, `balancer.addrs[1]: "b:0": port "0"`},
 		{func(c *Config) { c.Balancer.Enabled = false }, "balancer.addrs is set but balancer.enabled is false"},
+		{func(c *Config) { c.Balancer.ViaAggregator = true }, "balancer.via_aggregator and balancer.addrs are both set"},
 		{func(c *Config) { c.Balancer.Addrs = nil }, "balancer.enabled needs etcd.endpoints (the leader is found there) or balancer.addrs"},
 		// Reports are authenticated unless the opt-out says otherwise (issue 27 §1).
 		{func(c *Config) { c.Balancer.TLS = TLSConfig{} }, "set balancer.tls.enabled with cert_file and key_file"},

@@ -315,7 +315,9 @@ func (r *Reporter) report(now time.Time, early, ack bool) {
 				r.cfg.QuotaView.Answered(at, req.Quotas, resp)
 			}
 			if r.cfg.Accepted != nil {
-				r.cfg.Accepted(at)
+				if heard, ok := heardAt(at, resp); ok {
+					r.cfg.Accepted(heard)
+				}
 			}
 			r.m.sent.Inc()
 			r.m.lag.Set(at.Sub(now).Seconds())
@@ -341,6 +343,22 @@ func (r *Reporter) report(now time.Time, early, ack bool) {
 	if r.ctx.Err() == nil {
 		r.log.Warn("usage report dropped", "seq", req.Seq, "identities", len(req.Usage), "error", err)
 	}
+}
+
+// heardAt is when an accepted answer says the leader last heard this enforcer: at, the
+// answer's time, from the leader itself; through a region aggregator (resp.relayed), the
+// moment the leader last confirmed hearing it (heard_ago_ms before at), or none yet. The
+// staleness rule counts from it, so an enforcer behind an aggregator that cannot reach
+// the leader fences itself as one that cannot reach the leader does.
+func heardAt(at time.Time, resp *allotv1.ReportResponse) (time.Time, bool) {
+	if !resp.GetRelayed() {
+		return at, true
+	}
+	ago := resp.GetHeardAgoMs()
+	if ago < 0 {
+		return time.Time{}, false
+	}
+	return at.Add(-time.Duration(ago) * time.Millisecond), true
 }
 
 var (

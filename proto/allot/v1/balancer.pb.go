@@ -66,7 +66,14 @@ type ReportRequest struct {
 	// This region's counts of its calendar quotas in their current periods, as this
 	// enforcer last read them from its region's counters (docs/design.md §8, "Calendar
 	// quotas"): the balancer answers each with the other regions' counts.
-	Quotas        []*QuotaCount `protobuf:"bytes,15,rep,name=quotas,proto3" json:"quotas,omitempty"`
+	Quotas []*QuotaCount `protobuf:"bytes,15,rep,name=quotas,proto3" json:"quotas,omitempty"`
+	// Set only by a region's report aggregator (pkg/aggregator, docs/design.md §12): the
+	// enforcers whose reports this one merges, each with what it last said. The leader
+	// records each member as if it had reported itself (its acknowledgement, its silence,
+	// its final report) and does not track the aggregator itself as an enforcer: usage is
+	// the members' merged usage, enforcer_id the aggregator's own (seq is deduplicated per
+	// aggregator). Accepted only from a peer authorised for the report's region.
+	Members       []*Member `protobuf:"bytes,16,rep,name=members,proto3" json:"members,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -206,6 +213,124 @@ func (x *ReportRequest) GetQuotas() []*QuotaCount {
 	return nil
 }
 
+func (x *ReportRequest) GetMembers() []*Member {
+	if x != nil {
+		return x.Members
+	}
+	return nil
+}
+
+// Member is one enforcer behind a report aggregator, as the aggregator last heard it.
+type Member struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Its enforcer id within the region.
+	EnforcerId string `protobuf:"bytes,1,opt,name=enforcer_id,json=enforcerId,proto3" json:"enforcer_id,omitempty"`
+	// The share set it applied at its last report (ReportRequest.share_leader_rev,
+	// share_version): its acknowledgement.
+	ShareLeaderRev int64  `protobuf:"varint,2,opt,name=share_leader_rev,json=shareLeaderRev,proto3" json:"share_leader_rev,omitempty"`
+	ShareVersion   uint64 `protobuf:"varint,3,opt,name=share_version,json=shareVersion,proto3" json:"share_version,omitempty"`
+	// Its last report was final: it stopped enforcing (ReportRequest.final).
+	Final bool `protobuf:"varint,4,opt,name=final,proto3" json:"final,omitempty"`
+	// How long before this report was sent the aggregator last heard it, milliseconds (a
+	// duration, so the clocks of aggregator and leader need not agree).
+	HeardAgoMs int64 `protobuf:"varint,5,opt,name=heard_ago_ms,json=heardAgoMs,proto3" json:"heard_ago_ms,omitempty"`
+	// How many of its reports this report's usage merges (0: none since the last
+	// forward), and the interval milliseconds they cover (each counted from the end of
+	// the one before): the leader's measure of enforcer-seconds.
+	Reports   uint32 `protobuf:"varint,6,opt,name=reports,proto3" json:"reports,omitempty"`
+	CoveredMs int64  `protobuf:"varint,7,opt,name=covered_ms,json=coveredMs,proto3" json:"covered_ms,omitempty"`
+	// How many of those reports measured recent rates (ReportRequest.recent_window_ms > 0).
+	RecentReports uint32 `protobuf:"varint,8,opt,name=recent_reports,json=recentReports,proto3" json:"recent_reports,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Member) Reset() {
+	*x = Member{}
+	mi := &file_allot_v1_balancer_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Member) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Member) ProtoMessage() {}
+
+func (x *Member) ProtoReflect() protoreflect.Message {
+	mi := &file_allot_v1_balancer_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Member.ProtoReflect.Descriptor instead.
+func (*Member) Descriptor() ([]byte, []int) {
+	return file_allot_v1_balancer_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *Member) GetEnforcerId() string {
+	if x != nil {
+		return x.EnforcerId
+	}
+	return ""
+}
+
+func (x *Member) GetShareLeaderRev() int64 {
+	if x != nil {
+		return x.ShareLeaderRev
+	}
+	return 0
+}
+
+func (x *Member) GetShareVersion() uint64 {
+	if x != nil {
+		return x.ShareVersion
+	}
+	return 0
+}
+
+func (x *Member) GetFinal() bool {
+	if x != nil {
+		return x.Final
+	}
+	return false
+}
+
+func (x *Member) GetHeardAgoMs() int64 {
+	if x != nil {
+		return x.HeardAgoMs
+	}
+	return 0
+}
+
+func (x *Member) GetReports() uint32 {
+	if x != nil {
+		return x.Reports
+	}
+	return 0
+}
+
+func (x *Member) GetCoveredMs() int64 {
+	if x != nil {
+		return x.CoveredMs
+	}
+	return 0
+}
+
+func (x *Member) GetRecentReports() uint32 {
+	if x != nil {
+		return x.RecentReports
+	}
+	return 0
+}
+
 // QuotaCount is one calendar quota's count in one period: the unit the regions share.
 type QuotaCount struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -226,7 +351,7 @@ type QuotaCount struct {
 
 func (x *QuotaCount) Reset() {
 	*x = QuotaCount{}
-	mi := &file_allot_v1_balancer_proto_msgTypes[1]
+	mi := &file_allot_v1_balancer_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -238,7 +363,7 @@ func (x *QuotaCount) String() string {
 func (*QuotaCount) ProtoMessage() {}
 
 func (x *QuotaCount) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_balancer_proto_msgTypes[1]
+	mi := &file_allot_v1_balancer_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -251,7 +376,7 @@ func (x *QuotaCount) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QuotaCount.ProtoReflect.Descriptor instead.
 func (*QuotaCount) Descriptor() ([]byte, []int) {
-	return file_allot_v1_balancer_proto_rawDescGZIP(), []int{1}
+	return file_allot_v1_balancer_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *QuotaCount) GetRule() string {
@@ -322,7 +447,7 @@ type IdentityUsage struct {
 
 func (x *IdentityUsage) Reset() {
 	*x = IdentityUsage{}
-	mi := &file_allot_v1_balancer_proto_msgTypes[2]
+	mi := &file_allot_v1_balancer_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -334,7 +459,7 @@ func (x *IdentityUsage) String() string {
 func (*IdentityUsage) ProtoMessage() {}
 
 func (x *IdentityUsage) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_balancer_proto_msgTypes[2]
+	mi := &file_allot_v1_balancer_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -347,7 +472,7 @@ func (x *IdentityUsage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use IdentityUsage.ProtoReflect.Descriptor instead.
 func (*IdentityUsage) Descriptor() ([]byte, []int) {
-	return file_allot_v1_balancer_proto_rawDescGZIP(), []int{2}
+	return file_allot_v1_balancer_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *IdentityUsage) GetRule() string {
@@ -421,13 +546,20 @@ type ReportResponse struct {
 	// (its SilentAfter, milliseconds): an enforcer that hears no answer for as long holds
 	// its region to its isolated fraction, at the moment the leader starts counting it so.
 	QuotaHoldAfterMs int64 `protobuf:"varint,7,opt,name=quota_hold_after_ms,json=quotaHoldAfterMs,proto3" json:"quota_hold_after_ms,omitempty"`
-	unknownFields    protoimpl.UnknownFields
-	sizeCache        protoimpl.SizeCache
+	// Set by a report aggregator (pkg/aggregator): true, and heard_ago_ms is how long
+	// before this answer the leader last confirmed having heard this enforcer (through a
+	// forward the leader accepted), or -1 when it has not yet. The enforcer counts itself
+	// heard (its staleness rule, overrides.Holder.Heard) as of that moment, not the
+	// answer's, so it fences itself no later than the leader stops waiting for it.
+	Relayed       bool  `protobuf:"varint,8,opt,name=relayed,proto3" json:"relayed,omitempty"`
+	HeardAgoMs    int64 `protobuf:"varint,9,opt,name=heard_ago_ms,json=heardAgoMs,proto3" json:"heard_ago_ms,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ReportResponse) Reset() {
 	*x = ReportResponse{}
-	mi := &file_allot_v1_balancer_proto_msgTypes[3]
+	mi := &file_allot_v1_balancer_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -439,7 +571,7 @@ func (x *ReportResponse) String() string {
 func (*ReportResponse) ProtoMessage() {}
 
 func (x *ReportResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_balancer_proto_msgTypes[3]
+	mi := &file_allot_v1_balancer_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -452,7 +584,7 @@ func (x *ReportResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportResponse.ProtoReflect.Descriptor instead.
 func (*ReportResponse) Descriptor() ([]byte, []int) {
-	return file_allot_v1_balancer_proto_rawDescGZIP(), []int{3}
+	return file_allot_v1_balancer_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *ReportResponse) GetAccepted() bool {
@@ -504,11 +636,25 @@ func (x *ReportResponse) GetQuotaHoldAfterMs() int64 {
 	return 0
 }
 
+func (x *ReportResponse) GetRelayed() bool {
+	if x != nil {
+		return x.Relayed
+	}
+	return false
+}
+
+func (x *ReportResponse) GetHeardAgoMs() int64 {
+	if x != nil {
+		return x.HeardAgoMs
+	}
+	return 0
+}
+
 var File_allot_v1_balancer_proto protoreflect.FileDescriptor
 
 const file_allot_v1_balancer_proto_rawDesc = "" +
 	"\n" +
-	"\x17allot/v1/balancer.proto\x12\ballot.v1\"\x98\x04\n" +
+	"\x17allot/v1/balancer.proto\x12\ballot.v1\"\xc4\x04\n" +
 	"\rReportRequest\x12\x16\n" +
 	"\x06region\x18\x01 \x01(\tR\x06region\x12\x1f\n" +
 	"\venforcer_id\x18\x02 \x01(\tR\n" +
@@ -526,7 +672,20 @@ const file_allot_v1_balancer_proto_rawDesc = "" +
 	"\x05final\x18\f \x01(\bR\x05final\x12\x10\n" +
 	"\x03ack\x18\r \x01(\bR\x03ack\x12(\n" +
 	"\x10recent_window_ms\x18\x0e \x01(\rR\x0erecentWindowMs\x12,\n" +
-	"\x06quotas\x18\x0f \x03(\v2\x14.allot.v1.QuotaCountR\x06quotas\"\xa6\x01\n" +
+	"\x06quotas\x18\x0f \x03(\v2\x14.allot.v1.QuotaCountR\x06quotas\x12*\n" +
+	"\amembers\x18\x10 \x03(\v2\x10.allot.v1.MemberR\amembers\"\x90\x02\n" +
+	"\x06Member\x12\x1f\n" +
+	"\venforcer_id\x18\x01 \x01(\tR\n" +
+	"enforcerId\x12(\n" +
+	"\x10share_leader_rev\x18\x02 \x01(\x03R\x0eshareLeaderRev\x12#\n" +
+	"\rshare_version\x18\x03 \x01(\x04R\fshareVersion\x12\x14\n" +
+	"\x05final\x18\x04 \x01(\bR\x05final\x12 \n" +
+	"\fheard_ago_ms\x18\x05 \x01(\x03R\n" +
+	"heardAgoMs\x12\x18\n" +
+	"\areports\x18\x06 \x01(\rR\areports\x12\x1d\n" +
+	"\n" +
+	"covered_ms\x18\a \x01(\x03R\tcoveredMs\x12%\n" +
+	"\x0erecent_reports\x18\b \x01(\rR\rrecentReports\"\xa6\x01\n" +
 	"\n" +
 	"QuotaCount\x12\x12\n" +
 	"\x04rule\x18\x01 \x01(\tR\x04rule\x12\x14\n" +
@@ -543,7 +702,7 @@ const file_allot_v1_balancer_proto_rawDesc = "" +
 	"\rregional_rate\x18\x05 \x01(\x01R\fregionalRate\x12\x14\n" +
 	"\x05error\x18\x06 \x01(\x01R\x05error\x12\x1f\n" +
 	"\vrecent_rate\x18\a \x01(\x01R\n" +
-	"recentRate\"\xb3\x02\n" +
+	"recentRate\"\xef\x02\n" +
 	"\x0eReportResponse\x12\x1a\n" +
 	"\baccepted\x18\x01 \x01(\bR\baccepted\x12\x1f\n" +
 	"\vleader_addr\x18\x02 \x01(\tR\n" +
@@ -553,7 +712,10 @@ const file_allot_v1_balancer_proto_rawDesc = "" +
 	"\fquota_others\x18\x04 \x03(\v2\x14.allot.v1.QuotaCountR\vquotaOthers\x12%\n" +
 	"\x0equota_answered\x18\x05 \x01(\bR\rquotaAnswered\x126\n" +
 	"\x17quota_isolated_fraction\x18\x06 \x01(\x01R\x15quotaIsolatedFraction\x12-\n" +
-	"\x13quota_hold_after_ms\x18\a \x01(\x03R\x10quotaHoldAfterMs2G\n" +
+	"\x13quota_hold_after_ms\x18\a \x01(\x03R\x10quotaHoldAfterMs\x12\x18\n" +
+	"\arelayed\x18\b \x01(\bR\arelayed\x12 \n" +
+	"\fheard_ago_ms\x18\t \x01(\x03R\n" +
+	"heardAgoMs2G\n" +
 	"\bBalancer\x12;\n" +
 	"\x06Report\x12\x17.allot.v1.ReportRequest\x1a\x18.allot.v1.ReportResponseB3Z1github.com/allot-dev/allot/proto/allot/v1;allotv1b\x06proto3"
 
@@ -569,24 +731,26 @@ func file_allot_v1_balancer_proto_rawDescGZIP() []byte {
 	return file_allot_v1_balancer_proto_rawDescData
 }
 
-var file_allot_v1_balancer_proto_msgTypes = make([]protoimpl.MessageInfo, 4)
+var file_allot_v1_balancer_proto_msgTypes = make([]protoimpl.MessageInfo, 5)
 var file_allot_v1_balancer_proto_goTypes = []any{
 	(*ReportRequest)(nil),  // 0: allot.v1.ReportRequest
-	(*QuotaCount)(nil),     // 1: allot.v1.QuotaCount
-	(*IdentityUsage)(nil),  // 2: allot.v1.IdentityUsage
-	(*ReportResponse)(nil), // 3: allot.v1.ReportResponse
+	(*Member)(nil),         // 1: allot.v1.Member
+	(*QuotaCount)(nil),     // 2: allot.v1.QuotaCount
+	(*IdentityUsage)(nil),  // 3: allot.v1.IdentityUsage
+	(*ReportResponse)(nil), // 4: allot.v1.ReportResponse
 }
 var file_allot_v1_balancer_proto_depIdxs = []int32{
-	2, // 0: allot.v1.ReportRequest.usage:type_name -> allot.v1.IdentityUsage
-	1, // 1: allot.v1.ReportRequest.quotas:type_name -> allot.v1.QuotaCount
-	1, // 2: allot.v1.ReportResponse.quota_others:type_name -> allot.v1.QuotaCount
-	0, // 3: allot.v1.Balancer.Report:input_type -> allot.v1.ReportRequest
-	3, // 4: allot.v1.Balancer.Report:output_type -> allot.v1.ReportResponse
-	4, // [4:5] is the sub-list for method output_type
-	3, // [3:4] is the sub-list for method input_type
-	3, // [3:3] is the sub-list for extension type_name
-	3, // [3:3] is the sub-list for extension extendee
-	0, // [0:3] is the sub-list for field type_name
+	3, // 0: allot.v1.ReportRequest.usage:type_name -> allot.v1.IdentityUsage
+	2, // 1: allot.v1.ReportRequest.quotas:type_name -> allot.v1.QuotaCount
+	1, // 2: allot.v1.ReportRequest.members:type_name -> allot.v1.Member
+	2, // 3: allot.v1.ReportResponse.quota_others:type_name -> allot.v1.QuotaCount
+	0, // 4: allot.v1.Balancer.Report:input_type -> allot.v1.ReportRequest
+	4, // 5: allot.v1.Balancer.Report:output_type -> allot.v1.ReportResponse
+	5, // [5:6] is the sub-list for method output_type
+	4, // [4:5] is the sub-list for method input_type
+	4, // [4:4] is the sub-list for extension type_name
+	4, // [4:4] is the sub-list for extension extendee
+	0, // [0:4] is the sub-list for field type_name
 }
 
 func init() { file_allot_v1_balancer_proto_init() }
@@ -600,7 +764,7 @@ func file_allot_v1_balancer_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_allot_v1_balancer_proto_rawDesc), len(file_allot_v1_balancer_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   4,
+			NumMessages:   5,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
