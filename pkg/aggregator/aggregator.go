@@ -53,7 +53,6 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 )
 
@@ -622,25 +621,10 @@ func (a *Aggregator) setElected(on bool) {
 	a.m.elected.Set(map[bool]float64{true: 1, false: 0}[on])
 }
 
-// peerMayReport refuses (PermissionDenied) a report for region unless the connection's
-// verified client certificate names that region (certs.RegionOf), as the balancer does.
+// peerMayReport refuses a report for region unless the connection's verified client
+// certificate names that region (certs.PeerMayReport).
 func peerMayReport(ctx context.Context, region string) error {
-	p, ok := peer.FromContext(ctx)
-	if !ok {
-		return status.Error(codes.PermissionDenied, "aggregator: report refused: no peer (reports need mutual TLS)")
-	}
-	ti, ok := p.AuthInfo.(credentials.TLSInfo)
-	if !ok {
-		return status.Errorf(codes.PermissionDenied, "aggregator: report for region %q refused: the connection from %v is not TLS", region, p.Addr)
-	}
-	got, err := certs.RegionOfState(ti.State)
-	if err != nil {
-		return status.Errorf(codes.PermissionDenied, "aggregator: report for region %q refused: %v", region, err)
-	}
-	if got != region {
-		return status.Errorf(codes.PermissionDenied, "aggregator: report for region %q refused: the client certificate is region %q's", region, got)
-	}
-	return nil
+	return certs.PeerMayReport(ctx, "aggregator", region)
 }
 
 type metrics struct {

@@ -21,8 +21,6 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials"
-	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 )
 
@@ -566,25 +564,10 @@ func (s *Service) report(ctx context.Context, req *allotv1.ReportRequest) (_ *al
 	return resp, "accepted", nil
 }
 
-// peerMayReport refuses (PermissionDenied) a report for region unless the connection's
-// verified client certificate names that region (certs.RegionOf).
+// peerMayReport refuses a report for region unless the connection's verified client
+// certificate names that region (certs.PeerMayReport).
 func peerMayReport(ctx context.Context, region string) error {
-	p, ok := peer.FromContext(ctx)
-	if !ok {
-		return status.Error(codes.PermissionDenied, "balancer: report refused: no peer (reports need mutual TLS)")
-	}
-	ti, ok := p.AuthInfo.(credentials.TLSInfo)
-	if !ok {
-		return status.Errorf(codes.PermissionDenied, "balancer: report for region %q refused: the connection from %v is not TLS (reports need an enforcer client certificate)", region, p.Addr)
-	}
-	got, err := certs.RegionOfState(ti.State)
-	if err != nil {
-		return status.Errorf(codes.PermissionDenied, "balancer: report for region %q refused: %v", region, err)
-	}
-	if got != region {
-		return status.Errorf(codes.PermissionDenied, "balancer: report for region %q refused: the client certificate is region %q's (%s)", region, got, certs.EnforcerURI(got))
-	}
-	return nil
+	return certs.PeerMayReport(ctx, "balancer", region)
 }
 
 func (s *Service) regionLabel(r string) string {
