@@ -10,6 +10,7 @@ import (
 
 	"github.com/allot-dev/allot/pkg/clock"
 	"github.com/allot-dev/allot/pkg/enforcer/report"
+	"github.com/allot-dev/allot/pkg/testenv/poll"
 	allotv1 "github.com/allot-dev/allot/proto/allot/v1"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -83,19 +84,6 @@ func newTestAggregator(t *testing.T, clk *clock.Fake, addr string) *Aggregator {
 	return a
 }
 
-// waitFor polls (real time, bounded) until cond holds: the aggregator's goroutine runs
-// on its own; the clock only moves when the test says so.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond)
-	}
-}
-
 func enfReport(id string, seq, ver uint64, now time.Time, usage ...*allotv1.IdentityUsage) *allotv1.ReportRequest {
 	return &allotv1.ReportRequest{Region: "us-east", EnforcerId: id, Seq: seq, ShareLeaderRev: 7, ShareVersion: ver,
 		IntervalStartMs: now.Add(-10 * time.Second).UnixMilli(), IntervalEndMs: now.UnixMilli(), Usage: usage}
@@ -123,9 +111,9 @@ func TestForwardAckAndHeard(t *testing.T) {
 		}
 	}
 	// The interval's forward, once, at Interval.
-	waitFor(t, "the forward timer", func() bool { return clk.Waiting(t0.Add(10 * time.Second)) })
+	poll.True(t, 10*time.Second, "the forward timer", func() bool { return clk.Waiting(t0.Add(10 * time.Second)) })
 	clk.Advance(10 * time.Second)
-	waitFor(t, "the interval's forward", func() bool { return len(up.forwards()) == 1 && !confirmedAt(a, "e2").IsZero() })
+	poll.True(t, 10*time.Second, "the interval's forward", func() bool { return len(up.forwards()) == 1 && !confirmedAt(a, "e2").IsZero() })
 	f := up.forwards()[0]
 	if f.EnforcerId != "agg-1" || len(f.Members) != 2 || len(f.Usage) != 1 || f.Usage[0].Admitted != 15 || f.Usage[0].Refused != 1 || f.Usage[0].Error != 1 {
 		t.Fatalf("forward %v: want agg-1 listing e1 and e2, k admitted 15 refused 1 error 1", f)
@@ -142,7 +130,7 @@ func TestForwardAckAndHeard(t *testing.T) {
 	if resp.HeardAgoMs != 12_000 {
 		t.Errorf("e2 told heard %d ms ago; want 12000: the leader confirmed it as of its first report", resp.HeardAgoMs)
 	}
-	waitFor(t, "the acknowledgement's forward", func() bool { return len(up.forwards()) == 2 && confirmedAt(a, "e2").Equal(t0.Add(12*time.Second)) })
+	poll.True(t, 10*time.Second, "the acknowledgement's forward", func() bool { return len(up.forwards()) == 2 && confirmedAt(a, "e2").Equal(t0.Add(12*time.Second)) })
 	ack := up.forwards()[1]
 	if !ack.Ack || ack.Members[1].EnforcerId != "e2" || ack.Members[1].ShareVersion != 3 {
 		t.Fatalf("ack forward %v: want ack, e2 at version 3", ack)
@@ -166,7 +154,7 @@ func TestForwardAckAndHeard(t *testing.T) {
 	// after the leader's hold time they get no quota answer (they hold their region).
 	up.setDown(true)
 	next := clk.Now().Add(10*time.Second - 3*time.Second)
-	waitFor(t, "the forward timer", func() bool { return clk.Waiting(next) })
+	poll.True(t, 10*time.Second, "the forward timer", func() bool { return clk.Waiting(next) })
 	clk.Set(next)
 	clk.Advance(30 * time.Second)
 	resp, err = a.Report(ctx, enfReport("e1", 3, 0, clk.Now()))

@@ -13,6 +13,7 @@ import (
 	"github.com/allot-dev/allot/pkg/bucket"
 	"github.com/allot-dev/allot/pkg/clock"
 	"github.com/allot-dev/allot/pkg/rules"
+	"github.com/allot-dev/allot/pkg/testenv/poll"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
@@ -376,13 +377,7 @@ func TestFlusherOnTheClock(t *testing.T) {
 	reserve(t, tb, "key:a", q, 2, clk.Now())
 	waitTimer(t, clk)
 	clk.Advance(2 * time.Second)
-	deadline := time.Now().Add(5 * time.Second)
-	for m.Get("key:a", q.Name, start) != 2 {
-		if time.Now().After(deadline) {
-			t.Fatal("no batch after one flush interval")
-		}
-		time.Sleep(time.Millisecond)
-	}
+	poll.True(t, 5*time.Second, "a batch after one flush interval", func() bool { return m.Get("key:a", q.Name, start) == 2 })
 	reserve(t, tb, "key:a", q, 3, clk.Now())
 	if err := tb.Close(); err != nil {
 		t.Fatal(err)
@@ -396,13 +391,7 @@ func TestFlusherOnTheClock(t *testing.T) {
 // waitTimer waits (bounded) until the flusher waits on the fake clock.
 func waitTimer(t *testing.T, clk *clock.Fake) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for clk.Timers() == 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("the flusher never waited on the clock")
-		}
-		time.Sleep(time.Millisecond)
-	}
+	poll.True(t, 5*time.Second, "the flusher waiting on the clock", func() bool { return clk.Timers() > 0 })
 }
 
 func TestConfigValidate(t *testing.T) {
