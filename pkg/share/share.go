@@ -95,6 +95,10 @@ type State struct {
 	// Input.Noise, carried through the smoothing: see the package doc, # Noise); nil
 	// before the first Allocate or when no Noise was ever given.
 	Var []float64
+	// Settling counts the allocations after a fast path (a move) that follow the demand
+	// without the noise band (see AllocateInto): the move's first demand was one second's
+	// reading, and the refinements that read longer stretches are the move's, not noise.
+	Settling int
 }
 
 // Input is one identity's reports for one interval. Every slice is indexed by region and

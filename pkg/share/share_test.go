@@ -4,6 +4,7 @@ import (
 	"errors"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -649,5 +650,58 @@ func TestWindowKeepsTheTimeConstantInSeconds(t *testing.T) {
 		if math.Abs(st.Smoothed[r]-once.Smoothed[r]) > 1e-9 {
 			t.Fatalf("four quarter windows: smoothed %v, one whole window: %v", st.Smoothed, once.Smoothed)
 		}
+	}
+}
+
+func TestSettlingFollowsTheMoveBeyondTheNoiseBand(t *testing.T) {
+	// A 100/s key's traffic moved: the fast path read the region it left at 30/s (one
+	// second, ± 5.5; truly 20) and the other at 60 ± 7.7. The next reading, 20 ± 2.3,
+	// moves the first region's share down by some 0.1, inside three of the readings'
+	// standard deviations (the noise band), which held the old split until some 14 s of
+	// windows had narrowed it; a move's refinements (Settling) follow the reading.
+	nan := math.NaN()
+	cfg := DefaultConfig()
+	held := []float64{nan, nan}
+	moved := Allocate(cfg, State{}, Input{Limit: 100, Demand: []float64{30, 60}, Noise: []float64{5.5, 7.7},
+		Default: []float64{0.5, 0.5}, Held: held, Fast: true})
+	if moved.Settling != SettleAllocations {
+		t.Fatalf("after a fast path: Settling %d, want %d", moved.Settling, SettleAllocations)
+	}
+	in := Input{Limit: 100, Demand: []float64{20, 60}, Noise: []float64{2.3, 4}, Default: []float64{0.5, 0.5}, Held: held}
+	next := Allocate(cfg, moved, in)
+	if moved.Shares[0]-next.Shares[0] < 0.05 {
+		t.Fatalf("settling: shares %v → %v, want the 20/s region's share down by its 10/s", moved.Shares, next.Shares)
+	}
+	if next.Settling != SettleAllocations-1 {
+		t.Fatalf("Settling %d, want %d", next.Settling, SettleAllocations-1)
+	}
+	// Once settled the noise band holds again: the same reading moves nothing.
+	settled := moved
+	settled.Settling = 0
+	if held := Allocate(cfg, settled, in); !slices.Equal(held.Shares, moved.Shares) {
+		t.Fatalf("settled: shares %v → %v, want the noise band to hold them", moved.Shares, held.Shares)
+	}
+}
+
+func TestOverTheLimitAMetRegionClaimsLessItsNoise(t *testing.T) {
+	// Over the limit every share is used where it goes: a region whose claim is met
+	// claims its demand less one standard deviation, the refused region the rest.
+	nan := math.NaN()
+	cfg := DefaultConfig()
+	in := Input{Limit: 50, Demand: []float64{15, 60}, Noise: []float64{2, 4}, Default: []float64{0.5, 0.5},
+		Held: []float64{nan, nan}, Fast: true}
+	got := Allocate(cfg, State{}, in).Shares
+	if want := (15 - 2) / 50.0; math.Abs(got[0]-want) > 1e-9 || math.Abs(got[0]+got[1]-1) > 1e-9 {
+		t.Fatalf("shares %v, want %.3f and the rest", got, want)
+	}
+	// Both refused: equal parts, whatever their noise.
+	in.Demand, in.Noise = []float64{40, 60}, []float64{5, 5}
+	if got := Allocate(cfg, State{}, in).Shares; math.Abs(got[0]-0.5) > 1e-9 || math.Abs(got[1]-0.5) > 1e-9 {
+		t.Fatalf("both over their part: shares %v, want 0.5 each", got)
+	}
+	// Under the limit nothing is cut: a met region keeps its demand and its headroom.
+	in.Demand, in.Noise = []float64{15, 20}, []float64{2, 2}
+	if got := Allocate(cfg, State{}, in).Shares; got[0] < 15/50.0 {
+		t.Fatalf("under the limit: shares %v, want the 15/s region at 0.3 or more", got)
 	}
 }
