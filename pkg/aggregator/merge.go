@@ -138,9 +138,9 @@ func (g *merger) validate(r *allotv1.ReportRequest) error {
 			return bad("usage[%d] is nil", i)
 		case u.Rule == "" || u.Identity == "" || len(u.Rule) > maxNameLen || len(u.Identity) > maxNameLen:
 			return bad("usage[%d]: rule %.64q identity %.64q: empty or longer than %d bytes", i, u.Rule, u.Identity, maxNameLen)
-		case !finite(u.Admitted) || !finite(u.Refused) || !finite(u.Error) || !finite(u.RegionalRate) || !finite(u.RecentRate):
-			return bad("usage[%d] (%s %s): admitted %g refused %g error %g regional_rate %g recent_rate %g: must be finite and >= 0",
-				i, u.Rule, u.Identity, u.Admitted, u.Refused, u.Error, u.RegionalRate, u.RecentRate)
+		case !finite(u.Admitted) || !finite(u.Refused) || !finite(u.Error) || !finite(u.RegionalRate) || !finite(u.RecentRate) || !finite(u.RecentTokens):
+			return bad("usage[%d] (%s %s): admitted %g refused %g error %g regional_rate %g recent_rate %g recent_tokens %g: must be finite and >= 0",
+				i, u.Rule, u.Identity, u.Admitted, u.Refused, u.Error, u.RegionalRate, u.RecentRate, u.RecentTokens)
 		}
 	}
 	for i, q := range r.Quotas {
@@ -210,6 +210,7 @@ func (g *merger) add(now time.Time, r *allotv1.ReportRequest) (m *member, dup, u
 		e.Refused += u.Refused
 		e.Error += u.Error // a merged Space-Saving summary's error is at most the sum of its parts'
 		e.RecentRate += u.RecentRate
+		e.RecentTokens += u.RecentTokens
 		e.RegionalRate = max(e.RegionalRate, u.RegionalRate)
 	}
 	for _, q := range r.Quotas {

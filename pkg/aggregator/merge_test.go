@@ -19,7 +19,7 @@ func rep(id string, seq uint64, ver uint64, usage ...*allotv1.IdentityUsage) *al
 
 func use(identity string, admitted, refused, errb, recent float64) *allotv1.IdentityUsage {
 	return &allotv1.IdentityUsage{Rule: "r", Identity: identity, Admitted: admitted, Refused: refused, Error: errb,
-		RecentRate: recent, RegionalRate: 50}
+		RecentRate: recent, RecentTokens: recent, RegionalRate: 50}
 }
 
 func byID(req *allotv1.ReportRequest) map[string]*allotv1.IdentityUsage {
@@ -47,8 +47,8 @@ func TestMergeKeepsErrorBound(t *testing.T) {
 	}
 	req := g.flush(now, time.Hour)
 	u := byID(req)
-	if k1 := u["k1"]; k1.Admitted != 300 || k1.Refused != 10 || k1.Error != 13 || k1.RecentRate != 32 || k1.RegionalRate != 50 {
-		t.Errorf("k1 = %v, want admitted 300 refused 10 error 13 recent 32 regional 50", k1)
+	if k1 := u["k1"]; k1.Admitted != 300 || k1.Refused != 10 || k1.Error != 13 || k1.RecentRate != 32 || k1.RecentTokens != 32 || k1.RegionalRate != 50 {
+		t.Errorf("k1 = %v, want admitted 300 refused 10 error 13 recent 32 (32 tokens) regional 50", k1)
 	}
 	if k2 := u["k2"]; k2.Admitted != 10 || k2.Refused != 1 || k2.Error != 2 || math.Abs(k2.RecentRate-1.5) > 1e-9 {
 		t.Errorf("k2 = %v, want admitted 10 refused 1 error 2 recent 1.5", k2)

@@ -73,11 +73,12 @@ type CoreConfig struct {
 	// a replica that becomes leader again builds a new Core.
 	LeaderRev int64
 
-	// Interval is the balancing interval: shares are recomputed every Interval (and early,
-	// see EarlyGap). Default 10s, like the enforcers' report interval.
+	// Interval is the balancing interval: shares are recomputed every Interval (and
+	// sooner when a report shows a key's traffic moved, see ShiftGap). Default 10s, like
+	// the enforcers' report interval.
 	Interval time.Duration
-	// EarlyGap is the least time between two recomputes when a report flagged early
-	// arrives (refusals jumped in some region). Default 2s.
+	// EarlyGap is the longest a recompute's follow-up waits for every enforcer to answer
+	// its version (see Core.followUp). Default 2s.
 	EarlyGap time.Duration
 	// ShiftGap is the least time between two recomputes when a report's recent rates show
 	// a key's traffic moved beyond the noise (see Core.shifted); that recompute reads the

@@ -56,6 +56,7 @@ type ident struct {
 	evict    bool        // forget it once it is back at the default split
 	shift    bool        // a report this window showed its traffic moved (Core.shifted)
 	moved    uint64      // the regions whose reports showed it (bit min(r, 63))
+	estSet   uint64      // the regions whose moveEst is set this window (bit r; r < 64)
 	origin   int         // the region whose report added it (-1: restored), see Ingest
 	snapOf   uint64      // the Core.snapEpoch its snap values belong to (older: zero)
 }
@@ -81,8 +82,17 @@ func (id *ident) snap(n int, epoch uint64) []float64 {
 	return s
 }
 
+// moveEst is, per region, the region's rate as read from the last report this window
+// whose recent rates showed the identity's traffic moved there or away (Core.shifted:
+// that enforcer's recent rate × the region's live enforcers), where ident.estSet has the
+// region's bit (regions past 63 have none). The recompute
+// reads a moved region from it: the mean of the window's recent rates still holds the
+// reports from before the move (a 50/s key whose 15/s in a region became 60/s was read
+// at 21.8, and held 11 s at a 50/50 split).
+func (id *ident) moveEst(n int) []float64 { return id.vals[5*n : 6*n : 6*n] }
+
 // valsPer is the float64s of vals per region.
-const valsPer = 5
+const valsPer = 6
 
 type enforcerState struct {
 	maxSeq     uint64
@@ -190,7 +200,6 @@ type Core struct {
 	fullStep      bool // a recompute's targets wait for the next advance over every identity
 	shiftStep     bool // that recompute was asked for by a shift: no MinVersionGap
 	lastVersionAt time.Time
-	earlyPending  bool
 	shiftPending  bool // a report's recent rates showed a key's traffic moved (shifted)
 	window        uint64
 	// snapEpoch counts new versions: the reports after one make a fresh snapshot of every

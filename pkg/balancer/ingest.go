@@ -49,9 +49,9 @@ func (c *Core) validate(r *allotv1.ReportRequest) (int, error) {
 			return bad("usage[%d] is nil", i)
 		case u.Rule == "" || u.Identity == "" || len(u.Rule) > MaxNameLen || len(u.Identity) > MaxNameLen:
 			return bad("usage[%d]: rule %.64q identity %.64q: empty or longer than %d bytes", i, u.Rule, u.Identity, MaxNameLen)
-		case !count(u.Admitted) || !count(u.Refused) || !count(u.Error) || !count(u.RegionalRate):
-			return bad("usage[%d] (%s %s): admitted %g refused %g error %g regional_rate %g: must be finite and >= 0",
-				i, u.Rule, u.Identity, u.Admitted, u.Refused, u.Error, u.RegionalRate)
+		case !count(u.Admitted) || !count(u.Refused) || !count(u.Error) || !count(u.RegionalRate) || !count(u.RecentRate) || !count(u.RecentTokens):
+			return bad("usage[%d] (%s %s): admitted %g refused %g error %g regional_rate %g recent_rate %g recent_tokens %g: must be finite and >= 0",
+				i, u.Rule, u.Identity, u.Admitted, u.Refused, u.Error, u.RegionalRate, u.RecentRate, u.RecentTokens)
 		}
 	}
 	return ri, nil
@@ -232,9 +232,11 @@ func (c *Core) heardRegion(now, heard time.Time, rs *regionState, r *allotv1.Rep
 		rs.snapReports += recent
 	}
 	rs.lag = now.Sub(time.UnixMilli(r.IntervalEndMs))
-	if r.Early {
-		c.earlyPending = true
-	}
+	// A report flagged early (refusals jumped at that enforcer) asks for nothing by the
+	// flag alone: its recent rates do, through the shift test (usage), when they show the
+	// traffic moved. A recompute at every early report (EarlyGap) republished the noise of
+	// keys near their shares: on 2,000 keys 8.1 versions a steady interval, 2.8 without,
+	// and many-keys over seven seeds recovered moves no slower (issue 21 §3).
 }
 
 // usage adds a report's usage entries to the window's demand: secs is the enforcer-seconds
@@ -243,6 +245,15 @@ func (c *Core) heardRegion(now, heard time.Time, rs *regionState, r *allotv1.Rep
 func (c *Core) usage(now time.Time, ri int, r *allotv1.ReportRequest, secs float64, recent int) {
 	rs := &c.regions[ri]
 	hardCap := c.cfg.MaxIdentities + c.cfg.MaxIdentities/8
+	// The enforcers that share the region's traffic now: those heard within SilentAfter
+	// (a restarted region's old enforcers, silent until acknowledgements drop them,
+	// doubled its estimate and read its steady traffic as arriving).
+	live := 0
+	for _, e := range rs.enforcers {
+		if now.Sub(e.lastHeard) <= c.cfg.SilentAfter {
+			live++
+		}
+	}
 	for _, u := range r.Usage {
 		k := key{u.Rule, u.Identity}
 		id := c.ids[k]
@@ -286,9 +297,13 @@ func (c *Core) usage(now time.Time, ri int, r *allotv1.ReportRequest, secs float
 			id.lastSeen = now
 			id.evict = false
 		}
-		if recent > 0 && c.shifted(id, ri, u.RecentRate/float64(recent), max(1, len(rs.enforcers))) {
+		if recent > 0 && c.shifted(id, ri, u.RecentRate, u.RecentTokens, recent, max(1, live)) {
 			id.shift, c.shiftPending = true, true
 			id.moved |= regionBit(ri)
+			if ri < 64 {
+				id.moveEst(c.n)[ri] = u.RecentRate / float64(recent) * float64(max(1, live))
+				id.estSet |= 1 << ri
+			}
 		}
 	}
 }
@@ -378,20 +393,28 @@ func (c *Core) ingestMembers(now time.Time, ri int, r *allotv1.ReportRequest) er
 	return nil
 }
 
-// shifted says whether one enforcer's recent rate for an identity (of enfs enforcers in
-// its region, which see about equal parts of its traffic) shows the traffic moved: the
-// region's rate, estimated as recent × enfs, at least doubled from its smoothed demand and
-// above its published share by more than the dead-band (traffic arrived, and is refused),
-// or at most half of it and below by more than a quarter dead-band (traffic left) — each
-// beyond the noise of one second of Poisson arrivals at that enforcer (3 standard
-// deviations of the estimate, √(enfs × smoothed), and 10 tokens a second an enforcer: a
-// key of a few a second is left to the interval's average). Such a
-// report asks for a recompute at once (ShiftGap) whatever else it says — an
-// acknowledgement of a decrease carries the region's new, lower rate — and that recompute
-// reads the identity's demand from the recent rates (see recompute). A partial change
-// (say 60/s to 240/s) is left to the interval's average and the early reports.
-func (c *Core) shifted(id *ident, r int, recent float64, enfs int) bool {
-	if !(id.rate > 0) || !(recent >= 0) || math.IsInf(recent, 0) {
+// shifted says whether the recent rates of an identity in reports of region r (rate, the
+// sum over `reports` reports — one, or an aggregator's merge of several — counting tokens
+// in all; enfs enforcers in the region, which see about equal parts of its traffic) show
+// its traffic moved. Such a report asks for a recompute at once (ShiftGap) whatever else
+// it says — an acknowledgement of a decrease carries the region's new, lower rate — and
+// that recompute reads the identity's demand from the recent rates (see recompute).
+//
+//   - Arrived: the region's rate, estimated as the mean rate × enfs, is above its
+//     smoothed demand and above its published share by more than the dead-band (traffic
+//     arrived, and is refused), and the tokens counted are more than the smoothed demand
+//     would bring in the span they were counted over by shiftSigmas standard deviations
+//     of that Poisson count and shiftTokens more (under 1e-4 by chance at any rate; a
+//     pair's first two requests in half a second never pass). A swap of 60/s and 15/s of
+//     a 50/s key over three enforcers moves 5/s to 20/s an enforcer: about 18 tokens where
+//     4.5 were expected, found in the first report after it (the old test, which asked for
+//     a doubled rate and 10/s an enforcer beyond the noise, never found it: 6 to 15 s).
+//   - Without a count (an older enforcer), arrived: at least doubled, beyond 3 standard
+//     deviations of the estimate (√(enfs × smoothed)) and 10 tokens a second an enforcer.
+//   - Left: at most half the smoothed demand and below by more than a quarter dead-band,
+//     beyond that noise and floor.
+func (c *Core) shifted(id *ident, r int, rate, tokens float64, reports, enfs int) bool {
+	if !(id.rate > 0) || !count(rate) || !count(tokens) || reports < 1 {
 		return false
 	}
 	// Not recomputed yet (a key the balancer first hears of): its demand was nothing, and
@@ -400,18 +423,34 @@ func (c *Core) shifted(id *ident, r int, recent float64, enfs int) bool {
 	if r < len(id.st.Smoothed) && !math.IsNaN(id.st.Smoothed[r]) {
 		sm = id.st.Smoothed[r]
 	}
-	n := float64(enfs)
-	est := recent * n
+	n, k := float64(enfs), float64(reports)
+	est := rate / k * n
 	noise := 3*math.Sqrt(n*max(sm, 1)) + 10*n
 	db := c.cfg.Share.DeadBand
-	switch {
-	case est >= 2*sm+noise: // arrived
+	if tokens > 0 && rate > 0 {
+		// The span each report counted over (0.5–1 s at an enforcer), and the count as the
+		// rate over it: clamped, so a report claiming another span or a count its rate
+		// does not carry cannot move the test past what an enforcer measures.
+		span := min(max(tokens/rate, 0.5), 1)
+		got := rate * span
+		mu := max(sm, 1) / n * span * k // the tokens the smoothed demand brings
+		if est > sm && got >= mu+shiftSigmas*math.Sqrt(mu)+shiftTokens {
+			return est/id.rate > id.published(c.n)[r]+db
+		}
+	} else if est >= 2*sm+noise { // arrived, judged by the rate alone
 		return est/id.rate > id.published(c.n)[r]+db
-	case est <= sm/2-noise: // left
+	}
+	if est <= sm/2-noise { // left
 		return (sm-est)/id.rate >= db/4
 	}
 	return false
 }
+
+// The arrival test's margin over the Poisson count the smoothed demand brings (shifted).
+const (
+	shiftSigmas = 4
+	shiftTokens = 3
+)
 
 // regionBit is region r's bit in ident.moved; regions past 63 share the last one.
 func regionBit(r int) uint64 { return 1 << min(r, 63) }

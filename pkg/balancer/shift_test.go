@@ -228,6 +228,78 @@ func TestPartialMoveFollowedUpFromTheAnswers(t *testing.T) {
 	t.Fatalf("8 s after the move: %v (follow-ups %d), want us-east ≥ 0.68", s.Published, c.Stats(now).FollowUps)
 }
 
+// A plan's continuation leaves a pending follow-up pending. The shift's recompute reads
+// the region the traffic left from its window (its reports predate the move) and
+// publishes its decrease; that region's answer, carrying its new rate, releases the
+// increase at once (a continuation), before the region the traffic reached has answered.
+// That continuation once cancelled the follow-up which reads every region's answer, and
+// the key stayed at the shift's 50/50 split until the next interval (10–15 s in
+// many-keys).
+func TestAContinuationKeepsTheFollowUp(t *testing.T) {
+	c := newTestCore(t, func(c *CoreConfig) { c.Regions = regions3[:2]; c.KeyTTL = time.Hour })
+	now := t0
+	seq := uint64(0)
+	rates := map[string]float64{"us-east": 30, "eu-west": 120}
+	last := map[string]time.Time{"us-east": now, "eu-west": now}
+	send := func(region string, ack bool) {
+		seq++
+		secs := now.Sub(last[region]).Seconds()
+		last[region] = now
+		tok := rates[region] * secs
+		u := useRecent("key:a", min(tok, 100*secs/2), max(tok-100*secs/2, 0), rates[region])
+		u.RecentTokens = rates[region] // over one second
+		r := recentReport(region, region+"-1", seq, now, c.Stats(now).Version, u)
+		r.IntervalStartMs = now.Add(-time.Duration(secs * float64(time.Second))).UnixMilli()
+		r.Ack = ack
+		if err := c.Ingest(now, r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tick := func() {
+		if p := c.Tick(now); p != nil {
+			c.Published(p, now)
+		}
+	}
+	for i := range 60 {
+		now = now.Add(time.Second)
+		if i%10 == 9 {
+			send("us-east", false)
+			send("eu-west", false)
+		}
+		tick()
+	}
+	moved := now
+	rates["us-east"], rates["eu-west"] = 120, 30
+	now = now.Add(500 * time.Millisecond)
+	send("us-east", false) // the arrival: a shift
+	lastVer := c.Stats(now).Version
+	var euAt, usAt time.Time // eu-west answers each version 300 ms after it, us-east 1.2 s after
+	for now.Sub(moved) < 8*time.Second {
+		tick()
+		if v := c.Stats(now).Version; v != lastVer {
+			lastVer, euAt, usAt = v, now.Add(300*time.Millisecond), now.Add(1200*time.Millisecond)
+		}
+		if !euAt.IsZero() && !now.Before(euAt) {
+			send("eu-west", true)
+			euAt = time.Time{}
+		}
+		if !usAt.IsZero() && !now.Before(usAt) {
+			send("us-east", true)
+			usAt = time.Time{}
+		}
+		if s, _ := c.Identity("default", "key:a"); s.Published[0] >= 0.68 {
+			t.Logf("us-east at %v %.0f ms after the move (versions %d, follow-ups %d)", s.Published, float64(now.Sub(moved))/1e6, c.Stats(now).Version, c.Stats(now).FollowUps)
+			if d := now.Sub(moved); d > 4*time.Second {
+				t.Fatalf("us-east reached 0.68 %v after the move, want ≤ 4 s", d)
+			}
+			return
+		}
+		now = now.Add(250 * time.Millisecond)
+	}
+	s, _ := c.Identity("default", "key:a")
+	t.Fatalf("8 s after the move: %v (follow-ups %d), want us-east ≥ 0.68", s.Published, c.Stats(now).FollowUps)
+}
+
 // TestFollowUpsNeverStarveTheInterval: on 10,000 keys' noise every follow-up's snapshot
 // showed some key moved, so each follow-up's version asked for the next and, taken before
 // the interval's recompute, the chain held it off for good (three recomputes in ten
@@ -253,5 +325,130 @@ func TestFollowUpsNeverStarveTheInterval(t *testing.T) {
 	if after.Recomputes != before.Recomputes+1 || after.FollowUps != before.FollowUps {
 		t.Fatalf("at the interval with a follow-up pending: recomputes %d → %d, follow-ups %d → %d; want the interval's recompute",
 			before.Recomputes, after.Recomputes, before.FollowUps, after.FollowUps)
+	}
+}
+
+// A move is judged by the Poisson count behind a recent rate (IdentityUsage.recent_tokens):
+// a 50/s key's region holding 15/s over three enforcers, its traffic swapped to 60/s, is
+// read at about 20/s an enforcer in the first report after — a shift; the rate alone
+// (an older enforcer) needs it doubled and 10/s an enforcer beyond the noise; a sparse
+// pair's first requests, or a steady rate's noise, are not.
+func TestArrivalJudgedByItsCount(t *testing.T) {
+	c := newTestCore(t, func(c *CoreConfig) {
+		c.Limits = func(string, string) (Limits, bool) { return Limits{Rate: 50}, true }
+	})
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	id, _, ok := c.newIdent("default", "key:a")
+	if !ok {
+		t.Fatal("no identity")
+	}
+	id.st.Smoothed = []float64{60, 15, 0}
+	copy(id.published(c.n), []float64{0.69, 0.30, 0.01})
+	for _, tc := range []struct {
+		name          string
+		rate, tokens  float64
+		reports, enfs int
+		want          bool
+	}{
+		{"a swap, counted over 0.9 s", 20, 18, 1, 3, true},
+		{"the same rate without a count", 20, 0, 1, 3, false},
+		{"doubled and more without a count", 37, 0, 1, 3, true},
+		{"a steady rate's 3σ-high second", 8, 7.2, 1, 3, false},
+		{"two aggregated reports counting 36 where 9 were due", 40, 36, 2, 3, true},
+	} {
+		if got := c.shifted(id, 1, tc.rate, tc.tokens, tc.reports, tc.enfs); got != tc.want {
+			t.Errorf("%s: shifted %v, want %v", tc.name, got, tc.want)
+		}
+	}
+	// Traffic that rose within its region's share is not refused: no move needed.
+	roomy, _, _ := c.newIdent("default", "key:roomy")
+	roomy.st.Smoothed = []float64{0, 10, 0}
+	copy(roomy.published(c.n), []float64{0.05, 0.9, 0.05})
+	if c.shifted(roomy, 1, 40, 36, 1, 1) {
+		t.Error("a rise to 40/s within a share of 45/s read as an arrival")
+	}
+	// A sparse key (3/s, never seen in the region): two requests in the half second
+	// after its pair appeared read 4/s; eight do move it.
+	sparse, _, _ := c.newIdent("default", "key:sparse")
+	sparse.rate = 3
+	if c.shifted(sparse, 1, 4, 2, 1, 3) {
+		t.Error("a sparse pair's first two requests read as an arrival")
+	}
+	if !c.shifted(sparse, 1, 16, 8, 1, 3) {
+		t.Error("eight requests in half a second where one was due: not an arrival")
+	}
+	// Nothing a report claims widens the test past what an enforcer measures: a count
+	// far above its rate (a span of minutes) is read over one second at most.
+	if c.shifted(id, 1, 6, 600, 1, 3) {
+		t.Error("a forged span widened the arrival test")
+	}
+}
+
+// A shift whose recompute falls due with the interval is followed up like any other: it
+// read the region the traffic left from its window (seen in many-keys: a swap at an
+// interval's boundary held 50/50 for 14 s).
+func TestAShiftDueWithTheIntervalIsFollowedUp(t *testing.T) {
+	c := newTestCore(t, func(c *CoreConfig) { c.Regions = regions3[:2] })
+	now := t0.Add(10 * time.Second)
+	for i, r := range c.cfg.Regions {
+		if err := c.Ingest(now, recentReport(r, r+"-1", uint64(i+1), now, 0, useRecent("key:a", 300, 0, 30))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if p := c.Tick(now); p != nil { // learning ends: the first recompute
+		c.Published(p, now)
+	}
+	c.mu.Lock()
+	due := c.nextDue
+	c.mu.Unlock()
+	u := useRecent("key:a", 300, 900, 150)
+	u.RecentTokens = 150
+	if err := c.Ingest(due, recentReport("us-east", "us-east-1", 9, due, c.Stats(due).Version, u)); err != nil {
+		t.Fatal(err)
+	}
+	if p := c.Tick(due); p == nil || !p.Changed {
+		t.Fatalf("the interval with a shift pending: %+v, want a new version", p)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.followUp {
+		t.Fatal("a shift's version at the interval is not followed up")
+	}
+}
+
+// A moved region is read from the report that showed the move, not from the mean of the
+// window's recent rates, which still holds its reports from before (a region whose 15/s
+// became 60/s was read at 21.8).
+func TestAMoveIsReadFromTheReportThatShowedIt(t *testing.T) {
+	c := newTestCore(t, func(c *CoreConfig) { c.Regions = regions3[:2] })
+	now := t0.Add(10 * time.Second)
+	for i, r := range c.cfg.Regions {
+		if err := c.Ingest(now, recentReport(r, r+"-1", uint64(i+1), now, 0, useRecent("key:a", 300, 0, 30))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if p := c.Tick(now); p != nil { // learning ends: the first recompute
+		c.Published(p, now)
+	}
+	now = now.Add(time.Second)
+	if err := c.Ingest(now, recentReport("us-east", "us-east-1", 3, now, c.Stats(now).Version, useRecent("key:a", 30, 0, 30))); err != nil {
+		t.Fatal(err)
+	}
+	now = now.Add(time.Second)
+	u := useRecent("key:a", 40, 80, 150)
+	u.RecentTokens = 150
+	if err := c.Ingest(now, recentReport("us-east", "us-east-1", 4, now, c.Stats(now).Version, u)); err != nil {
+		t.Fatal(err)
+	}
+	now = now.Add(c.cfg.ShiftGap)
+	if p := c.Tick(now); p != nil {
+		c.Published(p, now)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	id := c.ids[key{"default", "key:a"}]
+	if got := id.st.Smoothed[0]; math.Abs(got-150) > 1e-9 {
+		t.Fatalf("us-east read at %.1f/s after the move, want 150 (the report that showed it; the window's mean is 90)", got)
 	}
 }

@@ -16,9 +16,9 @@ import (
 // publication to write (materialize).
 
 // Tick advances the core to now and returns what to write, or nil when nothing is due.
-// It recomputes every identity's target when an interval is due (or EarlyGap after the
-// last recompute when an early report came in), once the learning period is over; it
-// advances every change plan whose acknowledgements moved; and it returns a Changed
+// It recomputes every identity's target when an interval is due (or ShiftGap after the
+// last recompute when a report showed a key's traffic moved), once the learning period
+// is over; it advances every change plan whose acknowledgements moved; and it returns a Changed
 // publication (Version+1, every identity that differs from the default split) when some
 // published share changed or this term has not written yet, else a head refresh once per
 // Interval. While a changed version has not been confirmed by Published, Tick returns it
@@ -53,10 +53,13 @@ func (c *Core) Tick(now time.Time) *Publication {
 		c.followUp = false
 		c.recompute(now, true)
 		recomputed = true
-	} else if !c.learning && (due || (c.earlyPending && since >= c.cfg.EarlyGap) ||
-		(c.shiftPending && since >= c.cfg.ShiftGap)) {
+	} else if !c.learning && (due || (c.shiftPending && since >= c.cfg.ShiftGap)) {
 		shift = c.shiftPending
-		c.asked = !due
+		// Asked for by a report (a shift, even one that falls due with the interval), or
+		// due while the follow-up of one was pending: such a recompute reads the region
+		// the traffic left from its window (a key held 10–15 s at 50/50), and its
+		// answers must follow it up.
+		c.asked = !due || shift || c.followUp
 		c.followUp, c.followDepth = false, 0
 		c.recompute(now, false)
 		recomputed = true
@@ -86,8 +89,13 @@ func (c *Core) Tick(now time.Time) *Publication {
 		// A version out of a recompute is followed up once its answers are in (a
 		// follow-up's own version only when the snapshot moved some identity: the chain
 		// ends when the newest picture agrees with the window's).
-		// At most MaxFollowUps follow a recompute.
-		c.followUp = changed && fromRecompute && (!follow && c.asked || follow && c.snapMoves > 0 && c.followDepth < MaxFollowUps)
+		// At most MaxFollowUps follow a recompute. A plan's continuation leaves a pending
+		// follow-up pending: its answers are the fresher snapshot (a shift's decrease,
+		// continued 0.5 s later, once cancelled the follow-up that would have read the
+		// region the traffic left, and held a key at 50/50 for 10 s).
+		if fromRecompute {
+			c.followUp = changed && (!follow && c.asked || follow && c.snapMoves > 0 && c.followDepth < MaxFollowUps)
+		}
 		if follow {
 			c.followDepth++
 		}
@@ -147,7 +155,7 @@ func (c *Core) recompute(now time.Time, snapshot bool) {
 			// The region's rate is the mean rate per enforcer-second of this window's
 			// reports times the enforcers serving the region now (heard within
 			// SilentAfter): a window in which only some of them reported — recomputes
-			// come every few seconds on early reports — is not read as the region's
+			// come every few seconds on shifts — is not read as the region's
 			// traffic having fallen by the part of those that did not.
 			live := 0
 			for _, e := range rs.enforcers {
@@ -213,7 +221,7 @@ func (c *Core) recompute(now time.Time, snapshot bool) {
 			copy(tgt, id.def)
 			clear(tok)
 			clear(id.recent(n))
-			id.shift, id.moved = false, 0
+			id.shift, id.moved, id.estSet = false, 0, 0
 			continue
 		}
 		// A silent region is held at its last published share (the others' targets get
@@ -226,7 +234,13 @@ func (c *Core) recompute(now time.Time, snapshot bool) {
 			// The window's tokens are Poisson counts: the rate's standard deviation (the
 			// policy carries it through the smoothing; a region not heard keeps both).
 			noise[r] = math.Sqrt(max(tok[r], 1)) / perEnf[r]
-			if id.moved&regionBit(r) != 0 && !math.IsNaN(perRep[r]) {
+			if r < 64 && id.estSet&(1<<r) != 0 && !snapshot {
+				// The report that showed the move: one enforcer's second, times the
+				// region's enforcers (its noise, √(enforcers × rate)).
+				est := id.moveEst(n)[r]
+				demand[r] = est
+				noise[r] = math.Sqrt(max(est, 1) * float64(max(1, len(c.regions[r].enforcers))))
+			} else if id.moved&regionBit(r) != 0 && !math.IsNaN(perRep[r]) {
 				// Its traffic moved here: the region's rate over about the last second (the
 				// mean of this window's reports times its enforcers), not the window's
 				// average, which still holds the traffic that left or a part of what
@@ -262,6 +276,7 @@ func (c *Core) recompute(now time.Time, snapshot bool) {
 		} else {
 			clear(tok)
 			clear(rec)
+			id.estSet = 0
 			// A move takes the policy's fast path whatever the noise. The regions it
 			// showed in stay read by their recent rates while the moves go on (a
 			// recompute a moment later, on the acknowledgements, has a window that still
@@ -297,7 +312,7 @@ func (c *Core) recompute(now time.Time, snapshot bool) {
 		c.regions[r].winSecs, c.regions[r].winEnfs, c.regions[r].winReports, c.regions[r].winRecent = 0, 0, 0, 0
 	}
 	c.window++
-	c.earlyPending, c.shiftPending = false, false
+	c.shiftPending = false
 	c.lastCompute = now
 	for !c.nextDue.After(now) {
 		c.nextDue = c.nextDue.Add(c.cfg.Interval)

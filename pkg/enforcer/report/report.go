@@ -160,14 +160,16 @@ func (t *Table) Report(now time.Time) *allotv1.ReportRequest {
 		req.Usage[i] = &allotv1.IdentityUsage{
 			Rule: d.e.key.rule, Identity: d.e.key.identity,
 			Admitted: float64(d.e.admitted), Refused: float64(d.e.refused),
-			RegionalRate: d.rate, Error: float64(d.e.err), RecentRate: d.e.recentRate(now.UnixNano()),
+			RegionalRate: d.rate, Error: float64(d.e.err),
 		}
+		req.Usage[i].RecentRate, req.Usage[i].RecentTokens = d.e.recent(now.UnixNano())
 	}
 	for i, d := range quiet[:nq] {
 		req.Usage[n+i] = &allotv1.IdentityUsage{
 			Rule: d.e.key.rule, Identity: d.e.key.identity,
-			RegionalRate: t.rate(d.e.rule, d.e.key.identity), RecentRate: d.e.recentRate(now.UnixNano()),
+			RegionalRate: t.rate(d.e.rule, d.e.key.identity),
 		}
+		req.Usage[n+i].RecentRate, req.Usage[n+i].RecentTokens = d.e.recent(now.UnixNano())
 	}
 	req.OmittedIdentities = uint64(len(items)-n) + uint64(evicted)
 	req.OmittedTokens = float64(total - reported)

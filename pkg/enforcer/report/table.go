@@ -2,6 +2,7 @@ package report
 
 import (
 	"hash/maphash"
+	"math"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -100,12 +101,13 @@ const (
 	recentSlots = 4
 )
 
-// recentRate is the pair's tokens per second over the last recentSlots slots up to now
-// (the current one partly), or since it was inserted if later: about the last second.
-// Which way it errs: the window is 0.5–1 s long, so a rate that changed within it is
+// recent is the pair's rate, tokens per second, over the last recentSlots slots up to now
+// (the current one partly), or since it was inserted if later: about the last second; and
+// the tokens it counts (the rate × that span), which tell the balancer how sure the rate
+// is. Which way it errs: the window is 0.5–1 s long, so a rate that changed within it is
 // averaged over that much (under, for a key that arrived less than 0.5 s ago); never a
 // count the pair did not have.
-func (e *entry) recentRate(now int64) float64 {
+func (e *entry) recent(now int64) (rate, tokens float64) {
 	cur := now / int64(RecentSlot)
 	from := max((cur-recentSlots+1)*int64(RecentSlot), e.first)
 	var sum int64
@@ -117,7 +119,7 @@ func (e *entry) recentRate(now int64) float64 {
 	// A pair first seen a moment ago is measured over at least two slots: one request
 	// 10 ms after the last report is not a rate of 100/s.
 	length := max(now-from, int64(2*RecentSlot))
-	return float64(sum) / (float64(length) / 1e9)
+	return float64(sum) / (float64(length) / 1e9), float64(sum)
 }
 
 // count is the Space-Saving count: an upper bound on the pair's true tokens.
@@ -210,6 +212,13 @@ func (t *Table) ObserveTake(rule *rules.Compiled, identity string, tokens int64,
 
 const maxInt64 = 1<<63 - 1
 
+// earlyJump: refusals jump (Config.EarlyMinRefused) at fewer than EarlyMinRefused tokens
+// too, once they are this many and four Poisson standard deviations over the last
+// interval's: a 50/s key whose traffic moved to a region of three enforcers holding a
+// fifth of it is refused some 15 tokens a second an enforcer, and took 6 s to reach 100
+// (its move waited for that or for a regular report, up to an interval).
+const earlyJump = 10
+
 // insert tracks a new pair with zero counts, evicting the stripe's minimum if it is full
 // (weighted Space-Saving: the newcomer inherits the evicted count as its error). Called
 // with s.mu held; the caller adds the tokens and restores the heap from e.heap: up when
@@ -229,6 +238,9 @@ func (t *Table) insert(s *stripe, tb *ssTable, rule *rules.Compiled, identity st
 	key := pair{rule.ID, strings.Clone(identity)} // the caller's string may pin a request buffer
 	prev := s.prev[key]
 	earlyAt := t.cfg.EarlyMinRefused
+	if jump := prev.refused + int64(4*math.Sqrt(float64(prev.refused))) + earlyJump; jump < earlyAt {
+		earlyAt = jump
+	}
 	if f := t.cfg.EarlyFactor * float64(prev.refused); f > float64(earlyAt) {
 		earlyAt = maxInt64
 		if f < float64(maxInt64) {

@@ -213,11 +213,13 @@ func TestWantEarly(t *testing.T) {
 	if tb.WantEarly(at(5 * time.Second)) {
 		t.Fatal("early with no refusals")
 	}
-	tb.ObserveTake(a, "k", 100, false, 0, t0) // not above 100
+	// A pair refused nothing last interval jumps past earlyJump (10) refused tokens, under
+	// EarlyMinRefused: a small key's move is refused some 15 a second an enforcer.
+	tb.ObserveTake(a, "k", earlyJump, false, 0, t0)
 	if tb.WantEarly(at(5 * time.Second)) {
-		t.Fatal("early at exactly EarlyMinRefused")
+		t.Fatal("early at exactly earlyJump refused")
 	}
-	tb.ObserveTake(a, "k", 1, false, 0, t0) // 101 > 100: a jump
+	tb.ObserveTake(a, "k", 1, false, 0, t0) // 11 > 10: a jump
 	select {
 	case <-tb.Early():
 	default:
@@ -229,25 +231,49 @@ func TestWantEarly(t *testing.T) {
 	if !tb.WantEarly(at(2 * time.Second)) {
 		t.Fatal("no early report at EarlyGap after a jump")
 	}
-	// An early report after 2 s: 101 refused scale to 505 a 10 s interval; the next jump
-	// for k needs refused > 2 × 505 = 1010.
+	// An early report after 2 s: 11 refused scale to 55 a 10 s interval; the next jump
+	// for k needs refused > max(2 × 55, min(100, 55 + 4√55 + 10 = 94)) = 110.
 	tb.Report(at(2 * time.Second))
 	if tb.WantEarly(at(10 * time.Second)) {
 		t.Fatal("early still wanted after the report")
 	}
-	tb.ObserveTake(a, "k", 1010, false, 0, t0)
+	tb.ObserveTake(a, "k", 110, false, 0, t0)
 	if tb.WantEarly(at(10 * time.Second)) {
-		t.Fatal("1010 refused is not above 2 × last interval's 505")
+		t.Fatal("110 refused is not above 2 × last interval's 55")
 	}
 	tb.ObserveTake(a, "k", 1, false, 0, t0)
 	if !tb.WantEarly(at(10 * time.Second)) {
-		t.Fatal("1011 refused is above 2 × 505: want early")
+		t.Fatal("111 refused is above 2 × 55: want early")
+	}
+	// k refused 111 over 10 s: its next jump needs > max(222, min(100, 111+42+10)) = 222.
+	tb.Report(at(12 * time.Second))
+	tb.ObserveTake(a, "k", 222, false, 0, t0)
+	if tb.WantEarly(at(14 * time.Second)) {
+		t.Fatal("222 refused is not above 2 × last interval's 111")
 	}
 	// Another identity starting to be refused jumps on its own.
-	tb.Report(at(12 * time.Second)) // k refused 1011 over 10 s → threshold 2022
-	tb.ObserveTake(a, "other", 101, false, 0, t0)
+	tb.ObserveTake(a, "other", 11, false, 0, t0)
 	if tb.WantEarly(at(13*time.Second)) || !tb.WantEarly(at(14*time.Second)) {
-		t.Fatal("a new identity's refusals above EarlyMinRefused should want early after EarlyGap")
+		t.Fatal("a new identity's refusals above earlyJump should want early after EarlyGap")
+	}
+}
+
+// TestWantEarlyKeepsEarlyMinRefused: a pair refused steadily (40 a 10 s interval) jumps
+// at EarlyMinRefused when that is under its Poisson margin (40 + 4√40 + 10 = 75), and
+// at EarlyFactor × its refusals when that is over.
+func TestWantEarlyKeepsEarlyMinRefused(t *testing.T) {
+	tb := newTable(t, func(c *Config) { c.EarlyMinRefused, c.EarlyFactor = 60, 1 })
+	a := rule("a", 10)
+	at := func(d time.Duration) time.Time { return t0.Add(d) }
+	tb.ObserveTake(a, "k", 40, false, 0, t0)
+	tb.Report(at(10 * time.Second)) // 40 refused over a whole interval
+	tb.ObserveTake(a, "k", 60, false, 0, at(11*time.Second))
+	if tb.WantEarly(at(13 * time.Second)) {
+		t.Fatal("60 refused is not above EarlyMinRefused 60")
+	}
+	tb.ObserveTake(a, "k", 1, false, 0, at(11*time.Second))
+	if !tb.WantEarly(at(13 * time.Second)) {
+		t.Fatal("61 refused: above EarlyMinRefused (60 < 75): want early")
 	}
 }
 
@@ -412,9 +438,14 @@ func TestRecentRate(t *testing.T) {
 		tb.ObserveTake(a, "arrived", 150, false, 0, t0.Add(9*time.Second+time.Duration(i)*100*time.Millisecond))
 	}
 	r := tb.Report(t0.Add(10 * time.Second))
-	got := map[string]float64{}
+	got, tokens := map[string]float64{}, map[string]float64{}
 	for _, u := range r.Usage {
-		got[u.Identity] = u.RecentRate
+		got[u.Identity], tokens[u.Identity] = u.RecentRate, u.RecentTokens
+	}
+	// The count behind the rate (the balancer's shift test judges a change by it): the
+	// slots from 9.25 s, the 750 ms the rate is measured over at a slot's boundary.
+	if tokens["arrived"] != 1050 || tokens["left"] != 0 || got["arrived"] != 1050/0.75 {
+		t.Errorf("recent tokens arrived %g (rate %g), left %g: want 1050 over 0.75 s, and 0", tokens["arrived"], got["arrived"], tokens["left"])
 	}
 	if got["left"] != 0 {
 		t.Errorf("left: recent rate %g, want 0 (its traffic stopped 5 s before)", got["left"])

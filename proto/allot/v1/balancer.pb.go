@@ -440,7 +440,12 @@ type IdentityUsage struct {
 	// the region's demand when a key's traffic moves, where the interval's average would
 	// still show the traffic that left or only part of the traffic that arrived. 0 when not
 	// measured (an older enforcer).
-	RecentRate    float64 `protobuf:"fixed64,7,opt,name=recent_rate,json=recentRate,proto3" json:"recent_rate,omitempty"`
+	RecentRate float64 `protobuf:"fixed64,7,opt,name=recent_rate,json=recentRate,proto3" json:"recent_rate,omitempty"`
+	// The tokens recent_rate counts (recent_rate × the span it was measured over, 0.5–1 s):
+	// the balancer judges a change of rate by this Poisson count, which a rate alone does not
+	// give (two requests in the half second after a pair appeared read 4/s, as do four in a
+	// second). 0 when not measured (an older enforcer: the balancer falls back to the rate).
+	RecentTokens  float64 `protobuf:"fixed64,8,opt,name=recent_tokens,json=recentTokens,proto3" json:"recent_tokens,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -520,6 +525,13 @@ func (x *IdentityUsage) GetError() float64 {
 func (x *IdentityUsage) GetRecentRate() float64 {
 	if x != nil {
 		return x.RecentRate
+	}
+	return 0
+}
+
+func (x *IdentityUsage) GetRecentTokens() float64 {
+	if x != nil {
+		return x.RecentTokens
 	}
 	return 0
 }
@@ -693,7 +705,7 @@ const file_allot_v1_balancer_proto_rawDesc = "" +
 	"\bidentity\x18\x03 \x01(\tR\bidentity\x12&\n" +
 	"\x0fperiod_start_ms\x18\x04 \x01(\x03R\rperiodStartMs\x12\x14\n" +
 	"\x05quota\x18\x05 \x01(\x03R\x05quota\x12\x14\n" +
-	"\x05count\x18\x06 \x01(\x03R\x05count\"\xd1\x01\n" +
+	"\x05count\x18\x06 \x01(\x03R\x05count\"\xf6\x01\n" +
 	"\rIdentityUsage\x12\x12\n" +
 	"\x04rule\x18\x01 \x01(\tR\x04rule\x12\x1a\n" +
 	"\bidentity\x18\x02 \x01(\tR\bidentity\x12\x1a\n" +
@@ -702,7 +714,8 @@ const file_allot_v1_balancer_proto_rawDesc = "" +
 	"\rregional_rate\x18\x05 \x01(\x01R\fregionalRate\x12\x14\n" +
 	"\x05error\x18\x06 \x01(\x01R\x05error\x12\x1f\n" +
 	"\vrecent_rate\x18\a \x01(\x01R\n" +
-	"recentRate\"\xef\x02\n" +
+	"recentRate\x12#\n" +
+	"\rrecent_tokens\x18\b \x01(\x01R\frecentTokens\"\xef\x02\n" +
 	"\x0eReportResponse\x12\x1a\n" +
 	"\baccepted\x18\x01 \x01(\bR\baccepted\x12\x1f\n" +
 	"\vleader_addr\x18\x02 \x01(\tR\n" +
