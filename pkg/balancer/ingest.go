@@ -297,7 +297,7 @@ func (c *Core) usage(now time.Time, ri int, r *allotv1.ReportRequest, secs float
 			id.lastSeen = now
 			id.evict = false
 		}
-		if recent > 0 && c.shifted(id, ri, u.RecentRate, u.RecentTokens, recent, max(1, live)) {
+		if recent > 0 && c.shifted(id, ri, u.RecentRate, u.RecentTokens, u.Refused > 0, recent, max(1, live)) {
 			id.shift, c.shiftPending = true, true
 			id.moved |= regionBit(ri)
 			if ri < 64 {
@@ -413,7 +413,7 @@ func (c *Core) ingestMembers(now time.Time, ri int, r *allotv1.ReportRequest) er
 //     deviations of the estimate (√(enfs × smoothed)) and 10 tokens a second an enforcer.
 //   - Left: at most half the smoothed demand and below by more than a quarter dead-band,
 //     beyond that noise and floor.
-func (c *Core) shifted(id *ident, r int, rate, tokens float64, reports, enfs int) bool {
+func (c *Core) shifted(id *ident, r int, rate, tokens float64, refused bool, reports, enfs int) bool {
 	if !(id.rate > 0) || !count(rate) || !count(tokens) || reports < 1 {
 		return false
 	}
@@ -434,7 +434,7 @@ func (c *Core) shifted(id *ident, r int, rate, tokens float64, reports, enfs int
 		span := min(max(tokens/rate, 0.5), 1)
 		got := rate * span
 		mu := max(sm, 1) / n * span * k // the tokens the smoothed demand brings
-		if est > sm && got >= mu+shiftSigmas*math.Sqrt(mu)+shiftTokens {
+		if refused && est > sm && got >= mu+shiftSigmas*math.Sqrt(mu)+shiftTokens {
 			return est/id.rate > id.published(c.n)[r]+db
 		}
 	} else if est >= 2*sm+noise { // arrived, judged by the rate alone

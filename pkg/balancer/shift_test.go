@@ -357,30 +357,36 @@ func TestArrivalJudgedByItsCount(t *testing.T) {
 		{"a steady rate's 3σ-high second", 8, 7.2, 1, 3, false},
 		{"two aggregated reports counting 36 where 9 were due", 40, 36, 2, 3, true},
 	} {
-		if got := c.shifted(id, 1, tc.rate, tc.tokens, tc.reports, tc.enfs); got != tc.want {
+		if got := c.shifted(id, 1, tc.rate, tc.tokens, true, tc.reports, tc.enfs); got != tc.want {
 			t.Errorf("%s: shifted %v, want %v", tc.name, got, tc.want)
 		}
+	}
+	// A count the region was not refused for is no arrival, however high: over 10,000
+	// keys and a report every few hundred milliseconds a 1e-5 test still fired a few
+	// times an interval, each a recompute and a version.
+	if c.shifted(id, 1, 20, 18, false, 1, 3) {
+		t.Error("a count with nothing refused read as an arrival")
 	}
 	// Traffic that rose within its region's share is not refused: no move needed.
 	roomy, _, _ := c.newIdent("default", "key:roomy")
 	roomy.st.Smoothed = []float64{0, 10, 0}
 	copy(roomy.published(c.n), []float64{0.05, 0.9, 0.05})
-	if c.shifted(roomy, 1, 40, 36, 1, 1) {
+	if c.shifted(roomy, 1, 40, 36, true, 1, 1) {
 		t.Error("a rise to 40/s within a share of 45/s read as an arrival")
 	}
 	// A sparse key (3/s, never seen in the region): two requests in the half second
 	// after its pair appeared read 4/s; eight do move it.
 	sparse, _, _ := c.newIdent("default", "key:sparse")
 	sparse.rate = 3
-	if c.shifted(sparse, 1, 4, 2, 1, 3) {
+	if c.shifted(sparse, 1, 4, 2, true, 1, 3) {
 		t.Error("a sparse pair's first two requests read as an arrival")
 	}
-	if !c.shifted(sparse, 1, 16, 8, 1, 3) {
+	if !c.shifted(sparse, 1, 16, 8, true, 1, 3) {
 		t.Error("eight requests in half a second where one was due: not an arrival")
 	}
 	// Nothing a report claims widens the test past what an enforcer measures: a count
 	// far above its rate (a span of minutes) is read over one second at most.
-	if c.shifted(id, 1, 6, 600, 1, 3) {
+	if c.shifted(id, 1, 6, 600, true, 1, 3) {
 		t.Error("a forged span widened the arrival test")
 	}
 }
