@@ -166,66 +166,14 @@ func TestQuietEntryTracksNothingNew(t *testing.T) {
 // version carry every region's last second, and the follow-up recompute reads the new
 // split from them (0.3/0.7) a round trip later instead of at the next interval.
 func TestPartialMoveFollowedUpFromTheAnswers(t *testing.T) {
-	c := newTestCore(t, func(c *CoreConfig) { c.Regions = regions3[:2]; c.KeyTTL = time.Hour })
-	now := t0
-	seq := uint64(0)
-	rates := map[string]float64{"us-east": 30, "eu-west": 120}
-	last := map[string]time.Time{"us-east": now, "eu-west": now}
-	send := func(region string, early, ack bool) {
-		seq++
-		secs := now.Sub(last[region]).Seconds()
-		last[region] = now
-		tok := rates[region] * secs
-		r := recentReport(region, region+"-1", seq, now, c.Stats(now).Version, useRecent("key:a", min(tok, 100*secs/2), max(tok-100*secs/2, 0), rates[region]))
-		r.IntervalStartMs = now.Add(-time.Duration(secs * float64(time.Second))).UnixMilli()
-		r.Early, r.Ack = early, ack
-		if err := c.Ingest(now, r); err != nil {
-			t.Fatal(err)
-		}
-	}
-	tick := func() {
-		if p := c.Tick(now); p != nil {
-			c.Published(p, now)
-		}
-	}
-	for i := range 60 {
-		now = now.Add(time.Second)
-		if i%10 == 9 {
-			send("us-east", false, false)
-			send("eu-west", false, false)
-		}
-		tick()
-	}
-	if s, _ := c.Identity("default", "key:a"); math.Abs(s.Published[1]-0.7) > 0.03 {
+	g := newSwapRig(t, false)
+	if s, _ := g.c.Identity("default", "key:a"); math.Abs(s.Published[1]-0.7) > 0.03 {
 		t.Fatalf("before the move: %v, want eu-west ≈ 0.7 (max-min fair)", s.Published)
 	}
-	moved := now
-	rates["us-east"], rates["eu-west"] = 120, 30
-	now = now.Add(2 * time.Second)
-	send("us-east", true, false) // refusals jumped
-	lastVer := c.Stats(now).Version
-	var answerAt time.Time
-	for now.Sub(moved) < 8*time.Second {
-		tick()
-		if v := c.Stats(now).Version; v != lastVer {
-			lastVer, answerAt = v, now.Add(300*time.Millisecond)
-		}
-		if !answerAt.IsZero() && !now.Before(answerAt) {
-			send("us-east", false, true)
-			send("eu-west", false, true)
-			answerAt = time.Time{}
-		}
-		if s, _ := c.Identity("default", "key:a"); s.Published[0] >= 0.68 {
-			t.Logf("us-east at %v %.0f ms after the move (versions %d, follow-ups %d)", s.Published, float64(now.Sub(moved))/1e6, c.Stats(now).Version, c.Stats(now).FollowUps)
-			if d := now.Sub(moved); d > 4*time.Second {
-				t.Fatalf("us-east reached 0.68 %v after the move, want ≤ 4 s", d)
-			}
-			return
-		}
-		now = now.Add(250 * time.Millisecond)
-	}
-	s, _ := c.Identity("default", "key:a")
-	t.Fatalf("8 s after the move: %v (follow-ups %d), want us-east ≥ 0.68", s.Published, c.Stats(now).FollowUps)
+	moved := g.swap()
+	g.now = g.now.Add(2 * time.Second)
+	g.send("us-east", true, false) // refusals jumped
+	g.answerUntilMoved(moved, map[string]time.Duration{"us-east": 300 * time.Millisecond, "eu-west": 300 * time.Millisecond})
 }
 
 // A plan's continuation leaves a pending follow-up pending. The shift's recompute reads
@@ -236,75 +184,106 @@ func TestPartialMoveFollowedUpFromTheAnswers(t *testing.T) {
 // the key stayed at the shift's 50/50 split until the next interval (10–15 s in
 // many-keys).
 func TestAContinuationKeepsTheFollowUp(t *testing.T) {
-	c := newTestCore(t, func(c *CoreConfig) { c.Regions = regions3[:2]; c.KeyTTL = time.Hour })
-	now := t0
-	seq := uint64(0)
-	rates := map[string]float64{"us-east": 30, "eu-west": 120}
-	last := map[string]time.Time{"us-east": now, "eu-west": now}
-	send := func(region string, ack bool) {
-		seq++
-		secs := now.Sub(last[region]).Seconds()
-		last[region] = now
-		tok := rates[region] * secs
-		u := useRecent("key:a", min(tok, 100*secs/2), max(tok-100*secs/2, 0), rates[region])
-		u.RecentTokens = rates[region] // over one second
-		r := recentReport(region, region+"-1", seq, now, c.Stats(now).Version, u)
-		r.IntervalStartMs = now.Add(-time.Duration(secs * float64(time.Second))).UnixMilli()
-		r.Ack = ack
-		if err := c.Ingest(now, r); err != nil {
-			t.Fatal(err)
-		}
-	}
-	tick := func() {
-		if p := c.Tick(now); p != nil {
-			c.Published(p, now)
-		}
-	}
+	g := newSwapRig(t, true)
+	moved := g.swap()
+	g.now = g.now.Add(500 * time.Millisecond)
+	g.send("us-east", false, false) // the arrival: a shift
+	g.answerUntilMoved(moved, map[string]time.Duration{"eu-west": 300 * time.Millisecond, "us-east": 1200 * time.Millisecond})
+}
+
+// swapRig is a key over its limit (100/s) in two regions, each of one enforcer: a minute
+// of 30/s in us-east and 120/s in eu-west, reported every 10 s, before swap.
+type swapRig struct {
+	t      *testing.T
+	c      *Core
+	now    time.Time
+	seq    uint64
+	counts bool // reports carry recent_tokens (one second's)
+	rates  map[string]float64
+	last   map[string]time.Time
+}
+
+func newSwapRig(t *testing.T, counts bool) *swapRig {
+	g := &swapRig{t: t, c: newTestCore(t, func(c *CoreConfig) { c.Regions = regions3[:2]; c.KeyTTL = time.Hour }),
+		now: t0, counts: counts, rates: map[string]float64{"us-east": 30, "eu-west": 120},
+		last: map[string]time.Time{"us-east": t0, "eu-west": t0}}
 	for i := range 60 {
-		now = now.Add(time.Second)
+		g.now = g.now.Add(time.Second)
 		if i%10 == 9 {
-			send("us-east", false)
-			send("eu-west", false)
+			g.send("us-east", false, false)
+			g.send("eu-west", false, false)
 		}
-		tick()
+		g.tick()
 	}
-	moved := now
-	rates["us-east"], rates["eu-west"] = 120, 30
-	now = now.Add(500 * time.Millisecond)
-	send("us-east", false) // the arrival: a shift
-	lastVer := c.Stats(now).Version
-	var euAt, usAt time.Time // eu-west answers each version 300 ms after it, us-east 1.2 s after
-	for now.Sub(moved) < 8*time.Second {
-		tick()
-		if v := c.Stats(now).Version; v != lastVer {
-			lastVer, euAt, usAt = v, now.Add(300*time.Millisecond), now.Add(1200*time.Millisecond)
+	return g
+}
+
+// swap moves the traffic (us-east 120/s, eu-west 30/s) and returns when.
+func (g *swapRig) swap() time.Time {
+	g.rates["us-east"], g.rates["eu-west"] = 120, 30
+	return g.now
+}
+
+func (g *swapRig) send(region string, early, ack bool) {
+	g.seq++
+	secs := g.now.Sub(g.last[region]).Seconds()
+	g.last[region] = g.now
+	tok := g.rates[region] * secs
+	u := useRecent("key:a", min(tok, 100*secs/2), max(tok-100*secs/2, 0), g.rates[region])
+	if g.counts {
+		u.RecentTokens = g.rates[region]
+	}
+	r := recentReport(region, region+"-1", g.seq, g.now, g.c.Stats(g.now).Version, u)
+	r.IntervalStartMs = g.now.Add(-time.Duration(secs * float64(time.Second))).UnixMilli()
+	r.Early, r.Ack = early, ack
+	if err := g.c.Ingest(g.now, r); err != nil {
+		g.t.Fatal(err)
+	}
+}
+
+func (g *swapRig) tick() {
+	if p := g.c.Tick(g.now); p != nil {
+		g.c.Published(p, g.now)
+	}
+}
+
+// answerUntilMoved ticks every 250 ms, each region answering every new version after its
+// delay, until us-east holds 0.68: within 4 s of moved, or the test fails.
+func (g *swapRig) answerUntilMoved(moved time.Time, delay map[string]time.Duration) {
+	t, c := g.t, g.c
+	lastVer := c.Stats(g.now).Version
+	answerAt := map[string]time.Time{}
+	for g.now.Sub(moved) < 8*time.Second {
+		g.tick()
+		if v := c.Stats(g.now).Version; v != lastVer {
+			lastVer = v
+			for r, d := range delay {
+				answerAt[r] = g.now.Add(d)
+			}
 		}
-		if !euAt.IsZero() && !now.Before(euAt) {
-			send("eu-west", true)
-			euAt = time.Time{}
-		}
-		if !usAt.IsZero() && !now.Before(usAt) {
-			send("us-east", true)
-			usAt = time.Time{}
+		for _, r := range c.cfg.Regions {
+			if at, ok := answerAt[r]; ok && !g.now.Before(at) {
+				g.send(r, false, true)
+				delete(answerAt, r)
+			}
 		}
 		if s, _ := c.Identity("default", "key:a"); s.Published[0] >= 0.68 {
-			t.Logf("us-east at %v %.0f ms after the move (versions %d, follow-ups %d)", s.Published, float64(now.Sub(moved))/1e6, c.Stats(now).Version, c.Stats(now).FollowUps)
-			if d := now.Sub(moved); d > 4*time.Second {
+			t.Logf("us-east at %v %.0f ms after the move (versions %d, follow-ups %d)", s.Published, float64(g.now.Sub(moved))/1e6, c.Stats(g.now).Version, c.Stats(g.now).FollowUps)
+			if d := g.now.Sub(moved); d > 4*time.Second {
 				t.Fatalf("us-east reached 0.68 %v after the move, want ≤ 4 s", d)
 			}
 			return
 		}
-		now = now.Add(250 * time.Millisecond)
+		g.now = g.now.Add(250 * time.Millisecond)
 	}
 	s, _ := c.Identity("default", "key:a")
-	t.Fatalf("8 s after the move: %v (follow-ups %d), want us-east ≥ 0.68", s.Published, c.Stats(now).FollowUps)
+	t.Fatalf("8 s after the move: %v (follow-ups %d), want us-east ≥ 0.68", s.Published, c.Stats(g.now).FollowUps)
 }
 
-// TestFollowUpsNeverStarveTheInterval: on 10,000 keys' noise every follow-up's snapshot
-// showed some key moved, so each follow-up's version asked for the next and, taken before
-// the interval's recompute, the chain held it off for good (three recomputes in ten
-// minutes; tail keys kept the default split). The interval's recompute comes first.
-func TestFollowUpsNeverStarveTheInterval(t *testing.T) {
+// learnedCore is a core of two regions past its learning period (its first recompute
+// done at the returned time), key:a heard at 30/s in each.
+func learnedCore(t *testing.T) (*Core, time.Time) {
+	t.Helper()
 	c := newTestCore(t, func(c *CoreConfig) { c.Regions = regions3[:2] })
 	now := t0.Add(10 * time.Second)
 	for i, r := range c.cfg.Regions {
@@ -315,6 +294,15 @@ func TestFollowUpsNeverStarveTheInterval(t *testing.T) {
 	if p := c.Tick(now); p != nil { // learning ends: the first recompute
 		c.Published(p, now)
 	}
+	return c, now
+}
+
+// TestFollowUpsNeverStarveTheInterval: on 10,000 keys' noise every follow-up's snapshot
+// showed some key moved, so each follow-up's version asked for the next and, taken before
+// the interval's recompute, the chain held it off for good (three recomputes in ten
+// minutes; tail keys kept the default split). The interval's recompute comes first.
+func TestFollowUpsNeverStarveTheInterval(t *testing.T) {
+	c, now := learnedCore(t)
 	before := c.Stats(now)
 	c.mu.Lock()
 	c.followUp = true // a chain in progress, its answers in
@@ -395,16 +383,7 @@ func TestArrivalJudgedByItsCount(t *testing.T) {
 // read the region the traffic left from its window (seen in many-keys: a swap at an
 // interval's boundary held 50/50 for 14 s).
 func TestAShiftDueWithTheIntervalIsFollowedUp(t *testing.T) {
-	c := newTestCore(t, func(c *CoreConfig) { c.Regions = regions3[:2] })
-	now := t0.Add(10 * time.Second)
-	for i, r := range c.cfg.Regions {
-		if err := c.Ingest(now, recentReport(r, r+"-1", uint64(i+1), now, 0, useRecent("key:a", 300, 0, 30))); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if p := c.Tick(now); p != nil { // learning ends: the first recompute
-		c.Published(p, now)
-	}
+	c, _ := learnedCore(t)
 	c.mu.Lock()
 	due := c.nextDue
 	c.mu.Unlock()
@@ -427,16 +406,7 @@ func TestAShiftDueWithTheIntervalIsFollowedUp(t *testing.T) {
 // window's recent rates, which still holds its reports from before (a region whose 15/s
 // became 60/s was read at 21.8).
 func TestAMoveIsReadFromTheReportThatShowedIt(t *testing.T) {
-	c := newTestCore(t, func(c *CoreConfig) { c.Regions = regions3[:2] })
-	now := t0.Add(10 * time.Second)
-	for i, r := range c.cfg.Regions {
-		if err := c.Ingest(now, recentReport(r, r+"-1", uint64(i+1), now, 0, useRecent("key:a", 300, 0, 30))); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if p := c.Tick(now); p != nil { // learning ends: the first recompute
-		c.Published(p, now)
-	}
+	c, now := learnedCore(t)
 	now = now.Add(time.Second)
 	if err := c.Ingest(now, recentReport("us-east", "us-east-1", 3, now, c.Stats(now).Version, useRecent("key:a", 30, 0, 30))); err != nil {
 		t.Fatal(err)
