@@ -220,8 +220,8 @@ func TestShareCheckAllocations(t *testing.T) {
 			t.Fatal(err)
 		}
 	})
-	if allocs > 1 {
-		t.Fatalf("Check with a rescaling share allocates %v times per call, want <= 1", allocs)
+	if allocs != 0 {
+		t.Fatalf("Check with a rescaling share allocates %v times per call, want 0", allocs)
 	}
 }
 

@@ -2,6 +2,7 @@ package rules
 
 import (
 	"net/netip"
+	"sync/atomic"
 	"time"
 )
 
@@ -30,6 +31,9 @@ type Snapshot struct {
 	domains      map[string]*dnode
 	hasReplaces  bool // some rule replaces others
 	hasUnlimited bool // some rule of the named dimensions is unlimited
+	// interns caches the identity strings Match builds (intern.go); nil until the first
+	// Match that builds one.
+	interns atomic.Pointer[identities]
 }
 
 // Version names the rule set: Set.Version, or "sha256:<16 hex>" of the content.
@@ -78,8 +82,10 @@ func (s *Snapshot) NextExpiry(now time.Time) time.Time {
 // Anonymous (see Attrs). IPv4-mapped IPv6 addresses are
 // treated as IPv4; IPv6 clients are counted per prefix (CompileOptions.IPv6Prefix).
 //
-// Match allocates only the identity strings (one per dimension that matched, none for
-// "global"), and nothing else if dst has room. It does not check identity length against
+// Match allocates only the identity strings it has not built recently (one per dimension
+// that matched, none for "global"; a bounded cache keeps the others), and nothing else if
+// dst has room. The checks of one identity get one string, which the tables keyed by it
+// compare by pointer. It does not check identity length against
 // bucket.MaxIdentityLen: callers bound their inputs.
 func (s *Snapshot) Match(a *Attrs, now time.Time, dst []Matched) []Matched {
 	if s.domains != nil && len(a.Entries) > 0 {
@@ -149,11 +155,17 @@ func (s *Snapshot) identity(by By, a *Attrs, ip netip.Addr) (string, bool) {
 		if a.APIKey == "" {
 			return s.identity(ByIP, a, ip) // keyless: counted by its client
 		}
-		return "key:" + a.APIKey, true
+		return s.internTable().text(ByAPIKey, "key:", a.APIKey), true
 	case ByOrg:
-		return "org:" + a.Org, a.Org != ""
+		if a.Org == "" {
+			return "", false
+		}
+		return s.internTable().text(ByOrg, "org:", a.Org), true
 	case ByEndpoint:
-		return "ep:" + a.Endpoint, a.Endpoint != ""
+		if a.Endpoint == "" {
+			return "", false
+		}
+		return s.internTable().text(ByEndpoint, "ep:", a.Endpoint), true
 	case ByGlobal:
 		return "global", true
 	case ByDescriptor:
@@ -163,19 +175,25 @@ func (s *Snapshot) identity(by By, a *Attrs, ip netip.Addr) (string, bool) {
 			// A keyed request without an address is counted by its key elsewhere.
 			return Anonymous, a.APIKey == ""
 		}
-		var buf [64]byte
-		b := buf[:0]
 		if ip.Is4() {
-			b = append(b, "ip:"...)
-			b = ip.AppendTo(b)
-		} else {
-			p, _ := ip.Prefix(s.ipv6Bits) // bits validated at compile
-			b = append(b, "ip6:"...)
-			b = p.AppendTo(b)
+			return s.internTable().addr(ip, formatIP), true
 		}
-		return string(b), true
+		p, _ := ip.Prefix(s.ipv6Bits) // bits validated at compile
+		return s.internTable().addr(p.Addr(), s.formatIP6), true
 	}
 	return "", false
+}
+
+// formatIP is the identity of the IPv4 client ip.
+func formatIP(ip netip.Addr) string {
+	var buf [32]byte
+	return string(ip.AppendTo(append(buf[:0], "ip:"...)))
+}
+
+// formatIP6 is the identity of the IPv6 prefix whose address is ip.
+func (s *Snapshot) formatIP6(ip netip.Addr) string {
+	var buf [64]byte
+	return string(netip.PrefixFrom(ip, s.ipv6Bits).AppendTo(append(buf[:0], "ip6:"...)))
 }
 
 func (l *lane) match(a *Attrs, ip netip.Addr, now time.Time) *crule {
