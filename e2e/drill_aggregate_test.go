@@ -11,10 +11,12 @@ import (
 // TestAggregatedDrills is the three-region balancer stack of TestBalancerDrills with the
 // report aggregation tier on (issue 26 §3, docs/design.md §12): a report aggregator per
 // region (bin/balancer with an aggregate section) between the region's enforcers and
-// the balancer leader. The traffic-shift, leader-killed and region-down drills must pass
-// as on the direct path (region-cut needs the aggregators' upstream through the region's
-// links, which the stack does not give them yet), no share
-// set published in etcd may sum above 1, and every aggregator must have forwarded.
+// the balancer leader, reaching etcd and the replicas through the region's links. The
+// traffic-shift, leader-killed, region-cut and region-down drills must pass as on the
+// direct path — region-cut with the aggregator cut off and the region's enforcers still
+// reporting to it, so they fence themselves by what the leader last confirmed hearing
+// (ReportResponse.heard_ago_ms) — no share set published in etcd may sum above 1, and
+// every aggregator must have forwarded.
 func TestAggregatedDrills(t *testing.T) {
 	began := time.Now()
 	opt := stack.DefaultOptions()
@@ -29,6 +31,7 @@ func TestAggregatedDrills(t *testing.T) {
 	sums := watchShareSums(t, s)
 	t.Run("traffic-shift", func(t *testing.T) { drillTrafficShift(t, s) })
 	t.Run("leader-killed", func(t *testing.T) { drillLeaderKilled(t, s) })
+	t.Run("region-cut", func(t *testing.T) { drillRegionCut(t, s, sums) })
 	t.Run("region-down", func(t *testing.T) { drillRegionDown(t, s, sums) })
 	n, worst := sums.stop()
 	t.Logf("share sets read from etcd during the drills: %d, largest sum over regions %.4f; every version seen:%s", n, worst, sums.History())

@@ -65,7 +65,8 @@ func balancerConfig(t testing.TB, s *Stack, regions []string, opt Options) strin
 }
 
 // aggregatorConfig is region r's report aggregator: the balancers' config with r's etcd
-// endpoints (its links) and an aggregate section forwarding with r's certificate.
+// endpoints (its links) and an aggregate section forwarding with r's certificate, to the
+// replicas through r's balancer links when it has them.
 func aggregatorConfig(t testing.TB, s *Stack, r *Region, regions []string, opt Options) string {
 	t.Helper()
 	var cfg map[string]any
@@ -76,6 +77,11 @@ func aggregatorConfig(t testing.TB, s *Stack, r *Region, regions []string, opt O
 	delete(cfg, "admin")
 	cfg["aggregate"] = map[string]any{"region": r.Name, "upstream_tls": map[string]any{"enabled": true,
 		"ca_file": s.Certs.CA(), "cert_file": s.Certs.Enforcer(r.Name), "key_file": s.Certs.EnforcerKey(r.Name)}}
+	if len(r.BalancerAddrs) > 0 {
+		// The region reaches the replicas through its own links, so that a drill can cut
+		// its report path (region-cut).
+		cfg["aggregate"].(map[string]any)["upstream_addrs"] = r.BalancerAddrs
+	}
 	out, err := yaml.Marshal(cfg)
 	if err != nil {
 		t.Fatal(err)

@@ -13,8 +13,8 @@
 // region, enforcer → Redis is direct. The first region's enforcers dial the balancer
 // leader at the address it advertises in its election key; every other region reaches
 // each balancer replica through a Link of its own (Region.BalancerLinks, the same latency
-// as its etcd links), listed in its enforcers' balancer.addrs, so a drill can cut one
-// region's reports alone.
+// as its etcd links), listed in its enforcers' balancer.addrs (with Options.Aggregate, in
+// its aggregator's upstream_addrs), so a drill can cut one region's reports alone.
 //
 // What it guarantees: Start returns only when every enforcer answers /readyz and counts
 // every enforcer of its region as a peer; everything is removed at the cleanup of the test
@@ -79,9 +79,10 @@ type Options struct {
 	// Balancer overrides config fields of every balancer replica (YAML).
 	Balancer string
 	// Aggregate runs a report aggregator per region (bin/balancer with an aggregate
-	// section, docs/design.md §12), reaching etcd through the region's links and the
-	// leader directly; the region's enforcers report through it (balancer.via_aggregator)
-	// instead of to the balancer replicas. Needs Balancers > 0.
+	// section, docs/design.md §12), reaching etcd and the balancer replicas through the
+	// region's links (aggregate.upstream_addrs; the first region's directly); the region's
+	// enforcers report through it (balancer.via_aggregator) instead of to the replicas.
+	// Needs Balancers > 0.
 	Aggregate bool
 	// AdminToken, if not empty, turns on the balancers' admin API (pkg/balancer/admin on
 	// their HTTP listeners) with one named token, "drill:" + AdminToken (in a tokens file
@@ -159,7 +160,8 @@ type Region struct {
 	EtcdEndpoints []string
 	// BalancerLinks are this region's paths to the balancer replicas, one per replica in
 	// Stack.Balancers' order (empty for the first region and without balancers);
-	// BalancerAddrs are their addresses, its enforcers' balancer.addrs.
+	// BalancerAddrs are their addresses: its enforcers' balancer.addrs, or with
+	// Options.Aggregate its aggregator's aggregate.upstream_addrs.
 	BalancerLinks []*testenv.Link
 	BalancerAddrs []string
 
@@ -212,7 +214,7 @@ func Start(t testing.TB, opt Options) *Stack {
 		s.Balancers[i] = newBalancer(t, i)
 	}
 	for i, r := range s.Regions {
-		if i == 0 || opt.Aggregate {
+		if i == 0 {
 			continue
 		}
 		for j, b := range s.Balancers {

@@ -76,8 +76,14 @@ type Config struct {
 	ElectionPrefix string
 	// SessionTTL is the election lease, whole seconds >= 1s. Default 10s.
 	SessionTTL time.Duration
-	// Upstream names the balancer leader (report.EtcdLeader in production). Required.
+	// Upstream names the balancer leader (report.EtcdLeader in production). Required
+	// unless Addrs is set.
 	Upstream report.LeaderSource
+	// Addrs, if set, are the balancer replicas' report addresses as this region reaches
+	// them (through its own links, a proxy): Upstream is not asked, and each forward goes
+	// round the list once from the one that last accepted, following a standby's redirect
+	// only to an address of the list (report.AddrRing, as the enforcers' ReporterConfig.Addrs).
+	Addrs []string
 	// TLS, if not nil, is the upstream client's (the region's report certificate);
 	// nil means plaintext. DialOptions are added to every dial.
 	TLS         *tls.Config
@@ -124,8 +130,13 @@ func (c *Config) Validate() error {
 	if c.Advertise == "" {
 		bad("Advertise is empty: standbys would have no address to redirect to")
 	}
-	if c.Upstream == nil {
-		bad("Upstream is nil: no way to find the balancer leader")
+	if c.Upstream == nil && len(c.Addrs) == 0 {
+		bad("Upstream is nil and Addrs empty: no way to find the balancer leader")
+	}
+	for i, a := range c.Addrs {
+		if err := report.CheckAddr(a); err != nil {
+			bad("Addrs[%d]: %v", i, err)
+		}
 	}
 	if c.Etcd != nil && (c.SessionTTL < time.Second || c.SessionTTL%time.Second != 0) {
 		bad("SessionTTL %v, must be whole seconds >= 1s", c.SessionTTL)
@@ -184,7 +195,8 @@ type Aggregator struct {
 	// The upstream connection; only the forward loop uses it.
 	conn     *grpc.ClientConn
 	connAddr string
-	addr     string // the leader that last accepted ("" : ask Upstream)
+	addr     string           // the leader that last accepted ("" : ask Upstream)
+	ring     *report.AddrRing // Addrs' rotation; nil without Addrs
 	creds    grpc.DialOption
 
 	loop, campaign routine.Routine
@@ -217,6 +229,9 @@ func New(cfg Config) (*Aggregator, error) {
 	a := &Aggregator{cfg: cfg, log: cfg.Logger, clk: cfg.Clock, m: m, kick: make(chan struct{}, 1),
 		seq: uint64(cfg.Clock.Now().UnixMilli()), elected: cfg.Etcd == nil}
 	a.merge = newMerger(cfg.Region, cfg.MaxEntries, cfg.MaxQuotas, cfg.MaxMembers, cfg.Interval, cfg.Clock.Now())
+	if len(cfg.Addrs) > 0 {
+		a.ring = report.NewAddrRing(cfg.Addrs)
+	}
 	a.creds = grpc.WithTransportCredentials(insecure.NewCredentials())
 	if cfg.TLS != nil {
 		a.creds = grpc.WithTransportCredentials(credentials.NewTLS(cfg.TLS))
@@ -465,8 +480,12 @@ func (a *Aggregator) accepted(req *allotv1.ReportRequest, resp *allotv1.ReportRe
 
 var errStandby = errors.New("aggregator: balancer standby knows no leader")
 
-// send makes one attempt at the leader, following at most two standby redirects.
+// send makes one attempt at the leader, following at most two standby redirects; with
+// Addrs, once round the list (sendList).
 func (a *Aggregator) send(ctx context.Context, req *allotv1.ReportRequest) (*allotv1.ReportResponse, error) {
+	if a.ring != nil {
+		return a.sendList(ctx, req)
+	}
 	addr := a.addr
 	if addr == "" {
 		lctx, cancel := context.WithTimeout(ctx, a.cfg.SendTimeout)
@@ -498,6 +517,47 @@ func (a *Aggregator) send(ctx context.Context, req *allotv1.ReportRequest) (*all
 		}
 		addr = resp.GetLeaderAddr()
 	}
+}
+
+// sendList makes one attempt over Addrs: every address at most once, from the one that
+// last accepted. The error joins every address's.
+func (a *Aggregator) sendList(ctx context.Context, req *allotv1.ReportRequest) (*allotv1.ReportResponse, error) {
+	var errs []error
+	p := a.ring.Pass()
+	for addr, ok := p.Addr(); ok; addr, ok = p.Addr() {
+		resp, err := a.sendOnce(ctx, addr, req)
+		if err == nil && resp.GetAccepted() {
+			p.Accepted()
+			return resp, nil
+		}
+		redirect := ""
+		if err == nil {
+			redirect = resp.GetLeaderAddr()
+			err = fmt.Errorf("%w (asked %s, it names %q)", errStandby, addr, redirect)
+		}
+		errs = append(errs, err)
+		a.closeConn() // the next address, or a fresh connection for the retry
+		p.Failed(redirect)
+		if ctx.Err() != nil || status.Code(err) == codes.InvalidArgument {
+			break
+		}
+	}
+	return nil, errors.Join(errs...)
+}
+
+// sendOnce sends req to addr once.
+func (a *Aggregator) sendOnce(ctx context.Context, addr string, req *allotv1.ReportRequest) (*allotv1.ReportResponse, error) {
+	cc, err := a.dial(addr)
+	if err != nil {
+		return nil, err
+	}
+	rctx, cancel := context.WithTimeout(ctx, a.cfg.SendTimeout)
+	defer cancel()
+	resp, err := allotv1.NewBalancerClient(cc).Report(rctx, req)
+	if err != nil {
+		return nil, fmt.Errorf("while forwarding to %s: %w", addr, err)
+	}
+	return resp, nil
 }
 
 func (a *Aggregator) dial(addr string) (*grpc.ClientConn, error) {
@@ -648,6 +708,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	}
 	return m, nil
 }
+
+// CheckAddr reports whether addr is a usable "host:port" for Config.Addrs (the check the
+// enforcers' balancer addresses get, report.CheckAddr), for a config's validation.
+func CheckAddr(addr string) error { return report.CheckAddr(addr) }
 
 // EtcdUpstream finds the balancer leader on its election prefix in etcd (an empty prefix
 // means contract.ElectionPrefix): Config.Upstream in production.

@@ -21,16 +21,22 @@ import (
 // quota answer (the others' count 100 for every quota), or fails while down.
 type upstream struct {
 	allotv1.UnimplementedBalancerServer
-	mu   sync.Mutex
-	got  []*allotv1.ReportRequest
-	down bool
+	mu      sync.Mutex
+	got     []*allotv1.ReportRequest
+	down    bool
+	standby string // not "": a standby naming this leader address
+	asked   int    // reports received, accepted or not
 }
 
 func (u *upstream) Report(_ context.Context, r *allotv1.ReportRequest) (*allotv1.ReportResponse, error) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
+	u.asked++
 	if u.down {
 		return nil, status.Error(codes.Unavailable, "down")
+	}
+	if u.standby != "" {
+		return &allotv1.ReportResponse{LeaderAddr: u.standby}, nil
 	}
 	u.got = append(u.got, r)
 	resp := &allotv1.ReportResponse{Accepted: true, LeaderRev: 7, QuotaAnswered: true, QuotaIsolatedFraction: 0.3, QuotaHoldAfterMs: 20_000}
@@ -45,6 +51,12 @@ func (u *upstream) forwards() []*allotv1.ReportRequest {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	return append([]*allotv1.ReportRequest(nil), u.got...)
+}
+
+func (u *upstream) calls() int {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return u.asked
 }
 
 func (u *upstream) setDown(d bool) {
@@ -68,11 +80,15 @@ func startUpstream(t *testing.T) (*upstream, string) {
 	return u, lis.Addr().String()
 }
 
-func newTestAggregator(t *testing.T, clk *clock.Fake, addr string) *Aggregator {
+func newTestAggregator(t *testing.T, clk *clock.Fake, addr string, addrs ...string) *Aggregator {
 	t.Helper()
 	cfg := DefaultConfig()
 	cfg.Region, cfg.ID, cfg.Advertise = "us-east", "agg-1", "127.0.0.1:1"
-	cfg.Upstream, cfg.Clock = report.StaticLeader(addr), clk
+	cfg.Clock = clk
+	if addr != "" {
+		cfg.Upstream = report.StaticLeader(addr)
+	}
+	cfg.Addrs = addrs
 	a, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -166,6 +182,39 @@ func TestForwardAckAndHeard(t *testing.T) {
 	}
 }
 
+// TestForwardOverAddrs: with Addrs (the replicas as the region reaches them) the forward
+// goes round the list: past an unreachable replica and a standby to the leader, a
+// standby's redirect followed only within the list, and the next forward starts at the
+// one that accepted.
+func TestForwardOverAddrs(t *testing.T) {
+	down, downAddr := startUpstream(t)
+	down.setDown(true)
+	leader, leaderAddr := startUpstream(t)
+	standby, standbyAddr := startUpstream(t)
+	standby.standby = leaderAddr
+	stray, strayAddr := startUpstream(t)
+	stray.standby = "127.0.0.1:9" // not one of the list: never dialled
+	clk := clock.NewFake(t0)
+	a := newTestAggregator(t, clk, "", downAddr, strayAddr, standbyAddr, leaderAddr)
+	if _, err := a.Report(context.Background(), enfReport("e1", 1, 0, clk.Now(), use("k", 10, 0, 0, 0))); err != nil {
+		t.Fatal(err)
+	}
+	poll.True(t, 10*time.Second, "the forward timer", func() bool { return clk.Waiting(t0.Add(10 * time.Second)) })
+	clk.Advance(10 * time.Second)
+	poll.True(t, 10*time.Second, "the forward through the list", func() bool { return len(leader.forwards()) == 1 })
+	if down.calls() != 1 || stray.calls() != 1 || standby.calls() != 1 {
+		t.Errorf("asked the unreachable one %d times, the stray standby %d, the standby %d; want each once on the way to the leader",
+			down.calls(), stray.calls(), standby.calls())
+	}
+	// The next forward goes to the leader first.
+	poll.True(t, 10*time.Second, "the next forward timer", func() bool { return clk.Waiting(t0.Add(20 * time.Second)) })
+	clk.Advance(10 * time.Second)
+	poll.True(t, 10*time.Second, "the second forward", func() bool { return len(leader.forwards()) == 2 })
+	if down.calls() != 1 || stray.calls() != 1 || standby.calls() != 1 {
+		t.Errorf("the second forward asked the others again (%d, %d, %d): it must start at the leader", down.calls(), stray.calls(), standby.calls())
+	}
+}
+
 // confirmedAt is when the leader last confirmed hearing member id (zero: never).
 func confirmedAt(a *Aggregator, id string) time.Time {
 	a.mu.Lock()
@@ -199,5 +248,11 @@ func TestConfigValidate(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("zero Config: %v, want it to name %s", err, want)
 		}
+	}
+	c = DefaultConfig()
+	c.Region, c.ID, c.Advertise = "us-east", "agg-1", "127.0.0.1:1"
+	c.Addrs = []string{"127.0.0.1:7000", "nohost"}
+	if err := c.Validate(); err == nil || !strings.Contains(err.Error(), `Addrs[1]: "nohost" is not host:port`) || strings.Contains(err.Error(), "Upstream") {
+		t.Errorf("Addrs without Upstream, one bad: %v; want only Addrs[1] named", err)
 	}
 }

@@ -30,6 +30,10 @@ type AggregateConfig struct {
 	// region only) and ca_file verifying the balancer. Required unless
 	// listen.insecure_reports (then plaintext).
 	UpstreamTLS tlsfiles.Client `yaml:"upstream_tls"`
+	// UpstreamAddrs, if set, are the balancer replicas' report addresses as this region
+	// reaches them (its own links, a proxy), tried in turn from the one that last accepted,
+	// instead of the leader's address advertised in etcd (the enforcers' balancer.addrs).
+	UpstreamAddrs []string `yaml:"upstream_addrs"`
 	// MaxMembers caps the enforcers behind it (keep it at most balance.max_enforcers).
 	// Default 4096.
 	MaxMembers int `yaml:"max_members"`
@@ -52,6 +56,11 @@ func (c *Config) validateAggregate() []error {
 	if ag.Interval < 0 || ag.MaxMembers < 0 {
 		bad("interval %v, max_members %d: must be >= 0 (0: the default)", ag.Interval, ag.MaxMembers)
 	}
+	for i, addr := range ag.UpstreamAddrs {
+		if err := aggregator.CheckAddr(addr); err != nil {
+			bad("upstream_addrs[%d]: %v", i, err)
+		}
+	}
 	if t := ag.UpstreamTLS; !c.Listen.InsecureReports && (!t.Enabled || t.CertFile == "" || t.KeyFile == "") {
 		bad("upstream_tls: set enabled, cert_file and key_file (the region's report certificate) and ca_file: the leader believes members only from the region's certificate")
 	}
@@ -73,6 +82,7 @@ func (a *App) buildAggregator() error {
 	}
 	ac.Etcd, ac.ElectionPrefix = a.etcd, contract.AggregatorElection(ag.ElectionPrefix, ag.Region)
 	ac.Upstream, ac.TLS = aggregator.EtcdUpstream(a.etcd, a.cfg.Etcd.ElectionPrefix), up
+	ac.Addrs = ag.UpstreamAddrs // as this region reaches the replicas: Upstream is not asked
 	ac.Interval = a.cfg.Balance.Interval
 	if ag.Interval > 0 {
 		ac.Interval = ag.Interval

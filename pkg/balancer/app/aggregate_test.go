@@ -24,6 +24,7 @@ func TestAggregateConfigValidate(t *testing.T) {
 		{AggregateConfig{Region: "mars", UpstreamTLS: up}, `aggregate.region "mars" is not one of regions`},
 		{AggregateConfig{Region: "us-east"}, "aggregate.upstream_tls"},
 		{AggregateConfig{Region: "us-east", UpstreamTLS: up, MaxMembers: -1}, "max_members -1"},
+		{AggregateConfig{Region: "us-east", UpstreamTLS: up, UpstreamAddrs: []string{"127.0.0.1:7000", "127.0.0.1"}}, `aggregate.upstream_addrs[1]: "127.0.0.1" is not host:port`},
 	} {
 		cfg := base
 		cfg.Aggregate = c.ag
@@ -32,7 +33,7 @@ func TestAggregateConfigValidate(t *testing.T) {
 		}
 	}
 	cfg := base
-	cfg.Aggregate = AggregateConfig{Region: "us-east", UpstreamTLS: up}
+	cfg.Aggregate = AggregateConfig{Region: "us-east", UpstreamTLS: up, UpstreamAddrs: []string{"127.0.0.1:7000"}}
 	cfg.Rules.File, cfg.Rules.EtcdPrefix = "", ""
 	if err := cfg.Validate(); err != nil {
 		t.Errorf("a valid aggregate section without rules: %v", err)

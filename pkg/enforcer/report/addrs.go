@@ -22,27 +22,35 @@ func CheckAddr(addr string) error {
 	return nil
 }
 
-// addrRing is ReporterConfig.Addrs' rotation, kept apart from the sending so its rules
-// are tested without a network. cur is the address that last accepted a report (the first
-// of the list before any): every attempt starts there.
-type addrRing struct {
+// AddrRing is a fixed list of balancer report addresses as a region reaches them (the
+// enforcers' ReporterConfig.Addrs, an aggregator's upstream addresses): instead of a
+// LeaderSource, each attempt goes round the list once. Kept apart from the sending so its
+// rules are tested without a network. Not safe for concurrent use: one sender owns it.
+type AddrRing struct {
 	addrs []string
-	cur   int
+	cur   int // the address that last accepted (the first of the list before any)
 }
 
-// pass is one attempt over the ring: each address at most once, from cur.
-type pass struct {
-	ring  *addrRing
+// NewAddrRing returns the rotation of addrs (copied; at least one).
+func NewAddrRing(addrs []string) *AddrRing {
+	return &AddrRing{addrs: append([]string(nil), addrs...)}
+}
+
+// Pass is one attempt over the ring: each address at most once, from the one that last
+// accepted.
+type Pass struct {
+	ring  *AddrRing
 	tried []bool
 	at    int // index being tried; -1 when the pass is over
 }
 
-func (a *addrRing) pass() *pass {
-	return &pass{ring: a, tried: make([]bool, len(a.addrs)), at: a.cur}
+// Pass starts an attempt.
+func (a *AddrRing) Pass() *Pass {
+	return &Pass{ring: a, tried: make([]bool, len(a.addrs)), at: a.cur}
 }
 
-// addr is the address to try now; ok is false when every address has been tried.
-func (p *pass) addr() (addr string, ok bool) {
+// Addr is the address to try now; ok is false when every address has been tried.
+func (p *Pass) Addr() (addr string, ok bool) {
 	if p.at < 0 {
 		return "", false
 	}
@@ -50,14 +58,14 @@ func (p *pass) addr() (addr string, ok bool) {
 	return p.ring.addrs[p.at], true
 }
 
-// accepted keeps the address tried now for the next attempts.
-func (p *pass) accepted() { p.ring.cur = p.at }
+// Accepted keeps the address tried now for the next attempts.
+func (p *Pass) Accepted() { p.ring.cur = p.at }
 
-// failed moves on after an error or a non-leader answer from the address tried now:
+// Failed moves on after an error or a non-leader answer from the address tried now:
 // to redirect if a standby named an address of the list not tried in this pass, else to
 // the next untried address in list order. It says whether the redirect was followed
 // (false for "" and for an address not in the list, which is never dialled).
-func (p *pass) failed(redirect string) (followed bool) {
+func (p *Pass) Failed(redirect string) (followed bool) {
 	n := len(p.ring.addrs)
 	if redirect != "" {
 		for i, a := range p.ring.addrs {

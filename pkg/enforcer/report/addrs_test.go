@@ -58,16 +58,16 @@ func TestReporterValidateAddrs(t *testing.T) {
 
 // walk runs one pass, answering each address as answer says ("ok" accepts, "" fails,
 // anything else is a standby's redirect there), and returns the addresses tried.
-func walk(r *addrRing, answer map[string]string) []string {
+func walk(r *AddrRing, answer map[string]string) []string {
 	var tried []string
-	p := r.pass()
-	for a, ok := p.addr(); ok; a, ok = p.addr() {
+	p := r.Pass()
+	for a, ok := p.Addr(); ok; a, ok = p.Addr() {
 		tried = append(tried, a)
 		if answer[a] == "ok" {
-			p.accepted()
+			p.Accepted()
 			break
 		}
-		p.failed(answer[a])
+		p.Failed(answer[a])
 	}
 	return tried
 }
@@ -76,7 +76,7 @@ func walk(r *addrRing, answer map[string]string) []string {
 // standby's answer moves on to the next address, each tried once per attempt; a redirect
 // is followed only to an untried address of the list.
 func TestAddrRing(t *testing.T) {
-	r := &addrRing{addrs: []string{"a:1", "b:1", "c:1"}}
+	r := NewAddrRing([]string{"a:1", "b:1", "c:1"})
 	eq := func(what string, got []string, want ...string) {
 		t.Helper()
 		if strings.Join(got, " ") != strings.Join(want, " ") {
@@ -100,19 +100,19 @@ func TestAddrRing(t *testing.T) {
 	eq("redirect loop", walk(r, map[string]string{"b:1": "c:1", "c:1": "b:1", "a:1": "b:1"}), "b:1", "c:1", "a:1")
 
 	// followed says which redirects were taken.
-	p := r.pass()
-	p.addr()
-	if p.failed("elsewhere:1") {
+	p := r.Pass()
+	p.Addr()
+	if p.Failed("elsewhere:1") {
 		t.Error("a redirect outside the list was followed")
 	}
-	if a, _ := p.addr(); a != "c:1" {
+	if a, _ := p.Addr(); a != "c:1" {
 		t.Errorf("after a redirect outside the list: %s, want the next (c:1)", a)
 	}
-	if !p.failed("a:1") {
+	if !p.Failed("a:1") {
 		t.Error("a redirect to an untried address of the list was not followed")
 	}
 
-	one := &addrRing{addrs: []string{"only:1"}}
+	one := NewAddrRing([]string{"only:1"})
 	eq("a list of one", walk(one, map[string]string{}), "only:1")
 }
 

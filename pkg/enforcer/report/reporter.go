@@ -156,7 +156,7 @@ type Reporter struct {
 	// Owned by the goroutine (and by Close once it has exited).
 	seq      uint64
 	addr     string    // the cached leader address; "" means ask Leader
-	ring     *addrRing // Addrs' rotation; nil without Addrs
+	ring     *AddrRing // Addrs' rotation; nil without Addrs
 	conn     *grpc.ClientConn
 	connAddr string
 
@@ -192,7 +192,7 @@ func NewReporter(cfg ReporterConfig) (*Reporter, error) {
 		r.creds = grpc.WithTransportCredentials(credentials.NewTLS(cfg.TLS))
 	}
 	if len(cfg.Addrs) > 0 {
-		r.ring = &addrRing{addrs: append([]string(nil), cfg.Addrs...)}
+		r.ring = NewAddrRing(cfg.Addrs)
 	}
 	if err := r.loop.Start(r.run); err != nil {
 		return nil, err
@@ -413,16 +413,16 @@ func (r *Reporter) send(parent context.Context, req *allotv1.ReportRequest) (*al
 // most once, from the one that last accepted. The error joins every address's.
 func (r *Reporter) sendList(parent context.Context, req *allotv1.ReportRequest) (*allotv1.ReportResponse, error) {
 	var errs []error
-	p := r.ring.pass()
-	for addr, ok := p.addr(); ok; addr, ok = p.addr() {
+	p := r.ring.Pass()
+	for addr, ok := p.Addr(); ok; addr, ok = p.Addr() {
 		resp, redirect, err := r.sendOnce(parent, addr, req)
 		if err == nil {
-			p.accepted()
+			p.Accepted()
 			return resp, nil
 		}
 		errs = append(errs, err)
 		r.closeConn() // the next address, or a fresh connection for the retry
-		if p.failed(redirect) {
+		if p.Failed(redirect) {
 			r.m.redirects.Inc()
 		} else if redirect != "" && redirect != addr {
 			r.log.Debug("balancer redirect not followed: not one of balancer addrs", "from", addr, "to", redirect)
