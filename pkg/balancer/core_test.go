@@ -48,6 +48,7 @@ func TestCoreConfigValidate(t *testing.T) {
 		{func(c *CoreConfig) { c.Interval = 0 }, "Interval 0s, must be > 0"},
 		{func(c *CoreConfig) { c.AckTimeout = -time.Second }, "AckTimeout -1s"},
 		{func(c *CoreConfig) { c.Stale = time.Second }, "Stale 1s, must be >= SilentAfter"},
+		{func(c *CoreConfig) { c.StepGap = 3 * time.Second }, "StepGap 3s, must be in [0, MinVersionGap"},
 		{func(c *CoreConfig) { c.MaxEntries = 0 }, "MaxEntries 0"},
 		{func(c *CoreConfig) { c.MaxPublished = c.MaxIdentities + 1 }, "MaxPublished"},
 		{func(c *CoreConfig) { c.LeaderRev = 0 }, "LeaderRev 0"},

@@ -27,6 +27,34 @@ func useRecent(identity string, admitted, refused, recent float64) *allotv1.Iden
 // seconds), the region it left acknowledges the decrease with its own recent rate (0),
 // and each step is published as soon as it is due, not at the next MinVersionGap slot.
 func TestMoveInOneAcknowledgedRoundTrip(t *testing.T) {
+	reached, _ := moveOnce(t, 250*time.Millisecond)
+	if reached > 3*time.Second {
+		t.Fatalf("us-east reached 0.95 %v after the move, want ≤ 3 s", reached)
+	}
+}
+
+// Ticked at every acknowledgement (balancer.Service's kick), the steps of a move are
+// still at least StepGap apart, and the move no slower: the acknowledgements of a version
+// arrive one by one, and each that completed a plan would otherwise write a version of
+// its own for every enforcer to acknowledge again.
+func TestStepsAtMostEveryStepGap(t *testing.T) {
+	reached, versions := moveOnce(t, 50*time.Millisecond)
+	for i := 1; i < len(versions); i++ {
+		if d := versions[i].Sub(versions[i-1]); d < DefaultCoreConfig().StepGap {
+			t.Errorf("versions %v apart, want ≥ StepGap %v (all at %v)", d, DefaultCoreConfig().StepGap, versions)
+		}
+	}
+	if reached > 3*time.Second {
+		t.Fatalf("us-east reached 0.95 %v after the move, want ≤ 3 s", reached)
+	}
+}
+
+// moveOnce moves a key's traffic (150/s against 100/s) from eu-west to us-east on a
+// two-region core ticked every tickEvery, every version acknowledged by eu-west's enforcer
+// 350 ms after it and by us-east's 500 ms after it; it returns when us-east's share reached 0.95 after the move
+// and when the versions after the move were published, failing t if it never did.
+func moveOnce(t *testing.T, tickEvery time.Duration) (time.Duration, []time.Time) {
+	t.Helper()
 	c := newTestCore(t, func(c *CoreConfig) { c.Regions = regions3[:2]; c.KeyTTL = time.Hour })
 	now := t0
 	seq := uint64(0)
@@ -62,43 +90,42 @@ func TestMoveInOneAcknowledgedRoundTrip(t *testing.T) {
 	if err := c.Ingest(now, r); err != nil {
 		t.Fatal(err)
 	}
-	// Every 250 ms: tick; eu-west acknowledges each new version 500 ms after it (its
+	// Every tickEvery: tick; eu-west acknowledges each new version 500 ms after it (its
 	// recent rate 0), us-east too.
 	type ackAt struct {
 		at  time.Time
 		ver uint64
 	}
-	var acks []ackAt
+	var acks []ackAt // eu-west's, then us-east's 150 ms later
+	var versions []time.Time
 	lastVer := c.Stats(now).Version
 	for now.Sub(moved) < 5*time.Second {
 		tick()
 		if v := c.Stats(now).Version; v != lastVer {
-			acks = append(acks, ackAt{now.Add(500 * time.Millisecond), v})
+			acks = append(acks, ackAt{now.Add(350 * time.Millisecond), v}, ackAt{now.Add(500 * time.Millisecond), v})
+			versions = append(versions, now)
 			lastVer = v
 		}
 		for len(acks) > 0 && !acks[0].at.After(now) {
-			v := acks[0].ver
+			v, eu := acks[0].ver, len(acks)%2 == 0
 			acks = acks[1:]
 			seq++
 			a := recentReport("eu-west", "eu-west-1", seq, now, v, useRecent("key:a", 10, 0, 0))
+			if !eu {
+				a = recentReport("us-east", "us-east-1", seq, now, v, useRecent("key:a", 50, 50, 150))
+			}
 			a.Ack = true
-			b := recentReport("us-east", "us-east-1", seq+1000, now, v, useRecent("key:a", 50, 50, 150))
-			b.Ack = true
-			seq++
 			_ = c.Ingest(now, a)
-			_ = c.Ingest(now, b)
 		}
 		if s, _ := c.Identity("default", "key:a"); s.Published[0] >= 0.95 {
-			t.Logf("us-east at %v %.0f ms after the move (versions %d)", s.Published, float64(now.Sub(moved))/1e6, c.Stats(now).Version)
-			if d := now.Sub(moved); d > 3*time.Second {
-				t.Fatalf("us-east reached 0.95 %v after the move, want ≤ 3 s", d)
-			}
-			return
+			t.Logf("us-east at %v %.0f ms after the move (versions %d at %v)", s.Published, float64(now.Sub(moved))/1e6, c.Stats(now).Version, versions)
+			return now.Sub(moved), versions
 		}
-		now = now.Add(250 * time.Millisecond)
+		now = now.Add(tickEvery)
 	}
 	s, _ := c.Identity("default", "key:a")
 	t.Fatalf("5 s after the move: %v, want us-east ≥ 0.95", s.Published)
+	return 0, nil
 }
 
 // Noise is not a move: Poisson recent rates around a steady split over the key's limit

@@ -76,7 +76,7 @@ func (c *Core) Tick(now time.Time) *Publication {
 	c.shiftStep = c.shiftStep || shift || follow
 	gap := c.cfg.MinVersionGap
 	if c.held || c.shiftStep {
-		gap = 0
+		gap = c.cfg.StepGap
 	}
 	fromRecompute := false
 	if c.lastVersionAt.IsZero() || now.Sub(c.lastVersionAt) >= gap {

@@ -27,7 +27,10 @@ import (
 //     applied a new share set — and a report reaches the balancer ReportDelay later. As
 //     Table.Early wakes the Reporter's goroutine, the check that makes a table's refusals
 //     jump wakes its virtual enforcer (world.runUntil);
-//   - the balancer is the real balancer.Core, ticked every TickEvery; each Publication it
+//   - the balancer is the real balancer.Core, ticked as balancer.Service ticks it: at once
+//     after an early, acknowledging or final report is ingested (the service's kick; the
+//     reports of one instant make one tick), else TickEvery after the last tick; each
+//     Publication it
 //     returns lands at once in the virtual etcd (the set as a Watcher would list it:
 //     the head and the entries of the newest version) and reaches every enforcer's share
 //     table (an overrides.Holder) Propagation (the scenario's) later;
@@ -49,9 +52,12 @@ import (
 
 // Virtual-mode timing of the control plane.
 const (
-	ReportDelay = 50 * time.Millisecond  // enforcer → balancer, one way
-	TickEvery   = 250 * time.Millisecond // how often the balancer's core is ticked (a multiple of Slice)
+	ReportDelay = 50 * time.Millisecond // enforcer → balancer, one way
 )
+
+// TickEvery is the longest the balancer's core goes without a tick: the service's default
+// (balancer.DefaultServiceConfig, the shipped tick_every), a multiple of Slice.
+var TickEvery = balancer.DefaultServiceConfig().TickEvery
 
 // reporter is one enforcer's report transport: what node.Build wired (the table, the
 // hooks into the share table) and the Reporter's schedule.
@@ -84,6 +90,11 @@ type balancerPlane struct {
 	cfg  balancer.CoreConfig
 	core *balancer.Core
 	reps [][]*reporter // [region][enforcer]
+	// tickGen counts ticks: the timer's tick scheduled after tick n runs only if no other
+	// tick came since (a kick restarts the timer, as the service's loop does). kicked: a
+	// kick's tick is scheduled for this instant.
+	tickGen uint64
+	kicked  bool
 
 	// outbox holds each region's reports sent since the last barrier (written by the
 	// region's goroutine between barriers, read by the coordinator at them).
@@ -176,7 +187,6 @@ func (p *balancerPlane) bind(w *world) error {
 }
 
 func (p *balancerPlane) start(w *world) {
-	end := p.sc.Duration
 	for r, rs := range p.reps {
 		clk := w.regions[r].clk
 		for e, rep := range rs {
@@ -198,7 +208,27 @@ func (p *balancerPlane) start(w *world) {
 			w.regions[r].onJump(e, rep.rc.Table.Early(), func() { p.wake(rep) })
 		}
 	}
-	w.clk.every(TickEvery, TickEvery, end, p.tick)
+	p.tickAt(TickEvery)
+}
+
+// tickAt schedules the timer's next tick at t, unless another tick comes first.
+func (p *balancerPlane) tickAt(t time.Duration) {
+	if t >= p.sc.Duration {
+		return
+	}
+	gen := p.tickGen
+	p.w.clk.at(t, func() {
+		if gen == p.tickGen {
+			p.timerTick()
+		}
+	})
+}
+
+// timerTick is one pass of the service's loop: a tick, then the timer restarted.
+func (p *balancerPlane) timerTick() {
+	p.tickGen++
+	p.tick()
+	p.tickAt(p.w.clk.elapsed() + TickEvery)
 }
 
 // wake is the Reporter's loop at one instant: it reports while the schedule says so, then
@@ -289,6 +319,15 @@ func (p *balancerPlane) ingest(m sent) {
 	// share table counts staleness from the last accepted report.
 	if rep := p.reps[m.region][m.enf]; rep.gen == m.gen && !p.cut(m.region, m.enf) {
 		rep.rc.Accepted(now)
+	}
+	if m.r.GetEarly() || m.r.GetAck() || m.r.GetFinal() {
+		// A shift, or an acknowledgement a change plan may be waiting for: the service
+		// ticks the core at once (balancer.Service's kick), not at the next TickEvery,
+		// after the reports that arrive at the same instant.
+		if !p.kicked {
+			p.kicked = true
+			p.w.clk.at(p.w.clk.elapsed(), func() { p.kicked = false; p.timerTick() })
+		}
 	}
 }
 

