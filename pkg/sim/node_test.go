@@ -39,14 +39,7 @@ keys:
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, err := newBalancerPlane(sc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	w, err := newWorld(sc, p, true)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, w := balancerWorld(t, sc)
 	simNode := w.regions[0].nodes[0].Config()
 	w.close()
 

@@ -217,15 +217,7 @@ func TestManyKeysMovesFastAndQuiet(t *testing.T) {
 // a 250 ms grid answered every round of a move up to 250 ms late and published what the
 // service would not: its figures were not the shipped balancer's.
 func TestBalancerTickedAsTheServiceTicksIt(t *testing.T) {
-	sc := load(t, "shift-eu-to-us.yaml")
-	bp, err := newBalancerPlane(sc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	w, err := newWorld(sc, bp, true)
-	if err != nil {
-		t.Fatal(err)
-	}
+	bp, w := balancerWorld(t, load(t, "shift-eu-to-us.yaml"))
 	w.run()
 	w.close()
 	if len(bp.versionsAt) < 2 {
@@ -244,4 +236,18 @@ func TestBalancerTickedAsTheServiceTicksIt(t *testing.T) {
 	if offGrid == 0 || quick == 0 {
 		t.Errorf("every version on a 250 ms grid (%d off it) or none within %v of the last (%d): the core is not ticked on the reports that ask for it", offGrid, TickEvery, quick)
 	}
+}
+
+// balancerWorld builds sc's world under the balancer's control plane (summaries only).
+func balancerWorld(t *testing.T, sc *scenario.Scenario) (*balancerPlane, *world) {
+	t.Helper()
+	bp, err := newBalancerPlane(sc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := newWorld(sc, bp, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return bp, w
 }
