@@ -545,7 +545,7 @@ func (s *Service) report(ctx context.Context, req *allotv1.ReportRequest) (_ *al
 		return nil, "invalid", status.Error(code, err.Error())
 	}
 	s.m.observeLag(region, now.Sub(time.UnixMilli(req.GetIntervalEndMs())))
-	if req.GetEarly() || req.GetAck() || req.GetFinal() {
+	if AsksForTick(req) {
 		// A shift, or an acknowledgement a change plan may be waiting for: tick now, not at
 		// the next TickEvery (a move costs one acknowledged round trip, not ticks). The
 		// tick's spans link to this report's.
@@ -563,6 +563,11 @@ func (s *Service) report(ctx context.Context, req *allotv1.ReportRequest) (_ *al
 	core.Quotas(now, req, resp)
 	return resp, "accepted", nil
 }
+
+// AsksForTick says whether report r makes the leader tick at once (the Service's kick)
+// rather than at the next TickEvery: early (a shift), an acknowledgement a change plan may
+// be waiting for, or final.
+func AsksForTick(r *allotv1.ReportRequest) bool { return r.GetEarly() || r.GetAck() || r.GetFinal() }
 
 // peerMayReport refuses a report for region unless the connection's verified client
 // certificate names that region (certs.PeerMayReport).

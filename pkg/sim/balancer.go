@@ -320,7 +320,7 @@ func (p *balancerPlane) ingest(m sent) {
 	if rep := p.reps[m.region][m.enf]; rep.gen == m.gen && !p.cut(m.region, m.enf) {
 		rep.rc.Accepted(now)
 	}
-	if m.r.GetEarly() || m.r.GetAck() || m.r.GetFinal() {
+	if balancer.AsksForTick(m.r) {
 		// A shift, or an acknowledgement a change plan may be waiting for: the service
 		// ticks the core at once (balancer.Service's kick), not at the next TickEvery,
 		// after the reports that arrive at the same instant.

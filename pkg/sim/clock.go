@@ -52,22 +52,6 @@ func (s *scheduler) at(t time.Duration, fn func()) {
 // after schedules fn d from now.
 func (s *scheduler) after(d time.Duration, fn func()) { s.at(s.elapsed()+d, fn) }
 
-// every schedules fn at first, then every period until (not including) end.
-func (s *scheduler) every(first, period, end time.Duration, fn func()) {
-	var tick func()
-	next := first
-	tick = func() {
-		fn()
-		next += period
-		if next < end {
-			s.at(next, tick)
-		}
-	}
-	if first < end {
-		s.at(first, tick)
-	}
-}
-
 // peek returns the time of the next event, or false if none.
 func (s *scheduler) peek() (int64, bool) {
 	s.mu.Lock()
