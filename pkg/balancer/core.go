@@ -35,6 +35,10 @@ type Publication struct {
 	Head    contract.Head
 	Entries []contract.Entry
 	Changed bool
+	// Members, when set, are the enforcers the core counts for acknowledgements, changed
+	// since the last Published ones: written (contract.MembersKey) before the set.
+	Members    *contract.Members
+	membersGen uint64
 }
 
 type key struct{ rule, identity string }
@@ -103,6 +107,16 @@ type enforcerState struct {
 	window     uint64 // the window it last reported in
 	lastEndMs  int64  // the end of its last report's interval (Ingest counts seconds from it)
 	snapOf     uint64 // the Core.snapEpoch it last reported in
+	// restored: known only from the persisted Members (RestoreMembers), not heard in this
+	// term. It is held as if it applied nothing of ours until it reports or has fenced
+	// itself, and it is not counted among the enforcers sharing the region's traffic.
+	restored bool
+}
+
+// live reports whether e shares its region's traffic now: heard in this term within
+// silentAfter.
+func (e *enforcerState) live(now time.Time, silentAfter time.Duration) bool {
+	return !e.restored && now.Sub(e.lastHeard) <= silentAfter
 }
 
 // dup reports whether seq was seen before, changing nothing.
@@ -235,6 +249,9 @@ type Core struct {
 	fenced []bool
 	// rankBuf is capPublished's and capTracked's scratch (one recompute at a time).
 	rankBuf []ranked
+	// membersGen counts changes to the regions' enforcer tables (members.go); membersSent
+	// is the count the last Published Members carried.
+	membersGen, membersSent uint64
 }
 
 type counters struct {
@@ -263,6 +280,7 @@ func NewCore(cfg CoreConfig) (*Core, error) {
 		cfg: cfg, n: n, regionIdx: make(map[string]int, n), weights: cfg.weightSplit(),
 		regions: make([]regionState, n), ids: map[key]*ident{}, pending: map[*ident]struct{}{},
 		learning: true, dirty: true, mayBuf: make([]float64, n), gone: make([]bool, n), fenced: make([]bool, n),
+		membersGen: 1, // a term's first publication writes its members, even none
 	}
 	c.quotas = newQuotaBook(c.weights, cfg.SilentAfter, cfg.MaxQuotaEntries)
 	for i, r := range cfg.Regions {
@@ -279,6 +297,13 @@ func (c *Core) begin(now time.Time) {
 	}
 	c.started, c.start = true, now
 	c.nextDue = now.Add(c.cfg.Interval)
+	for r := range c.regions {
+		for _, e := range c.regions[r].enforcers {
+			if e.restored && e.lastHeard.IsZero() {
+				e.lastHeard = now // heard by the old leader at the latest now: its fence counts from here
+			}
+		}
+	}
 	for i := range c.log {
 		if c.log[i].landed.IsZero() {
 			c.log[i].landed = now // the restored version: in force since before us
@@ -396,6 +421,9 @@ func (c *Core) Published(p *Publication, now time.Time) {
 	}
 	if p.Head.Version == c.version {
 		c.lastHeadAt = now
+	}
+	if p.Members != nil {
+		c.membersSent = max(c.membersSent, p.membersGen)
 	}
 }
 

@@ -3,6 +3,8 @@ package balancer
 import (
 	"testing"
 	"time"
+
+	"github.com/allot-dev/allot/pkg/contract"
 )
 
 // The faults of issue 21 §1 that let the regions together admit more than the global
@@ -87,6 +89,53 @@ func TestOneEnforcerCutOffNeverOver(t *testing.T) {
 		t.Fatalf("shares %v after eu-west-0 fenced itself, want us-east ≥ 0.6", got)
 	}
 	t.Logf("max applied sum %.4f", w.maxAppl)
+}
+
+// TestOneEnforcerCutOffAcrossLeaders: as TestOneEnforcerCutOffNeverOver, with a leader
+// change while eu-west-0 is cut off. The new leader never hears it; it knows it only from
+// the members the old one wrote (members.go), and must hold eu-west as the old one did:
+// without them, eu-west-1's acknowledgement passed for the region's and us-east was given
+// half the limit while eu-west-0 enforced 0.98.
+func TestOneEnforcerCutOffAcrossLeaders(t *testing.T) {
+	for _, known := range []bool{true, false} {
+		t.Run(map[bool]string{true: "members", false: "members unreadable"}[known], func(t *testing.T) {
+			c, w, k, moved := euWestKey(t)
+			for _, e := range w.enfs {
+				if e.id == "eu-west-0" {
+					e.cut, e.cutAt = true, w.now
+				}
+			}
+			w.step(10 * time.Second)
+			if !known {
+				w.members = nil
+			}
+			w.newLeader(w.last)
+			if !known {
+				if err := w.c.RestoreMembers(contract.Members{}, false); err != nil {
+					t.Fatal(err)
+				}
+			}
+			*moved = true
+			w.step(4 * time.Minute) // longer than SilentAfter, shorter than Stale
+			if got := w.published(k); got[0] > 0.05 {
+				t.Fatalf("shares %v under the new leader while eu-west-0 (cut off) may enforce 0.98", got)
+			}
+			w.step(c.cfg.Stale)
+			if !known {
+				// Every region held a placeholder: fenced, each may enforce up to its
+				// default share (acks), so us-east gets a third.
+				if got := w.published(k); got[0] < 0.3 {
+					t.Fatalf("shares %v after the placeholders fenced, want us-east ≥ 0.3", got)
+				}
+				t.Logf("max applied sum %.4f", w.maxAppl)
+				return
+			}
+			if got := w.published(k); got[0] < 0.6 {
+				t.Fatalf("shares %v after eu-west-0 fenced itself, want us-east ≥ 0.6", got)
+			}
+			t.Logf("max applied sum %.4f", w.maxAppl)
+		})
+	}
 }
 
 // A final report (a graceful shutdown) releases its enforcer at once: its region-mates'

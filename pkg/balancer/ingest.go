@@ -175,9 +175,10 @@ func (c *Core) Ingest(now time.Time, r *allotv1.ReportRequest) error {
 		}
 		e = &enforcerState{}
 		rs.enforcers[r.EnforcerId] = e
+		c.membersGen++
 	}
 	e.seen(r.Seq)
-	e.lastHeard, e.appliedRev, e.appliedVer = now, r.ShareLeaderRev, r.ShareVersion
+	e.lastHeard, e.appliedRev, e.appliedVer, e.restored = now, r.ShareLeaderRev, r.ShareVersion, false
 	if e.window != c.window+1 { // window numbers are offset by one so 0 means never
 		e.window = c.window + 1
 		rs.winEnfs++
@@ -206,6 +207,7 @@ func (c *Core) Ingest(now time.Time, r *allotv1.ReportRequest) error {
 		// It stopped answering checks: it enforces nothing any more, so neither its
 		// acknowledgements nor its fence are waited for (see acks).
 		delete(rs.enforcers, r.EnforcerId)
+		c.membersGen++
 	}
 	c.usage(now, ri, r, secs, recent)
 	return nil
@@ -250,7 +252,7 @@ func (c *Core) usage(now time.Time, ri int, r *allotv1.ReportRequest, secs float
 	// doubled its estimate and read its steady traffic as arriving).
 	live := 0
 	for _, e := range rs.enforcers {
-		if now.Sub(e.lastHeard) <= c.cfg.SilentAfter {
+		if e.live(now, c.cfg.SilentAfter) {
 			live++
 		}
 	}
@@ -364,9 +366,10 @@ func (c *Core) ingestMembers(now time.Time, ri int, r *allotv1.ReportRequest) er
 			}
 			e = &enforcerState{}
 			rs.enforcers[m.EnforcerId] = e
+			c.membersGen++
 		}
-		if !heard.Before(e.lastHeard) { // a later word than the last: an older one never rolls it back
-			e.lastHeard, e.appliedRev, e.appliedVer = heard, m.ShareLeaderRev, m.ShareVersion
+		if e.restored || !heard.Before(e.lastHeard) { // a later word than the last: an older one never rolls it back
+			e.lastHeard, e.appliedRev, e.appliedVer, e.restored = heard, m.ShareLeaderRev, m.ShareVersion, false
 		}
 		if m.Reports > 0 {
 			if e.window != c.window+1 {
@@ -386,6 +389,7 @@ func (c *Core) ingestMembers(now time.Time, ri int, r *allotv1.ReportRequest) er
 		}
 		if m.Final {
 			delete(rs.enforcers, m.EnforcerId) // as for a final report of its own
+			c.membersGen++
 		}
 	}
 	c.heardRegion(now, membersHeard(now, r), rs, r, secs, reports, recent)

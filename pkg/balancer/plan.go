@@ -62,6 +62,7 @@ func (c *Core) acks(now time.Time) []uint64 {
 				// so the table holds only enforcers that may still enforce more.
 				rs.fencedUntil = later(rs.fencedUntil, e.lastHeard.Add(2*c.cfg.Stale+c.cfg.AckTimeout))
 				delete(rs.enforcers, name)
+				c.membersGen++
 				continue
 			}
 			v := c.mapApplied(e)
@@ -201,6 +202,17 @@ func (p *plan) step(id *ident) bool {
 		return false
 	}
 	nx, _ := share.Step(may, tgt)
+	// Step raises no region above what it may apply when Σ may > 1, but that bound is
+	// loose for a region that may apply "anything" (1: a restored set it has not
+	// acknowledged): to Step a share under 1 is no increase for it, yet it is one over
+	// what it really enforces. With the sum over 1 no increase is safe: none goes past
+	// the published share (a new leader whose regions had not all acknowledged its
+	// restored set once raised one of them to 0.94 beside an isolated enforcer's 0.98).
+	if stepBound(may, nx) > 1+1e-9 {
+		for r := range nx {
+			nx[r] = min(nx[r], pub[r])
+		}
+	}
 	if equal(nx, pub) {
 		return false
 	}
@@ -209,6 +221,16 @@ func (p *plan) step(id *ident) bool {
 	id.pubVer = p.next
 	p.mayApply(id, may)
 	return true
+}
+
+// stepBound is Σ_r max(may[r], next[r]): the most the regions can be enforcing while
+// next is being applied.
+func stepBound(may, next []float64) float64 {
+	s := 0.0
+	for r := range next {
+		s += max(may[r], next[r])
+	}
+	return s
 }
 
 // advance steps the change plan of every pending identity (of every identity after a

@@ -63,6 +63,18 @@ func (p *publisher) write(ctx context.Context, pub *Publication) (err error) {
 		}
 	}()
 	head := pub.Head
+	if pub.Members != nil {
+		// Before the set: a version may count on these enforcers' acknowledgements, and a
+		// leader that restores it must know them (members.go).
+		b, err := json.Marshal(pub.Members)
+		if err != nil {
+			return fmt.Errorf("while encoding the members: %w", err)
+		}
+		if err := p.txn(ctx, "members", clientv3.OpPut(contract.MembersKey(p.prefix), string(b))); err != nil {
+			return err
+		}
+		p.m.writeBytes.WithLabelValues("members").Add(float64(len(b)))
+	}
 	if pub.Changed {
 		writes, versions := p.layout.Next(pub.Entries, head.LeaderRev, head.Version)
 		for _, w := range writes {
@@ -104,18 +116,20 @@ func (p *publisher) write(ctx context.Context, pub *Publication) (err error) {
 	return nil
 }
 
-// load reads the persisted set: the head and every chunk under the prefix. Chunks are
+// load reads the persisted set: the head and every chunk under the prefix, and the
+// members (contract.Members) the last term counted; membersOK is false when they are
+// absent or invalid (Core.RestoreMembers then assumes the most). Chunks are
 // written before their head, so a leader that died between the two leaves chunks newer
 // than the head: load takes every chunk key, and for an identity in two chunks the entry
 // of the newer (rev, version). Each entry is a set the plan published, so each sums to ≤ 1
 // and the new leader's first version replaces them all anyway. found is false when no
 // head exists (a first start).
-func (p *publisher) load(ctx context.Context, log hclog.Logger) (head contract.Head, entries []contract.Entry, found bool, err error) {
+func (p *publisher) load(ctx context.Context, log hclog.Logger) (head contract.Head, entries []contract.Entry, members contract.Members, membersOK, found bool, err error) {
 	ctx, cancel := context.WithTimeout(ctx, p.timeout)
 	defer cancel()
 	resp, err := p.cli.Get(ctx, p.prefix, clientv3.WithPrefix())
 	if err != nil {
-		return head, nil, false, err
+		return head, nil, members, false, false, err
 	}
 	type src struct {
 		rev int64
@@ -132,6 +146,15 @@ func (p *publisher) load(ctx context.Context, log hclog.Logger) (head contract.H
 				continue
 			}
 			found = true
+			continue
+		}
+		if k == contract.MembersKey(p.prefix) {
+			if members, err = contract.DecodeMembers(kv.Value); err != nil {
+				log.Warn("persisted members are invalid; every region is held as if an enforcer were cut off", "error", err)
+				members, err = contract.Members{}, nil
+				continue
+			}
+			membersOK = true
 			continue
 		}
 		i, ok := contract.ChunkIndex(p.prefix, k)
@@ -154,5 +177,5 @@ func (p *publisher) load(ctx context.Context, log hclog.Logger) (head contract.H
 	for _, b := range best {
 		entries = append(entries, b.e)
 	}
-	return head, entries, found, nil
+	return head, entries, members, membersOK, found, nil
 }

@@ -49,9 +49,28 @@ func TestPublisherWritesChangedChunks(t *testing.T) {
 	if n := chunkWrites() - first; n != 1 {
 		t.Fatalf("one entry changed: %v chunk writes, want 1", n)
 	}
-	head, got, found, err := p.load(ctx, hclog.NewNullLogger())
+	head, got, members, membersOK, found, err := p.load(ctx, hclog.NewNullLogger())
 	if err != nil || !found {
 		t.Fatalf("load: found %v err %v", found, err)
+	}
+	if membersOK || members.Regions != nil {
+		t.Fatalf("no members written, read back %+v (ok %v)", members, membersOK)
+	}
+	// Members go with a publication that carries them, and read back whole.
+	mp := pub(2)
+	mp.Members = &contract.Members{LeaderRev: p.rev, Regions: map[string][]string{"us-east": {"us-east-0", "us-east-1"}, "eu-west": {"eu-west-0"}}}
+	if err := p.write(ctx, mp); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, members, membersOK, _, err = p.load(ctx, hclog.NewNullLogger()); err != nil || !membersOK || len(members.Regions["us-east"]) != 2 || members.Regions["eu-west"][0] != "eu-west-0" {
+		t.Fatalf("members read back %+v (ok %v, err %v)", members, membersOK, err)
+	}
+	// Unreadable members are reported as such (the new leader then assumes the most).
+	if _, err := cli.Put(ctx, contract.MembersKey(p.prefix), "{not json"); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, _, membersOK, _, err = p.load(ctx, hclog.NewNullLogger()); err != nil || membersOK {
+		t.Fatalf("invalid members: ok %v err %v, want not ok and no error", membersOK, err)
 	}
 	if head.Version != 2 || len(head.ChunkVersions) != head.Chunks || len(got) != len(es) {
 		t.Fatalf("head %+v, %d entries read back, want version 2 with every chunk's version and %d entries", head, len(got), len(es))

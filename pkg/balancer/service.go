@@ -333,12 +333,18 @@ func (s *Service) lead(ctx context.Context, sess *concurrency.Session, e *concur
 	}
 	pub := &publisher{cli: s.cfg.Etcd, prefix: s.cfg.SharesPrefix, key: key, rev: rev, maxBytes: s.cfg.MaxChunkBytes,
 		timeout: s.cfg.WriteTimeout, m: s.m}
-	head, entries, found, err := pub.load(ctx, log)
+	head, entries, members, membersOK, found, err := pub.load(ctx, log)
 	if err != nil {
 		return fmt.Errorf("while reading the persisted shares: %w", err)
 	}
 	if found {
 		if err := core.Restore(head, entries); err != nil {
+			return err
+		}
+		if !membersOK {
+			log.Warn("no readable members beside the persisted set: every region is held as if one of its enforcers were cut off, for the enforcers' stale period")
+		}
+		if err := core.RestoreMembers(members, membersOK); err != nil {
 			return err
 		}
 	}

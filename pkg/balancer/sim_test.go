@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/allot-dev/allot/pkg/contract"
 	allotv1 "github.com/allot-dev/allot/proto/allot/v1"
 )
 
@@ -68,7 +69,8 @@ type world struct {
 	lastVer time.Time // when the last new version was returned
 	maxPub  float64
 	maxAppl float64
-	last    *Publication // the set as last written (a new leader restores it)
+	last    *Publication      // the set as last written (a new leader restores it)
+	members *contract.Members // the members as last written (nil: none yet)
 	// lastPhase is the last version's phase; recent: the enforcers report recent rates
 	// (their demand over the last second, as report.Table does).
 	lastPhase string
@@ -133,6 +135,11 @@ func (w *world) newLeader(last *Publication) {
 	}
 	if err := c.Restore(last.Head, last.Entries); err != nil {
 		w.t.Fatal(err)
+	}
+	if w.members != nil {
+		if err := c.RestoreMembers(*w.members, true); err != nil {
+			w.t.Fatal(err)
+		}
 	}
 	if w.prev == nil {
 		w.prev = map[int64]map[uint64]map[key][]float64{}
@@ -204,6 +211,9 @@ func (w *world) tickOnce() {
 	p := c.Tick(w.now)
 	if p != nil && p.Changed {
 		w.last = p
+	}
+	if p != nil && p.Members != nil {
+		w.members = p.Members
 	}
 	if p == nil {
 		w.check(n)

@@ -120,7 +120,7 @@ func (c *Core) answered(now time.Time) bool {
 	for r := range c.regions {
 		rs := &c.regions[r]
 		for _, e := range rs.enforcers {
-			if now.Sub(e.lastHeard) <= c.cfg.SilentAfter && e.snapOf != c.snapEpoch+1 {
+			if e.live(now, c.cfg.SilentAfter) && e.snapOf != c.snapEpoch+1 {
 				return false
 			}
 		}
@@ -159,7 +159,7 @@ func (c *Core) recompute(now time.Time, snapshot bool) {
 			// traffic having fallen by the part of those that did not.
 			live := 0
 			for _, e := range rs.enforcers {
-				if now.Sub(e.lastHeard) <= c.cfg.SilentAfter {
+				if e.live(now, c.cfg.SilentAfter) {
 					live++
 				}
 			}
@@ -174,7 +174,7 @@ func (c *Core) recompute(now time.Time, snapshot bool) {
 		if snapshot && rs.snapOf == c.snapEpoch && rs.snapReports > 0 {
 			live := 0
 			for _, e := range rs.enforcers {
-				if now.Sub(e.lastHeard) <= c.cfg.SilentAfter {
+				if e.live(now, c.cfg.SilentAfter) {
 					live++
 				}
 			}
@@ -445,6 +445,9 @@ func (c *Core) materialize(now time.Time, changed bool) *Publication {
 		LeaderRev: c.cfg.LeaderRev, Version: c.version, Entries: c.listed, PublishedAt: now,
 		Regions: slices.Clone(c.cfg.Regions), Phase: phase,
 	}}
+	if p.Members = c.members(); p.Members != nil {
+		p.membersGen = c.membersGen
+	}
 	if !changed {
 		return p
 	}

@@ -204,3 +204,53 @@ func Split(entries []Entry, rev int64, ver uint64, maxBytes int) [][]byte {
 	}
 	return out
 }
+
+// Members are the enforcers a leader counts for acknowledgements, by region: every one
+// that may still enforce more than its default split (heard within the enforcers' Stale
+// plus AckTimeout, and not deregistered by a final report). The leader writes them under
+// MembersKey, fenced like the set, before the first version written after they changed,
+// and with its head refresh otherwise. A new leader reads them with the set: an enforcer
+// the old leader counted that is cut off from the control plane may still apply an old
+// version, larger than the persisted one, which no report of the new term will show, and
+// the new leader holds its region as the old one did until that enforcer reports or has
+// fenced itself. An empty id stands for enforcers a leader could not name (it restored
+// no readable Members): held like any other.
+type Members struct {
+	LeaderRev int64               `json:"leader_rev"`
+	Regions   map[string][]string `json:"regions"`
+}
+
+// MaxMemberID bounds an enforcer id in Members; MaxMembers the ids in all.
+const (
+	MaxMemberID = 512
+	MaxMembers  = 1 << 20
+)
+
+// MembersKey returns the etcd key of the persisted Members under prefix.
+func MembersKey(prefix string) string { return prefix + "members" }
+
+// DecodeMembers parses persisted Members and validates them.
+func DecodeMembers(b []byte) (Members, error) {
+	var m Members
+	if err := json.Unmarshal(b, &m); err != nil {
+		return Members{}, fmt.Errorf("%w: members: %v", ErrInvalid, err)
+	}
+	if m.LeaderRev < 0 {
+		return Members{}, fmt.Errorf("%w: members: negative leader_rev %d", ErrInvalid, m.LeaderRev)
+	}
+	n := 0
+	for region, ids := range m.Regions {
+		if region == "" {
+			return Members{}, fmt.Errorf("%w: members: an empty region name", ErrInvalid)
+		}
+		for _, id := range ids {
+			if len(id) > MaxMemberID {
+				return Members{}, fmt.Errorf("%w: members: region %q: enforcer id of %d bytes (at most %d)", ErrInvalid, region, len(id), MaxMemberID)
+			}
+		}
+		if n += len(ids); n > MaxMembers {
+			return Members{}, fmt.Errorf("%w: members: more than %d", ErrInvalid, MaxMembers)
+		}
+	}
+	return m, nil
+}

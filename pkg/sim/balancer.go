@@ -109,6 +109,9 @@ type balancerPlane struct {
 	head    contract.Head
 	entries []contract.Entry
 	written bool
+	// members as last written (contract.MembersKey); membersOK once they were
+	members   contract.Members
+	membersOK bool
 	// what was written: versions (and when), bytes, recomputes of every core
 	versionsAt []time.Duration
 	bytes      int64
@@ -351,6 +354,12 @@ func (p *balancerPlane) tick() {
 	if b, err := json.Marshal(pub.Head); err == nil {
 		p.bytes += int64(len(b))
 	}
+	if pub.Members != nil {
+		if b, err := json.Marshal(pub.Members); err == nil {
+			p.bytes += int64(len(b))
+		}
+		p.members, p.membersOK = *pub.Members, true
+	}
 	if pub.Changed || !p.written {
 		p.entries = pub.Entries
 	}
@@ -499,6 +508,7 @@ func (p *balancerPlane) newLeader() {
 	if p.written {
 		// A fresh core accepts one Restore before it starts: an error here is impossible.
 		_ = core.Restore(p.head, p.entries)
+		_ = core.RestoreMembers(p.members, p.membersOK)
 	}
 	p.cfg, p.core = cfg, core
 }
