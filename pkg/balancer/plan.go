@@ -208,7 +208,7 @@ func (p *plan) step(id *ident) bool {
 	// what it really enforces. With the sum over 1 no increase is safe: none goes past
 	// the published share (a new leader whose regions had not all acknowledged its
 	// restored set once raised one of them to 0.94 beside an isolated enforcer's 0.98).
-	if stepBound(may, nx) > 1+1e-9 {
+	if share.StepSum(may, nx) > 1+1e-9 {
 		for r := range nx {
 			nx[r] = min(nx[r], pub[r])
 		}
@@ -221,16 +221,6 @@ func (p *plan) step(id *ident) bool {
 	id.pubVer = p.next
 	p.mayApply(id, may)
 	return true
-}
-
-// stepBound is Σ_r max(may[r], next[r]): the most the regions can be enforcing while
-// next is being applied.
-func stepBound(may, next []float64) float64 {
-	s := 0.0
-	for r := range next {
-		s += max(may[r], next[r])
-	}
-	return s
 }
 
 // advance steps the change plan of every pending identity (of every identity after a

@@ -65,7 +65,7 @@ func runPlan(t testing.TB, applied, target []float64) []float64 {
 	may := append([]float64(nil), applied...)
 	for step := 1; ; step++ {
 		next, done := Step(may, target)
-		if s := stepSum(may, next); s > 1 {
+		if s := StepSum(may, next); s > 1 {
 			t.Fatalf("step %d from %v to %v: next %v, Σ max(mayApply, next) = %v > 1", step, may, target, next, s)
 		}
 		may = next

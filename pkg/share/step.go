@@ -24,10 +24,12 @@ const stepMargin = 1e-12
 // package doc (# Change plan).
 //
 // Step does not fail: a mayApply that is missing (shorter slice), NaN or above 1 is taken
-// as 1 (unknown: the region may be applying anything, so nothing increases), a negative
-// one as 0; a target that is NaN or negative is taken as 0, one above 1 as 1. StepChecked
+// as 1 (unknown: the region may be applying anything, so nothing increases against it), a
+// negative one as 0; a target that is NaN or negative is taken as 0, one above 1 as 1. StepChecked
 // reports such input instead. If Σ mayApply > 1 already, no step can make the sum ≤ 1:
-// next then only decreases.
+// next then only decreases relative to mayApply — which, for a region at 1, lets any share
+// through. A caller that knows the published shares holds each at most there while
+// StepSum(mayApply, next) > 1 (pkg/balancer's plan.step).
 func Step(mayApply, target []float64) (next []float64, done bool) {
 	return StepInto(nil, mayApply, target)
 }
@@ -83,7 +85,7 @@ func StepInto(dst, mayApply, target []float64) (next []float64, done bool) {
 					next[r] = min(m+(t-m)*f, t)
 				}
 			}
-			if stepSum(mayApply, next) > 1 { // rounding beyond the margin: give up the increases
+			if StepSum(mayApply, next) > 1 { // rounding beyond the margin: give up the increases
 				for r := 0; r < n; r++ {
 					next[r] = min(sanitizeMay(mayApply, r), sanitizeTarget(target[r]))
 				}
@@ -100,9 +102,9 @@ func StepInto(dst, mayApply, target []float64) (next []float64, done bool) {
 	return next, done
 }
 
-// stepSum is Σ_q max(mayApply[q], next[q]), the most the regions can be enforcing while
-// next is being applied.
-func stepSum(mayApply, next []float64) float64 {
+// StepSum is Σ_q max(mayApply[q], next[q]), the most the regions can be enforcing while
+// next is being applied (a missing, NaN or out-of-range mayApply taken as Step takes it).
+func StepSum(mayApply, next []float64) float64 {
 	var s float64
 	for r := range next {
 		s += max(sanitizeMay(mayApply, r), next[r])

@@ -38,7 +38,7 @@ func TestStep(t *testing.T) {
 		for r := range c.target {
 			may += sanitizeMay(c.mayApply, r)
 		}
-		if s := stepSum(c.mayApply, next); may <= 1 && s > 1 {
+		if s := StepSum(c.mayApply, next); may <= 1 && s > 1 {
 			t.Errorf("%s: Σ max(mayApply, next) = %v > 1", c.name, s)
 		}
 	}
