@@ -93,6 +93,7 @@ type merger struct {
 	omittedIDs    uint64
 	omittedTokens float64
 	recentWindow  uint32
+	fencedSeen    uint32 // the largest ReportRequest.fenced_seen merged (all count one store)
 	quotas        map[quotaKey]*allotv1.QuotaCount
 	quotasDropped uint64
 	members       map[string]*member
@@ -104,6 +105,9 @@ func newMerger(region string, maxEntries, maxQuotas, maxMembers int, interval ti
 		start: start, usage: map[usageKey]*allotv1.IdentityUsage{}, quotas: map[quotaKey]*allotv1.QuotaCount{},
 		members: map[string]*member{}}
 }
+
+// maxFencedSeen is the leader's bound on fenced_seen (balancer.MaxFencedSeen).
+const maxFencedSeen = 4096
 
 func finite(v float64) bool { return v >= 0 && !math.IsInf(v, 0) } // false for NaN too
 
@@ -129,6 +133,8 @@ func (g *merger) validate(r *allotv1.ReportRequest) error {
 		return bad("%d quota counts, more than %d", len(r.Quotas), g.maxEntries)
 	case !finite(r.OmittedTokens):
 		return bad("omitted_tokens %g, must be finite and >= 0", r.OmittedTokens)
+	case r.FencedSeen > maxFencedSeen:
+		return bad("fenced_seen %d, more than %d", r.FencedSeen, maxFencedSeen)
 	case len(r.Members) > 0:
 		return bad("%d members: an enforcer's report lists none (aggregators do not chain)", len(r.Members))
 	}
@@ -194,6 +200,7 @@ func (g *merger) add(now time.Time, r *allotv1.ReportRequest) (m *member, dup, u
 	}
 	g.omittedIDs += r.OmittedIdentities
 	g.omittedTokens += r.OmittedTokens
+	g.fencedSeen = max(g.fencedSeen, r.FencedSeen)
 	for _, u := range r.Usage {
 		k := usageKey{u.Rule, u.Identity}
 		e := g.usage[k]
@@ -250,7 +257,7 @@ func (g *merger) flush(now time.Time, forget time.Duration) *allotv1.ReportReque
 	end := max(now.UnixMilli(), g.start.UnixMilli()+1)
 	req := &allotv1.ReportRequest{Region: g.region, IntervalStartMs: g.start.UnixMilli(), IntervalEndMs: end,
 		Early: g.early, Ack: g.ack, OmittedIdentities: g.omittedIDs, OmittedTokens: g.omittedTokens,
-		RecentWindowMs: g.recentWindow}
+		RecentWindowMs: g.recentWindow, FencedSeen: g.fencedSeen}
 	ids := make([]string, 0, len(g.members))
 	for id := range g.members {
 		ids = append(ids, id)
@@ -311,5 +318,5 @@ func (g *merger) reset(now time.Time) {
 	g.start = now
 	g.usage = make(map[usageKey]*allotv1.IdentityUsage, len(g.usage))
 	g.quotas = make(map[quotaKey]*allotv1.QuotaCount, len(g.quotas))
-	g.omittedIDs, g.omittedTokens, g.recentWindow, g.early, g.ack = 0, 0, 0, false, false
+	g.omittedIDs, g.omittedTokens, g.recentWindow, g.fencedSeen, g.early, g.ack = 0, 0, 0, 0, false, false
 }

@@ -2,6 +2,7 @@ package aggregator
 
 import (
 	"errors"
+	"fmt"
 	"math"
 	"strings"
 	"testing"
@@ -184,6 +185,7 @@ func TestMergeRefusesInvalid(t *testing.T) {
 			r.Quotas = []*allotv1.QuotaCount{{Rule: "r", Limit: "l", Identity: "i"}}
 		}, "quotas[0]"},
 		"omitted NaN":   {func(r *allotv1.ReportRequest) { r.OmittedTokens = math.Inf(1) }, "omitted_tokens"},
+		"fenced_seen":   {func(r *allotv1.ReportRequest) { r.FencedSeen = maxFencedSeen + 1 }, "fenced_seen"},
 		"nil usage row": {func(r *allotv1.ReportRequest) { r.Usage[0] = nil }, "usage[0] is nil"},
 	} {
 		r := rep("e1", 1, 1, use("k", 1, 0, 0, 0))
@@ -225,5 +227,28 @@ func TestMergeUrgentAndFinal(t *testing.T) {
 	g.confirm(req, now)
 	if len(g.members) != 0 {
 		t.Errorf("e1 still listed after the leader accepted its final report")
+	}
+}
+
+// The members all count one store's marks of fenced enforcers: a forward says the largest
+// they said since the last one, and the next forward starts again from none.
+func TestMergeForwardsFencedSeen(t *testing.T) {
+	g := newMerger("us-east", 100, 100, 100, 10*time.Second, t0)
+	now := t0.Add(10 * time.Second)
+	for i, n := range []uint32{1, 3, 0} {
+		r := rep(fmt.Sprintf("e%d", i), 1, 1, use("k", 1, 0, 0, 0))
+		r.FencedSeen = n
+		if _, _, _, err := g.add(now, r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if req := g.flush(now, time.Hour); req.FencedSeen != 3 {
+		t.Fatalf("fenced_seen %d, want the largest of 1, 3, 0", req.FencedSeen)
+	}
+	if _, _, _, err := g.add(now.Add(10*time.Second), rep("e0", 2, 1, use("k", 1, 0, 0, 0))); err != nil {
+		t.Fatal(err)
+	}
+	if req := g.flush(now.Add(10*time.Second), time.Hour); req.FencedSeen != 0 {
+		t.Fatalf("fenced_seen %d in the next forward, want 0", req.FencedSeen)
 	}
 }

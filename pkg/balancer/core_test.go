@@ -75,6 +75,7 @@ func TestIngestRefusesBadReports(t *testing.T) {
 		"negative refused": func(r *allotv1.ReportRequest) { r.Usage[0].Refused = -1 },
 		"infinite error":   func(r *allotv1.ReportRequest) { r.Usage[0].Error = math.Inf(1) },
 		"omitted NaN":      func(r *allotv1.ReportRequest) { r.OmittedTokens = math.NaN() },
+		"fenced_seen":      func(r *allotv1.ReportRequest) { r.FencedSeen = MaxFencedSeen + 1 },
 		"empty identity":   func(r *allotv1.ReportRequest) { r.Usage[0].Identity = "" },
 		"long rule":        func(r *allotv1.ReportRequest) { r.Usage[0].Rule = strings.Repeat("r", MaxNameLen+1) },
 		"nil usage":        func(r *allotv1.ReportRequest) { r.Usage = append(r.Usage, nil) },
@@ -92,8 +93,8 @@ func TestIngestRefusesBadReports(t *testing.T) {
 		t.Errorf("nil report: %v", err)
 	}
 	st := c.Stats(t0)
-	if st.Tracked != 0 || st.Regions[0].Reports != 0 || st.Invalid != 13 {
-		t.Fatalf("after refused reports: tracked %d, reports %d, invalid %d; want 0, 0, 13", st.Tracked, st.Regions[0].Reports, st.Invalid)
+	if st.Tracked != 0 || st.Regions[0].Reports != 0 || st.Invalid != 14 {
+		t.Fatalf("after refused reports: tracked %d, reports %d, invalid %d; want 0, 0, 14", st.Tracked, st.Regions[0].Reports, st.Invalid)
 	}
 	// The same seq, now valid, is not a duplicate: refused reports leave no trace.
 	if err := c.Ingest(t0, ok()); err != nil {

@@ -37,7 +37,9 @@
 // the last Stale + AckTimeout, and not gone with a final report) reports applying ≥ v (its
 // share_version under this leader's fencing token); only reports acknowledge, never time
 // (see acks). A fenced enforcer enforces at most min(its share, default), so its region
-// keeps its default share reserved while the enforcer is remembered (another Stale), and a
+// keeps its default share reserved while the enforcer is remembered (another Stale) and,
+// after that, while its region's reports count it marked fenced in their store (it marks
+// itself for as long as it serves cut off: fenced_seen, pkg/bucket.Fences), and a
 // region gone quiet for Stale + AckTimeout is taken to enforce at most the default split
 // (see below). A new leader takes a region that has not acknowledged the version it
 // restored to apply up to 1: it does not know the old leader's earlier versions. share.Step(mayApply, target) then returns the next shares to publish: decreases

@@ -138,6 +138,40 @@ func TestOneEnforcerCutOffAcrossLeaders(t *testing.T) {
 	}
 }
 
+// TestOneEnforcerCutOffForLong: as TestOneEnforcerCutOffNeverOver, with eu-west-0 cut off
+// for 25 minutes and still serving. By its own rule it enforces min(0.98, 1/3) from Stale
+// on, for as long as it serves; its region used to keep that reserved only for Stale past
+// its fence (10 min 5 s in all), after which us-east was given 0.98 beside it (applied sum
+// 1.32). It marks itself fenced in its region's store, its region-mate's reports count
+// it, and the reservation lasts while they do. A crashed enforcer marks nothing and is
+// forgotten as before.
+func TestOneEnforcerCutOffForLong(t *testing.T) {
+	for _, crash := range []bool{false, true} {
+		t.Run(map[bool]string{false: "serving", true: "crashed"}[crash], func(t *testing.T) {
+			c, w, k, moved := euWestKey(t)
+			for _, e := range w.enfs {
+				if e.id == "eu-west-0" {
+					e.cut, e.cutAt, e.crashed = true, w.now, crash
+				}
+			}
+			*moved = true
+			w.step(2*c.cfg.Stale + c.cfg.AckTimeout + time.Minute) // past the old forgetting
+			got := w.published(k)
+			if crash {
+				if got[0] < 0.9 {
+					t.Fatalf("shares %v after eu-west-0 crashed and was forgotten, want us-east ≥ 0.9", got)
+				}
+				return
+			}
+			if got[0] > 1-1.0/3+1e-9 || got[0] < 0.6 {
+				t.Fatalf("shares %v with eu-west-0 fenced and serving, want us-east in [0.6, 2/3]: eu-west-0's default share reserved", got)
+			}
+			w.step(15 * time.Minute) // check fails the test at any step whose applied sum is over 1
+			t.Logf("max applied sum %.4f; shares %v", w.maxAppl, w.published(k))
+		})
+	}
+}
+
 // A final report (a graceful shutdown) releases its enforcer at once: its region-mates'
 // acknowledgements are enough, with no wait for its fence.
 func TestFinalReportReleasesEnforcer(t *testing.T) {

@@ -16,6 +16,18 @@ import (
 // MaxNameLen bounds a report's rule id, identity and enforcer id (bytes).
 const MaxNameLen = 512
 
+// fenceHold is how long a report that saw a fenced enforcer of its region (fenced_seen)
+// keeps the region's default share reserved: 2 × SilentAfter (40 s by default), four
+// report intervals of each of its enforcers, so one lost report or store call does not
+// release it while the fenced enforcer serves. A fenced enforcer takes its mark back at
+// its first report once heard again (or its mark lapses three intervals after a crash), so
+// the reservation ends about a minute after it does.
+func (c *Core) fenceHold() time.Duration { return 2 * c.cfg.SilentAfter }
+
+// MaxFencedSeen bounds ReportRequest.fenced_seen: the most fenced enforcers a region's
+// store keeps marks of (pkg/bucket.MaxFences).
+const MaxFencedSeen = 4096
+
 // validate checks a report whole before anything is recorded.
 func (c *Core) validate(r *allotv1.ReportRequest) (int, error) {
 	bad := func(format string, a ...any) (int, error) {
@@ -36,6 +48,8 @@ func (c *Core) validate(r *allotv1.ReportRequest) (int, error) {
 		return bad("%d usage entries, more than %d", len(r.Usage), c.cfg.MaxEntries)
 	case !count(r.OmittedTokens):
 		return bad("omitted_tokens %g, must be finite and >= 0", r.OmittedTokens)
+	case r.FencedSeen > MaxFencedSeen:
+		return bad("fenced_seen %d, more than %d", r.FencedSeen, MaxFencedSeen)
 	}
 	if err := validateQuotas(r.Quotas, c.cfg.MaxEntries); err != nil {
 		return 0, err
@@ -234,6 +248,15 @@ func (c *Core) heardRegion(now, heard time.Time, rs *regionState, r *allotv1.Rep
 		rs.snapReports += recent
 	}
 	rs.lag = now.Sub(time.UnixMilli(r.IntervalEndMs))
+	if r.FencedSeen > 0 {
+		// An enforcer of this region fenced itself and still serves from its store (it
+		// marks itself there at every report it tries; pkg/bucket.Fences): it enforces up
+		// to its default share for as long as it serves, so the region keeps that reserved
+		// (acks, clampGone) while reports see it — not only for Stale past its fence, after
+		// which it was forgotten while still enforcing (applied shares summing to 1.32).
+		// FenceHold past the last such report covers the gaps between them.
+		rs.fencedUntil = later(rs.fencedUntil, now.Add(c.fenceHold()))
+	}
 	// A report flagged early (refusals jumped at that enforcer) asks for nothing by the
 	// flag alone: its recent rates do, through the shift test (usage), when they show the
 	// traffic moved. A recompute at every early report (EarlyGap) republished the noise of

@@ -44,7 +44,8 @@ type histEntry struct {
 // report goes on enforcing its old share: 1.09-1.15 of the limit in enforcer-isolated.yaml).
 // After that it
 // enforces at most min(its share, default split): while such a fenced enforcer is
-// remembered, fenced[r] reserves the default share for its region (see mayApply). A region
+// remembered, or its region's reports count an enforcer marked fenced in their store
+// (heardRegion), fenced[r] reserves the default share for its region (see mayApply). A region
 // all of whose enforcers fenced (or that was never heard, for Stale + AckTimeout since
 // this term began) is gone: it acknowledges every version and clampGone reserves the
 // default split for it instead.

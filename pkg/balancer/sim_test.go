@@ -47,6 +47,10 @@ type fakeEnf struct {
 	// Stale after that (pkg/enforcer/overrides.Holder.Heard).
 	heard time.Time
 	left  bool // shut down: enforces nothing, reports nothing
+	// crashed: with cut, the process is dead (enforces nothing) and marks nothing in its
+	// region's store; a cut enforcer that did not crash marks itself fenced there once
+	// stale, and its region-mates' reports count it (fenced_seen, pkg/bucket.Fences).
+	crashed bool
 }
 
 type delivery struct {
@@ -109,7 +113,7 @@ func (w *world) shareOf(ver uint64, rev int64, k key, r int) float64 {
 // enforces is what e enforces for k now: its set's share, after Stale cut off
 // min(that, default).
 func (w *world) enforces(e *fakeEnf, k key, r int) float64 {
-	if e.left {
+	if e.left || e.crashed {
 		return 0
 	}
 	s := w.shareOf(e.ver, e.rev, k, r)
@@ -188,6 +192,11 @@ func (w *world) tickOnce() {
 				ShareLeaderRev: e.rev, ShareVersion: e.ver}
 			if w.recent {
 				req.RecentWindowMs = 1000
+			}
+			for _, o := range w.enfs {
+				if o.region == e.region && o.cut && !o.crashed && !o.left && w.now.Sub(o.heard) >= c.cfg.Stale {
+					req.FencedSeen++
+				}
 			}
 			if w.demand != nil {
 				for k, rate := range w.demand(w.now, r) {

@@ -40,6 +40,10 @@ type Memory struct {
 	shards [memoryShards]memShard
 	held   [memoryShards]heldShard // in-flight slots (memory_inflight.go)
 	marks  [memoryShards]markShard // settlement markers (memory_settle.go)
+	fences struct {                // fenced enforcers' marks (fence.go)
+		mu sync.Mutex
+		at map[string]int64 // id → Unix ms of its last mark
+	}
 }
 
 type memShard struct {

@@ -176,6 +176,9 @@ func (r *Redis) Preload(ctx context.Context) error {
 	if err := r.client.ScriptLoad(ctx, counterScript).Err(); err != nil {
 		return fmt.Errorf("bucket: while loading the quota counter script: %w", err)
 	}
+	if err := r.client.ScriptLoad(ctx, fenceScript).Err(); err != nil {
+		return fmt.Errorf("bucket: while loading the fence script: %w", err)
+	}
 	r.known.Store(true)
 	return nil
 }

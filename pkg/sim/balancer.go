@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"math"
@@ -283,6 +284,11 @@ func (p *balancerPlane) report(rep *reporter, step report.Step) {
 	rep.seq++
 	r.Region, r.EnforcerId, r.Seq, r.Early, r.Ack = rep.rc.Region, rep.id, rep.seq, step.Early, step.Ack
 	r.ShareLeaderRev, r.ShareVersion = rep.rc.Shares()
+	if rep.rc.Fences != nil {
+		// Marked and counted whether or not the report can leave: a cut-off enforcer
+		// still reaches its region's store.
+		r.FencedSeen = rep.rc.Fences(context.Background(), now)
+	}
 	if p.down || p.cut(rep.region, rep.enf) {
 		return
 	}

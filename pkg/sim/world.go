@@ -52,6 +52,16 @@ func (s *regionStore) Take(ctx context.Context, req *bucket.Request) (bucket.Res
 	return res, err
 }
 
+// Fence keeps the region's fenced enforcers' marks (bucket.Fences) as its Redis would,
+// behind the same switch: an enforcer cut off from the control plane marks itself here,
+// and its region-mates' reports count it.
+func (s *regionStore) Fence(ctx context.Context, id string, fenced bool, ttl time.Duration) (int, error) {
+	if s.down.Load() {
+		return 0, errRedisDown
+	}
+	return s.mem.Fence(ctx, id, fenced, ttl)
+}
+
 // region is one region of a run: its own virtual clock (every layer of its enforcers reads
 // it), its arrivals and its enforcers. Between two barriers (see run) a region touches
 // nothing outside itself, so regions run in parallel.

@@ -29,6 +29,7 @@
 package node
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -244,6 +245,9 @@ type Node struct {
 	quotaRegions *quotaRegions
 	usage        *report.Table // nil without Reports
 	reporter     Reporter      // nil without Reports
+	// fences keeps the region's fenced enforcers' marks: Deps.Store when it is a
+	// bucket.Fences (Redis, regionsim's region store) and the node reports; else nil.
+	fences bucket.Fences
 
 	once     sync.Once
 	closeErr error // Close's result
@@ -349,6 +353,10 @@ func Build(cfg Config, deps Deps) (_ *Node, err error) {
 		rc.Table, rc.Region, rc.EnforcerID, rc.AckGap = n.usage, n.cfg.Region, n.cfg.ID, n.cfg.AckGap
 		rc.Clock, rc.Logger, rc.Registerer = n.clock, n.log.Named("usage"), deps.Registerer
 		rc.Shares, rc.Accepted = n.applied, n.heard
+		if f, ok := deps.Store.(bucket.Fences); ok && n.cfg.Balanced {
+			n.fences = f
+			rc.Fences = n.fence
+		}
 		rc.SharesChanged = h.Changed()
 		if n.quotaRegions != nil {
 			rc.Quotas, rc.QuotaView = n.quotaRegions, n.quotaRegions.view
@@ -429,6 +437,32 @@ func (n *Node) applied() (leaderRev int64, version uint64) { return n.shares.h.L
 
 // heard is the reports' Accepted hook: the balancer accepted a report at t.
 func (n *Node) heard(t time.Time) { n.shares.h.Load().Heard(t) }
+
+// FenceTTL is how long an enforcer's mark of itself as fenced counts, in report intervals:
+// it marks itself at every report it tries to send, so a mark is renewed about every
+// interval while it stays fenced and forgotten this long after it stops (it crashed, or
+// is heard again).
+const FenceTTL = 3
+
+// fence is the reports' Fences hook (docs/design.md §9, "An enforcer cut off for long"):
+// while the shares this node enforces are stale — the balancer has not accepted its
+// reports, or the set has not been refreshed, for the staleness period — it marks itself
+// fenced in the region's store at every report it tries, and takes its mark back at the
+// first report after; it returns how many of the region's enforcers are marked (within
+// FenceTTL intervals). Its region-mates' reports carry that count, and the balancer keeps
+// the region's default share reserved while it is above zero: a fenced enforcer enforces
+// min(last, default) for as long as it serves, however long it has been cut off. A store
+// error counts none (the balancer holds the reservation a while past the last count
+// above zero; a region whose store is down is on its local limits anyway).
+func (n *Node) fence(ctx context.Context, now time.Time) uint32 {
+	stale := n.shares.h.Load().Stale(now)
+	c, err := n.fences.Fence(ctx, sightID(n.cfg.ID), stale, FenceTTL*n.cfg.Usage.Interval)
+	if err != nil {
+		n.log.Warn("could not mark or count fenced enforcers in the region's store", "fenced", stale, "error", err)
+		return 0
+	}
+	return uint32(c)
+}
 
 // ResetShares replaces the node's share table with a new one of the same settings: the
 // table of an enforcer process that has just started (it has read no set, and hears

@@ -31,6 +31,13 @@ func (f *fakeTransport) Leave() error                                     { f.le
 // rig is a us-east node of two equal regions, one rule of 100/s, on a fake clock.
 func rig(t *testing.T, mod func(*Config)) (*Node, *fakeTransport, *clock.Fake, *rules.Holder) {
 	t.Helper()
+	clk := clock.NewFake(start)
+	return rigOn(t, bucket.NewMemory(clk, 0), clk, mod)
+}
+
+// rigOn is rig over store st (a region's store several nodes share) on clk.
+func rigOn(t *testing.T, st bucket.Store, clk *clock.Fake, mod func(*Config)) (*Node, *fakeTransport, *clock.Fake, *rules.Holder) {
+	t.Helper()
 	set, err := rules.ParseYAML([]byte("rules:\n  - id: default\n    limits: [{name: second, rate: 100, per: 1s}]\n"))
 	if err != nil {
 		t.Fatal(err)
@@ -39,7 +46,6 @@ func rig(t *testing.T, mod func(*Config)) (*Node, *fakeTransport, *clock.Fake, *
 	if err != nil {
 		t.Fatal(err)
 	}
-	clk := clock.NewFake(start)
 	cfg := DefaultConfig()
 	cfg.Region, cfg.ID = "us-east", "us-east-1"
 	cfg.Layers, cfg.Balanced, cfg.Reports = true, true, true
@@ -49,7 +55,7 @@ func rig(t *testing.T, mod func(*Config)) (*Node, *fakeTransport, *clock.Fake, *
 	}
 	tr := &fakeTransport{}
 	holder := rules.NewHolder(snap)
-	n, err := Build(cfg, Deps{Rules: holder, Store: bucket.NewMemory(clk, 0), Clock: clk, Inline: true,
+	n, err := Build(cfg, Deps{Rules: holder, Store: st, Clock: clk, Inline: true,
 		Registerer: prometheus.NewRegistry(), Transport: tr.start})
 	if err != nil {
 		t.Fatal(err)
@@ -118,6 +124,64 @@ func TestBuildWiresTheNode(t *testing.T) {
 	}
 	if err := errors.Join(n.Close(), n.Close()); err != nil || tr.closed != 1 {
 		t.Fatalf("Close twice: %v, transport closed %d times", err, tr.closed)
+	}
+}
+
+// An enforcer cut off from the balancer marks itself fenced in its region's store once its
+// shares are stale, at every report it tries, and every enforcer of the region counts the
+// marks in its reports (fenced_seen): the balancer keeps the region's default share
+// reserved while it serves. Its mark is forgotten FenceTTL intervals after it stops.
+func TestFencedEnforcerIsSeenByItsRegion(t *testing.T) {
+	clk := clock.NewFake(start)
+	st := bucket.NewMemory(clk, 0)
+	a, ta, _, _ := rigOn(t, st, clk, nil)
+	_, tb, _, _ := rigOn(t, st, clk, func(c *Config) { c.ID = "us-east-2" })
+	ctx := context.Background()
+	if ta.rc.Fences == nil || tb.rc.Fences == nil {
+		t.Fatal("the reports' Fences hook is not wired over a store that keeps fences")
+	}
+	head := contract.Head{LeaderRev: 1, Version: 1, PublishedAt: clk.Now()}
+	a.Shares().Apply(head, nil, clk.Now())
+	ta.rc.Accepted(clk.Now())
+	tb.rc.Accepted(clk.Now())
+	if n := ta.rc.Fences(ctx, clk.Now()); n != 0 {
+		t.Fatalf("fenced_seen %d with every share table fresh, want 0", n)
+	}
+	// a is heard no more; b is (and its set is refreshed).
+	stale := a.Config().Shares.Stale
+	clk.Advance(stale - time.Second)
+	tb.rc.Accepted(clk.Now())
+	if n := ta.rc.Fences(ctx, clk.Now()); n != 0 {
+		t.Fatalf("fenced_seen %d before a's shares are stale, want 0", n)
+	}
+	clk.Advance(time.Second)
+	if !a.Shares().Stale(clk.Now()) {
+		t.Fatal("a's shares are not stale after Stale unheard")
+	}
+	if n := ta.rc.Fences(ctx, clk.Now()); n != 1 {
+		t.Fatalf("a's own count: fenced_seen %d, want 1 (itself)", n)
+	}
+	clk.Advance(5 * time.Second)
+	if n := tb.rc.Fences(ctx, clk.Now()); n != 1 {
+		t.Fatalf("b's count: fenced_seen %d, want 1 (a)", n)
+	}
+	// a is heard again and reads a fresh set: its next report takes its mark back.
+	ta.rc.Accepted(clk.Now())
+	head.Version, head.PublishedAt = 2, clk.Now()
+	a.Shares().Apply(head, nil, clk.Now())
+	if n := ta.rc.Fences(ctx, clk.Now()); n != 0 {
+		t.Fatalf("fenced_seen %d once a is heard again, want 0", n)
+	}
+	// Cut off again; then it crashes: it marks nothing more, and FenceTTL intervals later
+	// b counts none.
+	clk.Advance(stale)
+	if n := ta.rc.Fences(ctx, clk.Now()); n != 1 {
+		t.Fatalf("fenced_seen %d, want 1", n)
+	}
+	clk.Advance(FenceTTL * a.Config().Usage.Interval)
+	tb.rc.Accepted(clk.Now())
+	if n := tb.rc.Fences(ctx, clk.Now()); n != 0 {
+		t.Fatalf("fenced_seen %d after a stopped marking, want 0", n)
 	}
 }
 

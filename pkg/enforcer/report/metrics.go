@@ -11,7 +11,7 @@ type metrics struct {
 	sent, failures, dropped, redirects, early prometheus.Counter
 	omittedIDs, omittedTokens                 prometheus.Counter
 	identities                                prometheus.Histogram
-	lag, lastSent                             prometheus.Gauge
+	lag, lastSent, fencedSeen                 prometheus.Gauge
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -32,11 +32,12 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		identities: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: "allot", Subsystem: "usage",
 			Name: "report_identities", Help: "Identities per usage report.",
 			Buckets: prometheus.ExponentialBuckets(1, 4, 9)}),
-		lag:      g("report_lag_seconds", "For the last accepted report: seconds from the end of its interval to the leader's acceptance."),
-		lastSent: g("last_report_timestamp_seconds", "Unix time the leader last accepted a usage report from this enforcer (0: never)."),
+		lag:        g("report_lag_seconds", "For the last accepted report: seconds from the end of its interval to the leader's acceptance."),
+		lastSent:   g("last_report_timestamp_seconds", "Unix time the leader last accepted a usage report from this enforcer (0: never)."),
+		fencedSeen: g("fenced_seen", "Enforcers of this region marked fenced in its store (cut off from the balancer, shares stale, still serving) at the last report; this one included."),
 	}
 	for _, col := range []prometheus.Collector{m.sent, m.failures, m.dropped, m.redirects, m.early,
-		m.omittedIDs, m.omittedTokens, m.identities, m.lag, m.lastSent} {
+		m.omittedIDs, m.omittedTokens, m.identities, m.lag, m.lastSent, m.fencedSeen} {
 		if err := reg.Register(col); err != nil {
 			return nil, fmt.Errorf("usage: while registering metrics: %w", err)
 		}

@@ -60,6 +60,11 @@ type ReporterConfig struct {
 	// for the staleness period falls back to min(last, default) exactly when the
 	// balancer starts treating its region so.
 	Accepted func(at time.Time)
+	// Fences, if not nil, is called once per report (before it is sent, whether or not it
+	// can be) and returns how many of the region's enforcers are marked fenced in its
+	// store (ReportRequest.fenced_seen); the node's hook also marks this enforcer while
+	// its shares are stale (pkg/bucket.Fences). It must return within its ctx.
+	Fences func(ctx context.Context, now time.Time) uint32
 	// AckGap is the least time between reports that an acknowledgement may bring forward.
 	// Must be > 0. Default 250ms.
 	AckGap time.Duration
@@ -295,6 +300,12 @@ func (r *Reporter) report(now time.Time, early, ack bool) {
 	}
 	if r.cfg.Quotas != nil {
 		req.Quotas = r.cfg.Quotas.QuotaCounts(now, r.cfg.MaxQuotas)
+	}
+	if r.cfg.Fences != nil {
+		fctx, cancel := context.WithTimeout(r.ctx, r.cfg.SendTimeout)
+		req.FencedSeen = r.cfg.Fences(fctx, now)
+		cancel()
+		r.m.fencedSeen.Set(float64(req.FencedSeen))
 	}
 	if early {
 		r.m.early.Inc()

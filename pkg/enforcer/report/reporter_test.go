@@ -5,6 +5,7 @@ import (
 	"net"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -267,7 +268,13 @@ func TestReporterLeaderDownDrops(t *testing.T) {
 	dead := lis.Addr().String()
 	_ = lis.Close() // nothing listens there now: connection refused
 	src := &movingLeader{addr: dead}
-	g := newRig(t, src, func(c *ReporterConfig) { c.SendTimeout = 500 * time.Millisecond })
+	// The Fences hook runs at every report, sent or not: a cut-off enforcer marks itself
+	// fenced in its region's store even when no report leaves.
+	var fences atomic.Int32
+	g := newRig(t, src, func(c *ReporterConfig) {
+		c.SendTimeout = 500 * time.Millisecond
+		c.Fences = func(context.Context, time.Time) uint32 { fences.Add(1); return 2 }
+	})
 	a := rule("default", 10)
 	for i := 1; i <= 3; i++ {
 		for j := 0; j < 1000; j++ {
@@ -297,6 +304,9 @@ func TestReporterLeaderDownDrops(t *testing.T) {
 	r := lead.reports()[0]
 	if r.Seq != uint64(t0.UnixMilli())+4 || r.IntervalStartMs != t0.Add(30*time.Second).UnixMilli() {
 		t.Fatalf("seq %d start %d", r.Seq, r.IntervalStartMs)
+	}
+	if r.FencedSeen != 2 || fences.Load() != 4 {
+		t.Fatalf("fenced_seen %d after %d Fences calls, want 2 after 4 (one a report)", r.FencedSeen, fences.Load())
 	}
 }
 

@@ -73,7 +73,15 @@ type ReportRequest struct {
 	// its final report) and does not track the aggregator itself as an enforcer: usage is
 	// the members' merged usage, enforcer_id the aggregator's own (seq is deduplicated per
 	// aggregator). Accepted only from a peer authorised for the report's region.
-	Members       []*Member `protobuf:"bytes,16,rep,name=members,proto3" json:"members,omitempty"`
+	Members []*Member `protobuf:"bytes,16,rep,name=members,proto3" json:"members,omitempty"`
+	// How many of this region's enforcers marked themselves fenced in the region's store
+	// (Redis) within the last few intervals, as this enforcer last read it: an enforcer
+	// whose shares went stale (no report of its accepted for the staleness period) marks
+	// itself at every report it tries to send, so an enforcer cut off from the control
+	// plane but still serving from its region's store is seen by its region-mates (the
+	// balancer then keeps that region's default share reserved; pkg/balancer acks). An
+	// aggregator forwards the largest its members said. At most 4096.
+	FencedSeen    uint32 `protobuf:"varint,17,opt,name=fenced_seen,json=fencedSeen,proto3" json:"fenced_seen,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -218,6 +226,13 @@ func (x *ReportRequest) GetMembers() []*Member {
 		return x.Members
 	}
 	return nil
+}
+
+func (x *ReportRequest) GetFencedSeen() uint32 {
+	if x != nil {
+		return x.FencedSeen
+	}
+	return 0
 }
 
 // Member is one enforcer behind a report aggregator, as the aggregator last heard it.
@@ -666,7 +681,7 @@ var File_allot_v1_balancer_proto protoreflect.FileDescriptor
 
 const file_allot_v1_balancer_proto_rawDesc = "" +
 	"\n" +
-	"\x17allot/v1/balancer.proto\x12\ballot.v1\"\xc4\x04\n" +
+	"\x17allot/v1/balancer.proto\x12\ballot.v1\"\xe5\x04\n" +
 	"\rReportRequest\x12\x16\n" +
 	"\x06region\x18\x01 \x01(\tR\x06region\x12\x1f\n" +
 	"\venforcer_id\x18\x02 \x01(\tR\n" +
@@ -685,7 +700,9 @@ const file_allot_v1_balancer_proto_rawDesc = "" +
 	"\x03ack\x18\r \x01(\bR\x03ack\x12(\n" +
 	"\x10recent_window_ms\x18\x0e \x01(\rR\x0erecentWindowMs\x12,\n" +
 	"\x06quotas\x18\x0f \x03(\v2\x14.allot.v1.QuotaCountR\x06quotas\x12*\n" +
-	"\amembers\x18\x10 \x03(\v2\x10.allot.v1.MemberR\amembers\"\x90\x02\n" +
+	"\amembers\x18\x10 \x03(\v2\x10.allot.v1.MemberR\amembers\x12\x1f\n" +
+	"\vfenced_seen\x18\x11 \x01(\rR\n" +
+	"fencedSeen\"\x90\x02\n" +
 	"\x06Member\x12\x1f\n" +
 	"\venforcer_id\x18\x01 \x01(\tR\n" +
 	"enforcerId\x12(\n" +
