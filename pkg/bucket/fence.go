@@ -75,15 +75,7 @@ func (r *Redis) Fence(ctx context.Context, id string, fenced bool, ttl time.Dura
 	}
 	args := []any{"evalsha", fenceSHA, "1", r.FenceKey(), id, flag, strconv.FormatInt(max(ttl.Milliseconds(), 1), 10),
 		strconv.Itoa(MaxFences), strconv.FormatInt(now, 10)}
-	r.calls.Add(1)
-	cmd := redis.NewIntCmd(ctx, args...)
-	err := r.client.Process(ctx, cmd)
-	if isNoScript(err) {
-		args[0], args[1] = "eval", fenceScript
-		r.calls.Add(1)
-		cmd = redis.NewIntCmd(ctx, args...)
-		err = r.client.Process(ctx, cmd)
-	}
+	cmd, err := evalSHA(ctx, r, fenceScript, redis.NewIntCmd, args)
 	if err != nil {
 		if cerr := ctxEnded(ctx); cerr != nil {
 			return 0, fmt.Errorf("bucket: redis: while marking fenced enforcers: %w (%w)", cerr, err)

@@ -286,6 +286,23 @@ func (r *Redis) reply(ctx context.Context, c *redisCall, args []any, req *Reques
 	return res, nil
 }
 
+// evalSHA sends args ("evalsha", the script's SHA, then its keys and arguments) as a
+// command newCmd builds, and once more as EVAL of script when the node answers NOSCRIPT
+// (restart, failover, SCRIPT FLUSH): the EVALSHA did not run, so nothing runs twice.
+// Each send counts in Calls.
+func evalSHA[C redis.Cmder](ctx context.Context, r *Redis, script string, newCmd func(context.Context, ...any) C, args []any) (C, error) {
+	r.calls.Add(1)
+	cmd := newCmd(ctx, args...)
+	err := r.client.Process(ctx, cmd)
+	if isNoScript(err) {
+		args[0], args[1] = "eval", script
+		r.calls.Add(1)
+		cmd = newCmd(ctx, args...)
+		err = r.client.Process(ctx, cmd)
+	}
+	return cmd, err
+}
+
 func isNoScript(err error) bool {
 	return err != nil && (errors.Is(err, redis.ErrNoScript) || redis.HasErrorPrefix(err, "NOSCRIPT"))
 }

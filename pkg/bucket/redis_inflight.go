@@ -84,15 +84,7 @@ func (r *Redis) inflight(ctx context.Context, op string, h *Hold) ([]int64, erro
 	}
 	args := []any{"evalsha", inflightSHA, "1", r.HeldKey(h.Identity, h.Name), op, h.Handle,
 		strconv.FormatInt(h.Cap, 10), strconv.FormatInt(h.Timeout.Milliseconds(), 10), strconv.FormatInt(now, 10)}
-	r.calls.Add(1)
-	cmd := redis.NewIntSliceCmd(ctx, args...)
-	err := r.client.Process(ctx, cmd)
-	if isNoScript(err) {
-		args[0], args[1] = "eval", inflightScript
-		r.calls.Add(1)
-		cmd = redis.NewIntSliceCmd(ctx, args...)
-		err = r.client.Process(ctx, cmd)
-	}
+	cmd, err := evalSHA(ctx, r, inflightScript, redis.NewIntSliceCmd, args)
 	if err != nil {
 		if cerr := ctxEnded(ctx); cerr != nil {
 			return nil, fmt.Errorf("bucket: redis: while holding in flight for identity %.64q: %w (%w)", h.Identity, cerr, err)

@@ -70,16 +70,7 @@ func (r *Redis) Settle(ctx context.Context, s *Settlement) (Settled, error) {
 	for _, l := range s.Limits {
 		args = append(args, strconv.FormatFloat(l.Rate, 'g', -1, 64), strconv.FormatFloat(l.Burst, 'g', -1, 64))
 	}
-	r.calls.Add(1)
-	cmd := redis.NewIntSliceCmd(ctx, args...)
-	err := r.client.Process(ctx, cmd)
-	if isNoScript(err) {
-		// EVALSHA did not run: sending the script itself settles once.
-		args[0], args[1] = "eval", settleScript
-		r.calls.Add(1)
-		cmd = redis.NewIntSliceCmd(ctx, args...)
-		err = r.client.Process(ctx, cmd)
-	}
+	cmd, err := evalSHA(ctx, r, settleScript, redis.NewIntSliceCmd, args) // settles once
 	if err != nil {
 		if cerr := ctxEnded(ctx); cerr != nil && !errors.Is(err, cerr) {
 			return Settled{}, fmt.Errorf("bucket: redis: while settling for identity %.64q: %w (%w)", s.Identity, cerr, err)
