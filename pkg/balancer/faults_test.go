@@ -157,6 +157,9 @@ func TestOneEnforcerCutOffForLong(t *testing.T) {
 			*moved = true
 			w.step(2*c.cfg.Stale + c.cfg.AckTimeout + time.Minute) // past the old forgetting
 			got := w.published(k)
+			if f := w.c.Stats(w.now).Regions[1].Fenced; f == crash {
+				t.Fatalf("eu-west Stats.Fenced %v with eu-west-0 crashed=%v", f, crash)
+			}
 			if crash {
 				if got[0] < 0.9 {
 					t.Fatalf("shares %v after eu-west-0 crashed and was forgotten, want us-east ≥ 0.9", got)

@@ -51,6 +51,8 @@ var (
 		"Σ over identities of |published share − demand fraction| at the last recompute, by region; leader only.", []string{"region"}, nil)
 	driftMaxDesc = prometheus.NewDesc("allot_balancer_share_drift_max",
 		"max over identities of |published share − demand fraction| at the last recompute, by region; leader only.", []string{"region"}, nil)
+	fencedDesc = prometheus.NewDesc("allot_balancer_region_fenced",
+		"1 while an enforcer of the region has fenced itself (cut off from the control plane, still serving as far as the leader knows) and the region keeps its default share reserved for it, else 0; leader only.", []string{"region"}, nil)
 	identitiesDesc = prometheus.NewDesc("allot_balancer_identities",
 		"Identities tracked, listed in the published set (differ from the default split), and pending (change plan not finished); leader only.", []string{"state"}, nil)
 	versionDesc = prometheus.NewDesc("allot_balancer_share_version",
@@ -63,7 +65,7 @@ var (
 type coreCollector struct{ s *Service }
 
 func (c coreCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{shareAgeDesc, driftSumDesc, driftMaxDesc, identitiesDesc, versionDesc, ignoredDesc} {
+	for _, d := range []*prometheus.Desc{shareAgeDesc, driftSumDesc, driftMaxDesc, fencedDesc, identitiesDesc, versionDesc, ignoredDesc} {
 		ch <- d
 	}
 }
@@ -78,6 +80,7 @@ func (c coreCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(shareAgeDesc, prometheus.GaugeValue, r.ShareAge.Seconds(), r.Region)
 		ch <- prometheus.MustNewConstMetric(driftSumDesc, prometheus.GaugeValue, r.DriftSum, r.Region)
 		ch <- prometheus.MustNewConstMetric(driftMaxDesc, prometheus.GaugeValue, r.DriftMax, r.Region)
+		ch <- prometheus.MustNewConstMetric(fencedDesc, prometheus.GaugeValue, b2f(r.Fenced), r.Region)
 	}
 	ch <- prometheus.MustNewConstMetric(identitiesDesc, prometheus.GaugeValue, float64(st.Tracked), "tracked")
 	ch <- prometheus.MustNewConstMetric(identitiesDesc, prometheus.GaugeValue, float64(st.Listed), "listed")
@@ -102,4 +105,11 @@ func (m *metrics) setLeader(rev int64) {
 
 func (m *metrics) observeLag(region string, lag time.Duration) {
 	m.lag.WithLabelValues(region).Observe(max(lag, 0).Seconds())
+}
+
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
 }

@@ -165,6 +165,8 @@ func (d *Dashboard) overview(ctx context.Context, vw viewer) overviewView {
 			row.Status, row.Quiet = "silent", true
 		case r.LastHeard.IsZero():
 			row.Status, row.Quiet = "never heard", true
+		case r.Fenced:
+			row.Status = "reporting; an enforcer fenced (default share held)"
 		}
 		if last != nil && i < len(last.regions) {
 			row.Admitted, row.Refused = rate(last.regions[i].admitted), rate(last.regions[i].refused)
