@@ -75,14 +75,19 @@ func drillRegionCut(t *testing.T, s *stack.Stack, sums *shareSums) {
 	t.Logf("region cut: eu-west's %d etcd links and %d balancer links cut %v into the run; its share of %s before: %.2f (us-east %.2f, ap-south %.2f)",
 		len(eu.EtcdLinks), len(eu.BalancerLinks), cut.Sub(began).Round(time.Millisecond), identity, last["eu-west"], last["us-east"], last["ap-south"])
 
-	// While cut: when does each eu-west enforcer go stale?
+	// While cut: when does each eu-west enforcer go stale? Once stale, each marks itself
+	// fenced in eu-west's Redis at every report it tries (pkg/bucket.Fences) and counts
+	// the marks (allot_usage_fenced_seen).
 	staleAt := map[string]time.Duration{}
+	seenCut := map[string]float64{}
 	for time.Since(cut) < cutFor {
 		for _, e := range eu.Enforcers {
-			if _, ok := staleAt[e.ID]; ok {
+			m, err := metricsNow(e)
+			if err != nil {
 				continue
 			}
-			if m, err := metricsNow(e); err == nil && m.Sum("allot_shares_stale") == 1 {
+			seenCut[e.ID] = max(seenCut[e.ID], m.Sum("allot_usage_fenced_seen"))
+			if _, ok := staleAt[e.ID]; !ok && m.Sum("allot_shares_stale") == 1 {
 				staleAt[e.ID] = time.Since(cut)
 			}
 		}
@@ -92,12 +97,15 @@ func drillRegionCut(t *testing.T, s *stack.Stack, sums *shareSums) {
 	back := time.Now()
 
 	// After the restore: reports accepted again, no longer stale, and the share moves.
-	accepted, fresh := map[string]time.Duration{}, map[string]time.Duration{}
-	for time.Since(back) < 30*time.Second && (len(accepted) < len(eu.Enforcers) || len(fresh) < len(eu.Enforcers)) {
+	accepted, fresh, unmarked := map[string]time.Duration{}, map[string]time.Duration{}, map[string]time.Duration{}
+	for time.Since(back) < 30*time.Second && (len(accepted) < len(eu.Enforcers) || len(fresh) < len(eu.Enforcers) || len(unmarked) < len(eu.Enforcers)) {
 		for _, e := range eu.Enforcers {
 			m, err := metricsNow(e)
 			if err != nil {
 				continue
+			}
+			if _, ok := unmarked[e.ID]; !ok && len(fresh) == len(eu.Enforcers) && m.Sum("allot_usage_fenced_seen") == 0 {
+				unmarked[e.ID] = time.Since(back)
 			}
 			if _, ok := accepted[e.ID]; !ok && m.Sum("allot_usage_last_report_timestamp_seconds") > float64(back.UnixNano())/1e9 {
 				accepted[e.ID] = time.Since(back)
@@ -211,7 +219,21 @@ func drillRegionCut(t *testing.T, s *stack.Stack, sums *shareSums) {
 	usAfter := avg(ps["us-east"], k0+int(gone/time.Second)+3, k1)
 	t.Logf("region cut: us-east admitted %.0f/s once eu-west was treated as gone (the rest, 1 − %.2f − ap-south's, of the limit)", usAfter, held)
 
-	// 4. Rejoin: reports accepted, fresh again, the share moves again.
+	// 4. The marks in eu-west's Redis: each stale enforcer marked itself and counted both
+	// (a region-mate's report carries the count, so a balancer that still heard one of
+	// them would keep eu-west's default share reserved); once fresh they take the marks
+	// back.
+	t.Logf("region cut: eu-west's enforcers counted %v fenced in their Redis while cut; none %v after the restore", seenCut, roundAll(unmarked))
+	for _, e := range eu.Enforcers {
+		if seenCut[e.ID] != float64(len(eu.Enforcers)) {
+			t.Errorf("%s counted %v enforcers marked fenced while cut, want %d (every stale one marks itself)", e.ID, seenCut[e.ID], len(eu.Enforcers))
+		}
+		if _, ok := unmarked[e.ID]; !ok {
+			t.Errorf("%s still counts fenced enforcers 30 s after the restore: the marks were not taken back", e.ID)
+		}
+	}
+
+	// 5. Rejoin: reports accepted, fresh again, the share moves again.
 	t.Logf("region cut: after the restore, reports accepted again after %v, not stale after %v, eu-west's share raised again %v after",
 		roundAll(accepted), roundAll(fresh), moved.Round(time.Millisecond))
 	for _, e := range eu.Enforcers {
