@@ -21,6 +21,9 @@
 //   - Quotas: the region's counts are forwarded (the largest of each); the leader's last
 //     answer is returned to the enforcers, its hold time shortened by the answer's age so
 //     an enforcer holds its region when the leader starts counting it silent.
+//   - Fenced enforcers: a forward says the largest fenced_seen its members said since the
+//     last one (they all count the same store's marks), so the leader keeps the region's
+//     default share reserved for an enforcer cut off for long as it does directly.
 //
 // Which way it errs: later, never over on shares — usage reaches the leader up to one
 // interval later than directly; a quota new to the region is answered one forward later,
