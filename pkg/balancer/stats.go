@@ -15,8 +15,8 @@ type RegionStats struct {
 	// ShareAge is how old the region's acknowledged set is: now − when the version after
 	// it landed (it stopped being current then), or now − the last head refresh while it
 	// is current.
-	ShareAge           time.Duration
-	Silent, Stale      bool
+	ShareAge      time.Duration
+	Silent, Stale bool
 	// Fenced: an enforcer of the region fenced itself (cut off from the control plane)
 	// and may still enforce up to its default share — remembered for Stale past its
 	// fence, or counted by its region's reports (fenced_seen) — so the region keeps that
