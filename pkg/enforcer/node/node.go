@@ -458,7 +458,13 @@ func (n *Node) fence(ctx context.Context, now time.Time) uint32 {
 	stale := n.shares.h.Load().Stale(now)
 	c, err := n.fences.Fence(ctx, sightID(n.cfg.ID), stale, FenceTTL*n.cfg.Usage.Interval)
 	if err != nil {
-		n.log.Warn("could not mark or count fenced enforcers in the region's store", "fenced", stale, "error", err)
+		// It matters when this enforcer is fenced (its region-mates cannot see it); else
+		// the store's own errors are logged by the layers that take from it.
+		log := n.log.Debug
+		if stale {
+			log = n.log.Warn
+		}
+		log("could not mark or count fenced enforcers in the region's store", "fenced", stale, "error", err)
 		return 0
 	}
 	return uint32(c)

@@ -63,7 +63,8 @@ type ReporterConfig struct {
 	// Fences, if not nil, is called once per report (before it is sent, whether or not it
 	// can be) and returns how many of the region's enforcers are marked fenced in its
 	// store (ReportRequest.fenced_seen); the node's hook also marks this enforcer while
-	// its shares are stale (pkg/bucket.Fences). It must return within its ctx.
+	// its shares are stale (pkg/bucket.Fences). It must return within its ctx (250 ms at
+	// most, SendTimeout if shorter).
 	Fences func(ctx context.Context, now time.Time) uint32
 	// AckGap is the least time between reports that an acknowledgement may bring forward.
 	// Must be > 0. Default 250ms.
@@ -100,6 +101,11 @@ type ReporterConfig struct {
 	// more than its MaxEntries). Default 10,000.
 	MaxQuotas int
 }
+
+// fencesTimeout bounds the Fences hook's store call (one script, normally under a
+// millisecond): a store that hangs delays a report, and so an acknowledgement, by at most
+// this much.
+const fencesTimeout = 250 * time.Millisecond
 
 // DefaultReporterConfig returns the defaults described on each ReporterConfig field.
 func DefaultReporterConfig() ReporterConfig {
@@ -302,7 +308,7 @@ func (r *Reporter) report(now time.Time, early, ack bool) {
 		req.Quotas = r.cfg.Quotas.QuotaCounts(now, r.cfg.MaxQuotas)
 	}
 	if r.cfg.Fences != nil {
-		fctx, cancel := context.WithTimeout(r.ctx, r.cfg.SendTimeout)
+		fctx, cancel := context.WithTimeout(r.ctx, min(r.cfg.SendTimeout, fencesTimeout))
 		req.FencedSeen = r.cfg.Fences(fctx, now)
 		cancel()
 		r.m.fencedSeen.Set(float64(req.FencedSeen))
