@@ -254,7 +254,7 @@ func (c *Core) heardRegion(now, heard time.Time, rs *regionState, r *allotv1.Rep
 		// to its default share for as long as it serves, so the region keeps that reserved
 		// (acks, clampGone) while reports see it — not only for Stale past its fence, after
 		// which it was forgotten while still enforcing (applied shares summing to 1.32).
-		// FenceHold past the last such report covers the gaps between them.
+		// fenceHold past the last such report covers the gaps between them.
 		rs.fencedUntil = later(rs.fencedUntil, now.Add(c.fenceHold()))
 	}
 	// A report flagged early (refusals jumped at that enforcer) asks for nothing by the

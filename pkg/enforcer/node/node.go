@@ -446,16 +446,19 @@ const FenceTTL = 3
 
 // fence is the reports' Fences hook (docs/design.md §9, "An enforcer cut off for long"):
 // while the shares this node enforces are stale — the balancer has not accepted its
-// reports, or the set has not been refreshed, for the staleness period — it marks itself
-// fenced in the region's store at every report it tries, and takes its mark back at the
-// first report after; it returns how many of the region's enforcers are marked (within
-// FenceTTL intervals). Its region-mates' reports carry that count, and the balancer keeps
-// the region's default share reserved while it is above zero: a fenced enforcer enforces
-// min(last, default) for as long as it serves, however long it has been cut off. A store
-// error counts none (the balancer holds the reservation a while past the last count
-// above zero; a region whose store is down is on its local limits anyway).
+// reports, or the set has not been refreshed, for the staleness period — or it has not
+// loaded its first set yet (it enforces min(default, floor), and the policy leaves a
+// region less than the floor when the regions it holds leave no room for floors), it
+// marks itself fenced in the region's store at every report it tries, and takes its mark
+// back at the first report after; it returns how many of the region's enforcers are
+// marked (within FenceTTL intervals). Its region-mates' reports carry that count, and the
+// balancer keeps the region's default share reserved while it is above zero: a fenced
+// enforcer enforces min(last, default) for as long as it serves, however long it has been
+// cut off. A store error counts none (the balancer holds the reservation a while past the
+// last count above zero; a region whose store is down is on its local limits anyway).
 func (n *Node) fence(ctx context.Context, now time.Time) uint32 {
-	stale := n.shares.h.Load().Stale(now)
+	h := n.shares.h.Load()
+	stale := h.Stale(now) || !h.Loaded()
 	c, err := n.fences.Fence(ctx, sightID(n.cfg.ID), stale, FenceTTL*n.cfg.Usage.Interval)
 	if err != nil {
 		// It matters when this enforcer is fenced (its region-mates cannot see it); else
