@@ -145,9 +145,8 @@ func sharesOf(set seenSet, identity string) map[string]float64 {
 	return map[string]float64{"us-east": regionShare, "eu-west": regionShare, "ap-south": regionShare}
 }
 
-var (
-	appliedLine = regexp.MustCompile(`share set applied.*leader-rev"?[=:]\s*(\d+).*[^-]version"?[=:]\s*(\d+)`)
-)
+// appliedLine is overrides.Holder's log line for a set it applied (text or JSON hclog).
+var appliedLine = regexp.MustCompile(`share set applied.*leader-rev"?[=:]\s*(\d+).*[^-]version"?[=:]\s*(\d+)`)
 
 // heldAtDeath is the largest share of identity in region that any of its (dead)
 // enforcers enforced: the share set each last applied, by its log's last "share set

@@ -186,10 +186,7 @@ func drillRegionCut(t *testing.T, s *stack.Stack, sums *shareSums) {
 		if set.at.Before(cut) {
 			continue
 		}
-		sh, listed := set.shares[identity]
-		if !listed {
-			sh = map[string]float64{"us-east": regionShare, "eu-west": regionShare, "ap-south": regionShare}
-		}
+		sh := sharesOf(set, identity)
 		since := set.at.Sub(cut)
 		fmt.Fprintf(&line, " +%.1fs v%d %s;", since.Seconds(), set.version, fmtShares([]string{"us-east", "eu-west", "ap-south"}, sh))
 		if set.at.Before(back) {
@@ -253,14 +250,11 @@ func drillRegionCut(t *testing.T, s *stack.Stack, sums *shareSums) {
 // lastShares is the newest published shares of identity by region (the default split
 // when the newest set does not list it).
 func lastShares(sums *shareSums, identity string) map[string]float64 {
-	out := map[string]float64{"us-east": regionShare, "eu-west": regionShare, "ap-south": regionShare}
 	sets := sums.Sets()
-	if len(sets) > 0 {
-		if sh, ok := sets[len(sets)-1].shares[identity]; ok {
-			out = sh
-		}
+	if len(sets) == 0 {
+		return sharesOf(seenSet{}, identity)
 	}
-	return out
+	return sharesOf(sets[len(sets)-1], identity)
 }
 
 func metricsNow(e *stack.Enforcer) (stack.Metrics, error) {

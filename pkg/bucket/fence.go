@@ -14,7 +14,8 @@ import (
 
 // Fences is a store that keeps the marks of a region's fenced enforcers: an enforcer whose
 // shares went stale (the balancer has not accepted its reports for the staleness period:
-// it is cut off from the control plane) marks itself at every report it tries to send, and
+// it is cut off from the control plane), or that has not loaded its first set, marks
+// itself at every report it tries to send (pkg/enforcer/node), and
 // every enforcer of the region counts the marks in the reports it sends. The balancer
 // learns from them that an enforcer it has stopped hearing still serves from this region's
 // store, and keeps the region's default share reserved for it (pkg/balancer: acks); a
