@@ -16,40 +16,46 @@ import (
 // key does not change the traffic of the others.
 //
 // A stream is read at every arrival of its key, and 10,000 keys' streams miss the cache:
-// its generator and its phases (at, rate and split's, in inl for a key of one phase) are
-// kept in or beside it rather than in five allocations of their own.
+// it is 128 bytes, two cache lines in a region's slab (newStreams): what every arrival
+// reads and writes (the arrival times, the split bucket's state, the generator) in the
+// first, the phases (inline for a key of one phase) in the second. Its key and region are
+// in its heap slot, read from there.
 type stream struct {
-	key, region int
-	rng         rand.Rand // over pcg
-	pcg         rand.PCG
-	at          []float64 // phase starts, seconds
-	rate        []float64 // offered requests/s from at[i]
-	end         float64   // the run's end, seconds
-	t           float64   // the next arrival, seconds; +Inf when none
-	next        int64     // the next arrival, ns since Epoch
-	split       splitBucket
-	inl         [4]float64 // at, rate, split.rate and split.burst of a key of one phase
+	next  int64   // the next arrival, ns since Epoch
+	t     float64 // the next arrival, seconds; +Inf when none
+	split splitBucket
+	pcg   rand.PCG
+	rng   rand.Rand // over pcg
+
+	phases []phaseRow
+	end    float64 // the run's end, seconds
+	inl    [1]phaseRow
 }
+
+// phaseRow is one phase of a stream: its start (seconds), the region's offered rate
+// (requests/s) and the split bucket's rate and burst (splitBucket).
+type phaseRow struct{ at, rate, splitRate, splitBurst float64 }
 
 // splitBucket is the reference the judge's steady_split reads (KeyResult.SteadySplit): the
 // key's bucket split between the regions in proportion to what each is offered in the
 // phase in force (rate × w_r, burst × w_r, w_r = offered_r ÷ Σ offered), fed the same
 // arrivals as the region. It is what a split that follows the traffic exactly admits, so
 // a key whose steady_split is low is refused by splitting its burst, not by where its
-// shares are.
+// shares are. Its rate and burst per phase are the stream's (phaseRow).
 type splitBucket struct {
-	rate, burst []float64 // per phase
-	tokens      float64
-	last        float64 // seconds
+	tokens float64
+	last   float64 // seconds
 }
 
-// take is one arrival at t (seconds) in phase i: true if the split bucket admits it.
-func (b *splitBucket) take(t float64, i int) bool {
-	if i < 0 || b.burst[i] < 1 {
+// take is one arrival of s at s.t in phase i: true if the split bucket admits it.
+func (s *stream) take(i int) bool {
+	b, t := &s.split, s.t
+	if i < 0 || s.phases[i].splitBurst < 1 {
 		b.last = t
 		return false
 	}
-	b.tokens = min(b.burst[i], b.tokens+(t-b.last)*b.rate[i])
+	p := &s.phases[i]
+	b.tokens = min(p.splitBurst, b.tokens+(t-b.last)*p.splitRate)
 	b.last = t
 	if b.tokens >= 1-1e-9 { // float error: 1/3 + 0.5 × 4/3 is 0.999…
 		b.tokens = max(b.tokens-1, 0)
@@ -61,28 +67,33 @@ func (b *splitBucket) take(t float64, i int) bool {
 // phase is the index of the phase in force at t (-1 before the first).
 func (s *stream) phase(t float64) int {
 	i := -1
-	for j, a := range s.at {
-		if a <= t {
+	for j := range s.phases {
+		if s.phases[j].at <= t {
 			i = j
 		}
 	}
 	return i
 }
 
-func newStream(sc *scenario.Scenario, k, r int) *stream {
+// newStreams makes region r's stream of every key of sc, in one slab.
+func newStreams(sc *scenario.Scenario, r int) []stream {
+	ss := make([]stream, len(sc.Keys))
+	for k := range ss {
+		ss[k].init(sc, k, r)
+	}
+	return ss
+}
+
+func (s *stream) init(sc *scenario.Scenario, k, r int) {
 	key := &sc.Keys[k]
-	s := &stream{key: k, region: r, end: sc.Duration.Seconds()}
+	s.end = sc.Duration.Seconds()
 	s.pcg.Seed(uint64(sc.Seed), uint64(k)<<16|uint64(r))
 	s.rng = *rand.New(&s.pcg)
-	n := len(key.Phases)
-	buf := s.inl[:]
-	if 4*n > len(buf) {
-		buf = make([]float64, 4*n)
+	s.phases = s.inl[:0]
+	if len(key.Phases) > len(s.inl) {
+		s.phases = make([]phaseRow, 0, len(key.Phases))
 	}
-	s.at, s.rate, s.split.rate, s.split.burst = buf[:0:n], buf[n:n:2*n], buf[2*n:2*n:3*n], buf[3*n:3*n:4*n]
 	for _, p := range key.Phases {
-		s.at = append(s.at, p.At.Seconds())
-		s.rate = append(s.rate, p.Offered[r])
 		total := 0.0
 		for _, o := range p.Offered {
 			total += o
@@ -91,15 +102,14 @@ func newStream(sc *scenario.Scenario, k, r int) *stream {
 		if total > 0 {
 			w = p.Offered[r] / total
 		}
-		s.split.rate = append(s.split.rate, key.Limit.PerSecond()*w)
-		s.split.burst = append(s.split.burst, key.Limit.Burst*w)
+		s.phases = append(s.phases, phaseRow{at: p.At.Seconds(), rate: p.Offered[r],
+			splitRate: key.Limit.PerSecond() * w, splitBurst: key.Limit.Burst * w})
 	}
-	if len(s.split.burst) > 0 {
-		s.split.tokens = s.split.burst[0]
+	if len(s.phases) > 0 {
+		s.split.tokens = s.phases[0].splitBurst
 	}
 	s.t = 0
 	s.advance()
-	return s
 }
 
 // advance draws the next arrival after s.t.
@@ -107,22 +117,18 @@ func (s *stream) advance() {
 	u := s.rng.ExpFloat64()
 	t := s.t
 	for {
-		i := -1 // the phase in force at t
-		for j, a := range s.at {
-			if a <= t {
-				i = j
-			}
-		}
+		i := s.phase(t) // the phase in force at t
 		change := s.end
-		if i+1 < len(s.at) {
-			change = s.at[i+1]
+		if i+1 < len(s.phases) {
+			change = s.phases[i+1].at
 		}
-		if i >= 0 && s.rate[i] > 0 {
-			if dt := u / s.rate[i]; t+dt < change {
+		if i >= 0 && s.phases[i].rate > 0 {
+			rate := s.phases[i].rate
+			if dt := u / rate; t+dt < change {
 				s.setT(t + dt)
 				return
 			}
-			u -= (change - t) * s.rate[i]
+			u -= (change - t) * rate
 		}
 		if change >= s.end {
 			s.setT(math.Inf(1))
@@ -153,15 +159,16 @@ type streamSlot struct {
 	s           *stream
 }
 
-func slotOf(s *stream) streamSlot {
-	return streamSlot{next: s.next, key: int32(s.key), region: int32(s.region), s: s}
+// push appends every stream of region r (ss[k] is key k's); init orders the heap once
+// every region's were pushed.
+func (h *streamHeap) push(ss []stream, r int) {
+	for k := range ss {
+		*h = append(*h, streamSlot{next: ss[k].next, key: int32(k), region: int32(r), s: &ss[k]})
+	}
 }
 
-// push appends s; init orders the heap once every stream was pushed.
-func (h *streamHeap) push(s *stream) { *h = append(*h, slotOf(s)) }
-
-// top is the stream whose arrival is next.
-func (h streamHeap) top() *stream { return h[0].s }
+// top is the slot of the stream whose arrival is next.
+func (h streamHeap) top() *streamSlot { return &h[0] }
 
 // advanced restores the heap after the top stream drew its next arrival.
 func (h streamHeap) advanced() {

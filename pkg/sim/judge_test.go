@@ -236,18 +236,24 @@ func TestJudgeRecoveryNotCountedThroughAFault(t *testing.T) {
 // a region 0.25 s apart take the first and refuse the second until a token refills
 // (0.75 s at 4/3 a second), where the whole bucket would have taken both.
 func TestSplitBucketSteps(t *testing.T) {
-	b := splitBucket{rate: []float64{4.0 / 3}, burst: []float64{4.0 / 3}, tokens: 4.0 / 3}
+	b := stream{phases: []phaseRow{{splitRate: 4.0 / 3, splitBurst: 4.0 / 3}}, split: splitBucket{tokens: 4.0 / 3}}
 	for _, st := range []struct {
 		t    float64
 		want bool
 	}{{10, true}, {10.25, false}, {10.5, true}, {10.6, false}, {11.5, true}} {
-		if got := b.take(st.t, 0); got != st.want {
-			t.Fatalf("at %gs: take %v, want %v (tokens %g)", st.t, got, st.want, b.tokens)
+		b.t = st.t
+		if got := b.take(0); got != st.want {
+			t.Fatalf("at %gs: take %v, want %v (tokens %g)", st.t, got, st.want, b.split.tokens)
 		}
 	}
-	none := splitBucket{rate: []float64{0}, burst: []float64{0}}
-	if none.take(1, 0) || none.take(2, -1) {
+	none := stream{phases: []phaseRow{{}}}
+	none.t = 1
+	if none.take(0) {
 		t.Fatal("a region offered nothing holds no token of the split")
+	}
+	none.t = 2
+	if none.take(-1) {
+		t.Fatal("before the first phase no token of the split is held")
 	}
 }
 

@@ -114,10 +114,8 @@ func RunLive(ctx context.Context, sc *scenario.Scenario, opt LiveOptions) (*Resu
 
 	secs := int(sc.Duration / time.Second)
 	R := len(sc.Regions)
+	// Live mode counts in the cells (no tally).
 	keys := newKeyStates(sc, secs, true)
-	for k := range keys {
-		keys[k].counts = nil // live mode counts in the cells
-	}
 	var mu sync.Mutex              // mu guards keys' cells and counters, written by the workers
 	dropped := make([]int, secs+1) // per second: due while every check was in flight
 
@@ -153,10 +151,8 @@ func RunLive(ctx context.Context, sc *scenario.Scenario, opt LiveOptions) (*Resu
 	}
 
 	var streams streamHeap
-	for k := range sc.Keys {
-		for r := range sc.Regions {
-			streams.push(newStream(sc, k, r))
-		}
+	for r := range sc.Regions {
+		streams.push(newStreams(sc, r), r)
 	}
 	streams.init()
 	pick := rand.New(rand.NewPCG(uint64(sc.Seed), 0x11fe))
@@ -191,7 +187,8 @@ func RunLive(ctx context.Context, sc *scenario.Scenario, opt LiveOptions) (*Resu
 	<-timer.C
 loop:
 	for {
-		st := streams.top()
+		top := streams.top()
+		st, key, region := top.s, int(top.key), int(top.region)
 		if st.next >= end {
 			break
 		}
@@ -208,10 +205,10 @@ loop:
 		}
 		sec := int(st.next / int64(time.Second))
 		progress(sec - 1) // seconds before the last are complete (up to in-flight checks)
-		cl := clients[st.region]
-		j := liveJob{key: st.key, region: st.region, sec: sec, client: cl[pick.IntN(len(cl))]}
+		cl := clients[region]
+		j := liveJob{key: key, region: region, sec: sec, client: cl[pick.IntN(len(cl))]}
 		mu.Lock()
-		keys[st.key].cells[sec*R+st.region].Offered++
+		keys[key].cells[sec*R+region].Offered++
 		mu.Unlock()
 		// Wait a little for a free worker (the schedule slips by as much), then give up on
 		// the request: it stays offered and not admitted.
@@ -225,7 +222,7 @@ loop:
 			case <-timer.C:
 				mu.Lock()
 				dropped[sec]++
-				keys[st.key].cells[sec*R+st.region].Sources[numSourceCols-1]++
+				keys[key].cells[sec*R+region].Sources[numSourceCols-1]++
 				mu.Unlock()
 			}
 		}
@@ -238,7 +235,7 @@ loop:
 	if runErr != nil {
 		return nil, fmt.Errorf("sim: live run stopped: %w", runErr)
 	}
-	return judgeRun(sc, opt.Policy, secs, keys, nil, faultSpans(sc)), nil
+	return judgeRun(sc, opt.Policy, secs, keys, nil, nil, faultSpans(sc)), nil
 }
 
 func liveSourceCol(s allotv1.Source) int {

@@ -140,12 +140,13 @@ func (w *world) judge() *Result {
 			calls[k] += reg.store.calls[k]
 		}
 	}
-	return judgeRun(w.sc, w.plane.name(), w.secs, w.keys, calls, w.spans)
+	return judgeRun(w.sc, w.plane.name(), w.secs, w.keys, w.tally, calls, w.spans)
 }
 
-// judgeRun judges the recorded cells of every key (both modes); storeCalls is nil when the
-// run could not count them (live mode).
-func judgeRun(sc *scenario.Scenario, policy string, secs int, keys []keyState, storeCalls []int64, spans []Span) *Result {
+// judgeRun judges what was recorded of every key (both modes): the tally's counts, or
+// without one (live mode) the cells; storeCalls is nil when the run could not count them
+// (live mode).
+func judgeRun(sc *scenario.Scenario, policy string, secs int, keys []keyState, tl *tally, storeCalls []int64, spans []Span) *Result {
 	R := len(sc.Regions)
 	res := &Result{Scenario: sc, Policy: policy, Seconds: secs, StoreCallsSeen: storeCalls != nil}
 	if storeCalls == nil {
@@ -166,9 +167,10 @@ func judgeRun(sc *scenario.Scenario, policy string, secs int, keys []keyState, s
 		for s := 0; s < secs; s++ {
 			for r := 0; r < R; r++ {
 				var off, adm int64
-				if ks.counts != nil {
-					off, adm = int64(ks.counts[s*R+r].offered), int64(ks.counts[s*R+r].admitted)
-					ser.Split[s] += float64(ks.counts[s*R+r].split)
+				if tl != nil {
+					cn := tl.at(s, k, r)
+					off, adm = int64(cn.offered), int64(cn.admitted)
+					ser.Split[s] += float64(cn.split)
 				} else { // live mode counts in the cells
 					off, adm = ks.cells[s*R+r].Offered, ks.cells[s*R+r].Admitted
 				}
