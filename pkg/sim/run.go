@@ -47,6 +47,9 @@ type Options struct {
 	// second), not the shares and sources per second: Result.Keys is then nil, and the
 	// CSV and plots cannot be written. For populations of thousands of keys.
 	SummaryOnly bool
+	// workers is the cores the regions are laid out for (lanes); 0: GOMAXPROCS. Tests set
+	// it to show every layout gives the same run.
+	workers int
 }
 
 // Result is one run: the per-second cells of every key and the judged summary.
@@ -122,6 +125,9 @@ func Run(sc *scenario.Scenario, opt Options) (*Result, error) {
 	w, err := newWorld(sc, p, opt.SummaryOnly)
 	if err != nil {
 		return nil, err
+	}
+	if opt.workers > 0 {
+		w.workers = opt.workers
 	}
 	w.run()
 	w.close()
