@@ -49,10 +49,11 @@
 // listed etcd and found none published, MarkLoaded), every identity enforces
 // min(default share, Config.Floor): the least the balancer's policy leaves any region, so
 // whatever it gave the others, the sum stays ≤ 1. (Not quite always: regions held at what
-// they may apply can leave the others less than the floor, share.Allocate; so the node also marks itself fenced in its region's store until the set is loaded, and
-// the balancer keeps the region's default share reserved while its reports count that;
-// pkg/enforcer/node.) That errs under, by the default share
-// less the floor, for as long as etcd stays unreachable; Loaded says so (the enforcer's
+// they may apply can leave the others less than the floor, share.Allocate; so the node
+// also marks itself fenced in its region's store until the set is loaded, and the
+// balancer keeps the region's default share reserved while its reports count that;
+// pkg/enforcer/node.) That errs under, by the default share less the floor, for as long
+// as etcd stays unreachable; Loaded says so (the enforcer's
 // /readyz names it, and allot_shares_loaded is 0). The enforcer stays in rotation: taking
 // it out would turn the gateway's limiter errors into unlimited traffic.
 package overrides
