@@ -81,3 +81,19 @@ func BenchmarkReportFull(b *testing.B) {
 		tb.Report(now)
 	}
 }
+
+// A pair refused at every take, as a key over its limit is: past earlyJump each refusal
+// also measures the jump against the time passed (jumpedSoFar), which never fires for a
+// pair refused as it was last interval.
+func BenchmarkObserveRefused(b *testing.B) {
+	tb := newTable(b, nil)
+	a := rule("default", 100)
+	id := "key:k_123"
+	tb.ObserveTake(a, id, 1<<40, false, 0, t0) // refused without end last interval
+	tb.Report(t0.Add(10 * time.Second))
+	now := t0.Add(15 * time.Second)
+	b.ReportAllocs()
+	for b.Loop() {
+		tb.ObserveTake(a, id, 1, false, 0, now)
+	}
+}

@@ -44,8 +44,14 @@
 // interval exceed both Config.EarlyMinRefused and Config.EarlyFactor × its refused tokens
 // last interval scaled to one whole Config.Interval — a pair that starts being refused, or
 // whose refusals at least double — and Config.EarlyGap has passed since the last report.
-// The test costs the check path one comparison: the threshold is fixed when the pair is
-// inserted in the interval.
+// (For a pair refused little the threshold is its last interval's refusals plus four
+// Poisson standard deviations and earlyJump, when that is under EarlyMinRefused.) From a
+// second into the interval the same test is also made against the part of the interval
+// that has passed, last interval's refusals scaled to it: a move is found within about a
+// second rather than when a whole interval's worth has been refused. The test costs the
+// check path one comparison while a pair's refusals are under earlyJump (the whole-interval
+// threshold is fixed when the pair is inserted), and a little arithmetic per refusal above
+// it (BenchmarkObserveRefused).
 //
 // # Sending
 //

@@ -75,6 +75,7 @@ type entry struct {
 	refused  int64
 	err      int64 // the evicted minimum count when the pair was inserted
 	earlyAt  int64 // refused above this is a jump; maxInt64 once flagged
+	prevRef  int64 // its refusals last interval, scaled to one Interval (jumpedSoFar)
 	heap     int   // index in ssTable.heap
 	// first is when the pair was (last) inserted, Unix ns; slots are its tokens (admitted
 	// and refused) by RecentSlot of time, a ring: the recent rate (see recentRate).
@@ -192,7 +193,7 @@ func (t *Table) ObserveTake(rule *rules.Compiled, identity string, tokens int64,
 		e.admitted += tokens
 	} else {
 		e.refused += tokens
-		if e.refused > e.earlyAt {
+		if e.refused > e.earlyAt || e.refused >= earlyJump && e.earlyAt != maxInt64 && t.jumpedSoFar(e, ns) {
 			e.earlyAt, jumped = maxInt64, true
 		}
 	}
@@ -212,12 +213,37 @@ func (t *Table) ObserveTake(rule *rules.Compiled, identity string, tokens int64,
 
 const maxInt64 = 1<<63 - 1
 
+// jumpedSoFar says whether e's refusals, at ns, are a jump measured against the part of
+// the interval that has passed: its last interval's refusals scaled to the time since
+// this interval started, beyond four Poisson standard deviations and earlyJump, and
+// EarlyFactor times as many. earlyAt measures a whole interval's refusals: a 50/s key
+// whose traffic moved to a region of three enforcers, refused some 15 tokens a second at
+// each where it had 7 an interval, passed it about 2 s after the move; against the time
+// passed, in a little over one. Not in the first second after a report: a jump found
+// then sends a report whose recent second holds little of what changed, which the
+// balancer's arrival test passes over, and EarlyGap then holds the next early report
+// back 2 s (the demo's globex, first heard: 3 s to its limit, 6 s with no such wait).
+func (t *Table) jumpedSoFar(e *entry, ns int64) bool {
+	el := ns - t.startN.Load()
+	if el < int64(jumpAfter) {
+		return false
+	}
+	want, got := float64(e.prevRef)*float64(el)/float64(t.cfg.Interval), float64(e.refused)
+	if got <= want+earlyJump || got <= t.cfg.EarlyFactor*want { // most refusals: no square root
+		return false
+	}
+	return got > want+4*math.Sqrt(want)+earlyJump
+}
+
 // earlyJump: refusals jump (Config.EarlyMinRefused) at fewer than EarlyMinRefused tokens
 // too, once they are this many and four Poisson standard deviations over the last
 // interval's: a 50/s key whose traffic moved to a region of three enforcers holding a
 // fifth of it is refused some 15 tokens a second an enforcer, and took 6 s to reach 100
 // (its move waited for that or for a regular report, up to an interval).
 const earlyJump = 10
+
+// jumpAfter is how long into an interval jumpedSoFar starts measuring.
+const jumpAfter = time.Second
 
 // insert tracks a new pair with zero counts, evicting the stripe's minimum if it is full
 // (weighted Space-Saving: the newcomer inherits the evicted count as its error). Called
@@ -247,7 +273,7 @@ func (t *Table) insert(s *stripe, tb *ssTable, rule *rules.Compiled, identity st
 			earlyAt = int64(f)
 		}
 	}
-	*e = entry{key: key, rule: rule, err: inherited, earlyAt: earlyAt, heap: e.heap, first: prev.first, slots: prev.slots}
+	*e = entry{key: key, rule: rule, err: inherited, earlyAt: earlyAt, prevRef: prev.refused, heap: e.heap, first: prev.first, slots: prev.slots}
 	tb.m[key] = e
 	return e, leaf
 }

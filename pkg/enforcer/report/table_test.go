@@ -237,22 +237,23 @@ func TestWantEarly(t *testing.T) {
 	if tb.WantEarly(at(10 * time.Second)) {
 		t.Fatal("early still wanted after the report")
 	}
-	tb.ObserveTake(a, "k", 110, false, 0, t0)
-	if tb.WantEarly(at(10 * time.Second)) {
+	// (Counted at the interval's end, where the test against the time passed asks as much.)
+	tb.ObserveTake(a, "k", 110, false, 0, at(12*time.Second))
+	if tb.WantEarly(at(12 * time.Second)) {
 		t.Fatal("110 refused is not above 2 × last interval's 55")
 	}
-	tb.ObserveTake(a, "k", 1, false, 0, t0)
-	if !tb.WantEarly(at(10 * time.Second)) {
+	tb.ObserveTake(a, "k", 1, false, 0, at(12*time.Second))
+	if !tb.WantEarly(at(12 * time.Second)) {
 		t.Fatal("111 refused is above 2 × 55: want early")
 	}
 	// k refused 111 over 10 s: its next jump needs > max(222, min(100, 111+42+10)) = 222.
 	tb.Report(at(12 * time.Second))
-	tb.ObserveTake(a, "k", 222, false, 0, t0)
-	if tb.WantEarly(at(14 * time.Second)) {
+	tb.ObserveTake(a, "k", 222, false, 0, at(22*time.Second))
+	if tb.WantEarly(at(22 * time.Second)) {
 		t.Fatal("222 refused is not above 2 × last interval's 111")
 	}
 	// Another identity starting to be refused jumps on its own.
-	tb.ObserveTake(a, "other", 11, false, 0, t0)
+	tb.ObserveTake(a, "other", 11, false, 0, at(12*time.Second))
 	if tb.WantEarly(at(13*time.Second)) || !tb.WantEarly(at(14*time.Second)) {
 		t.Fatal("a new identity's refusals above earlyJump should want early after EarlyGap")
 	}
@@ -266,14 +267,51 @@ func TestWantEarlyKeepsEarlyMinRefused(t *testing.T) {
 	a := rule("a", 10)
 	at := func(d time.Duration) time.Time { return t0.Add(d) }
 	tb.ObserveTake(a, "k", 40, false, 0, t0)
-	tb.Report(at(10 * time.Second)) // 40 refused over a whole interval
-	tb.ObserveTake(a, "k", 60, false, 0, at(11*time.Second))
+	tb.Report(at(10 * time.Second))                          // 40 refused over a whole interval
+	tb.ObserveTake(a, "k", 60, false, 0, at(20*time.Second)) // at the interval's end
 	if tb.WantEarly(at(13 * time.Second)) {
 		t.Fatal("60 refused is not above EarlyMinRefused 60")
 	}
-	tb.ObserveTake(a, "k", 1, false, 0, at(11*time.Second))
+	tb.ObserveTake(a, "k", 1, false, 0, at(20*time.Second))
 	if !tb.WantEarly(at(13 * time.Second)) {
 		t.Fatal("61 refused: above EarlyMinRefused (60 < 75): want early")
+	}
+}
+
+// A jump is measured against the part of the interval that has passed
+// (Table.jumpedSoFar): a 50/s key's move to a region of three enforcers refuses some 15
+// tokens a second at each where 7 an interval were refused before; the whole-interval
+// threshold (7 + 4√7 + 10 = 27) took it about 2 s, against the time passed it takes
+// under one. A pair refused steadily at its usual rate never jumps, however the interval
+// is cut.
+func TestJumpMeasuredAgainstTheTimePassed(t *testing.T) {
+	tb := newTable(t, nil)
+	a := rule("a", 10)
+	at := func(d time.Duration) time.Time { return t0.Add(d) }
+	tb.ObserveTake(a, "moved", 7, false, 0, at(5*time.Second))
+	tb.ObserveTake(a, "steady", 150, false, 0, at(5*time.Second))
+	tb.Report(at(10 * time.Second)) // 7 and 150 refused over a whole interval
+	jumpedAt := time.Duration(-1)
+	for ms := 10_000; ms <= 20_000; ms += 100 {
+		now := at(time.Duration(ms) * time.Millisecond)
+		tb.ObserveTake(a, "steady", int64(1+(ms/100)%2), false, 0, now) // 15 a second, evenly
+		if ms >= 10_300 {
+			tb.ObserveTake(a, "moved", int64(1+(ms/100)%2), false, 0, now) // 15 a second from 10.3 s
+		}
+		if jumpedAt < 0 && tb.Jumped() {
+			jumpedAt = time.Duration(ms-10_000) * time.Millisecond
+		}
+	}
+	if jumpedAt < 0 || jumpedAt > 1300*time.Millisecond {
+		t.Fatalf("a move refused 15 a second from 0.3 s into the interval jumped at %v, want within 1.3 s", jumpedAt)
+	}
+	// The steady pair alone, the interval after.
+	tb.Report(at(20 * time.Second))
+	for ms := 20_000; ms <= 30_000; ms += 100 {
+		tb.ObserveTake(a, "steady", int64(1+(ms/100)%2), false, 0, at(time.Duration(ms)*time.Millisecond))
+		if tb.Jumped() {
+			t.Fatalf("a pair refused 15 a second as before jumped %v into the interval", time.Duration(ms-20_000)*time.Millisecond)
+		}
 	}
 }
 
