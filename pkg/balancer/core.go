@@ -53,16 +53,17 @@ type ident struct {
 	def      []float64 // shared, never modified
 	st       share.State
 	vals     []float64
-	hist     []histEntry // earlier versions some region may still apply; nil when settled
-	pubVer   uint64      // the version published took its value at
-	lastSeen time.Time   // last report naming it (zero: since the core started)
-	pending  bool        // in Core.pending
-	evict    bool        // forget it once it is back at the default split
-	shift    bool        // a report this window showed its traffic moved (Core.shifted)
-	moved    uint64      // the regions whose reports showed it (bit min(r, 63))
-	estSet   uint64      // the regions whose moveEst is set this window (bit r; r < 64)
-	origin   int         // the region whose report added it (-1: restored), see Ingest
-	snapOf   uint64      // the Core.snapEpoch its snap values belong to (older: zero)
+	hist     []histEntry  // earlier versions some region may still apply; nil when settled
+	pubVer   uint64       // the version published took its value at
+	lastSeen time.Time    // last report naming it (zero: since the core started)
+	pending  bool         // in Core.pending
+	evict    bool         // forget it once it is back at the default split
+	shift    bool         // a report this window showed its traffic moved (Core.shifted)
+	moved    uint64       // the regions whose reports showed it (bit min(r, 63))
+	estSet   uint64       // the regions whose moveEst is set this window (bit r; r < 64)
+	origin   int          // the region whose report added it (-1: restored), see Ingest
+	snapOf   uint64       // the Core.snapEpoch its snap values belong to (older: zero)
+	arr      []arrivalSum // per region (Core.arrivedTogether); nil until a report refused it
 }
 
 func (id *ident) published(n int) []float64 { return id.vals[:n:n] }

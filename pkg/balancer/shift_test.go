@@ -406,6 +406,83 @@ func TestArrivalJudgedByItsCount(t *testing.T) {
 	}
 }
 
+// The arrival test on a region's reports together (arrivedTogether): a 50/s key whose
+// 15/s in a three-enforcer region became 60/s, counted 13, 10 and 14 tokens by three
+// reports within 0.7 s (seen in many-keys, seed 32) — each under its own threshold, the
+// three over theirs. Two reports of one enforcer are never summed (their spans overlap),
+// nor reports further apart than arrivalSpan, nor an aggregator's merge, nor a small
+// key's few tokens.
+func TestArrivalJudgedOnTheRegionsReports(t *testing.T) {
+	c := newTestCore(t, func(c *CoreConfig) {
+		c.Limits = func(string, string) (Limits, bool) { return Limits{Rate: 50}, true }
+	})
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	fresh := func(name string, smoothed float64) *ident {
+		id, _, ok := c.newIdent("default", name)
+		if !ok {
+			t.Fatal("no identity")
+		}
+		id.st.Smoothed = []float64{60, smoothed, 0}
+		copy(id.published(c.n), []float64{0.69, 0.30, 0.01})
+		return id
+	}
+	at := func(ms int) time.Time { return time.UnixMilli(int64(1e6 + ms)) }
+	a, b, e := enforcerBit("eu-west-0"), enforcerBit("eu-west-1"), enforcerBit("eu-west-2")
+	if a == b || b == e || a == e {
+		t.Fatal("the three enforcers' bits collide: pick other names")
+	}
+	type report struct {
+		bit          uint64
+		ms           int
+		rate, tokens float64
+	}
+	sum := func(id *ident, rs []report) (got []bool) {
+		for _, r := range rs {
+			_, ok := c.arrivedTogether(at(r.ms), id, 1, r.bit, r.rate, r.tokens, true, 3)
+			got = append(got, ok)
+		}
+		return got
+	}
+	three := []report{{e, 0, 15.2, 13}, {a, 540, 11.2, 10}, {b, 650, 18.7, 14}}
+	alone := fresh("key:alone", 14.3)
+	for _, r := range three {
+		if c.shifted(alone, 1, r.rate, r.tokens, true, 1, 3) {
+			t.Fatalf("the report of %.0f tokens passed alone; the case is meant to need the sum", r.tokens)
+		}
+	}
+	if got := sum(fresh("key:a", 14.3), three); got[0] || got[1] || !got[2] {
+		t.Errorf("13, 10 and 14 tokens from three enforcers where about 12 were due: arrived %v, want only at the third", got)
+	}
+	twice := []report{{e, 0, 15.2, 13}, {a, 540, 11.2, 10}, {e, 650, 18.7, 14}}
+	if got := sum(fresh("key:b", 14.3), twice); got[2] {
+		t.Error("eu-west-2's second report summed with its first")
+	}
+	if got := sum(fresh("key:c", 14.3), []report{{a, 0, 18, 15}, {a, 300, 18, 15}, {a, 600, 18, 15}}); got[1] || got[2] {
+		t.Error("one enforcer's reports summed")
+	}
+	if got := sum(fresh("key:d", 14.3), []report{{e, 0, 15.2, 13}, {a, 500, 11.2, 10}, {b, 600, 15, 12}}); !got[2] {
+		t.Error("13, 10 and 12 tokens within 0.6 s: not an arrival")
+	}
+	if got := sum(fresh("key:g", 14.3), []report{{e, 0, 15.2, 13}, {a, 2500, 11.2, 10}, {b, 2600, 15, 12}}); got[2] {
+		t.Error("a report 2.5 s before the others summed with them")
+	}
+	if got := sum(fresh("key:e", 14.3), []report{{0, 0, 18, 15}, {0, 100, 18, 15}, {0, 200, 18, 15}}); got[1] || got[2] {
+		t.Error("an aggregator's merged reports summed again")
+	}
+	// A small key (1.5/s in the region): its recent counts are a token or two, biased
+	// high; three reports of 4 tokens where 1.5 were due stay with the one-report test.
+	if got := sum(fresh("key:small", 1.5), []report{{e, 0, 4, 4}, {a, 300, 4, 4}, {b, 600, 4, 4}}); got[2] {
+		t.Error("a small key's three reports summed: want the one-report test")
+	}
+	// Nothing refused: no state is kept for an identity that never was.
+	quiet := fresh("key:f", 14.3)
+	c.arrivedTogether(at(0), quiet, 1, a, 18, 15, false, 3)
+	if quiet.arr != nil {
+		t.Error("an identity refused nothing keeps arrival sums")
+	}
+}
+
 // A shift whose recompute falls due with the interval is followed up like any other: it
 // read the region the traffic left from its window (seen in many-keys: a swap at an
 // interval's boundary held 50/50 for 14 s).
