@@ -67,8 +67,17 @@ type ident struct {
 }
 
 func (id *ident) published(n int) []float64 { return id.vals[:n:n] }
-func (id *ident) target(n int) []float64    { return id.vals[n : 2*n : 2*n] }
-func (id *ident) tokens(n int) []float64    { return id.vals[2*n : 3*n : 3*n] }
+
+// smoothedAt is the policy's smoothed demand of region r, 0 before the identity's first
+// recompute (or where the region was never heard).
+func (id *ident) smoothedAt(r int) float64 {
+	if r < len(id.st.Smoothed) && !math.IsNaN(id.st.Smoothed[r]) {
+		return id.st.Smoothed[r]
+	}
+	return 0
+}
+func (id *ident) target(n int) []float64 { return id.vals[n : 2*n : 2*n] }
+func (id *ident) tokens(n int) []float64 { return id.vals[2*n : 3*n : 3*n] }
 
 // recent is Σ over this window's reports of the recent rates (tokens/s over about the
 // last second, IdentityUsage.recent_rate) they carried for the identity.

@@ -2,6 +2,8 @@ package balancer
 
 import (
 	"fmt"
+	"hash/fnv"
+	"io"
 	"math"
 	"time"
 
@@ -279,6 +281,7 @@ func (c *Core) usage(now time.Time, ri int, r *allotv1.ReportRequest, secs float
 			live++
 		}
 	}
+	enfs := max(1, live)
 	var bit uint64 // the reporting enforcer's (arrivedTogether); an aggregator's merge has none
 	if len(r.Members) == 0 {
 		bit = enforcerBit(r.EnforcerId)
@@ -329,10 +332,10 @@ func (c *Core) usage(now time.Time, ri int, r *allotv1.ReportRequest, secs float
 		if recent == 0 {
 			continue
 		}
-		est, moved := u.RecentRate/float64(recent)*float64(max(1, live)), false
-		if c.shifted(id, ri, u.RecentRate, u.RecentTokens, u.Refused > 0, recent, max(1, live)) {
+		est, moved := u.RecentRate/float64(recent)*float64(enfs), false
+		if c.shifted(id, ri, u.RecentRate, u.RecentTokens, u.Refused > 0, recent, enfs) {
 			moved = true
-		} else if e, ok := c.arrivedTogether(now, id, ri, bit, u.RecentRate, u.RecentTokens, u.Refused > 0, max(1, live)); ok {
+		} else if e, ok := c.arrivedTogether(now, id, ri, bit, u.RecentRate, u.RecentTokens, u.Refused > 0, enfs); ok {
 			est, moved = e, true
 		}
 		if moved {
@@ -394,12 +397,9 @@ func (c *Core) arrivedTogether(now time.Time, id *ident, r int, bit uint64, rate
 	if a.mask&bit != 0 || now.Sub(a.from) > arrivalSpan {
 		*a = arrivalSum{from: now}
 	}
-	sm := 0.0
-	if r < len(id.st.Smoothed) && !math.IsNaN(id.st.Smoothed[r]) {
-		sm = id.st.Smoothed[r]
-	}
+	sm := id.smoothedAt(r)
 	n := float64(enfs)
-	span := min(max(tokens/rate, 0.5), 1) // as in shifted
+	span := recentSpan(rate, tokens)
 	a.got += rate * span
 	a.mu += max(sm, 1) / n * span
 	a.rate += rate
@@ -409,8 +409,7 @@ func (c *Core) arrivedTogether(now time.Time, id *ident, r int, bit uint64, rate
 		return 0, false
 	}
 	est := a.rate / float64(a.k) * n
-	margin := shiftSigmas*math.Sqrt(a.mu) + shiftTokens + float64(a.k-1) // a token more for each report past the first
-	if est > sm && a.got >= a.mu+margin && est/id.rate > id.published(c.n)[r]+c.cfg.Share.DeadBand {
+	if est > sm && countArrived(a.got, a.mu, float64(a.k-1)) && c.aboveShare(id, r, est) { // a token more a report past the first
 		*a = arrivalSum{}
 		return est, true
 	}
@@ -429,11 +428,9 @@ type arrivalSum struct {
 // enforcerBit is the bit an enforcer's reports take in an arrivalSum: FNV-1a of its name,
 // so a run's sums, like the rest of it, do not depend on the process.
 func enforcerBit(id string) uint64 {
-	h := uint64(14695981039346656037)
-	for i := range len(id) {
-		h = (h ^ uint64(id[i])) * 1099511628211
-	}
-	return 1 << (h % 64)
+	h := fnv.New64a()
+	io.WriteString(h, id) // a hash.Hash never fails a write
+	return 1 << (h.Sum64() % 64)
 }
 
 // ingestMembers records a region aggregator's report (pkg/aggregator): each member as if
@@ -549,26 +546,19 @@ func (c *Core) shifted(id *ident, r int, rate, tokens float64, refused bool, rep
 	}
 	// Not recomputed yet (a key the balancer first hears of): its demand was nothing, and
 	// traffic that arrived above its default share is a move like any other.
-	sm := 0.0
-	if r < len(id.st.Smoothed) && !math.IsNaN(id.st.Smoothed[r]) {
-		sm = id.st.Smoothed[r]
-	}
+	sm := id.smoothedAt(r)
 	n, k := float64(enfs), float64(reports)
 	est := rate / k * n
 	noise := 3*math.Sqrt(n*max(sm, 1)) + 10*n
 	db := c.cfg.Share.DeadBand
 	if tokens > 0 && rate > 0 {
-		// The span each report counted over (0.5–1 s at an enforcer), and the count as the
-		// rate over it: clamped, so a report claiming another span or a count its rate
-		// does not carry cannot move the test past what an enforcer measures.
-		span := min(max(tokens/rate, 0.5), 1)
-		got := rate * span
-		mu := max(sm, 1) / n * span * k // the tokens the smoothed demand brings
-		if refused && est > sm && got >= mu+shiftSigmas*math.Sqrt(mu)+shiftTokens {
-			return est/id.rate > id.published(c.n)[r]+db
+		span := recentSpan(rate, tokens) // each report's; the count is the rate over it
+		mu := max(sm, 1) / n * span * k  // the tokens the smoothed demand brings
+		if refused && est > sm && countArrived(rate*span, mu, 0) {
+			return c.aboveShare(id, r, est)
 		}
 	} else if est >= 2*sm+noise { // arrived, judged by the rate alone
-		return est/id.rate > id.published(c.n)[r]+db
+		return c.aboveShare(id, r, est)
 	}
 	if est <= sm/2-noise { // left
 		return (sm-est)/id.rate >= db/4
@@ -581,6 +571,24 @@ const (
 	shiftSigmas = 4
 	shiftTokens = 3
 )
+
+// countArrived is the arrival test on a count: got tokens counted where the smoothed
+// demand brings mu, beyond shiftSigmas Poisson standard deviations, shiftTokens and
+// extra.
+func countArrived(got, mu, extra float64) bool {
+	return got >= mu+shiftSigmas*math.Sqrt(mu)+shiftTokens+extra
+}
+
+// recentSpan is the span a recent rate was counted over (0.5–1 s at an enforcer), from
+// the rate and its count: clamped, so a report claiming another span or a count its rate
+// does not carry cannot move the arrival test past what an enforcer measures.
+func recentSpan(rate, tokens float64) float64 { return min(max(tokens/rate, 0.5), 1) }
+
+// aboveShare says whether est, a region's rate, is above its published share of id's
+// limit by more than the dead-band: an arrival there is refused, and moves the shares.
+func (c *Core) aboveShare(id *ident, r int, est float64) bool {
+	return est/id.rate > id.published(c.n)[r]+c.cfg.Share.DeadBand
+}
 
 // regionBit is region r's bit in ident.moved; regions past 63 share the last one.
 func regionBit(r int) uint64 { return 1 << min(r, 63) }

@@ -404,11 +404,7 @@ func (c *Core) drift(id *ident) {
 	}
 	pub := id.published(c.n)
 	for r := range c.regions {
-		d := 0.0
-		if r < len(id.st.Smoothed) && !math.IsNaN(id.st.Smoothed[r]) {
-			d = id.st.Smoothed[r]
-		}
-		x := math.Abs(pub[r] - d/total)
+		x := math.Abs(pub[r] - id.smoothedAt(r)/total)
 		c.regions[r].driftSum += x
 		c.regions[r].driftMax = max(c.regions[r].driftMax, x)
 	}
