@@ -2,27 +2,28 @@ package balancer
 
 import (
 	"cmp"
+	"github.com/allot-dev/allot/pkg/rules"
 	"math"
 	"slices"
 )
 
 // SmallBurst is the burst, in requests of a rule's largest cost, below which an
-// identity's target shares are handed out in whole requests (quantise). Above it the
-// enforcers' rounding of each region's burst down to whole tokens costs at most one
-// token a region — under 1% of the burst per region, nothing of the rate — and shares
-// are left as the policy computed them.
+// identity's target shares go through quantise. Above it the enforcers' rounding of each
+// region's burst down to whole tokens costs at most one token a region — under 1% of the
+// burst per region, nothing of the rate — and shares are left as the policy computed
+// them.
 const SmallBurst = 100
 
 // quantEps absorbs float error in share ÷ unit (3 × 1/3 is 0.999…).
 const quantEps = 1e-9
 
-// quantise rounds the targets of the free regions (held[r] NaN) to whole requests of a
-// burst that holds `requests` requests, in place, keeping their sum at most what it was.
+// quantise hands the targets of the free regions (held[r] NaN) out so that each holds
+// one request of the burst or more, or none, in place, keeping their sum.
 //
-// An enforcer holds floor(burst × share) tokens of an identity's burst, and none when that
-// is under one request (rules.Compiled.LimitsFor), so a share that is not a whole number
-// of requests of the burst wastes the fraction: 1/3 of a burst of 1 holds nothing in any
-// of three regions. With u = 1/requests, the share of one request:
+// An enforcer holds burst × share tokens of an identity's burst, and none when that is
+// under one request (rules.Compiled.LimitsFor), so a share under one request is wasted:
+// 1/3 of a burst of 1 holds nothing in any of three regions. With u = 1/requests, the
+// share of one request, the holders are chosen in whole requests:
 //
 //	A   = floor(Σ_free target_r / u)             requests to hand out
 //	m_r = floor(target_r / u)                    each region's whole requests
@@ -31,16 +32,27 @@ const quantEps = 1e-9
 //	region with traffic refuses without), each group by the largest remainder
 //	target_r / u − m_r (a region with demand that holds that request now, pub_r ≥
 //	(m_r + 1) u, ranks 0.25 higher so noise does not move a token back and forth; an
-//	idle holder does not; ties: the larger smoothed demand, then the first region), and
-//	target_r = m_r × u, plus the fraction Σ_free target − A × u (under one request) to
-//	the region holding the most (so the rate is not lost).
+//	idle holder does not; ties: the larger smoothed demand, then the first region);
+//
+// the regions with m_r ≥ 1 hold, and the others get 0. Under rules.FractionBelow
+// requests the holders share Σ_free target: one request each, and the rest in
+// proportion to how far each one's target is above one request (equally when none is),
+// as the enforcers keep such a burst's fractions: a 5/s key offered about 1.2/s in each
+// of two regions holds 2.5 requests of burst in each, where whole requests (3 and 2) left
+// the region with two refusing its Poisson bursts. From rules.FractionBelow up, where
+// the enforcers round bursts down to whole tokens, target_r = m_r × u, plus the fraction
+// Σ_free target − A × u (under one request) to the region holding the most, so the rate
+// is not lost: whole requests are hysteresis there, a target that moves by less than a
+// request publishes nothing.
 //
 // Example: burst 1, targets (0.98, 0.01, 0.01): A = 1, m = (0, 0, 0), the request goes
 // to the first region: (1, 0, 0). Targets (0.5, 0.25, 0.25) of a burst of 4: A = 4,
-// m = (2, 1, 1): unchanged.
+// m = (2, 1, 1): unchanged. Targets (0.6, 0.3, 0.1) of a burst of 6: m = (4, 2, 0)
+// after the two left over; the 0.1 goes to the holders: (0.676, 0.324, 0); of a burst of
+// 60, (0.6, 0.3, 0.1) as they are.
 //
 // Which way it errs: under, never over. The sum does not grow, so share.Step's invariant
-// (Σ ≤ 1 at every instant) holds as before, and a region whose part rounds to nothing
+// (Σ ≤ 1 at every instant) holds as before, and a region whose part is under one request
 // refuses until a request is moved to it; its traffic still counts as demand (its
 // refusals are reported), so the request moves to where it is asked for. Held regions
 // keep their targets.
@@ -109,12 +121,35 @@ func quantise(tgt, held, smoothed, pub []float64, requests float64) {
 		m[r]++
 		given++
 	}
-	top := free[0]
+	if requests >= rules.FractionBelow {
+		top := free[0]
+		for _, r := range free {
+			tgt[r] = m[r] * u
+			if m[r] > m[top] || m[r] == m[top] && dem(r) > dem(top) {
+				top = r
+			}
+		}
+		tgt[top] += max(sum-a*u, 0)
+		return
+	}
+	// The holders (m_r ≥ 1) share the free regions' sum: one request each, and what is
+	// left in proportion to how far each target is above one request.
+	holders, excess := 0.0, 0.0
 	for _, r := range free {
-		tgt[r] = m[r] * u
-		if m[r] > m[top] || m[r] == m[top] && dem(r) > dem(top) {
-			top = r
+		if m[r] >= 1 {
+			holders++
+			excess += max(tgt[r]-u, 0)
 		}
 	}
-	tgt[top] += max(sum-a*u, 0)
+	left := max(sum-holders*u, 0)
+	for _, r := range free {
+		switch {
+		case m[r] < 1:
+			tgt[r] = 0
+		case excess > 0:
+			tgt[r] = u + left*max(tgt[r]-u, 0)/excess
+		default:
+			tgt[r] = u + left/holders
+		}
+	}
 }

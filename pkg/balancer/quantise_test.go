@@ -21,8 +21,10 @@ func TestQuantise(t *testing.T) {
 		{"burst 1, the busy one second", 1, []float64{0.01, 0.98, 0.01}, free, []float64{0, 5, 0}, nil, []float64{0, 1, 0}},
 		{"whole already", 4, []float64{0.5, 0.25, 0.25}, free, nil, nil, []float64{0.5, 0.25, 0.25}},
 		// 6 requests: 0.6 → 3.6, 0.3 → 1.8, 0.1 → 0.6: m = (3, 1, 0), 2 left by remainder
-		// (0.8 first, then the tie of 0.6 and 0.6 to the first region).
-		{"largest remainder", 6, []float64{0.6, 0.3, 0.1}, free, nil, nil, []float64{4.0 / 6, 2.0 / 6, 0}},
+		// (0.8 first, then the tie of 0.6 and 0.6 to the first region): the first two
+		// hold, the third none; the holders share the sum, one request each and the rest
+		// (4/6) by how far each target is above one request (0.433 and 0.133).
+		{"largest remainder", 6, []float64{0.6, 0.3, 0.1}, free, nil, nil, []float64{1.0/6 + 4.0/6*(0.6-1.0/6)/(0.6-1.0/6+0.3-1.0/6), 1.0/6 + 4.0/6*(0.3-1.0/6)/(0.6-1.0/6+0.3-1.0/6), 0}},
 		// A tie between two busy regions goes to the larger demand ...
 		{"tie by demand", 1, []float64{0.49, 0.49, 0.02}, free, []float64{1, 2, 0}, nil, []float64{0, 1, 0}},
 		// ... unless the other holds the token now: noise does not move it back and forth.
@@ -34,12 +36,17 @@ func TestQuantise(t *testing.T) {
 		// ... nor when the region with demand holds a request already: burst 6, targets
 		// (0.267, 0.063, 0.671) → (1.6, 0.38, 4.03), eu-west idle and holding the sixth
 		// request; us-east, offered 1.2/s, gets it (it stayed with eu-west: 0.85 steady).
-		{"not sticky to an idle holder beside a holder", 6, []float64{0.267, 0.063, 0.67}, free, []float64{1.18, 0, 2.32}, []float64{1.0 / 6, 1.0 / 6, 4.0 / 6}, []float64{2.0 / 6, 0, 4.0 / 6}},
+		{"not sticky to an idle holder beside a holder", 6, []float64{0.267, 0.063, 0.67}, free, []float64{1.18, 0, 2.32}, []float64{1.0 / 6, 1.0 / 6, 4.0 / 6}, []float64{1.0/6 + 4.0/6*(0.267-1.0/6)/(0.267+0.67-2.0/6), 0, 1.0/6 + 4.0/6*(0.67-1.0/6)/(0.267+0.67-2.0/6)}},
 		// A leftover request goes to a region with demand before an idle one, whatever
 		// the remainders: burst 6, targets (0.423, 0.477, 0.1) → (2.54, 2.86, 0.6), two
 		// left; ap-south (idle, 0.6) ranked over us-east (0.54) and a 6/s key offered
-		// 3.6/s in two regions held 2 and 3 requests of burst (steady 0.88).
-		{"demand first", 6, []float64{0.423, 0.477, 0.1}, free, []float64{1.63, 1.93, 0}, nil, []float64{3.0 / 6, 3.0 / 6, 0}},
+		// 3.6/s in two regions held 2 and 3 requests of burst (steady 0.88). The two
+		// regions with demand hold, and share the 0.1 ap-south's target leaves.
+		{"demand first", 6, []float64{0.423, 0.477, 0.1}, free, []float64{1.63, 1.93, 0}, nil, []float64{1.0/6 + 4.0/6*(0.423-1.0/6)/(0.9-2.0/6), 1.0/6 + 4.0/6*(0.477-1.0/6)/(0.9-2.0/6), 0}},
+		// Holders keep the fractions of their parts: a 5/s key offered about 1.2/s in
+		// each of two regions holds 2.5 requests of burst in each, where whole requests
+		// gave 3 and 2 and the region with 2 refused its Poisson bursts (steady 0.93).
+		{"fractional holders", 5, []float64{0.5, 0.5, 0}, free, []float64{1.2, 1.2, 0}, nil, []float64{0.5, 0.5, 0}},
 		// A held (silent) region keeps its target; the rest is handed out in requests and
 		// the fraction under one request goes to the region holding most.
 		{"held region", 2, []float64{0.3, 0.6, 0.1}, []float64{0.3, nan, nan}, []float64{0, 3, 1}, nil, []float64{0.3, 0.7, 0}},

@@ -172,17 +172,20 @@ func (c *Compiled) Refuses() bool { return NoTokens(c.Global) }
 // Compiled, and returns the extended slice: LimitsFor(c.Share, nil) equals c.Limits. It
 // allocates nothing when dst has room for len(c.Global) limits. For share < 1:
 //
-//	burst_i = floor(global burst_i × share + 1e-9)   (whole tokens; ε absorbs float error)
-//	burst_i = 0, rate_i = 0                          if that is under the largest cost
-//	rate_i  = global rate_i × share                  otherwise
+//	burst_i = global burst_i × share        (under FractionBelow requests)
+//	burst_i = floor(global burst_i × share + 1e-9)   (from FractionBelow requests up)
+//	burst_i = 0, rate_i = 0        if that is under the largest cost (by more than 1e-9)
+//	rate_i  = global rate_i × share  otherwise
 //
 // A limit with burst 0 holds no tokens: it is not a valid bucket.Limit, and a caller must
-// refuse the rule's requests without asking a store (NoTokens says when). With a whole
-// burst the refill time burst_i / rate_i ≤ global burst_i / global rate_i ≤ MaxRefill, so
-// no rate is ever raised: the region admits at most its share of the rate as well. Over
-// any window T the regions together admit at most Σ burst_r + rate × Σ s_r × T ≤ global
-// burst + rate × T when Σ s_r ≤ 1 (the ε can add 1e-9 a region to a burst that is not a
-// whole number).
+// refuse the rule's requests without asking a store (NoTokens says when). A burst of 2.5
+// tokens admits two requests at once and its half token shortens the next refill; a part
+// is never rounded up to a request (that let a burst of 1 over five regions admit five).
+// The refill time burst_i / rate_i ≤ global burst_i / global rate_i ≤ MaxRefill, so no
+// rate is ever raised: the region
+// admits at most its share of the rate as well. Over any window T the regions together
+// admit at most Σ burst_r + rate × Σ s_r × T ≤ global burst + rate × T when Σ s_r ≤ 1
+// (a burst within 1e-9 under the largest cost is raised to it: 3 × 1/3 of a burst of 1).
 func (c *Compiled) LimitsFor(share float64, dst []bucket.Limit) []bucket.Limit {
 	for _, g := range c.Global {
 		dst = append(dst, scaleLimit(g, share, c.maxCost))
@@ -206,6 +209,16 @@ func NoTokens(limits []bucket.Limit) bool {
 	return false
 }
 
+// FractionBelow is the global burst, in requests of the largest cost, below which a
+// region's part of it keeps its fraction (LimitsFor); from it up a part is rounded down
+// to whole tokens. Below it one request is over 5% of the burst: a 5/s key offered about
+// 1.2/s in each of two regions held 2 and 3 tokens, and the region with two refused its
+// Poisson bursts (steady_ratio 0.93; 2.5 each admit what the key's split bucket does).
+// From it up a token is inside the balancer's noise band, and whole tokens are the
+// hysteresis that keeps a busy key's shares from being republished on noise (the
+// balancer hands such shares out in whole requests, and its quantise uses this bound).
+const FractionBelow = 20
+
 // burstEpsilon absorbs float error in global burst × share (3 × 1/3 is 0.999…).
 const burstEpsilon = 1e-9
 
@@ -219,10 +232,14 @@ func scaleLimit(g bucket.Limit, share, maxCost float64) bucket.Limit {
 		burst := math.Max(g.Burst, maxCost)
 		return bucket.Limit{Name: g.Name, Rate: math.Max(g.Rate, burst/MaxRefill.Seconds()), Burst: burst}
 	}
-	burst := math.Floor(g.Burst*share + burstEpsilon)
-	if burst < maxCost || !(share > 0) {
+	burst := g.Burst * share
+	if g.Burst >= FractionBelow*maxCost {
+		burst = math.Floor(burst + burstEpsilon)
+	}
+	if !(share > 0) || burst+burstEpsilon < maxCost {
 		return bucket.Limit{Name: g.Name}
 	}
+	burst = max(burst, maxCost) // ε: 3 × 1/3 of a burst of 1 is one token
 	// burst ≤ global burst × share (+ε), so burst/MaxRefill ≤ global rate × share: the max
 	// only keeps float error from making the rate 0 or the refill a hair too long.
 	return bucket.Limit{Name: g.Name, Rate: math.Max(g.Rate*share, burst/MaxRefill.Seconds()), Burst: burst}

@@ -166,8 +166,9 @@ rules:
 }
 
 // Small limits (docs/design.md §9, issue 21 §1c): the regions' bursts sum to at most the global
-// burst in whole tokens. Rounding a region's part of the burst up to one request let a
-// 1-a-minute, burst-1 rule admit one request in each of five regions at once.
+// burst, and a region whose part is under one request holds none. Rounding a region's
+// part of the burst up to one request let a 1-a-minute, burst-1 rule admit one request in
+// each of five regions at once.
 func TestSmallLimitsNeverOver(t *testing.T) {
 	in := `
 rules:
@@ -189,8 +190,8 @@ rules:
 		for r := range five {
 			c := mustCompile(t, in, CompileOptions{Region: r, Regions: five}).Rule(id)
 			l := c.Limits[0]
-			if l.Burst != math.Floor(l.Burst) {
-				t.Fatalf("%s in %s: burst %g is not whole tokens", id, r, l.Burst)
+			if l.Burst != 0 && l.Burst < c.MaxCost() {
+				t.Fatalf("%s in %s: burst %g is under one request of cost %g", id, r, l.Burst, c.MaxCost())
 			}
 			burst += l.Burst
 			rate += l.Rate
@@ -209,8 +210,9 @@ rules:
 	if c := mustCompile(t, in, CompileOptions{Region: "eu-west", Regions: five}).Rule("login"); !NoTokens(c.Limits) {
 		t.Fatalf("login at 1/5: %+v", c.Limits)
 	}
-	// Shares the balancer quantised to whole tokens give whole tokens: 3 × 1/3 of a
-	// burst of 3 is one each, float error or not.
+	// A part of one request or more is held as it is (0.5 of a burst of 3 is 1.5
+	// tokens); one under a request is none, and 3 × 1/3 of a burst of 3 is one token
+	// each, float error or not.
 	c = mustCompile(t, in, CompileOptions{Region: "eu-west", Regions: five}).Rule("otp")
 	for _, tc := range []struct{ share, burst, rate float64 }{
 		{1, 1, 0.1}, {0.999, 0, 0}, {0.5, 0, 0}, {0, 0, 0},
@@ -222,6 +224,11 @@ rules:
 	three := mustCompile(t, "rules:\n  - id: r\n    limits: [{name: s, rate: 3, per: 1s, burst: 3}]\n", CompileOptions{Region: "eu-west", Regions: threeRegions}).Rule("r")
 	if l := three.Limits[0]; l.Burst != 1 || math.Abs(l.Rate-1) > 1e-12 {
 		t.Fatalf("burst 3 over three regions: %+v", l)
+	}
+	for _, tc := range []struct{ share, burst float64 }{{0.5, 1.5}, {0.4, 1.2}, {0.3, 0}, {0.9, 2.7}} {
+		if l := three.LimitsFor(tc.share, nil)[0]; math.Abs(l.Burst-tc.burst) > 1e-9 || tc.burst > 0 && math.Abs(l.Rate-3*tc.share) > 1e-12 {
+			t.Errorf("burst 3 at share %g: %+v, want burst %g", tc.share, l, tc.burst)
+		}
 	}
 	// One region (no balancer): the global limit as written, as before.
 	if l := mustCompile(t, in, CompileOptions{Region: "eu-west"}).Rule("reset").Limits[0]; l.Burst != 1 || l.Rate != 1.0/60 {

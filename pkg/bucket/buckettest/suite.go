@@ -68,6 +68,7 @@ func Run(t *testing.T, h Harness) {
 	t.Run("Burst", s.burst)
 	t.Run("Refill", s.refill)
 	t.Run("RefillCappedAtBurst", s.refillCapped)
+	t.Run("FractionalBurst", s.fractionalBurst)
 	t.Run("AllOrNothing", s.allOrNothing)
 	t.Run("LongestWaitDecides", s.longestWait)
 	t.Run("PartialGrants", s.partial)
@@ -227,6 +228,26 @@ func (s *suite) refillCapped(t *testing.T) {
 	}
 	if s.h.exact() {
 		s.expect(t, "after a long refill", r, 3, 0, 0, 0, 3*time.Millisecond)
+	}
+}
+
+// fractionalBurst: a burst of 2.5 tokens (a region's half of a burst of 5, as
+// rules.Compiled.LimitsFor gives it) admits two requests at once, and its half token makes
+// the third due after half a token's refill, not a whole one.
+func (s *suite) fractionalBurst(t *testing.T) {
+	st, id := s.h.New(t), s.id(t, "k")
+	l := bucket.Limit{Name: "fraction", Rate: 1, Burst: 2.5}
+	for i := range 2 {
+		if r := s.take(t, st, id, 1, 0, l); r.Granted != 1 {
+			t.Fatalf("take %d of a burst of 2.5: %+v", i+1, r)
+		}
+	}
+	r := s.take(t, st, id, 1, 0, l)
+	if r.Granted != 0 || r.RetryAfter <= 0 || r.RetryAfter > 500*time.Millisecond {
+		t.Fatalf("third take: %+v, want refused with retry-after in (0, 500ms]: half a token at 1/s", r)
+	}
+	if s.h.exact() {
+		s.expect(t, "third take", r, 0, 0, 0, 500*time.Millisecond, 2*time.Second) // full again in 2 s
 	}
 }
 
