@@ -6,6 +6,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -141,47 +142,36 @@ faults:
 	}
 }
 
-// Small bursts split between regions keep their fractions (rules.FractionBelow): six tail
-// keys of the 10,000-key population (long-tail.yaml's lines, 5–6/s offered about 1.2–1.6/s
-// in each of two regions) come within a few thousandths of what their bucket split in
-// proportion to their traffic admits (steady_split). Held to whole requests they were
-// 0.026 short of it on average, k03325 (bursts of 2 and 4 tokens for the whole run) 0.065.
+// Small bursts split between regions keep their fractions (rules.FractionBelow): the
+// 10,000-key population's keys k05000–k05999 of a burst of at most 6 offered from two
+// regions (164 keys, long-tail.yaml's own lines and arrivals) come within 0.04 of what
+// their bucket split in proportion to their traffic admits (steady_split), but for at most
+// two. Held to whole requests, 7 were further short (up to 0.069), 1 is now (0.043).
 func TestSmallBurstsKeepTheirFractions(t *testing.T) {
 	t.Parallel()
-	sc, err := scenario.Parse([]byte(`
-name: small-bursts-split
-duration: 600s
-seed: 26
-regions:
-  us-east: {enforcers: 3}
-  eu-west: {enforcers: 3}
-  ap-south: {enforcers: 3}
-keys:
-  - {name: k03325, limit: {rate: 6, per: 1s}, phases: [{at: 0s, offered: {eu-west: 1.44, ap-south: 1.59}}]}
-  - {name: k03158, limit: {rate: 5, per: 1s}, phases: [{at: 0s, offered: {ap-south: 1.21, eu-west: 1.07}}]}
-  - {name: k02160, limit: {rate: 5, per: 1s}, phases: [{at: 0s, offered: {ap-south: 1.4, us-east: 1.38}}]}
-  - {name: k04819, limit: {rate: 5, per: 1s}, phases: [{at: 0s, offered: {ap-south: 1.15, us-east: 1.36}}]}
-  - {name: k06850, limit: {rate: 5, per: 1s}, phases: [{at: 0s, offered: {eu-west: 1.3, us-east: 1.42}}]}
-  - {name: k09703, limit: {rate: 5, per: 1s}, phases: [{at: 0s, offered: {us-east: 1.01, eu-west: 1.17}}]}
-`), "small-bursts-split")
-	if err != nil {
-		t.Fatal(err)
-	}
+	sc := load(t, "long-tail.yaml")
+	sc.Keys = slices.DeleteFunc(sc.Keys, func(k scenario.Key) bool {
+		from := 0
+		for _, o := range k.Phases[0].Offered {
+			if o > 0 {
+				from++
+			}
+		}
+		return k.Name < "k05000" || k.Name >= "k06000" || k.Limit.Burst > 6 || len(k.Phases) != 1 || from != 2
+	})
 	res := run(t, sc, PolicyBalancer)
-	short := 0.0
+	var short []string
 	for _, k := range res.Verdicts {
-		gap := k.SteadySplit - k.SteadyRatio
-		t.Logf("%s: steady_ratio %.3f, steady_split %.3f", k.Key, k.SteadyRatio, k.SteadySplit)
-		if gap > 0.04 {
-			t.Errorf("%s: steady_ratio %.3f, %.3f short of its split reference %.3f", k.Key, k.SteadyRatio, gap, k.SteadySplit)
+		if gap := k.SteadySplit - k.SteadyRatio; gap > 0.04 {
+			short = append(short, fmt.Sprintf("%s %.3f of %.3f", k.Key, k.SteadyRatio, k.SteadySplit))
 		}
 		if k.MaxWindowRatio > 1.01 {
 			t.Errorf("%s: max_window_ratio %.3f", k.Key, k.MaxWindowRatio)
 		}
-		short += gap
 	}
-	if mean := short / float64(len(res.Verdicts)); mean > 0.015 {
-		t.Errorf("the keys are %.4f short of their split reference on average, want ≤ 0.015", mean)
+	t.Logf("%d keys; more than 0.04 short of their split reference: %v", len(res.Verdicts), short)
+	if len(res.Verdicts) != 164 || len(short) > 2 {
+		t.Errorf("%d keys, %d more than 0.04 short of their split reference, want 164 and at most 2: %v", len(res.Verdicts), len(short), short)
 	}
 }
 
