@@ -2,9 +2,10 @@ package balancer
 
 import (
 	"cmp"
-	"github.com/allot-dev/allot/pkg/rules"
 	"math"
 	"slices"
+
+	"github.com/allot-dev/allot/pkg/rules"
 )
 
 // SmallBurst is the burst, in requests of a rule's largest cost, below which an

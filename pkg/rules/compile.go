@@ -182,10 +182,10 @@ func (c *Compiled) Refuses() bool { return NoTokens(c.Global) }
 // tokens admits two requests at once and its half token shortens the next refill; a part
 // is never rounded up to a request (that let a burst of 1 over five regions admit five).
 // The refill time burst_i / rate_i ≤ global burst_i / global rate_i ≤ MaxRefill, so no
-// rate is ever raised: the region
-// admits at most its share of the rate as well. Over any window T the regions together
-// admit at most Σ burst_r + rate × Σ s_r × T ≤ global burst + rate × T when Σ s_r ≤ 1
-// (a burst within 1e-9 under the largest cost is raised to it: 3 × 1/3 of a burst of 1).
+// rate is ever raised: the region admits at most its share of the rate as well. Over any
+// window T the regions together admit at most Σ burst_r + rate × Σ s_r × T ≤ global
+// burst + rate × T when Σ s_r ≤ 1 (a burst within 1e-9 under the largest cost is raised
+// to it: 3 × 1/3 of a burst of 1).
 func (c *Compiled) LimitsFor(share float64, dst []bucket.Limit) []bucket.Limit {
 	for _, g := range c.Global {
 		dst = append(dst, scaleLimit(g, share, c.maxCost))
