@@ -233,9 +233,12 @@ type Core struct {
 	// from the window's average by more than its noise (followUpRecompute).
 	snapEpoch uint64
 	followUp  bool
-	snapUsed  int  // identities the last recompute read from the snapshot
-	snapMoves int  // of which moves (the policy's fast path)
-	asked     bool // the last recompute but follow-ups was asked for by a report, not the interval
+	// followHeld: a follow-up was pending when the last recompute began; if that
+	// recompute's step changes nothing, it stays pending (Tick).
+	followHeld bool
+	snapUsed   int  // identities the last recompute read from the snapshot
+	snapMoves  int  // of which moves (the policy's fast path)
+	asked      bool // the last recompute but follow-ups was asked for by a report, not the interval
 	// followDepth counts the follow-ups since the last recompute (at most MaxFollowUps).
 	followDepth int
 

@@ -343,6 +343,36 @@ func TestFollowUpsNeverStarveTheInterval(t *testing.T) {
 	}
 }
 
+// The interval's recompute that takes a pending follow-up's place and changes nothing
+// leaves the follow-up pending: without a version there are no answers to follow it up
+// by, and the move's own snapshot is still the one to read. Seen in many-keys: a 50/s
+// key's swap was read at 50/50 (the region the traffic left from its window), the
+// interval fell due 0.2 s later and changed nothing, and the follow-up that would have
+// read that region's answers was dropped: 50/50 for 10 s, a 12 s move.
+func TestANoOpIntervalKeepsTheFollowUp(t *testing.T) {
+	c, now := learnedCore(t)
+	before := c.Stats(now)
+	c.mu.Lock()
+	c.followUp = true // a move's version out, its answers not all in
+	due := c.nextDue
+	c.mu.Unlock()
+	if p := c.Tick(due); p != nil && p.Changed {
+		t.Fatalf("the interval with no new reports published version %d, want no change", p.Head.Version)
+	}
+	c.mu.Lock()
+	pending := c.followUp
+	c.mu.Unlock()
+	if !pending {
+		t.Fatal("the follow-up was dropped by an interval recompute that changed nothing")
+	}
+	later := due.Add(c.cfg.EarlyGap) // no answers: the follow-up runs once EarlyGap has passed
+	c.Tick(later)
+	if after := c.Stats(later); after.Recomputes != before.Recomputes+1 || after.FollowUps != before.FollowUps+1 {
+		t.Fatalf("recomputes %d → %d, follow-ups %d → %d; want the interval's recompute, then the follow-up",
+			before.Recomputes, after.Recomputes, before.FollowUps, after.FollowUps)
+	}
+}
+
 // A move is judged by the Poisson count behind a recent rate (IdentityUsage.recent_tokens):
 // a 50/s key's region holding 15/s over three enforcers, its traffic swapped to 60/s, is
 // read at about 20/s an enforcer in the first report after — a shift; the rate alone

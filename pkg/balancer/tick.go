@@ -60,6 +60,7 @@ func (c *Core) Tick(now time.Time) *Publication {
 		// the traffic left from its window (a key held 10–15 s at 50/50), and its
 		// answers must follow it up.
 		c.asked = !due || shift || c.followUp
+		c.followHeld = c.followUp
 		c.followUp, c.followDepth = false, 0
 		c.recompute(now, false)
 		recomputed = true
@@ -83,6 +84,14 @@ func (c *Core) Tick(now time.Time) *Publication {
 		p := c.planFor(ack)
 		fromRecompute = c.fullStep
 		changed = c.advance(&p, c.fullStep)
+		if fromRecompute && !changed && c.followHeld {
+			// The recompute that took a pending follow-up's place (the interval's, due just
+			// after a move's version) changed nothing: no version, so no answers to follow it
+			// up. The move's own follow-up stays pending, its snapshot the one it waits for
+			// (a 50/s key held at 50/50 for 10 s: the recompute read the region the traffic
+			// left from its window, which still held the traffic before the move).
+			c.followUp, c.followHeld = true, false
+		}
 		c.fullStep, c.shiftStep = false, false
 	}
 	if changed || c.dirty {
@@ -95,6 +104,7 @@ func (c *Core) Tick(now time.Time) *Publication {
 		// region the traffic left, and held a key at 50/50 for 10 s).
 		if fromRecompute {
 			c.followUp = changed && (!follow && c.asked || follow && c.snapMoves > 0 && c.followDepth < MaxFollowUps)
+			c.followHeld = false
 		}
 		if follow {
 			c.followDepth++
