@@ -206,12 +206,13 @@ func TestDeterminism(t *testing.T) {
 	}
 }
 
-// many-keys, the shipped seed: at most four of its 24 moves take more than 3 s (issue 21
-// §2 asks for 3: 20 do) and none more than 8 s — a move's last few percent wait on a
-// second's Poisson reading of the region the traffic left (a 15/s region read at 20/s
+// many-keys, the shipped seed: at most two of its 24 moves take more than 3 s (issue 21
+// §2 asks for 3: 23 do; four did when an enforcer's early report waited 2 s after its last
+// report and 10 refused tokens) and none more than 8 s — a move's last few percent wait on
+// a second's Poisson reading of the region the traffic left (a 15/s region read at 20/s
 // holds a 50/s key at 94% until the interval's recompute) — and, once steady, the
 // balancer publishes at most one version an interval (§3). One seed is one sample: the
-// count over 3 s moves by two or three from seed to seed (from 0 to 10 of 24 over seeds
+// count over 3 s moves by one or two from seed to seed (from 0 to 5 of 24 over seeds
 // 1–20), so the distribution is BenchmarkManyKeysSeeds's, and BENCHMARKS.md's.
 func TestManyKeysMovesFastAndQuiet(t *testing.T) {
 	t.Parallel()
@@ -239,8 +240,8 @@ func TestManyKeysMovesFastAndQuiet(t *testing.T) {
 		}
 	}
 	t.Logf("%d moves, %d over 3 s; %.2f versions per steady interval", moves, over3, res.Summary.ControlPlane.SteadyVersionsPerInterval)
-	if over3 > 4 {
-		t.Errorf("%d of %d moves took more than 3 s, want at most 4", over3, moves)
+	if over3 > 2 {
+		t.Errorf("%d of %d moves took more than 3 s, want at most 2", over3, moves)
 	}
 	if v := res.Summary.ControlPlane.SteadyVersionsPerInterval; v > 1 {
 		t.Errorf("%.2f versions per steady interval, want ≤ 1", v)

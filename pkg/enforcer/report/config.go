@@ -48,7 +48,7 @@ type Config struct {
 	// rule.Limits[0].Rate (the compiled regional rate).
 	RegionalRate func(rule *rules.Compiled, identity string) float64
 
-	// EarlyGap is the least time between two reports that WantEarly allows. Default 2s.
+	// EarlyGap is the least time between two reports that WantEarly allows. Default 1s.
 	EarlyGap time.Duration
 
 	// EarlyMinRefused and EarlyFactor define a jump in refusals: an identity's refused
@@ -66,7 +66,7 @@ func DefaultConfig() Config {
 		Interval:         10 * time.Second,
 		MaxIdentities:    4096,
 		PressureFraction: 0.5,
-		EarlyGap:         2 * time.Second,
+		EarlyGap:         time.Second,
 		EarlyMinRefused:  100,
 		EarlyFactor:      2,
 	}

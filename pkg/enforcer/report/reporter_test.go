@@ -334,21 +334,21 @@ func TestReporterEarly(t *testing.T) {
 	lead := startBalancer(t, true, "")
 	g := newRig(t, StaticLeader(lead.addr), nil)
 	poll.True(t, 10*time.Second, "the reporter to park", func() bool { return g.clk.Timers() == 1 })
-	g.clk.Advance(time.Second)
-	g.tb.ObserveTake(rule("default", 10), "key:k1", 500, false, 0, t0) // a jump, 1 s in
-	// The Reporter wakes (Early channel), finds the gap not passed, and parks until t0+2s:
-	// wait for that timer (the one it had before also counts as one timer).
-	poll.True(t, 10*time.Second, "the reporter to park until t0+2s", func() bool { return g.clk.Waiting(t0.Add(2 * time.Second)) })
-	g.clk.Advance(time.Second)
+	g.clk.Advance(500 * time.Millisecond)
+	g.tb.ObserveTake(rule("default", 10), "key:k1", 500, false, 0, t0) // a jump, 0.5 s in
+	// The Reporter wakes (Early channel), finds the gap (1 s) not passed, and parks until
+	// t0+1s: wait for that timer (the one it had before also counts as one timer).
+	poll.True(t, 10*time.Second, "the reporter to park until t0+1s", func() bool { return g.clk.Waiting(t0.Add(time.Second)) })
+	g.clk.Advance(500 * time.Millisecond)
 	poll.True(t, 10*time.Second, "an early report", func() bool { return len(lead.reports()) == 1 })
 	r := lead.reports()[0]
-	if !r.Early || r.IntervalEndMs != t0.Add(2*time.Second).UnixMilli() || len(r.Usage) != 1 {
+	if !r.Early || r.IntervalEndMs != t0.Add(time.Second).UnixMilli() || len(r.Usage) != 1 {
 		t.Fatalf("early %v end %d usage %v", r.Early, r.IntervalEndMs-t0.UnixMilli(), r.Usage)
 	}
 	// The regular schedule does not move for the early report: the next regular report
 	// is at t0+10s, as it would have been (every enforcer keeps its phase).
 	poll.True(t, 10*time.Second, "the reporter to park until t0+10s", func() bool { return g.clk.Waiting(t0.Add(10 * time.Second)) })
-	g.clk.Advance(8 * time.Second)
+	g.clk.Advance(9 * time.Second)
 	poll.True(t, 10*time.Second, "the regular report", func() bool { return len(lead.reports()) == 2 })
 	if r2 := lead.reports()[1]; r2.Early || r2.IntervalEndMs != t0.Add(10*time.Second).UnixMilli() {
 		t.Fatalf("second report early %v end %d", r2.Early, r2.IntervalEndMs-t0.UnixMilli())

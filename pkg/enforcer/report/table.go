@@ -239,8 +239,11 @@ func (t *Table) jumpedSoFar(e *entry, ns int64) bool {
 // too, once they are this many and four Poisson standard deviations over the last
 // interval's: a 50/s key whose traffic moved to a region of three enforcers holding a
 // fifth of it is refused some 15 tokens a second an enforcer, and took 6 s to reach 100
-// (its move waited for that or for a regular report, up to an interval).
-const earlyJump = 10
+// (its move waited for that or for a regular report, up to an interval). Six, not ten: a
+// 100/s key's move into a region holding a quarter of it is refused about 8 a second an
+// enforcer, and half a second more to ten was half a second more of every such move
+// (docs/design.md §9, "Speed").
+const earlyJump = 6
 
 // jumpAfter is how long into an interval jumpedSoFar starts measuring.
 const jumpAfter = time.Second

@@ -207,19 +207,21 @@ func TestEvictionInheritsMinimum(t *testing.T) {
 }
 
 func TestWantEarly(t *testing.T) {
-	tb := newTable(t, func(c *Config) { c.EarlyMinRefused, c.EarlyFactor = 100, 2 })
+	// EarlyGap 2 s (the default is 1 s): the scaling of a short interval's refusals below
+	// is worked out for it.
+	tb := newTable(t, func(c *Config) { c.EarlyMinRefused, c.EarlyFactor, c.EarlyGap = 100, 2, 2*time.Second })
 	a := rule("a", 10)
 	at := func(d time.Duration) time.Time { return t0.Add(d) }
 	if tb.WantEarly(at(5 * time.Second)) {
 		t.Fatal("early with no refusals")
 	}
-	// A pair refused nothing last interval jumps past earlyJump (10) refused tokens, under
-	// EarlyMinRefused: a small key's move is refused some 15 a second an enforcer.
+	// A pair refused nothing last interval jumps past earlyJump (6) refused tokens, under
+	// EarlyMinRefused: a small key's move is refused some 8 a second an enforcer.
 	tb.ObserveTake(a, "k", earlyJump, false, 0, t0)
 	if tb.WantEarly(at(5 * time.Second)) {
 		t.Fatal("early at exactly earlyJump refused")
 	}
-	tb.ObserveTake(a, "k", 1, false, 0, t0) // 11 > 10: a jump
+	tb.ObserveTake(a, "k", 5, false, 0, t0) // 11 > 6: a jump
 	select {
 	case <-tb.Early():
 	default:
@@ -232,7 +234,7 @@ func TestWantEarly(t *testing.T) {
 		t.Fatal("no early report at EarlyGap after a jump")
 	}
 	// An early report after 2 s: 11 refused scale to 55 a 10 s interval; the next jump
-	// for k needs refused > max(2 × 55, min(100, 55 + 4√55 + 10 = 94)) = 110.
+	// for k needs refused > max(2 × 55, min(100, 55 + 4√55 + 6 = 90)) = 110.
 	tb.Report(at(2 * time.Second))
 	if tb.WantEarly(at(10 * time.Second)) {
 		t.Fatal("early still wanted after the report")
@@ -246,7 +248,7 @@ func TestWantEarly(t *testing.T) {
 	if !tb.WantEarly(at(12 * time.Second)) {
 		t.Fatal("111 refused is above 2 × 55: want early")
 	}
-	// k refused 111 over 10 s: its next jump needs > max(222, min(100, 111+42+10)) = 222.
+	// k refused 111 over 10 s: its next jump needs > max(222, min(100, 111+42+6)) = 222.
 	tb.Report(at(12 * time.Second))
 	tb.ObserveTake(a, "k", 222, false, 0, at(22*time.Second))
 	if tb.WantEarly(at(22 * time.Second)) {
@@ -260,7 +262,7 @@ func TestWantEarly(t *testing.T) {
 }
 
 // TestWantEarlyKeepsEarlyMinRefused: a pair refused steadily (40 a 10 s interval) jumps
-// at EarlyMinRefused when that is under its Poisson margin (40 + 4√40 + 10 = 75), and
+// at EarlyMinRefused when that is under its Poisson margin (40 + 4√40 + 6 = 71), and
 // at EarlyFactor × its refusals when that is over.
 func TestWantEarlyKeepsEarlyMinRefused(t *testing.T) {
 	tb := newTable(t, func(c *Config) { c.EarlyMinRefused, c.EarlyFactor = 60, 1 })
@@ -274,14 +276,14 @@ func TestWantEarlyKeepsEarlyMinRefused(t *testing.T) {
 	}
 	tb.ObserveTake(a, "k", 1, false, 0, at(20*time.Second))
 	if !tb.WantEarly(at(13 * time.Second)) {
-		t.Fatal("61 refused: above EarlyMinRefused (60 < 75): want early")
+		t.Fatal("61 refused: above EarlyMinRefused (60 < 71): want early")
 	}
 }
 
 // A jump is measured against the part of the interval that has passed
 // (Table.jumpedSoFar): a 50/s key's move to a region of three enforcers refuses some 15
 // tokens a second at each where 7 an interval were refused before; the whole-interval
-// threshold (7 + 4√7 + 10 = 27) took it about 2 s, against the time passed it takes
+// threshold (7 + 4√7 + 6 = 24) took it about 2 s, against the time passed it takes
 // under one. A pair refused steadily at its usual rate never jumps, however the interval
 // is cut.
 func TestJumpMeasuredAgainstTheTimePassed(t *testing.T) {
