@@ -84,28 +84,24 @@ func (c *Core) Tick(now time.Time) *Publication {
 		p := c.planFor(ack)
 		fromRecompute = c.fullStep
 		changed = c.advance(&p, c.fullStep)
-		if fromRecompute && !changed && c.followHeld {
-			// The recompute that took a pending follow-up's place (the interval's, due just
-			// after a move's version) changed nothing: no version, so no answers to follow it
-			// up. The move's own follow-up stays pending, its snapshot the one it waits for
-			// (a 50/s key held at 50/50 for 10 s: the recompute read the region the traffic
-			// left from its window, which still held the traffic before the move).
-			c.followUp, c.followHeld = true, false
+		if fromRecompute {
+			// A version out of a recompute is followed up once its answers are in (a
+			// follow-up's own version only when the snapshot moved some identity: the chain
+			// ends when the newest picture agrees with the window's). At most MaxFollowUps
+			// follow a recompute. A plan's continuation leaves a pending follow-up pending:
+			// its answers are the fresher snapshot (a shift's decrease, continued 0.5 s
+			// later, once cancelled the follow-up that would have read the region the
+			// traffic left, and held a key at 50/50 for 10 s). A recompute that took a
+			// pending follow-up's place (the interval's, due just after a move's version)
+			// and changed nothing has no answers to follow it up by: the move's follow-up
+			// stays pending (dropped, it held a 50/s key at 50/50 for 10 s).
+			c.followUp = changed && (!follow && c.asked || follow && c.snapMoves > 0 && c.followDepth < MaxFollowUps) ||
+				!changed && c.followHeld
+			c.followHeld = false
 		}
 		c.fullStep, c.shiftStep = false, false
 	}
 	if changed || c.dirty {
-		// A version out of a recompute is followed up once its answers are in (a
-		// follow-up's own version only when the snapshot moved some identity: the chain
-		// ends when the newest picture agrees with the window's).
-		// At most MaxFollowUps follow a recompute. A plan's continuation leaves a pending
-		// follow-up pending: its answers are the fresher snapshot (a shift's decrease,
-		// continued 0.5 s later, once cancelled the follow-up that would have read the
-		// region the traffic left, and held a key at 50/50 for 10 s).
-		if fromRecompute {
-			c.followUp = changed && (!follow && c.asked || follow && c.snapMoves > 0 && c.followDepth < MaxFollowUps)
-			c.followHeld = false
-		}
 		if follow {
 			c.followDepth++
 		}
