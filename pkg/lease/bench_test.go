@@ -101,6 +101,30 @@ func benchStore(b *testing.B) *Store {
 	return s
 }
 
+// BenchmarkQuietCall measures the check of a quiet key — one the lease does not hold, so
+// every check is a call to the next store (bucket.Memory here) — over 10,000 such keys
+// in turn: the path of most keys of a long tail. It allocates nothing.
+//
+//	go test -run '^$' -bench QuietCall -benchmem ./pkg/lease
+func BenchmarkQuietCall(b *testing.B) {
+	const n = 10_000
+	s := benchStore(b)
+	reqs := make([]*bucket.Request, n)
+	for i := range reqs {
+		reqs[i] = req("key:"+strconv.Itoa(i), 1, 1_000_000, 1)
+	}
+	ctx := context.Background()
+	b.ReportAllocs()
+	b.ResetTimer()
+	i := 0
+	for b.Loop() {
+		if res, err := s.Take(ctx, reqs[i%n]); err != nil || res.Source == bucket.SourceLease || res.Granted != 1 {
+			b.Fatalf("%+v %v", res, err)
+		}
+		i++
+	}
+}
+
 // leasedStore returns a Store on the real clock whose table holds others quiet keys and one
 // hot key with a lease far larger than a benchmark spends (rate 1e9/s: a batch of 1e8), so
 // the loop measures the leased path; the rare refill or TTL miss is part of the measure.

@@ -22,10 +22,18 @@ type callFor struct {
 	why     Event // why the check waits on it (entry.callReason)
 }
 
-// begin claims the one foreground call for e's key. Called with e's shard lock held. If
-// the key is busy the call asks for a batch, else it passes the check through as it is.
-func (s *Store) begin(e *entry, req *bucket.Request, now int64) callFor {
-	c := callFor{f: &flight{req: *req}, gen: e.gen, peers: s.peersOf(e, now)}
+// begin claims the one foreground call for e's key. Called with sh's lock held, sh being
+// e's shard. If the key is busy the call asks for a batch, else it passes the check
+// through as it is.
+func (s *Store) begin(sh *shard, e *entry, req *bucket.Request, now int64) callFor {
+	f := sh.spare
+	if f != nil {
+		sh.spare = nil
+		*f = flight{req: *req}
+	} else {
+		f = &flight{req: *req}
+	}
+	c := callFor{f: f, gen: e.gen, peers: s.peersOf(e, now)}
 	s.sight(e, &c.f.req, now)
 	e.handOver(&c.f.req)
 	e.flight = c.f
@@ -50,7 +58,15 @@ func (s *Store) call(ctx context.Context, sh *shard, e *entry, req *bucket.Reque
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	f := c.f
-	defer f.landed()
+	defer func() {
+		f.landed()
+		// No check waits on f (none asked: wait sets done, under this lock, while f is the
+		// entry's flight, which it no longer is) and the next store answered, so it holds
+		// no pointer to f.req: the shard's next call may reuse it.
+		if err == nil && f.done == nil {
+			sh.spare = f
+		}
+	}()
 	if e.flight == f {
 		e.flight = nil
 	}

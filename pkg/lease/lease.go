@@ -207,7 +207,7 @@ func (s *Store) TakeValid(ctx context.Context, req *bucket.Request) (bucket.Resu
 		var c callFor
 		var landed <-chan struct{}
 		if f == nil {
-			c = s.begin(e, req, now)
+			c = s.begin(sh, e, req, now)
 		} else {
 			// Someone is calling for this key: it is busy; wait for that call and look again.
 			e.hits = max(e.hits, s.busyHits)

@@ -37,7 +37,10 @@ type shard struct {
 	// instead of ten thousand copies, which the collector would mark one by one.
 	limits [4][]bucket.Limit
 	next   int // the slot in limits the next new set goes to
-	_      [64]byte
+	// spare is a foreground call's flight that landed with no check waiting on it, for the
+	// shard's next call to reuse: a quiet key's every check is a call, and allocated one.
+	spare *flight
+	_     [64]byte
 }
 
 // internLimits returns a slice equal to ls that no one writes: one the shard already
