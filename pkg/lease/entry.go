@@ -18,8 +18,12 @@ type entry struct {
 	// under. Replaced (never written in place) when a request brings other limits, so a
 	// call in flight may keep using the old slice; gen counts the replacements.
 	limits []bucket.Limit
-	gen    uint32
-	gone   bool // evicted: a call landing here keeps nothing
+	// lim0 is limits[0] (the zero Limit while limits is empty), kept in the entry: a check
+	// compares its limits with the entry's on every take, and the slice is the entry's own
+	// (each key's share gives it other limits), a cache miss of its own in a large table.
+	lim0 bucket.Limit
+	gen  uint32
+	gone bool // evicted: a call landing here keeps nothing
 
 	// The lease: two lots of tokens, each expiring LeaseTTL (QuietTTL for a quiet batch)
 	// after the call that took it was sent. cur is spent first; nxt moves up when cur is empty. Lots never merge into
@@ -290,8 +294,26 @@ func (e *entry) dropLease() int64 {
 func (e *entry) setLimits(ls []bucket.Limit) int64 {
 	d := e.dropLease()
 	e.limits = ls
+	e.lim0 = bucket.Limit{}
+	if len(ls) > 0 {
+		e.lim0 = ls[0]
+	}
 	e.gen++
 	return d
+}
+
+// sameLimits says whether e's limits are ls, reading e.limits only past the first.
+func (e *entry) sameLimits(ls []bucket.Limit) bool {
+	if len(e.limits) != len(ls) {
+		return false
+	}
+	if len(ls) == 0 {
+		return true
+	}
+	if l := &ls[0]; l.Rate != e.lim0.Rate || l.Burst != e.lim0.Burst || l.Name != e.lim0.Name {
+		return false
+	}
+	return len(ls) == 1 || sameLimits(e.limits[1:], ls[1:])
 }
 
 func sameLimits(a, b []bucket.Limit) bool {

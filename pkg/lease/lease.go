@@ -266,7 +266,7 @@ func (s *Store) TakeCached(req *bucket.Request) (bucket.Result, bool) {
 // refresh brings e up to date for req at now: new limits drop the lease, expired tokens go.
 // Called with sh.mu held, sh being e's shard.
 func (s *Store) refresh(sh *shard, e *entry, req *bucket.Request, now int64) {
-	if !sameLimits(e.limits, req.Limits) {
+	if !e.sameLimits(req.Limits) {
 		if d := e.setLimits(sh.internLimits(req.Limits)); d > 0 {
 			s.emit(EventLimitsChanged, d)
 		}
