@@ -91,9 +91,10 @@ func (e *entry) handOver(req *bucket.Request) {
 // flight is one call to the next store; checks that miss while it is in flight wait for it
 // instead of calling too (single flight).
 //
-// A flight is one allocation: the request a foreground call sends lives in it (a request
-// of its own would escape to the heap through the next store's Take), and done is made
-// only for a check that waits (wait), which is rare: most calls land unwaited for.
+// A flight is one allocation at most: the request a foreground call sends lives in it (a
+// request of its own would escape to the heap through the next store's Take), and done is
+// made only for a check that waits (wait), which is rare: most calls land unwaited for,
+// and such a flight is the shard's spare, which its next call reuses (Store.call).
 type flight struct {
 	req  bucket.Request // the request a foreground call sends (begin)
 	done chan struct{}  // closed when the call has landed, if a check waits for it
