@@ -94,6 +94,9 @@ type prevState struct {
 	first   int64
 	slots   [recentSlots]slot
 	rule    *rules.Compiled // for the quiet entry, when the pair has no traffic now
+	// identity is the pair's copy of its identity (its key's), which the pair keeps when
+	// it is inserted again instead of copying the caller's once more.
+	identity string
 }
 
 // The recent rate: tokens over about the last second, by slots of RecentSlot.
@@ -264,8 +267,12 @@ func (t *Table) insert(s *stripe, tb *ssTable, rule *rules.Compiled, identity st
 		delete(tb.m, e.key)
 		tb.evicted++
 	}
-	key := pair{rule.ID, strings.Clone(identity)} // the caller's string may pin a request buffer
-	prev := s.prev[key]
+	prev, had := s.prev[pair{rule.ID, identity}]
+	id := prev.identity // the pair's own copy, made when it was first inserted
+	if !had {
+		id = strings.Clone(identity) // the caller's string may pin a request buffer
+	}
+	key := pair{rule.ID, id}
 	earlyAt := t.cfg.EarlyMinRefused
 	if jump := prev.refused + int64(4*math.Sqrt(float64(prev.refused))) + earlyJump; jump < earlyAt {
 		earlyAt = jump
