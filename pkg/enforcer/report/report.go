@@ -98,7 +98,6 @@ func (t *Table) Report(now time.Time) *allotv1.ReportRequest {
 				if prev == nil {
 					prev = make(map[pair]prevState)
 				}
-				st.identity = e.key.identity
 				prev[e.key] = st
 			}
 		}

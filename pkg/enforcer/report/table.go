@@ -3,7 +3,6 @@ package report
 import (
 	"hash/maphash"
 	"math"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -19,7 +18,7 @@ import (
 //
 // ObserveTake is safe for concurrent use and cheap: one stripe lock, one map lookup and a
 // sift in a min-heap of the stripe's pairs (O(log m)), no allocation for a pair already
-// tracked; an untracked pair costs the same plus one copy of its identity string.
+// tracked, nor for an untracked one, whose identity string is kept (see ObserveTake).
 // Report and WantEarly are safe for concurrent use with ObserveTake and with each other
 // (Reports are serialized). The zero Table is not usable: build it with NewTable.
 type Table struct {
@@ -94,9 +93,6 @@ type prevState struct {
 	first   int64
 	slots   [recentSlots]slot
 	rule    *rules.Compiled // for the quiet entry, when the pair has no traffic now
-	// identity is the pair's copy of its identity (its key's), which the pair keeps when
-	// it is inserted again instead of copying the caller's once more.
-	identity string
 }
 
 // The recent rate: tokens over about the last second, by slots of RecentSlot.
@@ -166,7 +162,9 @@ func NewTable(cfg Config, start time.Time) (*Table, error) {
 
 // ObserveTake counts one enforcing take: tokens admitted when allowed, else refused.
 // Every source counts (a refusal from the refusal cache or a fail-closed rule is still
-// demand). tokens <= 0 or a nil rule count nothing.
+// demand). tokens <= 0 or a nil rule count nothing. The table keeps identity as it is
+// while the pair is tracked: it must not be a slice of a larger buffer (the enforcer's
+// identities are built by rules.Match).
 func (t *Table) ObserveTake(rule *rules.Compiled, identity string, tokens int64, allowed bool, _ bucket.Source, now time.Time) {
 	if tokens <= 0 || rule == nil {
 		return
@@ -267,12 +265,12 @@ func (t *Table) insert(s *stripe, tb *ssTable, rule *rules.Compiled, identity st
 		delete(tb.m, e.key)
 		tb.evicted++
 	}
-	prev, had := s.prev[pair{rule.ID, identity}]
-	id := prev.identity // the pair's own copy, made when it was first inserted
-	if !had {
-		id = strings.Clone(identity) // the caller's string may pin a request buffer
-	}
-	key := pair{rule.ID, id}
+	// The caller's identity string is kept as it is, not copied: the enforcer's come from
+	// rules.Match, which builds each one (they pin no request buffer) and hands every
+	// check of an identity the same string for a while, so the lookups of later checks
+	// compare it by pointer instead of reading a copy's bytes from memory.
+	key := pair{rule.ID, identity}
+	prev := s.prev[key]
 	earlyAt := t.cfg.EarlyMinRefused
 	if jump := prev.refused + int64(4*math.Sqrt(float64(prev.refused))) + earlyJump; jump < earlyAt {
 		earlyAt = jump
