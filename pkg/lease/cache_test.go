@@ -336,6 +336,29 @@ func TestFastPathAllocs(t *testing.T) {
 	}
 }
 
+// A quiet key's check — a call to the next store every time, the lease holding nothing
+// for it — allocates nothing either: a call that landed unwaited for leaves its flight
+// to the shard's next call.
+func TestQuietCallAllocs(t *testing.T) {
+	f := newFixture(t, func(c *Config) { c.Observer = nil })
+	reqs := make([]*bucket.Request, 1000)
+	for i := range reqs {
+		reqs[i] = req("key:"+strconv.Itoa(i), 1, 1e6, 1)
+		f.take(f.s, reqs[i])
+	}
+	ctx := context.Background()
+	i := 0
+	allocs := testing.AllocsPerRun(len(reqs), func() {
+		if res, err := f.s.Take(ctx, reqs[i%len(reqs)]); err != nil || res.Source == bucket.SourceLease {
+			t.Fatalf("not a call: %+v %v", res, err)
+		}
+		i++
+	})
+	if allocs != 0 {
+		t.Fatalf("%v allocs per quiet check, want 0", allocs)
+	}
+}
+
 func TestPace(t *testing.T) {
 	one := []bucket.Limit{{Name: "s", Rate: 1000, Burst: 1000}}
 	two := []bucket.Limit{{Name: "s", Rate: 1000, Burst: 1000}, {Name: "m", Rate: 100, Burst: 6000}}
