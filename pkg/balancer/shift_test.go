@@ -429,6 +429,21 @@ func TestArrivalJudgedByItsCount(t *testing.T) {
 	if !c.shifted(sparse, 1, 16, 8, true, 1, 3) {
 		t.Error("eight requests in half a second where one was due: not an arrival")
 	}
+	// A rare key's clump (issue 26): 0.85/s in a region of three enforcers (smoothed
+	// 0.66/s), five requests in half a second at one of them, the last three refused —
+	// about once in 10 s somewhere among 10,000 keys' streams, each read as an arrival of
+	// 30/s, a shift and three versions. Under one token due, the count is judged against
+	// one: eight requests are an arrival, five are not.
+	rare, _, _ := c.newIdent("default", "key:rare")
+	rare.rate = 7
+	rare.st.Smoothed = []float64{0, 0.66, 0}
+	copy(rare.published(c.n), []float64{0.33, 0.33, 0.34})
+	if c.shifted(rare, 1, 9.86, 5, true, 1, 3) {
+		t.Error("a rare key's clump of five requests read as an arrival")
+	}
+	if !c.shifted(rare, 1, 16, 8, true, 1, 3) {
+		t.Error("eight requests in half a second of a rare key: not an arrival")
+	}
 	// Nothing a report claims widens the test past what an enforcer measures: a count
 	// far above its rate (a span of minutes) is read over one second at most.
 	if c.shifted(id, 1, 6, 600, true, 1, 3) {
