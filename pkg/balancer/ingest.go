@@ -532,11 +532,11 @@ func (c *Core) ingestMembers(now time.Time, ri int, r *allotv1.ReportRequest) er
 //     arrived, and is refused), and the tokens counted are more than the smoothed demand
 //     would bring in the span they were counted over by shiftSigmas standard deviations
 //     of that Poisson count and shiftTokens more (under 1e-4 by chance at any rate; a
-//     pair's first two requests in half a second never pass; at least one token due,
-//     see countArrived). A swap of 60/s and 15/s of
-//     a 50/s key over three enforcers moves 5/s to 20/s an enforcer: about 18 tokens where
-//     4.5 were expected, found in the first report after it (the old test, which asked for
-//     a doubled rate and 10/s an enforcer beyond the noise, never found it: 6 to 15 s).
+//     pair's first two requests in half a second never pass; at least one token is
+//     taken as due, see countArrived). A swap of 60/s and 15/s of a 50/s key over three
+//     enforcers moves 5/s to 20/s an enforcer: about 18 tokens where 4.5 were expected,
+//     found in the first report after it (the old test, which asked for a doubled rate
+//     and 10/s an enforcer beyond the noise, never found it: 6 to 15 s).
 //   - Without a count (an older enforcer), arrived: at least doubled, beyond 3 standard
 //     deviations of the estimate (√(enfs × smoothed)) and 10 tokens a second an enforcer.
 //   - Left: at most half the smoothed demand and below by more than a quarter dead-band,
