@@ -575,15 +575,11 @@ const (
 
 // countArrived is the arrival test on a count: got tokens counted where the smoothed
 // demand brings mu, beyond shiftSigmas Poisson standard deviations, shiftTokens and
-// extra; mu is taken as at least one token (eight counted, then). Under one token due the
-// test's 1e-4 is not what the many tests make of it: a count starts at a request (the
-// span begins at the pair's first one) and is read because requests were refused, and
-// over 10,000 keys' streams a clump of five requests in half a second at one enforcer of
-// a key of 0.85/s came about every 10 s, each read as an arrival of 30/s, a shift and
-// three versions (issue 26: steady versions on the 2-minute population 4.7 → 3.3 an
-// interval). A key of a few requests a second that really moves is found at the
-// interval's recompute instead; one of 20/s into a region that had none, by eight of
-// its requests in a second at one enforcer.
+// extra; mu is taken as at least one token (eight counted, then): under one token due a
+// count that starts at a request and is read because requests were refused is no Poisson
+// count, and over 10,000 keys a rare key's clump of five requests in half a second passed
+// every 10 s or so (docs/design.md §9). Which way it errs: a key of a few requests a
+// second that really moves waits for the interval's recompute.
 func countArrived(got, mu, extra float64) bool {
 	mu = max(mu, 1)
 	return got >= mu+shiftSigmas*math.Sqrt(mu)+shiftTokens+extra
