@@ -28,6 +28,14 @@ const (
 // region by DeadBand/4 (a wanting one) or DeadBand.
 const SettleAllocations = 3
 
+// MetCut is how many standard deviations of its demand's estimate a region whose claim
+// is met gives up while the identity is over its limit (package doc, step 3): what it may
+// not use goes to the regions that are refused, which surely do. Over many-keys' seeds
+// 1–40 (960 moves; docs/design.md §9) one standard deviation left 71 moves over 3 s and
+// 25 over 5 s; two left 51 and 5 (three: 58 and 4), the met region of a key over its
+// limit being refused 2√(d/30) of its demand d in the steady state (1.5/s of 15/s).
+const MetCut = 2
+
 // Allocate computes the identity's next target shares. It returns the new State; the
 // target is State.Shares (new slices; st is not modified).
 //
@@ -255,17 +263,18 @@ func AllocateInto(dst State, cfg Config, st State, in Input) (next State, change
 	waterFill(t, w, def, hr, held, free, floor)
 	if limitOK && wSum > free {
 		// Over the limit, every share is used where it goes: the regions whose claims
-		// were met claim their demand less one standard deviation of its estimate, and
-		// the refused regions share the rest. Which way it errs: a met region is refused
-		// that much more — about 1% of its rate in the steady state, a second's noise
-		// (√d) just after a move, where its full claim, read 1.2σ high, held a 50/s key's
-		// refused region 10% of the limit short for 10 s. A token moved to a refused
-		// region is admitted; one left with a met region only if its traffic is that
-		// much higher than read. Regions at the level (all refused) keep equal parts.
+		// were met claim their demand less MetCut standard deviations of its estimate,
+		// and the refused regions share the rest. Which way it errs: a met region is
+		// refused that much more — in the steady state 2√(d/30) for a demand d read over
+		// 10 s windows (9% of 15/s, 2% of 300/s), twice a second's noise (2√d) just
+		// after a move, where its full claim, read 1.2σ high, held a
+		// 50/s key's refused region 10% of the limit short for 10 s. A token moved to a
+		// refused region is admitted; one left with a met region only if its traffic is
+		// that much higher than read. Regions at the level (all refused) keep equal parts.
 		cut := false
 		for r := 0; r < n; r++ {
 			if math.IsNaN(held[r]) && w[r] > 0 && w[r] <= t[r]+minMove && vr[r] > 0 {
-				cw[r] = max(w[r]-math.Sqrt(vr[r])*perLimit, 0)
+				cw[r] = max(w[r]-MetCut*math.Sqrt(vr[r])*perLimit, 0)
 				cut = true
 			} else {
 				cw[r] = w[r]

@@ -50,6 +50,14 @@
 //     with lower bound f: there is a level λ with share_r = min(c_r, λ), and every region
 //     under the level gets all it claims.
 //
+//     Over the limit (Σ s_r/L > F) with Noise, a region whose claim is met claims
+//     max(s_r − MetCut·√v_r, 0)/L instead, and the split is filled again: every token
+//     it may not use goes to the refused regions, which surely use it (a region of 15/s,
+//     read at 20 ± 3 a second after a move, kept 17/s at one deviation: 2/s its refused
+//     region lacked, and the move took 6 s). Which way it errs: the met region is
+//     refused up to MetCut standard deviations of its demand's estimate more than
+//     max-min fairness gives it, where the refused regions admit what it gives up.
+//
 //  4. Slack. When every claim is met (Σ c_r < F), the rest S = F − Σ c_r first tops
 //     each free region up to its demand plus its headroom, u_r = min(w_r + z·√s_r / L, 1)
 //     with z = Headroom: every region by what it lacks (u_r − c_r) when S covers it all,

@@ -685,13 +685,13 @@ func TestSettlingFollowsTheMoveBeyondTheNoiseBand(t *testing.T) {
 
 func TestOverTheLimitAMetRegionClaimsLessItsNoise(t *testing.T) {
 	// Over the limit every share is used where it goes: a region whose claim is met
-	// claims its demand less one standard deviation, the refused region the rest.
+	// claims its demand less MetCut standard deviations, the refused region the rest.
 	nan := math.NaN()
 	cfg := DefaultConfig()
 	in := Input{Limit: 50, Demand: []float64{15, 60}, Noise: []float64{2, 4}, Default: []float64{0.5, 0.5},
 		Held: []float64{nan, nan}, Fast: true}
 	got := Allocate(cfg, State{}, in).Shares
-	if want := (15 - 2) / 50.0; math.Abs(got[0]-want) > 1e-9 || math.Abs(got[0]+got[1]-1) > 1e-9 {
+	if want := (15 - MetCut*2) / 50.0; math.Abs(got[0]-want) > 1e-9 || math.Abs(got[0]+got[1]-1) > 1e-9 {
 		t.Fatalf("shares %v, want %.3f and the rest", got, want)
 	}
 	// Both refused: equal parts, whatever their noise.
@@ -703,5 +703,30 @@ func TestOverTheLimitAMetRegionClaimsLessItsNoise(t *testing.T) {
 	in.Demand, in.Noise = []float64{15, 20}, []float64{2, 2}
 	if got := Allocate(cfg, State{}, in).Shares; got[0] < 15/50.0 {
 		t.Fatalf("under the limit: shares %v, want the 15/s region at 0.3 or more", got)
+	}
+}
+
+// many-keys' key01 (limit 50/s) after its traffic swapped regions (60/s and 15/s): the
+// fast path read the region the traffic left at 18/s in one second, and the refinement
+// half a second later at 23/s — a second 2σ high, where it has 15/s. At one standard
+// deviation the met region kept 17/s and its refused region was 2/s short until the
+// interval's window (the move took 6 s); it must not get more than its 15/s now.
+func TestARefinementReadHighDoesNotHoldTheRefusedRegionShort(t *testing.T) {
+	cfg := DefaultConfig()
+	st := State{
+		Shares:   []float64{0.276, 0.714, 0.01},
+		Smoothed: []float64{18.07, 53.35, 0},
+		Var:      []float64{18.07, 53.35, 1},
+		Settling: SettleAllocations,
+	}
+	nan := math.NaN()
+	in := Input{Limit: 50, Demand: []float64{22.97, 63.63, 0}, Noise: []float64{4.79, 7.98, 1},
+		Default: []float64{1.0 / 3, 1.0 / 3, 1.0 / 3}, Held: []float64{nan, nan, nan}}
+	got := Allocate(cfg, st, in).Shares
+	if got[0] > 15/50.0 {
+		t.Fatalf("shares %v: the region of 15/s read at 20 ± 3 keeps %.1f/s, want at most 15", got, got[0]*50)
+	}
+	if s := got[0] + got[1] + got[2]; s > 1+1e-12 {
+		t.Fatalf("shares %v sum to %v", got, s)
 	}
 }
