@@ -103,11 +103,11 @@ func DefaultShare(region string, regions map[string]float64, shares map[string]f
 // share 1), kept so that a per-identity share from the balancer can rescale them
 // (LimitsFor). Read-only: it belongs to an immutable Snapshot.
 //
-// Scaling by a share s multiplies rate and burst by s. Two clamps keep every Limit valid
-// for a store, and both err over (more admitted than rate × s): burst is raised to at least
-// max(1, the rule's largest cost) so every request can pass once, and a rate so small that
-// the bucket would take longer than MaxRefill to fill is raised to burst / MaxRefill. They
-// only bite for shares near 0.
+// Scaling by a share s multiplies rate and burst by s (LimitsFor has the rounding).
+// Nothing is raised past float error, so it errs under: a region whose part of a burst
+// is under the rule's largest cost holds none of it (NoTokens) and refuses the rule's
+// requests until the balancer moves a token there, and the regions' bursts never sum
+// past the global burst.
 type Compiled struct {
 	ID        string
 	Mode      Mode
