@@ -226,7 +226,14 @@
 //     smoothed demand it would leave a wanting region is stale;
 //   - the dead-band widens to 3·√(Σ v_r) / L over the regions whose claim is met (w_r ≤
 //     t_r): a region asking for more than the level gets the level whatever its noise.
-//     Not on the fast path: the demand moved by more than its noise.
+//     Not on the fast path: the demand moved by more than its noise. Nor for a small key
+//     whose demand drifted: when the slack is short of the regions' headroom and a region
+//     whose headroom is at least its demand (s_r < z², 4/s at Headroom 2) has a smoothed
+//     demand more than DriftSigmas·√v_r from State.Basis (the smoothed demand the shares
+//     were last computed from), the band is DeadBand alone. Such a key's target follows
+//     its demand at a fraction (the headroom is most of what each region asks), so the
+//     band on the target held targets its first noisy seconds gave long after its demand
+//     had moved.
 //
 // Input.Fast takes the fast path whatever the noise: the caller (the balancer's shift
 // detection) knows the traffic moved and gives the rate since it did.

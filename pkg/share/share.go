@@ -99,6 +99,10 @@ type State struct {
 	// without the noise band (see AllocateInto): the move's first demand was one second's
 	// reading, and the refinements that read longer stretches are the move's, not noise.
 	Settling int
+	// Basis is the smoothed demand Shares were last computed from (set when they change);
+	// nil before. A small key's shares are held by the noise band until a smoothed demand
+	// drifts more than DriftSigmas of its standard deviations from it (see AllocateInto).
+	Basis []float64
 }
 
 // Input is one identity's reports for one interval. Every slice is indexed by region and
