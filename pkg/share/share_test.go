@@ -566,16 +566,32 @@ func TestHeadroomPushesAreNotNoise(t *testing.T) {
 	// Two regions under a 100/s limit, 50/s and 12/s, Poisson: pushing a region short
 	// of its headroom takes only the others' surplus, so the two do not take turns.
 	rng := rand.New(rand.NewPCG(7, 8))
+	normal := func(mean float64) float64 { return max(0, mean+rng.NormFloat64()*math.Sqrt(mean)) }
+	if pushes := republications(t, 100, []float64{50, 12, 0}, normal); pushes > 10 {
+		t.Fatalf("%d republications of 190 intervals of steady demand: want few", pushes)
+	}
+}
+
+// republications allocates 200 intervals of steady demand (rates, tokens/s, each region's
+// count over 10 s drawn by draw from its mean) under limit and counts the intervals after
+// the first ten whose shares changed.
+func republications(t *testing.T, limit float64, rates []float64, draw func(mean float64) float64) int {
+	t.Helper()
 	nan := math.NaN()
+	n := len(rates)
+	def, held := make([]float64, n), make([]float64, n)
+	for r := range n {
+		def[r], held[r] = 1/float64(n), nan
+	}
 	st := State{}
 	pushes := 0
 	for i := range 200 {
-		d, nz := make([]float64, 3), make([]float64, 3)
-		for r, rate := range []float64{50, 12, 0} {
-			tok := max(0, rate*10+rng.NormFloat64()*math.Sqrt(rate*10))
+		d, nz := make([]float64, n), make([]float64, n)
+		for r, rate := range rates {
+			tok := draw(rate * 10)
 			d[r], nz[r] = tok/10, math.Sqrt(max(tok, 1))/10
 		}
-		in := Input{Limit: 100, Demand: d, Noise: nz, Default: []float64{third, third, third}, Held: []float64{nan, nan, nan}}
+		in := Input{Limit: limit, Demand: d, Noise: nz, Default: def, Held: held}
 		var changed bool
 		st, changed = AllocateInto(State{}, DefaultConfig(), st, in)
 		checkShares(t, DefaultConfig(), in, st.Shares)
@@ -584,9 +600,7 @@ func TestHeadroomPushesAreNotNoise(t *testing.T) {
 		}
 	}
 	t.Logf("republished in 190 intervals: %d; shares %v", pushes, st.Shares)
-	if pushes > 10 {
-		t.Fatalf("%d republications of 190 intervals of steady demand: want few", pushes)
-	}
+	return pushes
 }
 
 func TestPreciseReadingWeighsMore(t *testing.T) {
@@ -769,25 +783,8 @@ func TestASmallKeysDriftIsNotHeldByTheBand(t *testing.T) {
 // basis, which moves only when the shares do, so noise does not republish it.
 func TestASmallKeysNoiseIsNotRepublished(t *testing.T) {
 	rng := rand.New(rand.NewPCG(26, 8139))
-	nan := math.NaN()
-	st := State{}
-	pushes := 0
-	for i := range 200 {
-		d, nz := make([]float64, 3), make([]float64, 3)
-		for r, rate := range []float64{1.7, 0, 0.62} {
-			tok := float64(poisson(rng, rate*10))
-			d[r], nz[r] = tok/10, math.Sqrt(max(tok, 1))/10
-		}
-		in := Input{Limit: 4, Demand: d, Noise: nz, Default: []float64{third, third, third}, Held: []float64{nan, nan, nan}}
-		var changed bool
-		st, changed = AllocateInto(State{}, DefaultConfig(), st, in)
-		checkShares(t, DefaultConfig(), in, st.Shares)
-		if changed && i >= 10 {
-			pushes++
-		}
-	}
-	t.Logf("republished in 190 intervals: %d; shares %v", pushes, st.Shares)
-	if pushes > 4 {
+	draw := func(mean float64) float64 { return float64(poisson(rng, mean)) }
+	if pushes := republications(t, 4, []float64{1.7, 0, 0.62}, draw); pushes > 4 {
 		t.Fatalf("%d republications of 190 intervals of steady demand: want few", pushes)
 	}
 }
