@@ -328,21 +328,7 @@ func AllocateInto(dst State, cfg Config, st State, in Input) (next State, change
 	// from the basis of its shares by more than DriftSigmas of its noise is a move the
 	// band must not hold. Keys with slack to spare, and keys over their limit, have
 	// targets that follow their demands one for one: the band on the target is theirs.
-	drifted := false
-	if limitOK && wSum <= free && len(st.Basis) == n {
-		var need float64
-		for r := 0; r < n; r++ {
-			if math.IsNaN(held[r]) {
-				need += min(max(w[r], floor)+hr[r], 1)
-			}
-		}
-		for r := 0; need > free && r < n; r++ {
-			if b := st.Basis[r]; math.IsNaN(held[r]) && w[r] > 0 && hr[r] >= w[r] && b >= 0 && vr[r] > 0 && math.Abs(sm[r]-b) > DriftSigmas*math.Sqrt(vr[r]) {
-				drifted = true
-				break
-			}
-		}
-	}
+	drifted := limitOK && wSum <= free && len(st.Basis) == n && smallKeyDrifted(st.Basis, sm, vr, w, hr, held, floor, free)
 	if varSum > 0 && limitOK && !fast && st.Settling <= 0 && !drifted {
 		// Three standard deviations of the met regions' smoothed demands: a target moved
 		// by less is noise, not a move. Which way it errs: a region may be held that much
@@ -390,6 +376,29 @@ func AllocateInto(dst State, cfg Config, st State, in Input) (next State, change
 	next.Shares = append(dst.Shares[:0], t...)
 	next.Var = append(dst.Var[:0], vr...)
 	return next, changed
+}
+
+// smallKeyDrifted reports whether a small key's demand has drifted from the basis of its
+// shares (see DriftSigmas): the free regions' needs (claim plus headroom) exceed the free
+// capacity, and some free region whose headroom is at least its demand has a smoothed
+// demand more than DriftSigmas of its standard deviations from its basis.
+func smallKeyDrifted(basis, sm, vr, w, hr, held []float64, floor, free float64) bool {
+	var need float64
+	for r := range w {
+		if math.IsNaN(held[r]) {
+			need += min(max(w[r], floor)+hr[r], 1)
+		}
+	}
+	if need <= free {
+		return false
+	}
+	for r, b := range basis {
+		small := math.IsNaN(held[r]) && w[r] > 0 && hr[r] >= w[r]
+		if small && b >= 0 && vr[r] > 0 && math.Abs(sm[r]-b) > DriftSigmas*math.Sqrt(vr[r]) {
+			return true
+		}
+	}
+	return false
 }
 
 // waterFill writes into t the max-min fair split of the free capacity among the free
