@@ -86,7 +86,7 @@ func runCmd(args []string, stdout, stderr io.Writer) int {
 	policy := fs.String("policy", sim.PolicyBalancer, "where shares come from: balancer, static (the default split) or full (the whole limit everywhere)")
 	summary := fs.String("summary", "", "write the summary JSON to this file")
 	asJSON := fs.Bool("json", false, "print the summary JSON on stdout instead of the table")
-	out := fs.String("out", "", "write the per-second CSV and the plots (SVG, PNG) into this directory")
+	out := fs.String("out", "", fmt.Sprintf("write the per-second CSV (every key) and the plots (SVG, PNG; of more than %d keys, the table's %d worst) into this directory", sim.TableKeys, sim.TableKeys))
 	targets := fs.String("targets", "", "live mode: region=host:port of an enforcer's gRPC API, comma-separated")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the run to this file (go tool pprof reads it)")
 	memProfile := fs.String("memprofile", "", "write a heap profile at the end of the run to this file")
@@ -206,7 +206,11 @@ func report(res *sim.Result, summary string, asJSON bool, out string, stdout, st
 	} else {
 		res.WriteTable(stdout)
 		if out != "" {
-			fmt.Fprintf(stdout, "\nper-second CSV and plots in %s\n", out)
+			plotted := "plots"
+			if n := len(res.PlottedKeys()); n < len(res.Scenario.Keys) {
+				plotted = fmt.Sprintf("plots of the %d worst keys", n)
+			}
+			fmt.Fprintf(stdout, "\nper-second CSV and %s in %s\n", plotted, out)
 		}
 	}
 	return status

@@ -33,14 +33,35 @@ func TestPopulation(t *testing.T) {
 		t.Fatalf("%d keys, %d regions, the first key's phases %d: want 120, 3 and a busy key that moves", len(sc.Keys), len(sc.Regions), len(sc.Keys[0].Phases))
 	}
 	var out bytes.Buffer
-	run([]string{"run", "-scenario", p}, &out, &errb)
-	for _, want := range []string{"over 120 keys", "steady_ratio (≥ 0.97)", "the 25 worst of 120 keys:"} {
+	dir := t.TempDir()
+	run([]string{"run", "-scenario", p, "-out", dir}, &out, &errb)
+	for _, want := range []string{"over 120 keys", "steady_ratio (≥ 0.97)", "the 25 worst of 120 keys:", "plots of the 25 worst keys in " + dir} {
 		if !strings.Contains(out.String(), want) {
 			t.Fatalf("the table lacks %q:\n%s", want, out.String())
 		}
 	}
 	if n := strings.Count(out.String(), "\n  k0"); n > 25+25 {
 		t.Fatalf("the table lists %d key lines, want at most the 25 worst (and 25 failures)", n)
+	}
+	// -out draws the keys the table lists, not every key; the CSV has every key.
+	plots, _ := filepath.Glob(filepath.Join(dir, "*-admitted.png"))
+	if len(plots) != 25 {
+		t.Fatalf("%d keys plotted, want the table's 25 worst", len(plots))
+	}
+	for _, f := range plots {
+		k := strings.TrimSuffix(filepath.Base(f), "-admitted.png")
+		if !strings.Contains(out.String(), "\n  "+k+" ") {
+			t.Errorf("%s is plotted but not among the table's worst keys", k)
+		}
+	}
+	csv, err := os.ReadFile(filepath.Join(dir, sc.Name+"-balancer.csv"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range sc.Keys {
+		if !bytes.Contains(csv, []byte(","+k.Name+",")) {
+			t.Fatalf("the CSV lacks %s", k.Name)
+		}
 	}
 	for _, bad := range [][]string{
 		{"population", "-keys", "0"},

@@ -27,9 +27,10 @@ func lighter(c color.RGBA) color.RGBA {
 	return color.RGBA{c.R/2 + 0x7f, c.G/2 + 0x7f, c.B/2 + 0x7f, 0xff}
 }
 
-// WritePlots writes, for each key, <dir>/<key>-admitted.{svg,png} (admitted requests/s per
-// region stacked, against the global limit, with each region's offered traffic dashed)
-// and <dir>/<key>-shares.{svg,png} (each region's share over time). It creates dir.
+// WritePlots writes, for each key the table lists (PlottedKeys), <dir>/<key>-admitted.{svg,png}
+// (admitted requests/s per region stacked, against the global limit, with each region's
+// offered traffic dashed) and <dir>/<key>-shares.{svg,png} (each region's share over
+// time). It creates dir.
 func (res *Result) WritePlots(dir string) error {
 	if res.Keys == nil && len(res.Scenario.Keys) > 0 {
 		return ErrNoDetail
@@ -37,7 +38,7 @@ func (res *Result) WritePlots(dir string) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("sim: while creating %s: %w", dir, err)
 	}
-	for k := range res.Scenario.Keys {
+	for _, k := range res.PlottedKeys() {
 		for _, mk := range []func(int) (*plot.Plot, string, error){res.admittedPlot, res.sharesPlot} {
 			p, name, err := mk(k)
 			if err != nil {
@@ -52,6 +53,21 @@ func (res *Result) WritePlots(dir string) error {
 		}
 	}
 	return nil
+}
+
+// PlottedKeys are the indexes of the keys WritePlots draws: every key of a scenario of at
+// most TableKeys keys, else the TableKeys worst, the ones WriteTable lists: drawing every
+// key of the 10,000-key population wrote 40,000 files that no one reads. The CSV keeps
+// every key's seconds.
+func (res *Result) PlottedKeys() []int {
+	if len(res.Scenario.Keys) > TableKeys && len(res.Verdicts) == len(res.Scenario.Keys) {
+		return res.worst(TableKeys)
+	}
+	idx := make([]int, len(res.Scenario.Keys))
+	for i := range idx {
+		idx[i] = i
+	}
+	return idx
 }
 
 func (res *Result) admittedPlot(k int) (*plot.Plot, string, error) {
