@@ -50,6 +50,45 @@ const MetCut = 2
 // four: 1%). Over many-keys' seeds, whose keys are larger, nothing changes.
 const DriftSigmas = 4
 
+// SteadyDrift is how much, as a fraction of itself, a steady demand is taken to wander
+// from one window to the next, next to the Poisson noise of the window's count: while a
+// reading is within steadySigmas standard deviations of the smoothed demand (package doc,
+// # Noise), its weight is at most SteadyDrift·√N for a window of N tokens (s/σ = √N), and
+// at least minSteadyWeight. A count of N tokens is 1/√N noisy, so a small key's window is
+// mostly noise: at Alpha alone its smoothed demand kept 0.6 of a window's deviation (the
+// 10,000-key population's k06850, 1.3/s in a region, sat at 0.73 after a run of low
+// windows, and its shares with it); at 0.05·√13 ≈ 0.18, 0.4
+// (TestASmallSteadyKeysDemandWandersLess). A key of 10/s or more in a region (100 tokens a
+// 10 s window) keeps Alpha. In the population, keys failing steady_ratio that their split
+// reference passes 159 → 119 and recovery 572 → 571 (0.03 and two deviations: 105, but 606, a
+// new key's first windows followed too slowly); many-keys' moves unchanged (seeds 1–50).
+// Which way it errs: a small key whose demand really changes by less than steadySigmas
+// of a window's noise follows it over about 1/weight windows (five for 1.3/s) instead of
+// two — under, in the region whose demand rose.
+const SteadyDrift = 0.05
+
+const (
+	// steadySigmas: a reading further than this many standard deviations of the
+	// difference from the smoothed demand (√(v + the reading's noise at the larger of the
+	// two, countNoise)) is a change, weighed at Alpha.
+	steadySigmas = 3
+	// minSteadyWeight bounds a steady reading's weight below (a key of a token or two a
+	// window).
+	minSteadyWeight = 0.05
+)
+
+// countNoise is the variance of a window's reading had the rate been x: the window's
+// length T from the reading d and its noise σ (Poisson: d = N/T, σ = √N/T, so T = d/σ²;
+// 1/σ for a count of nothing), and x/T. Judged at the larger of the reading and the
+// smoothed demand, a low count is not more precise than the rate it is compared with.
+func countNoise(d, nz, x float64) float64 {
+	t := 1 / nz
+	if d > 0 {
+		t = d / (nz * nz)
+	}
+	return max(x/t, nz*nz)
+}
+
 // Allocate computes the identity's next target shares. It returns the new State; the
 // target is State.Shares (new slices; st is not modified).
 //
@@ -210,6 +249,9 @@ func AllocateInto(dst State, cfg Config, st State, in Input) (next State, change
 			a := cfg.Alpha
 			if r < len(in.Weight) && in.Weight[r] > 0 && in.Weight[r] <= 1 {
 				a = in.Weight[r]
+			}
+			if nz > 0 && s > 0 && math.Abs(d-s) <= steadySigmas*math.Sqrt(vr[r]+countNoise(d, nz, max(s, d))) {
+				a = min(a, max(SteadyDrift*max(s, d)/nz, minSteadyWeight)) // a steady small key (SteadyDrift)
 			}
 			if nz > 0 && vr[r] > 0 {
 				a = max(a, vr[r]/(vr[r]+nz*nz))

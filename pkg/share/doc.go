@@ -218,7 +218,11 @@
 // more precise than the smoothed demand weighs as much as its precision says (after the
 // fast path took one second's count, the next window's average replaces most of that
 // second's noise at once, TestPreciseReadingWeighsMore); in the steady state v_r ≈ σ_r²/3
-// and a = α. Then:
+// and a = α. A reading within three deviations of the smoothed demand (√(v_r + the
+// reading's variance at the larger of the two rates)) has α replaced by min(α,
+// max(SteadyDrift·√N, 0.05)) for a window of N tokens: a small key's window is mostly
+// Poisson noise, and at α its smoothed demand kept 0.6 of a window's deviation (0.4 now,
+// TestASmallSteadyKeysDemandWandersLess); from 100 tokens a window the weight is α. Then:
 //   - the fast path also needs |d_r − s_r| > 3·√(σ_r² + v_r) (the demand moved, not only
 //     exceeds the share);
 //   - a collapse is any free region's demand moving either way by more than that and

@@ -308,3 +308,54 @@ func poisson(rng *rand.Rand, mean float64) int {
 		k++
 	}
 }
+
+// A small key's steady demand: its smoothed demand wanders less than Alpha's EWMA would
+// let it (SteadyDrift), and a real change is still followed within a few intervals. The
+// key is the population's k06850 (5/s, offered 1.42/s and 1.3/s in two regions), whose
+// smoothed demand sat at 0.73 after a run of low windows and held its shares there.
+func TestASmallSteadyKeysDemandWandersLess(t *testing.T) {
+	rng := rand.New(rand.NewPCG(26, 6850))
+	nan := math.NaN()
+	rates := []float64{1.42, 1.3}
+	st := State{}
+	var sq [2]float64
+	n := 0
+	step := func(i int) {
+		d, nz := make([]float64, 2), make([]float64, 2)
+		for r, rate := range rates {
+			tok := float64(poisson(rng, rate*10))
+			d[r], nz[r] = tok/10, math.Sqrt(max(tok, 1))/10
+		}
+		st, _ = AllocateInto(State{}, DefaultConfig(), st, Input{Limit: 5, Demand: d, Noise: nz,
+			Default: []float64{0.5, 0.5}, Held: []float64{nan, nan}})
+	}
+	for i := range 1000 {
+		step(i)
+		if i >= 20 {
+			for r, rate := range rates {
+				sq[r] += (st.Smoothed[r] - rate) * (st.Smoothed[r] - rate)
+			}
+			n++
+		}
+	}
+	for r, rate := range rates {
+		// One window's standard deviation is √(10·rate)/10; Alpha's EWMA alone keeps
+		// about 0.6 of it (0.61 and 0.59 here), SteadyDrift's weight (0.05·√13 ≈ 0.18)
+		// about 0.4 (the windows read as changes are weighed at Alpha).
+		window := math.Sqrt(rate*10) / 10
+		rms := math.Sqrt(sq[r] / float64(n))
+		t.Logf("region %d: smoothed demand's error %.3f/s, %.2f of a window's deviation", r, rms, rms/window)
+		if rms > 0.5*window {
+			t.Errorf("region %d: smoothed demand's error %.3f/s is %.2f of a window's deviation (%.3f): want at most 0.5 (Alpha alone: 0.6)", r, rms, rms/window, window)
+		}
+	}
+	// The demand of the first region doubles, by less than three deviations of a window:
+	// followed within six intervals (at Alpha, three).
+	rates[0] = 2.84
+	for i := range 6 {
+		step(i)
+	}
+	if s := st.Smoothed[0]; math.Abs(s-2.84) > 0.15*2.84 {
+		t.Fatalf("six intervals after the demand doubled to 2.84/s the smoothed demand is %.2f: want within 15%%", s)
+	}
+}
