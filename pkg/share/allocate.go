@@ -251,8 +251,8 @@ func AllocateInto(dst State, cfg Config, st State, in Input) (next State, change
 			if r < len(in.Weight) && in.Weight[r] > 0 && in.Weight[r] <= 1 {
 				a = in.Weight[r]
 			}
-			if nz > 0 && s > 0 && math.Abs(d-s) <= steadySigmas*math.Sqrt(vr[r]+countNoise(d, nz, max(s, d))) {
-				a = min(a, max(SteadyDrift*max(s, d)/nz, minSteadyWeight)) // a steady small key (SteadyDrift)
+			if hi := max(s, d); nz > 0 && s > 0 && math.Abs(d-s) <= steadySigmas*math.Sqrt(vr[r]+countNoise(d, nz, hi)) {
+				a = min(a, max(SteadyDrift*hi/nz, minSteadyWeight)) // a steady small key (SteadyDrift)
 			}
 			if nz > 0 && vr[r] > 0 {
 				a = max(a, vr[r]/(vr[r]+nz*nz))

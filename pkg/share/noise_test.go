@@ -315,12 +315,11 @@ func poisson(rng *rand.Rand, mean float64) int {
 // smoothed demand sat at 0.73 after a run of low windows and held its shares there.
 func TestASmallSteadyKeysDemandWandersLess(t *testing.T) {
 	rng := rand.New(rand.NewPCG(26, 6850))
-	nan := math.NaN()
 	rates := []float64{1.42, 1.3}
 	st := State{}
 	var sq [2]float64
 	n := 0
-	step := func(i int) {
+	step := func() {
 		d, nz := make([]float64, 2), make([]float64, 2)
 		for r, rate := range rates {
 			tok := float64(poisson(rng, rate*10))
@@ -330,7 +329,7 @@ func TestASmallSteadyKeysDemandWandersLess(t *testing.T) {
 			Default: []float64{0.5, 0.5}, Held: []float64{nan, nan}})
 	}
 	for i := range 1000 {
-		step(i)
+		step()
 		if i >= 20 {
 			for r, rate := range rates {
 				sq[r] += (st.Smoothed[r] - rate) * (st.Smoothed[r] - rate)
@@ -352,8 +351,8 @@ func TestASmallSteadyKeysDemandWandersLess(t *testing.T) {
 	// The demand of the first region doubles, by less than three deviations of a window:
 	// followed within six intervals (at Alpha, three).
 	rates[0] = 2.84
-	for i := range 6 {
-		step(i)
+	for range 6 {
+		step()
 	}
 	if s := st.Smoothed[0]; math.Abs(s-2.84) > 0.15*2.84 {
 		t.Fatalf("six intervals after the demand doubled to 2.84/s the smoothed demand is %.2f: want within 15%%", s)
