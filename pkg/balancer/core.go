@@ -220,6 +220,7 @@ type Core struct {
 	start         time.Time
 	learning      bool
 	nextDue       time.Time
+	settleAt      time.Time // when a settle recompute is due (zero: none), see SettleAfter
 	lastCompute   time.Time
 	fullStep      bool // a recompute's targets wait for the next advance over every identity
 	shiftStep     bool // that recompute was asked for by a shift: no MinVersionGap
@@ -268,7 +269,7 @@ type Core struct {
 }
 
 type counters struct {
-	recomputes, followUps, duplicates, invalid, unknownRule, dropped, evicted, clamped uint64
+	recomputes, followUps, settles, duplicates, invalid, unknownRule, dropped, evicted, clamped uint64
 }
 
 // ReserveTotal caps what the idle regions of an identity keep in reserve together: the

@@ -577,3 +577,65 @@ func TestAMoveIsReadFromTheReportThatShowedIt(t *testing.T) {
 		t.Fatalf("us-east read at %.1f/s after the move, want 150 (the report that showed it; the window's mean is 90)", got)
 	}
 }
+
+// A move is settled: SettleAfter after the recompute a move asked for, the window since
+// (every enforcer's reports of those seconds) is read, not left until the interval's
+// recompute. Here the region the traffic left answered the move's version with a noisy
+// second (60/s where 10/s came), which held a 100/s key over its limit at 50/50; three
+// seconds of its reports at 10/s give the region the traffic came to its part.
+func TestAMoveIsSettledFromTheWindowAfterIt(t *testing.T) {
+	c := newTestCore(t, func(c *CoreConfig) { c.Regions = regions3[:2]; c.KeyTTL = time.Hour })
+	now := t0
+	seq := uint64(0)
+	send := func(region string, admitted, refused, recent float64, early bool) {
+		seq++
+		u := useRecent("key:a", admitted, refused, recent)
+		u.RecentTokens = recent
+		r := recentReport(region, region+"-1", seq, now, c.Stats(now).Version, u)
+		r.IntervalStartMs = now.Add(-500 * time.Millisecond).UnixMilli()
+		r.Early = early
+		if err := c.Ingest(now, r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tick := func() {
+		if p := c.Tick(now); p != nil {
+			c.Published(p, now)
+		}
+	}
+	// A minute of 120/s in eu-west and 30/s in us-east, a report every 500 ms.
+	for range 120 {
+		now = now.Add(500 * time.Millisecond)
+		send("us-east", 15, 0, 30, false)
+		send("eu-west", 60, 0, 120, false)
+		tick()
+	}
+	// They swap. us-east's refusals show it a second later; eu-west answers the move's
+	// versions with a second that still holds 60/s, then reports its 10/s.
+	now = now.Add(time.Second)
+	send("us-east", 20, 40, 120, true)
+	send("eu-west", 30, 0, 60, false)
+	tick()
+	s, _ := c.Identity("default", "key:a")
+	moved := now
+	for now.Sub(moved) < c.cfg.Interval/2 {
+		now = now.Add(500 * time.Millisecond)
+		send("us-east", 25, 35, 120, false)
+		if now.Sub(moved) <= time.Second {
+			send("eu-west", 30, 0, 60, false)
+		} else {
+			send("eu-west", 5, 0, 10, false)
+		}
+		tick()
+		if s, _ = c.Identity("default", "key:a"); s.Published[0] >= 0.75 {
+			break
+		}
+	}
+	t.Logf("%v after the move's recompute: %v (settles %d)", now.Sub(moved), s.Published, c.Stats(now).Settles)
+	if got := s.Published[0]; got < 0.75 {
+		t.Fatalf("us-east at %.2f %v after the move, want ≥ 0.75 (eu-west's 10/s settled)", got, now.Sub(moved))
+	}
+	if d := now.Sub(moved); d > SettleAfter+time.Second {
+		t.Fatalf("us-east reached 0.75 %v after the move, want ≤ SettleAfter + 1 s", d)
+	}
+}

@@ -34,6 +34,7 @@ type Stats struct {
 	Pending         int // identities whose change plan is not finished
 	Recomputes      uint64
 	FollowUps       uint64 // recomputes of the identities a version's answers showed moved (Core.followUp)
+	Settles         uint64 // recomputes SettleAfter after a move's (Core.settleAt), also in Recomputes
 	Duplicates      uint64 // retried reports ignored
 	Invalid         uint64 // reports refused
 	UnknownRule     uint64 // usage entries whose rule is unknown, ignored
@@ -52,7 +53,7 @@ func (c *Core) Stats(now time.Time) Stats {
 	s := Stats{
 		LeaderRev: c.cfg.LeaderRev, Version: c.version, Landed: c.landed, Learning: c.learning,
 		Tracked: len(c.ids), Listed: c.listed, Pending: len(c.pending),
-		Recomputes: c.stats.recomputes, FollowUps: c.stats.followUps, Duplicates: c.stats.duplicates, Invalid: c.stats.invalid,
+		Recomputes: c.stats.recomputes, FollowUps: c.stats.followUps, Settles: c.stats.settles, Duplicates: c.stats.duplicates, Invalid: c.stats.invalid,
 		UnknownRule: c.stats.unknownRule, Dropped: c.stats.dropped, Evicted: c.stats.evicted, Clamped: c.stats.clamped,
 	}
 	s.Quotas, s.QuotaRefused = c.quotas.stats()

@@ -43,7 +43,9 @@ func (c *Core) Tick(now time.Time) *Publication {
 	}
 	recomputed, shift, follow := false, false, false
 	since := now.Sub(c.lastCompute)
-	due := !now.Before(c.nextDue)
+	settle := !c.settleAt.IsZero() && !now.Before(c.settleAt)
+	interval := !now.Before(c.nextDue)
+	due := interval || settle
 	if !c.learning && !due && c.followUp && (c.answered(now) || now.Sub(c.lastVersionAt) >= c.cfg.EarlyGap) {
 		// The last version came from a recompute and every region has answered it (or
 		// EarlyGap passed): its reports are a fresh second of every region's traffic. The
@@ -64,6 +66,13 @@ func (c *Core) Tick(now time.Time) *Publication {
 		c.followUp, c.followDepth = false, 0
 		c.recompute(now, false)
 		recomputed = true
+		if settle && !interval && !shift {
+			c.stats.settles++
+		}
+		c.settleAt = time.Time{}
+		if shift {
+			c.settleAt = now.Add(SettleAfter)
+		}
 	}
 	// A new version at most every MinVersionGap (the first of a term aside): each one
 	// writes its changed chunks (every chunk at worst), so this bounds the bytes written
@@ -324,6 +333,16 @@ func (c *Core) recompute(now time.Time, snapshot bool) {
 		c.nextDue = c.nextDue.Add(c.cfg.Interval)
 	}
 }
+
+// SettleAfter is how long after a recompute a move asked for the next one comes (a
+// settle recompute, due as the interval's is; any recompute of the window before it
+// stands in for it). A
+// move is read from about a second of one or a few enforcers' recent rates, and a region
+// the traffic left from a window that still held the time before; the settle recompute
+// reads a window of SettleAfter since, every enforcer's, and its version is followed up
+// like the interval's. Without it such a reading stood until the interval's recompute: a
+// 15/s region read at 26/s held a 50/s key over its limit at 50/50 for 10 s.
+const SettleAfter = 3 * time.Second
 
 // The follow-up's move test (fromSnapshot) and chain length (Tick).
 const (
