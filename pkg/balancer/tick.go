@@ -336,12 +336,12 @@ func (c *Core) recompute(now time.Time, snapshot bool) {
 
 // SettleAfter is how long after a recompute a move asked for the next one comes (a
 // settle recompute, due as the interval's is; any recompute of the window before it
-// stands in for it). A
-// move is read from about a second of one or a few enforcers' recent rates, and a region
-// the traffic left from a window that still held the time before; the settle recompute
-// reads a window of SettleAfter since, every enforcer's, and its version is followed up
-// like the interval's. Without it such a reading stood until the interval's recompute: a
-// 15/s region read at 26/s held a 50/s key over its limit at 50/50 for 10 s.
+// stands in for it). A move is read from about a second of one or a few enforcers'
+// recent rates, and a region the traffic left from a window that still held the time
+// before; the settle recompute reads the window since, every enforcer's reports of those
+// seconds, and its version is followed up like the interval's. Without it such a reading
+// stood until the interval's recompute: a 15/s region read at 26/s held a 50/s key over
+// its limit at 50/50 for 10 s.
 const SettleAfter = 3 * time.Second
 
 // The follow-up's move test (fromSnapshot) and chain length (Tick).
