@@ -60,9 +60,14 @@ type stripe struct {
 type ssTable struct {
 	m       map[pair]*entry
 	slab    []entry  // backing store, len = capacity; entries never move
-	heap    []*entry // min-heap by count(); len = pairs tracked
+	heap    []*entry // the pairs tracked; a min-heap by count() once heaped
 	total   int64    // tokens observed this interval in this stripe (N_s)
 	evicted int64    // pairs evicted this interval
+	// heaped: heap is in heap order. Only an eviction needs the minimum, so until the
+	// stripe is full its pairs are kept in insertion order and a check moves nothing
+	// (most stripes never fill: 10,000 identities an interval fill a sixth of the
+	// default Capacity); the insert that first finds it full builds the heap, in O(m).
+	heaped bool
 }
 
 // entry is one tracked pair. admitted and refused are exact counts since the pair was
@@ -138,6 +143,7 @@ func (t *ssTable) reset() {
 	clear(t.m)
 	clear(t.heap[:cap(t.heap)])
 	t.heap = t.heap[:0]
+	t.heaped = false
 	clear(t.slab) // drop references to rules and identity strings
 	t.total, t.evicted = 0, 0
 }
@@ -198,9 +204,11 @@ func (t *Table) ObserveTake(rule *rules.Compiled, identity string, tokens int64,
 			e.earlyAt, jumped = maxInt64, true
 		}
 	}
-	if leaf {
+	switch {
+	case !tb.heaped:
+	case leaf:
 		tb.up(e.heap)
-	} else {
+	default:
 		tb.down(e.heap)
 	}
 	s.mu.Unlock()
@@ -251,8 +259,9 @@ const jumpAfter = time.Second
 
 // insert tracks a new pair with zero counts, evicting the stripe's minimum if it is full
 // (weighted Space-Saving: the newcomer inherits the evicted count as its error). Called
-// with s.mu held; the caller adds the tokens and restores the heap from e.heap: up when
-// leaf (a new last leaf), else down (the evicted root's count only grew).
+// with s.mu held; the caller adds the tokens and, once the stripe is heaped, restores the
+// heap from e.heap: up when leaf (a new last leaf), else down (the evicted root's count
+// only grew).
 func (t *Table) insert(s *stripe, tb *ssTable, rule *rules.Compiled, identity string) (e *entry, leaf bool) {
 	var inherited int64
 	if n := len(tb.heap); n < len(tb.slab) {
@@ -260,6 +269,9 @@ func (t *Table) insert(s *stripe, tb *ssTable, rule *rules.Compiled, identity st
 		e.heap = n
 		tb.heap = append(tb.heap, e)
 	} else {
+		if !tb.heaped {
+			tb.heapify()
+		}
 		e = tb.heap[0]
 		inherited = e.count()
 		delete(tb.m, e.key)
@@ -284,6 +296,14 @@ func (t *Table) insert(s *stripe, tb *ssTable, rule *rules.Compiled, identity st
 	*e = entry{key: key, rule: rule, err: inherited, earlyAt: earlyAt, prevRef: prev.refused, heap: e.heap, first: prev.first, slots: prev.slots}
 	tb.m[key] = e
 	return e, leaf
+}
+
+// heapify puts heap in heap order (bottom-up, O(len)) and marks it heaped.
+func (t *ssTable) heapify() {
+	for i := len(t.heap)/2 - 1; i >= 0; i-- {
+		t.down(i)
+	}
+	t.heaped = true
 }
 
 // up restores the min-heap after heap[i] was appended as a leaf.

@@ -206,6 +206,41 @@ func TestEvictionInheritsMinimum(t *testing.T) {
 	}
 }
 
+// A stripe keeps its pairs unordered until it fills and builds its heap then: every
+// eviction still takes a pair of the least count. Were it to take another, the newcomer
+// would inherit more than some tracked pair's count (error ≤ c_min, the bound the package
+// doc states), which is checked after every observation of a fixed pseudo-random stream
+// of 64 identities into one stripe of 16.
+func TestEvictionTakesTheMinimumOnceFull(t *testing.T) {
+	tb := newTable(t, func(c *Config) { c.Capacity, c.Stripes = 16, 1 })
+	a := rule("a", 1e9)
+	x := uint64(1)
+	next := func(n uint64) uint64 { x = x*6364136223846793005 + 1442695040888963407; return (x >> 33) % n }
+	st := tb.stripes[0].cur
+	for i := range 5000 {
+		id := "k" + strconv.FormatUint(next(64), 10)
+		tb.ObserveTake(a, id, int64(1+next(5)), true, 0, t0)
+		minCount := int64(1 << 62)
+		for _, e := range st.heap {
+			minCount = min(minCount, e.count())
+		}
+		for j, e := range st.heap {
+			if e.err > minCount {
+				t.Fatalf("observation %d: %s inherited error %d over the least count %d", i, e.key.identity, e.err, minCount)
+			}
+			if e.heap != j || st.heaped && j > 0 && st.heap[(j-1)/2].count() > e.count() {
+				t.Fatalf("observation %d: heap order broken at %d", i, j)
+			}
+		}
+		if len(st.heap) < 16 && st.heaped {
+			t.Fatalf("observation %d: heaped before the stripe filled", i)
+		}
+	}
+	if !st.heaped {
+		t.Fatal("never heaped: the stripe never filled")
+	}
+}
+
 func TestWantEarly(t *testing.T) {
 	// EarlyGap 2 s (the default is 1 s): the scaling of a short interval's refusals below
 	// is worked out for it.
