@@ -314,8 +314,8 @@ func (fl *scaleFleet) feed(e *simEnforcer, now time.Time, s, slots int) {
 		e.allowed[i] = min(e.allowed[i]+per*sec, per)
 		adm := min(tok, int64(e.allowed[i]))
 		e.allowed[i] -= float64(adm)
-		e.table.ObserveTake(rule, id, adm, true, bucket.SourceLease, now)
-		e.table.ObserveTake(rule, id, tok-adm, false, bucket.SourceRefusalCache, now)
+		e.table.ObserveTake(rule, id, adm, true, false, bucket.SourceLease, now)
+		e.table.ObserveTake(rule, id, tok-adm, false, false, bucket.SourceRefusalCache, now)
 	}
 	for k, id := range m.hot {
 		w := 0.2
@@ -330,7 +330,7 @@ func (fl *scaleFleet) feed(e *simEnforcer, now time.Time, s, slots int) {
 	pop := len(m.tail)
 	for i := s; i < m.perEnf; i += slots {
 		t := (e.g*m.perEnf + i) % pop
-		e.table.ObserveTake(r.def, m.tail[t], m.tailTok[t], true, bucket.SourceLease, now)
+		e.table.ObserveTake(r.def, m.tail[t], m.tailTok[t], true, false, bucket.SourceLease, now)
 	}
 }
 

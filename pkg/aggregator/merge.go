@@ -219,6 +219,7 @@ func (g *merger) add(now time.Time, r *allotv1.ReportRequest) (m *member, dup, u
 		e.RecentRate += u.RecentRate
 		e.RecentTokens += u.RecentTokens
 		e.RegionalRate = max(e.RegionalRate, u.RegionalRate)
+		e.Draining = e.Draining || u.Draining // one region, one bucket: any enforcer's low take says it
 	}
 	for _, q := range r.Quotas {
 		k := quotaKey{q.Rule, q.Limit, q.Identity, q.PeriodStartMs}

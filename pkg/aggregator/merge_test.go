@@ -37,9 +37,11 @@ func byID(req *allotv1.ReportRequest) map[string]*allotv1.IdentityUsage {
 func TestMergeKeepsErrorBound(t *testing.T) {
 	g := newMerger("us-east", 100, 100, 100, 10*time.Second, t0)
 	now := t0.Add(10 * time.Second)
+	draining := use("k1", 200, 0, 8, 20)
+	draining.Draining = true // one enforcer saw the region's bucket under half
 	for _, r := range []*allotv1.ReportRequest{
 		rep("e1", 1, 3, use("k1", 100, 10, 5, 12), use("k2", 7, 0, 2, 1)),
-		rep("e2", 1, 3, use("k1", 200, 0, 8, 20)),
+		rep("e2", 1, 3, draining),
 		rep("e3", 1, 3, use("k2", 3, 1, 0, 0.5)),
 	} {
 		if _, dup, _, err := g.add(now, r); err != nil || dup {
@@ -50,6 +52,9 @@ func TestMergeKeepsErrorBound(t *testing.T) {
 	u := byID(req)
 	if k1 := u["k1"]; k1.Admitted != 300 || k1.Refused != 10 || k1.Error != 13 || k1.RecentRate != 32 || k1.RecentTokens != 32 || k1.RegionalRate != 50 {
 		t.Errorf("k1 = %v, want admitted 300 refused 10 error 13 recent 32 (32 tokens) regional 50", k1)
+	}
+	if !u["k1"].Draining || u["k2"].Draining {
+		t.Errorf("draining k1 %v k2 %v, want true (one member's) false", u["k1"].Draining, u["k2"].Draining)
 	}
 	if k2 := u["k2"]; k2.Admitted != 10 || k2.Refused != 1 || k2.Error != 2 || math.Abs(k2.RecentRate-1.5) > 1e-9 {
 		t.Errorf("k2 = %v, want admitted 10 refused 1 error 2 recent 1.5", k2)

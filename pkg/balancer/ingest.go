@@ -333,7 +333,7 @@ func (c *Core) usage(now time.Time, ri int, r *allotv1.ReportRequest, secs float
 			continue
 		}
 		est, moved := u.RecentRate/float64(recent)*float64(enfs), false
-		if c.shifted(id, ri, u.RecentRate, u.RecentTokens, u.Refused > 0, recent, enfs) {
+		if c.shifted(id, ri, u.RecentRate, u.RecentTokens, u.Refused > 0, u.Draining, recent, enfs) {
 			moved = true
 		} else if e, ok := c.arrivedTogether(now, id, ri, bit, u.RecentRate, u.RecentTokens, u.Refused > 0, enfs); ok {
 			est, moved = e, true
@@ -537,11 +537,19 @@ func (c *Core) ingestMembers(now time.Time, ri int, r *allotv1.ReportRequest) er
 //     enforcers moves 5/s to 20/s an enforcer: about 18 tokens where 4.5 were expected,
 //     found in the first report after it (the old test, which asked for a doubled rate
 //     and 10/s an enforcer beyond the noise, never found it: 6 to 15 s).
+//     Or draining instead of refused: a key under its limit whose demand is established
+//     (ident.established), reported by an enforcer that saw the region's bucket under
+//     half its burst in the recent second (IdentityUsage.draining), is spending that
+//     burst and is refused once it is spent; it moves on the first report that shows it
+//     (a 100/s key's 48/12 swap into a region allowed 30/s spends half its burst 0.8 s
+//     after it, and is refused from 1.7 s). The rate alone is not enough: over the
+//     10,000-key population the test's rare false arrivals, read from every report of a
+//     thousand keys of 10–100/s, took the versions a steady interval from 4.4 to 9.0.
 //   - Without a count (an older enforcer), arrived: at least doubled, beyond 3 standard
 //     deviations of the estimate (√(enfs × smoothed)) and 10 tokens a second an enforcer.
 //   - Left: at most half the smoothed demand and below by more than a quarter dead-band,
 //     beyond that noise and floor.
-func (c *Core) shifted(id *ident, r int, rate, tokens float64, refused bool, reports, enfs int) bool {
+func (c *Core) shifted(id *ident, r int, rate, tokens float64, refused, draining bool, reports, enfs int) bool {
 	if !(id.rate > 0) || !count(rate) || !count(tokens) || reports < 1 {
 		return false
 	}
@@ -555,7 +563,7 @@ func (c *Core) shifted(id *ident, r int, rate, tokens float64, refused bool, rep
 	if tokens > 0 && rate > 0 {
 		span := recentSpan(rate, tokens) // each report's; the count is the rate over it
 		mu := max(sm, 1) / n * span * k  // the tokens the smoothed demand brings
-		if refused && est > sm && countArrived(rate*span, mu, 0) {
+		if (refused || draining && id.established()) && est > sm && countArrived(rate*span, mu, 0) {
 			return c.aboveShare(id, r, est)
 		}
 	} else if est >= 2*sm+noise { // arrived, judged by the rate alone
@@ -565,6 +573,21 @@ func (c *Core) shifted(id *ident, r int, rate, tokens float64, refused bool, rep
 		return (sm-est)/id.rate >= db/4
 	}
 	return false
+}
+
+// established says whether id is under its limit with a demand the balancer has measured:
+// its regions' smoothed demand sums to at least a quarter of its rate and less than all
+// of it. Only then is a region's rate above its share read as an arrival before it is
+// refused (shifted). Over its limit, a region at its share is the policy's cut, not a
+// move; a key barely heard of has no split to move from, and its first second's counts
+// are clumps (many-keys' key05, 15/s in ap-south, read at 40/s from 12 tokens in 0.6 s
+// and held at 50/50 for 20 s when every key counted).
+func (id *ident) established() bool {
+	var sum float64
+	for r := range id.st.Smoothed {
+		sum += id.smoothedAt(r)
+	}
+	return sum >= id.rate/4 && sum < id.rate
 }
 
 // The arrival test's margin over the Poisson count the smoothed demand brings (shifted).

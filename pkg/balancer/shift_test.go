@@ -402,31 +402,31 @@ func TestArrivalJudgedByItsCount(t *testing.T) {
 		{"a steady rate's 3σ-high second", 8, 7.2, 1, 3, false},
 		{"two aggregated reports counting 36 where 9 were due", 40, 36, 2, 3, true},
 	} {
-		if got := c.shifted(id, 1, tc.rate, tc.tokens, true, tc.reports, tc.enfs); got != tc.want {
+		if got := c.shifted(id, 1, tc.rate, tc.tokens, true, false, tc.reports, tc.enfs); got != tc.want {
 			t.Errorf("%s: shifted %v, want %v", tc.name, got, tc.want)
 		}
 	}
 	// A count the region was not refused for is no arrival, however high: over 10,000
 	// keys and a report every few hundred milliseconds a 1e-5 test still fired a few
 	// times an interval, each a recompute and a version.
-	if c.shifted(id, 1, 20, 18, false, 1, 3) {
+	if c.shifted(id, 1, 20, 18, false, false, 1, 3) {
 		t.Error("a count with nothing refused read as an arrival")
 	}
 	// Traffic that rose within its region's share is not refused: no move needed.
 	roomy, _, _ := c.newIdent("default", "key:roomy")
 	roomy.st.Smoothed = []float64{0, 10, 0}
 	copy(roomy.published(c.n), []float64{0.05, 0.9, 0.05})
-	if c.shifted(roomy, 1, 40, 36, true, 1, 1) {
+	if c.shifted(roomy, 1, 40, 36, true, false, 1, 1) {
 		t.Error("a rise to 40/s within a share of 45/s read as an arrival")
 	}
 	// A sparse key (3/s, never seen in the region): two requests in the half second
 	// after its pair appeared read 4/s; eight do move it.
 	sparse, _, _ := c.newIdent("default", "key:sparse")
 	sparse.rate = 3
-	if c.shifted(sparse, 1, 4, 2, true, 1, 3) {
+	if c.shifted(sparse, 1, 4, 2, true, false, 1, 3) {
 		t.Error("a sparse pair's first two requests read as an arrival")
 	}
-	if !c.shifted(sparse, 1, 16, 8, true, 1, 3) {
+	if !c.shifted(sparse, 1, 16, 8, true, false, 1, 3) {
 		t.Error("eight requests in half a second where one was due: not an arrival")
 	}
 	// A rare key's clump (issue 26): 0.85/s in a region of three enforcers (smoothed
@@ -438,15 +438,15 @@ func TestArrivalJudgedByItsCount(t *testing.T) {
 	rare.rate = 7
 	rare.st.Smoothed = []float64{0, 0.66, 0}
 	copy(rare.published(c.n), []float64{0.33, 0.33, 0.34})
-	if c.shifted(rare, 1, 9.86, 5, true, 1, 3) {
+	if c.shifted(rare, 1, 9.86, 5, true, false, 1, 3) {
 		t.Error("a rare key's clump of five requests read as an arrival")
 	}
-	if !c.shifted(rare, 1, 16, 8, true, 1, 3) {
+	if !c.shifted(rare, 1, 16, 8, true, false, 1, 3) {
 		t.Error("eight requests in half a second of a rare key: not an arrival")
 	}
 	// Nothing a report claims widens the test past what an enforcer measures: a count
 	// far above its rate (a span of minutes) is read over one second at most.
-	if c.shifted(id, 1, 6, 600, true, 1, 3) {
+	if c.shifted(id, 1, 6, 600, true, false, 1, 3) {
 		t.Error("a forged span widened the arrival test")
 	}
 }
@@ -492,7 +492,7 @@ func TestArrivalJudgedOnTheRegionsReports(t *testing.T) {
 	three := []report{{e, 0, 15.2, 13}, {a, 540, 11.2, 10}, {b, 650, 18.7, 14}}
 	alone := fresh("key:alone", 14.3)
 	for _, r := range three {
-		if c.shifted(alone, 1, r.rate, r.tokens, true, 1, 3) {
+		if c.shifted(alone, 1, r.rate, r.tokens, true, false, 1, 3) {
 			t.Fatalf("the report of %.0f tokens passed alone; the case is meant to need the sum", r.tokens)
 		}
 	}
@@ -637,5 +637,101 @@ func TestAMoveIsSettledFromTheWindowAfterIt(t *testing.T) {
 	}
 	if d := now.Sub(moved); d > SettleAfter+time.Second {
 		t.Fatalf("us-east reached 0.75 %v after the move, want ≤ SettleAfter + 1 s", d)
+	}
+}
+
+// shiftRig is a two-region core whose one enforcer per region reports key:a every 500 ms
+// (tokens and a one-second recent count at the rates set in rates, refused above what
+// admit allows).
+type shiftRig struct {
+	t     *testing.T
+	c     *Core
+	now   time.Time
+	seq   uint64
+	rates map[string]float64
+	admit map[string]float64 // the most a region admits, tokens/s (absent: all)
+	drain map[string]bool    // its reports say the region's bucket went under half
+	last  map[string]time.Time
+}
+
+func newShiftRig(t *testing.T, usEast, euWest float64) *shiftRig {
+	g := &shiftRig{t: t, c: newTestCore(t, func(c *CoreConfig) { c.Regions = regions3[:2]; c.KeyTTL = time.Hour }),
+		now: t0, rates: map[string]float64{"us-east": usEast, "eu-west": euWest},
+		admit: map[string]float64{}, drain: map[string]bool{}, last: map[string]time.Time{"us-east": t0, "eu-west": t0}}
+	for range 120 { // a minute
+		g.step(500*time.Millisecond, false)
+	}
+	return g
+}
+
+// send reports region's traffic since its last report, recent over that span.
+func (g *shiftRig) send(region string, early bool) {
+	g.seq++
+	span := g.now.Sub(g.last[region])
+	g.last[region] = g.now
+	rate := g.rates[region]
+	adm := rate
+	if a, ok := g.admit[region]; ok {
+		adm = min(rate, a)
+	}
+	u := useRecent("key:a", adm*span.Seconds(), (rate-adm)*span.Seconds(), rate)
+	u.RecentTokens = rate * span.Seconds()
+	u.Draining = g.drain[region]
+	r := recentReport(region, region+"-1", g.seq, g.now, g.c.Stats(g.now).Version, u)
+	r.IntervalStartMs = g.now.Add(-span).UnixMilli()
+	r.Early = early
+	if err := g.c.Ingest(g.now, r); err != nil {
+		g.t.Fatal(err)
+	}
+}
+
+// step moves on by d, both regions report (early if asked) and the core ticks.
+func (g *shiftRig) step(d time.Duration, early bool) {
+	g.now = g.now.Add(d)
+	g.send("us-east", early)
+	g.send("eu-west", early)
+	if p := g.c.Tick(g.now); p != nil {
+		g.c.Published(p, g.now)
+	}
+}
+
+func (g *shiftRig) published() []float64 {
+	s, _ := g.c.Identity("default", "key:a")
+	return s.Published
+}
+
+// A key under its limit whose traffic swaps between its regions (12 and 48 of 100/s) moves
+// on the report that shows the new region spending its burst, before anything is refused
+// there: a region above its share of an established key whose enforcer saw its bucket
+// under half (IdentityUsage.draining) is an arrival whether or not it was refused yet
+// (shifted). Before, the move waited for the region's refusals (about 1.7 s after the
+// swap in many-keys' key14) or, here, where none come, for the interval's recompute;
+// without the draining flag it still does (the rate alone is too noisy a test over
+// 10,000 keys).
+func TestABurstSpentUnderTheLimitIsAMove(t *testing.T) {
+	for _, draining := range []bool{false, true} {
+		g := newShiftRig(t, 12, 48)
+		if p := g.published(); p[0] > 0.35 {
+			t.Fatalf("before the swap us-east holds %.2f, want it near its 12/s", p[0])
+		}
+		// Swap right after an interval's recompute: that recompute does not find it.
+		for r := g.c.Stats(g.now).Recomputes; g.c.Stats(g.now).Recomputes == r; {
+			g.step(500*time.Millisecond, false)
+		}
+		g.rates["us-east"], g.rates["eu-west"] = 48, 12
+		g.drain["us-east"] = draining
+		swapped := g.now
+		g.step(500*time.Millisecond, false) // us-east's report: its burst is half spent
+		for g.now.Sub(swapped) < 3*time.Second && g.published()[0] < 0.45 {
+			g.step(250*time.Millisecond, false)
+		}
+		p := g.published()
+		t.Logf("draining %v: %v after the swap: %.3f", draining, g.now.Sub(swapped), p)
+		if draining && p[0] < 0.45 {
+			t.Fatalf("us-east at %.2f 3 s after a swap to 48/s reported draining, want ≥ 0.45", p[0])
+		}
+		if !draining && p[0] >= 0.45 {
+			t.Fatalf("us-east at %.2f within 3 s of a swap with nothing refused nor draining, want it held to the interval", p[0])
+		}
 	}
 }

@@ -70,10 +70,29 @@ type Request struct {
 // milestone 2's per-identity usage reports to the balancer. It is called synchronously on
 // the checking goroutine, once per enforcing rule that was taken from, so it must be
 // quick, must not block and must be safe for concurrent use. tokens is what the request
-// asked for (cost × hits); allowed says whether the store granted them; now is the
-// check's time (the enforcer's clock).
+// asked for (cost × hits); allowed says whether the store granted them; low, that the
+// take was granted by the region's store (not a lease or a fallback) and left the
+// limiting bucket under half its burst, when that burst is at least DrainMinBurst
+// tokens: the region is spending its burst (report.Table tells the balancer, which then
+// moves a key under its limit before the region refuses it); now is the check's time
+// (the enforcer's clock).
 type UsageObserver interface {
-	ObserveTake(rule *rules.Compiled, identity string, tokens int64, allowed bool, source Source, now time.Time)
+	ObserveTake(rule *rules.Compiled, identity string, tokens int64, allowed, low bool, source Source, now time.Time)
+}
+
+// DrainMinBurst is the least regional burst, in tokens, whose drain UsageObserver is told
+// of (low): under it, half the burst is a clump of a few requests a Poisson stream brings
+// by chance, not traffic that outgrew its region's allowance.
+const DrainMinBurst = 10
+
+// spendsBurst says whether res, a granted take of the region's store held to lim, left its
+// limiting bucket under half its burst (UsageObserver's low).
+func spendsBurst(res *bucket.Result, lim *limits) bool {
+	if res.Source != SourceRedis && res.Source != SourceMemory || res.Limiting < 0 || res.Limiting >= len(lim.l) {
+		return false
+	}
+	b := lim.l[res.Limiting].Burst
+	return b >= DrainMinBurst && 2*float64(res.Remaining) < b
 }
 
 // Shares says which part of a rule's global limits one identity may use in this region:
@@ -326,7 +345,7 @@ func (e *Enforcer) Check(ctx context.Context, req *Request) (d Decision, err err
 			e.fill(&d, m, limits{m.Rule.Global, lim.share}, 0, &bucket.Result{Reset: retry, RetryAfter: retry})
 			d.Allowed, d.Source, d.Remaining, d.Quota = false, SourceRefusalCache, 0, 0
 			if !m.Rule.Refuses() && !req.Peek {
-				e.observeUsage(m, want, false, SourceRefusalCache, now)
+				e.observeUsage(m, want, false, false, SourceRefusalCache, now)
 			}
 			continue
 		case !ok || errors.Is(err, bucket.ErrInvalid):
@@ -358,7 +377,7 @@ func (e *Enforcer) Check(ctx context.Context, req *Request) (d Decision, err err
 				d.Remaining, d.Source = d.Quota, SourceFailOpen
 			}
 			if !req.Peek {
-				e.observeUsage(m, want, m.Rule.FailMode != rules.FailClosed, d.Source, now)
+				e.observeUsage(m, want, m.Rule.FailMode != rules.FailClosed, false, d.Source, now)
 			}
 			continue
 		case !res.Allowed():
@@ -370,7 +389,7 @@ func (e *Enforcer) Check(ctx context.Context, req *Request) (d Decision, err err
 			chosen = true
 		}
 		if ok && err == nil && !req.Peek {
-			e.observeUsage(m, want, res.Allowed(), res.Source, now)
+			e.observeUsage(m, want, res.Allowed(), res.Allowed() && spendsBurst(&res, &lim), res.Source, now)
 			if req.Settle && res.Allowed() && d.Allowed {
 				sc.settle = append(sc.settle, settleTake{rule: m.Rule.ID, identity: m.Identity, want: want, cost: max(m.Cost, 1)})
 			}
@@ -612,10 +631,10 @@ func (e *Enforcer) fill(d *Decision, m *rules.Matched, lim limits, i int, res *b
 	d.Penalized = res.Penalized
 }
 
-func (e *Enforcer) observeUsage(m *rules.Matched, want int64, allowed bool, src Source, now time.Time) {
+func (e *Enforcer) observeUsage(m *rules.Matched, want int64, allowed, low bool, src Source, now time.Time) {
 	e.recent.add(m.Identity, m.Rule.ID, allowed, src, now)
 	if e.cfg.Usage != nil {
-		e.cfg.Usage.ObserveTake(m.Rule, m.Identity, want, allowed, src, now)
+		e.cfg.Usage.ObserveTake(m.Rule, m.Identity, want, allowed, low, src, now)
 	}
 }
 

@@ -506,7 +506,7 @@ type usageLog struct {
 	takes []string
 }
 
-func (u *usageLog) ObserveTake(rule *rules.Compiled, identity string, tokens int64, allowed bool, src Source, _ time.Time) {
+func (u *usageLog) ObserveTake(rule *rules.Compiled, identity string, tokens int64, allowed, low bool, src Source, _ time.Time) {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	res := "refused"
@@ -527,6 +527,49 @@ func TestUsageObserverSeesEveryEnforcingTake(t *testing.T) {
 	}
 	if strings.Join(u.takes, "\n") != strings.Join(want, "\n") {
 		t.Fatalf("usage:\n%s\nwant:\n%s", strings.Join(u.takes, "\n"), strings.Join(want, "\n"))
+	}
+}
+
+// lowLog records UsageObserver's low for each admitted take.
+type lowLog struct {
+	mu  sync.Mutex
+	low []bool
+}
+
+func (u *lowLog) ObserveTake(_ *rules.Compiled, _ string, _ int64, allowed, low bool, _ Source, _ time.Time) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if allowed {
+		u.low = append(u.low, low)
+	}
+}
+
+// low is set on a take of the store that leaves the bucket under half its burst, and only
+// for a burst of DrainMinBurst tokens or more (half of a smaller one is a clump of a few
+// requests).
+func TestUsageObserverIsToldOfABurstSpent(t *testing.T) {
+	const yaml = `
+rules:
+  - id: default
+    limits: [{name: second, rate: 20, per: 1s}]
+  - id: small
+    match: {plan: small}
+    limits: [{name: second, rate: 8, per: 1s}]
+`
+	u := &lowLog{}
+	r := newRig(t, yaml, nil, func(c *Config) { c.Usage = u })
+	if n, _ := r.admitted(t, 20, rules.Attrs{APIKey: "a"}); n != 20 {
+		t.Fatalf("admitted %d of 20", n)
+	}
+	for i, low := range u.low { // take i+1 leaves 19 - i tokens of 20
+		if want := 2*(19-i) < 20; low != want {
+			t.Fatalf("take %d (remaining %d of 20): low %v, want %v", i+1, 19-i, low, want)
+		}
+	}
+	u.low = nil
+	r.admitted(t, 8, rules.Attrs{APIKey: "b", Plan: "small"})
+	if slices.Contains(u.low, true) {
+		t.Fatalf("a burst of 8 (< DrainMinBurst %d) told low: %v", DrainMinBurst, u.low)
 	}
 }
 

@@ -35,7 +35,7 @@ func TestUsageJudgesTheBalancersShare(t *testing.T) {
 	if rule == nil {
 		t.Fatal("no default rule")
 	}
-	a.node.Usage().ObserveTake(rule, "key:k", 10, true, enforcer.SourceRedis, time.Now())
+	a.node.Usage().ObserveTake(rule, "key:k", 10, true, false, enforcer.SourceRedis, time.Now())
 	r := a.node.Usage().Report(time.Now())
 	if len(r.Usage) != 1 {
 		t.Fatalf("report %v, want one entry", r.Usage)

@@ -132,7 +132,7 @@ func TestReporterAddrsRotate(t *testing.T) {
 	g := newRig(t, nil, func(c *ReporterConfig) {
 		c.Addrs, c.SendTimeout = []string{dead, standby.addr, lead.addr}, 500*time.Millisecond
 	})
-	g.tb.ObserveTake(rule("default", 10), "key:k1", 3, true, 0, t0)
+	g.tb.ObserveTake(rule("default", 10), "key:k1", 3, true, false, 0, t0)
 	g.tick(t, 10*time.Second)
 	poll.True(t, 10*time.Second, "a report at the leader", func() bool { return len(lead.reports()) == 1 })
 	if n := len(standby.reports()); n != 1 {

@@ -14,10 +14,10 @@ func BenchmarkObserveTracked(b *testing.B) {
 	tb := newTable(b, nil)
 	a := rule("default", 100)
 	id := "key:k_123"
-	tb.ObserveTake(a, id, 1, true, 0, t0)
+	tb.ObserveTake(a, id, 1, true, false, 0, t0)
 	b.ReportAllocs()
 	for b.Loop() {
-		tb.ObserveTake(a, id, 1, true, 0, t0)
+		tb.ObserveTake(a, id, 1, true, false, 0, t0)
 	}
 }
 
@@ -28,7 +28,7 @@ func BenchmarkObserveTrackedParallel(b *testing.B) {
 	ids := make([]string, 1000)
 	for i := range ids {
 		ids[i] = "key:k_" + strconv.Itoa(i)
-		tb.ObserveTake(a, ids[i], 1, true, 0, t0)
+		tb.ObserveTake(a, ids[i], 1, true, false, 0, t0)
 	}
 	var seq atomic.Uint64
 	b.ReportAllocs()
@@ -36,7 +36,7 @@ func BenchmarkObserveTrackedParallel(b *testing.B) {
 		i := int(seq.Add(1)) * 7919
 		for pb.Next() {
 			i++
-			tb.ObserveTake(a, ids[i%len(ids)], 1, i%5 != 0, 0, t0)
+			tb.ObserveTake(a, ids[i%len(ids)], 1, i%5 != 0, false, 0, t0)
 		}
 	})
 }
@@ -51,12 +51,12 @@ func BenchmarkObserveUntrackedEvicting(b *testing.B) {
 		ids[i] = "key:k_" + strconv.Itoa(i)
 	}
 	for _, id := range ids[:tb.cfg.Capacity] {
-		tb.ObserveTake(a, id, 1, true, 0, t0)
+		tb.ObserveTake(a, id, 1, true, false, 0, t0)
 	}
 	i := tb.cfg.Capacity
 	b.ReportAllocs()
 	for b.Loop() {
-		tb.ObserveTake(a, ids[i%len(ids)], 1, true, 0, t0)
+		tb.ObserveTake(a, ids[i%len(ids)], 1, true, false, 0, t0)
 		i++
 	}
 }
@@ -74,7 +74,7 @@ func BenchmarkReportFull(b *testing.B) {
 	for b.Loop() {
 		b.StopTimer()
 		for j, id := range ids {
-			tb.ObserveTake(a, id, int64(1+j%50), j%9 != 0, 0, t0)
+			tb.ObserveTake(a, id, int64(1+j%50), j%9 != 0, false, 0, t0)
 		}
 		now = now.Add(10 * time.Second)
 		b.StartTimer()
@@ -89,11 +89,11 @@ func BenchmarkObserveRefused(b *testing.B) {
 	tb := newTable(b, nil)
 	a := rule("default", 100)
 	id := "key:k_123"
-	tb.ObserveTake(a, id, 1<<40, false, 0, t0) // refused without end last interval
+	tb.ObserveTake(a, id, 1<<40, false, false, 0, t0) // refused without end last interval
 	tb.Report(t0.Add(10 * time.Second))
 	now := t0.Add(15 * time.Second)
 	b.ReportAllocs()
 	for b.Loop() {
-		tb.ObserveTake(a, id, 1, false, 0, now)
+		tb.ObserveTake(a, id, 1, false, false, 0, now)
 	}
 }

@@ -53,6 +53,12 @@
 // threshold is fixed when the pair is inserted), and a little arithmetic per refusal above
 // it (BenchmarkObserveRefused).
 //
+// Each entry also says whether the region is spending its burst: a take in the span its
+// recent rate counts left the region's bucket under half its burst (ObserveTake's low;
+// the enforcer says so for a burst of enforcer.DrainMinBurst tokens or more), reported
+// as IdentityUsage.draining. The balancer reads a key under its limit so reported as
+// arrived before its region refuses anything.
+//
 // # Sending
 //
 // The Reporter sends each report to the leader the LeaderSource names (etcd: the first

@@ -17,9 +17,9 @@ func ExampleTable() {
 		panic(err)
 	}
 	perKey := &rules.Compiled{ID: "default", Limits: []bucket.Limit{{Name: "per-second", Rate: 10, Burst: 20}}}
-	t.ObserveTake(perKey, "key:k_1", 100, true, bucket.SourceRedis, start.Add(9*time.Second))
-	t.ObserveTake(perKey, "key:k_1", 30, false, bucket.SourceRefusalCache, start.Add(9*time.Second))
-	t.ObserveTake(perKey, "key:k_2", 5, true, bucket.SourceLease, start.Add(9*time.Second))
+	t.ObserveTake(perKey, "key:k_1", 100, true, false, bucket.SourceRedis, start.Add(9*time.Second))
+	t.ObserveTake(perKey, "key:k_1", 30, false, false, bucket.SourceRefusalCache, start.Add(9*time.Second))
+	t.ObserveTake(perKey, "key:k_2", 5, true, false, bucket.SourceLease, start.Add(9*time.Second))
 
 	r := t.Report(start.Add(10 * time.Second))
 	for _, u := range r.Usage {

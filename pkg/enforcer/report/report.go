@@ -166,6 +166,7 @@ func (t *Table) Report(now time.Time) *allotv1.ReportRequest {
 		u.Admitted, u.Refused = float64(d.e.admitted), float64(d.e.refused)
 		u.RegionalRate, u.Error = d.rate, float64(d.e.err)
 		u.RecentRate, u.RecentTokens = d.e.recent(now.UnixNano())
+		u.Draining = d.e.lowAt != 0 && now.UnixNano()-d.e.lowAt < int64(recentSlots*RecentSlot)
 		req.Usage[i] = u
 	}
 	for i, d := range quiet[:nq] {

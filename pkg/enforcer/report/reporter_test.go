@@ -169,8 +169,8 @@ func TestReporterFollowsRedirect(t *testing.T) {
 	standby := startBalancer(t, false, lead.addr)
 	g := newRig(t, StaticLeader(standby.addr), nil)
 	a := rule("default", 10)
-	g.tb.ObserveTake(a, "key:k1", 30, true, 0, t0)
-	g.tb.ObserveTake(a, "key:k1", 4, false, 0, t0)
+	g.tb.ObserveTake(a, "key:k1", 30, true, false, 0, t0)
+	g.tb.ObserveTake(a, "key:k1", 4, false, false, 0, t0)
 
 	g.tick(t, 10*time.Second)
 	poll.True(t, 10*time.Second, "a report at the leader", func() bool { return len(lead.reports()) == 1 })
@@ -245,7 +245,7 @@ func TestReporterRetriesOnceWithSameSeq(t *testing.T) {
 	lead := startBalancer(t, true, "")
 	lead.failNext = 1
 	g := newRig(t, StaticLeader(lead.addr), nil)
-	g.tb.ObserveTake(rule("default", 10), "key:k1", 1, true, 0, t0)
+	g.tb.ObserveTake(rule("default", 10), "key:k1", 1, true, false, 0, t0)
 	g.tick(t, 10*time.Second)
 	poll.True(t, 10*time.Second, "the retry", func() bool { return len(lead.reports()) == 2 })
 	got := lead.reports()
@@ -278,7 +278,7 @@ func TestReporterLeaderDownDrops(t *testing.T) {
 	a := rule("default", 10)
 	for i := 1; i <= 3; i++ {
 		for j := 0; j < 1000; j++ {
-			g.tb.ObserveTake(a, "key:k"+string(rune('a'+j%26)), 1, true, 0, t0)
+			g.tb.ObserveTake(a, "key:k"+string(rune('a'+j%26)), 1, true, false, 0, t0)
 		}
 		g.tick(t, 10*time.Second)
 		want := float64(i)
@@ -288,8 +288,8 @@ func TestReporterLeaderDownDrops(t *testing.T) {
 		t.Fatalf("failures %v, want 2 per report", f)
 	}
 	// While the Reporter is failing, observes stay allocation-free and the table bounded.
-	g.tb.ObserveTake(a, "key:x", 1, true, 0, t0)
-	if n := testing.AllocsPerRun(200, func() { g.tb.ObserveTake(a, "key:x", 1, true, 0, t0) }); n != 0 {
+	g.tb.ObserveTake(a, "key:x", 1, true, false, 0, t0)
+	if n := testing.AllocsPerRun(200, func() { g.tb.ObserveTake(a, "key:x", 1, true, false, 0, t0) }); n != 0 {
 		t.Fatalf("%v allocs per observe while the leader is down", n)
 	}
 	if g.tb.Len() > g.tb.cfg.Capacity {
@@ -335,7 +335,7 @@ func TestReporterEarly(t *testing.T) {
 	g := newRig(t, StaticLeader(lead.addr), nil)
 	poll.True(t, 10*time.Second, "the reporter to park", func() bool { return g.clk.Timers() == 1 })
 	g.clk.Advance(500 * time.Millisecond)
-	g.tb.ObserveTake(rule("default", 10), "key:k1", 500, false, 0, t0) // a jump, 0.5 s in
+	g.tb.ObserveTake(rule("default", 10), "key:k1", 500, false, false, 0, t0) // a jump, 0.5 s in
 	// The Reporter wakes (Early channel), finds the gap (1 s) not passed, and parks until
 	// t0+1s: wait for that timer (the one it had before also counts as one timer).
 	poll.True(t, 10*time.Second, "the reporter to park until t0+1s", func() bool { return g.clk.Waiting(t0.Add(time.Second)) })
@@ -433,7 +433,7 @@ func TestReporterAcknowledgesNewSharesEarly(t *testing.T) {
 func TestReporterLeaveSendsFinalReport(t *testing.T) {
 	lead := startBalancer(t, true, "")
 	g := newRig(t, StaticLeader(lead.addr), nil)
-	g.tb.ObserveTake(rule("default", 10), "key:k1", 3, true, 0, t0)
+	g.tb.ObserveTake(rule("default", 10), "key:k1", 3, true, false, 0, t0)
 	if err := g.rep.Leave(); err != nil {
 		t.Fatal(err)
 	}

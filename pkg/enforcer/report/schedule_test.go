@@ -71,7 +71,7 @@ func TestSmallMoveReportedASecondAfterAnAck(t *testing.T) {
 	s.Reported(ackAt)
 	for d := 200 * time.Millisecond; d <= 3*time.Second; d += 125 * time.Millisecond { // 8 a second
 		now := ackAt.Add(d)
-		tb.ObserveTake(a, "key:moved", 1, false, 0, now)
+		tb.ObserveTake(a, "key:moved", 1, false, false, 0, now)
 		if step := s.At(now, tb.Start(), tb.Jumped()); step.Report {
 			if !step.Early || d > 1100*time.Millisecond {
 				t.Fatalf("reported %+v %v after the acknowledgement, want early within 1.1 s", step, d)

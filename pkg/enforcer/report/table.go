@@ -85,6 +85,9 @@ type entry struct {
 	// and refused) by RecentSlot of time, a ring: the recent rate (see recentRate).
 	first int64
 	slots [recentSlots]slot
+	// lowAt is when a take last left the region's bucket under half its burst
+	// (UsageObserver's low), Unix ns; 0: not this interval. See IdentityUsage.draining.
+	lowAt int64
 }
 
 // slot is one RecentSlot of a pair's tokens: id is the slot's number (Unix ns / RecentSlot).
@@ -171,7 +174,9 @@ func NewTable(cfg Config, start time.Time) (*Table, error) {
 // demand). tokens <= 0 or a nil rule count nothing. The table keeps identity as it is
 // while the pair is tracked: it must not be a slice of a larger buffer (the enforcer's
 // identities are built by rules.Match).
-func (t *Table) ObserveTake(rule *rules.Compiled, identity string, tokens int64, allowed bool, _ bucket.Source, now time.Time) {
+// low (an admitted take left the region's bucket under half its burst) is remembered
+// for the report: a pair with a low take in the recent rate's span is reported draining.
+func (t *Table) ObserveTake(rule *rules.Compiled, identity string, tokens int64, allowed, low bool, _ bucket.Source, now time.Time) {
 	if tokens <= 0 || rule == nil {
 		return
 	}
@@ -198,6 +203,9 @@ func (t *Table) ObserveTake(rule *rules.Compiled, identity string, tokens int64,
 	jumped := false
 	if allowed {
 		e.admitted += tokens
+		if low {
+			e.lowAt = ns
+		}
 	} else {
 		e.refused += tokens
 		if e.refused > e.earlyAt || e.refused >= earlyJump && e.earlyAt != maxInt64 && t.jumpedSoFar(e, ns) {

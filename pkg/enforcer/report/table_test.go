@@ -66,12 +66,12 @@ func TestConfigValidate(t *testing.T) {
 func TestExactBelowCapacity(t *testing.T) {
 	tb := newTable(t, nil)
 	a, b := rule("a", 1000), rule("b", 1000)
-	tb.ObserveTake(a, "k1", 3, true, bucket.SourceRedis, t0)
-	tb.ObserveTake(a, "k1", 2, false, bucket.SourceRefusalCache, t0)
-	tb.ObserveTake(b, "k1", 7, true, bucket.SourceLease, t0)
-	tb.ObserveTake(a, "k2", 1, true, bucket.SourceRedis, t0)
-	tb.ObserveTake(a, "k3", 0, true, bucket.SourceRedis, t0) // counts nothing
-	tb.ObserveTake(nil, "k3", 5, true, bucket.SourceRedis, t0)
+	tb.ObserveTake(a, "k1", 3, true, false, bucket.SourceRedis, t0)
+	tb.ObserveTake(a, "k1", 2, false, false, bucket.SourceRefusalCache, t0)
+	tb.ObserveTake(b, "k1", 7, true, false, bucket.SourceLease, t0)
+	tb.ObserveTake(a, "k2", 1, true, false, bucket.SourceRedis, t0)
+	tb.ObserveTake(a, "k3", 0, true, false, bucket.SourceRedis, t0) // counts nothing
+	tb.ObserveTake(nil, "k3", 5, true, false, bucket.SourceRedis, t0)
 	r := tb.Report(t0.Add(10 * time.Second))
 	if r.IntervalStartMs != t0.UnixMilli() || r.IntervalEndMs != t0.Add(10*time.Second).UnixMilli() {
 		t.Fatalf("interval [%d, %d)", r.IntervalStartMs, r.IntervalEndMs)
@@ -105,8 +105,8 @@ func TestRuleReloadSamePair(t *testing.T) {
 		c.RegionalRate = func(r *rules.Compiled, _ string) float64 { seen = r; return r.Limits[0].Rate }
 	})
 	old, cur := rule("a", 10), rule("a", 20)
-	tb.ObserveTake(old, "k", 1, true, 0, t0)
-	tb.ObserveTake(cur, "k", 1, true, 0, t0)
+	tb.ObserveTake(old, "k", 1, true, false, 0, t0)
+	tb.ObserveTake(cur, "k", 1, true, false, 0, t0)
 	r := tb.Report(t0.Add(time.Second))
 	if len(r.Usage) != 1 || r.Usage[0].Admitted != 2 || seen != cur || r.Usage[0].RegionalRate != 20 {
 		t.Fatalf("report %v, hook saw %p want %p", r.Usage, seen, cur)
@@ -121,7 +121,7 @@ func TestRegionalRateOnlyAtDrain(t *testing.T) {
 	})
 	a := rule("a", 1)
 	for i := 0; i < 100; i++ {
-		tb.ObserveTake(a, "k"+strconv.Itoa(i%3), 1, i%2 == 0, 0, t0)
+		tb.ObserveTake(a, "k"+strconv.Itoa(i%3), 1, i%2 == 0, false, 0, t0)
 	}
 	if calls != 0 {
 		t.Fatalf("hook called %d times on the check path", calls)
@@ -137,12 +137,12 @@ func TestPressureFirstThenVolume(t *testing.T) {
 	tb := newTable(t, func(c *Config) { c.MaxIdentities = 3 })
 	r10 := rule("r", 10)
 	big := rule("big", 1e6)
-	tb.ObserveTake(big, "huge", 5000, true, 0, t0)  // busiest, not pressured
-	tb.ObserveTake(big, "large", 4000, true, 0, t0) // second, not pressured
-	tb.ObserveTake(r10, "refused", 1, false, 0, t0) // pressured: a refusal
-	tb.ObserveTake(r10, "hot", 51, true, 0, t0)     // pressured: 51 > 0.5 × 10 × 10
-	tb.ObserveTake(r10, "warm", 50, true, 0, t0)    // not: 50 is not above 50
-	tb.ObserveTake(big, "small", 10, true, 0, t0)   // not
+	tb.ObserveTake(big, "huge", 5000, true, false, 0, t0)  // busiest, not pressured
+	tb.ObserveTake(big, "large", 4000, true, false, 0, t0) // second, not pressured
+	tb.ObserveTake(r10, "refused", 1, false, false, 0, t0) // pressured: a refusal
+	tb.ObserveTake(r10, "hot", 51, true, false, 0, t0)     // pressured: 51 > 0.5 × 10 × 10
+	tb.ObserveTake(r10, "warm", 50, true, false, 0, t0)    // not: 50 is not above 50
+	tb.ObserveTake(big, "small", 10, true, false, 0, t0)   // not
 	r := tb.Report(t0.Add(10 * time.Second))
 	var order []string
 	for _, u := range r.Usage {
@@ -161,8 +161,8 @@ func TestPressureFirstThenVolume(t *testing.T) {
 func TestPressureScalesWithIntervalLength(t *testing.T) {
 	tb := newTable(t, func(c *Config) { c.MaxIdentities = 1 })
 	r10 := rule("r", 10)
-	tb.ObserveTake(rule("big", 1e6), "busy", 1000, true, 0, t0)
-	tb.ObserveTake(r10, "hot", 11, true, 0, t0) // > 0.5 × 10/s × 2 s
+	tb.ObserveTake(rule("big", 1e6), "busy", 1000, true, false, 0, t0)
+	tb.ObserveTake(r10, "hot", 11, true, false, 0, t0) // > 0.5 × 10/s × 2 s
 	r := tb.Report(t0.Add(2 * time.Second))
 	if len(r.Usage) != 1 || r.Usage[0].Identity != "hot" {
 		t.Fatalf("usage %v, want only hot", r.Usage)
@@ -173,7 +173,7 @@ func TestPressureScalesWithIntervalLength(t *testing.T) {
 func TestCapOrderingTies(t *testing.T) {
 	tb := newTable(t, func(c *Config) { c.MaxIdentities = 4 })
 	for _, id := range []string{"d", "b", "c", "a", "e"} {
-		tb.ObserveTake(rule("x", 1e9), id, 7, true, 0, t0)
+		tb.ObserveTake(rule("x", 1e9), id, 7, true, false, 0, t0)
 	}
 	r := tb.Report(t0.Add(time.Second))
 	var order []string
@@ -189,10 +189,10 @@ func TestCapOrderingTies(t *testing.T) {
 func TestEvictionInheritsMinimum(t *testing.T) {
 	tb := newTable(t, func(c *Config) { c.Capacity, c.Stripes, c.MaxIdentities = 2, 1, 10 })
 	a := rule("a", 1e9)
-	tb.ObserveTake(a, "x", 5, true, 0, t0)
-	tb.ObserveTake(a, "y", 3, false, 0, t0)
-	tb.ObserveTake(a, "z", 4, true, 0, t0) // evicts y (count 3): z count 7, error 3
-	tb.ObserveTake(a, "y", 1, true, 0, t0) // evicts x (count 5): y count 6, error 5
+	tb.ObserveTake(a, "x", 5, true, false, 0, t0)
+	tb.ObserveTake(a, "y", 3, false, false, 0, t0)
+	tb.ObserveTake(a, "z", 4, true, false, 0, t0) // evicts y (count 3): z count 7, error 3
+	tb.ObserveTake(a, "y", 1, true, false, 0, t0) // evicts x (count 5): y count 6, error 5
 	r := tb.Report(t0.Add(time.Second))
 	got := byKey(r)
 	if z := got["a|z"]; z == nil || z.Admitted != 4 || z.Error != 3 {
@@ -219,7 +219,7 @@ func TestEvictionTakesTheMinimumOnceFull(t *testing.T) {
 	st := tb.stripes[0].cur
 	for i := range 5000 {
 		id := "k" + strconv.FormatUint(next(64), 10)
-		tb.ObserveTake(a, id, int64(1+next(5)), true, 0, t0)
+		tb.ObserveTake(a, id, int64(1+next(5)), true, false, 0, t0)
 		minCount := int64(1 << 62)
 		for _, e := range st.heap {
 			minCount = min(minCount, e.count())
@@ -241,6 +241,34 @@ func TestEvictionTakesTheMinimumOnceFull(t *testing.T) {
 	}
 }
 
+// A pair whose take left its region's bucket under half its burst (low) in the span its
+// recent rate counts is reported draining (IdentityUsage.draining); one low earlier in
+// the interval, or never, is not. A low take is not a jump: the report carries it.
+func TestDrainingIsReported(t *testing.T) {
+	tb := newTable(t, nil)
+	a := rule("a", 100)
+	at := func(d time.Duration) time.Time { return t0.Add(d) }
+	tb.ObserveTake(a, "now", 5, true, true, 0, at(9500*time.Millisecond))
+	tb.ObserveTake(a, "before", 5, true, true, 0, at(8*time.Second))
+	tb.ObserveTake(a, "before", 5, true, false, 0, at(9500*time.Millisecond))
+	tb.ObserveTake(a, "never", 5, true, false, 0, at(9500*time.Millisecond))
+	tb.ObserveTake(a, "refused", 5, false, false, 0, at(9500*time.Millisecond))
+	if tb.Jumped() {
+		t.Fatal("a low take jumped")
+	}
+	got := byKey(tb.Report(at(10 * time.Second)))
+	for id, want := range map[string]bool{"now": true, "before": false, "never": false, "refused": false} {
+		if d := got["a|"+id].GetDraining(); d != want {
+			t.Errorf("%s: draining %v, want %v", id, d, want)
+		}
+	}
+	// The next interval starts afresh.
+	tb.ObserveTake(a, "now", 5, true, false, 0, at(10500*time.Millisecond))
+	if got := byKey(tb.Report(at(11 * time.Second))); got["a|now"].GetDraining() {
+		t.Error("draining carried into the next interval")
+	}
+}
+
 func TestWantEarly(t *testing.T) {
 	// EarlyGap 2 s (the default is 1 s): the scaling of a short interval's refusals below
 	// is worked out for it.
@@ -252,11 +280,11 @@ func TestWantEarly(t *testing.T) {
 	}
 	// A pair refused nothing last interval jumps past earlyJump (6) refused tokens, under
 	// EarlyMinRefused: a small key's move is refused some 8 a second an enforcer.
-	tb.ObserveTake(a, "k", earlyJump, false, 0, t0)
+	tb.ObserveTake(a, "k", earlyJump, false, false, 0, t0)
 	if tb.WantEarly(at(5 * time.Second)) {
 		t.Fatal("early at exactly earlyJump refused")
 	}
-	tb.ObserveTake(a, "k", 5, false, 0, t0) // 11 > 6: a jump
+	tb.ObserveTake(a, "k", 5, false, false, 0, t0) // 11 > 6: a jump
 	select {
 	case <-tb.Early():
 	default:
@@ -275,22 +303,22 @@ func TestWantEarly(t *testing.T) {
 		t.Fatal("early still wanted after the report")
 	}
 	// (Counted at the interval's end, where the test against the time passed asks as much.)
-	tb.ObserveTake(a, "k", 110, false, 0, at(12*time.Second))
+	tb.ObserveTake(a, "k", 110, false, false, 0, at(12*time.Second))
 	if tb.WantEarly(at(12 * time.Second)) {
 		t.Fatal("110 refused is not above 2 × last interval's 55")
 	}
-	tb.ObserveTake(a, "k", 1, false, 0, at(12*time.Second))
+	tb.ObserveTake(a, "k", 1, false, false, 0, at(12*time.Second))
 	if !tb.WantEarly(at(12 * time.Second)) {
 		t.Fatal("111 refused is above 2 × 55: want early")
 	}
 	// k refused 111 over 10 s: its next jump needs > max(222, min(100, 111+42+6)) = 222.
 	tb.Report(at(12 * time.Second))
-	tb.ObserveTake(a, "k", 222, false, 0, at(22*time.Second))
+	tb.ObserveTake(a, "k", 222, false, false, 0, at(22*time.Second))
 	if tb.WantEarly(at(22 * time.Second)) {
 		t.Fatal("222 refused is not above 2 × last interval's 111")
 	}
 	// Another identity starting to be refused jumps on its own.
-	tb.ObserveTake(a, "other", 11, false, 0, at(12*time.Second))
+	tb.ObserveTake(a, "other", 11, false, false, 0, at(12*time.Second))
 	if tb.WantEarly(at(13*time.Second)) || !tb.WantEarly(at(14*time.Second)) {
 		t.Fatal("a new identity's refusals above earlyJump should want early after EarlyGap")
 	}
@@ -303,13 +331,13 @@ func TestWantEarlyKeepsEarlyMinRefused(t *testing.T) {
 	tb := newTable(t, func(c *Config) { c.EarlyMinRefused, c.EarlyFactor = 60, 1 })
 	a := rule("a", 10)
 	at := func(d time.Duration) time.Time { return t0.Add(d) }
-	tb.ObserveTake(a, "k", 40, false, 0, t0)
-	tb.Report(at(10 * time.Second))                          // 40 refused over a whole interval
-	tb.ObserveTake(a, "k", 60, false, 0, at(20*time.Second)) // at the interval's end
+	tb.ObserveTake(a, "k", 40, false, false, 0, t0)
+	tb.Report(at(10 * time.Second))                                 // 40 refused over a whole interval
+	tb.ObserveTake(a, "k", 60, false, false, 0, at(20*time.Second)) // at the interval's end
 	if tb.WantEarly(at(13 * time.Second)) {
 		t.Fatal("60 refused is not above EarlyMinRefused 60")
 	}
-	tb.ObserveTake(a, "k", 1, false, 0, at(20*time.Second))
+	tb.ObserveTake(a, "k", 1, false, false, 0, at(20*time.Second))
 	if !tb.WantEarly(at(13 * time.Second)) {
 		t.Fatal("61 refused: above EarlyMinRefused (60 < 71): want early")
 	}
@@ -325,15 +353,15 @@ func TestJumpMeasuredAgainstTheTimePassed(t *testing.T) {
 	tb := newTable(t, nil)
 	a := rule("a", 10)
 	at := func(d time.Duration) time.Time { return t0.Add(d) }
-	tb.ObserveTake(a, "moved", 7, false, 0, at(5*time.Second))
-	tb.ObserveTake(a, "steady", 150, false, 0, at(5*time.Second))
+	tb.ObserveTake(a, "moved", 7, false, false, 0, at(5*time.Second))
+	tb.ObserveTake(a, "steady", 150, false, false, 0, at(5*time.Second))
 	tb.Report(at(10 * time.Second)) // 7 and 150 refused over a whole interval
 	jumpedAt := time.Duration(-1)
 	for ms := 10_000; ms <= 20_000; ms += 100 {
 		now := at(time.Duration(ms) * time.Millisecond)
-		tb.ObserveTake(a, "steady", int64(1+(ms/100)%2), false, 0, now) // 15 a second, evenly
+		tb.ObserveTake(a, "steady", int64(1+(ms/100)%2), false, false, 0, now) // 15 a second, evenly
 		if ms >= 10_300 {
-			tb.ObserveTake(a, "moved", int64(1+(ms/100)%2), false, 0, now) // 15 a second from 10.3 s
+			tb.ObserveTake(a, "moved", int64(1+(ms/100)%2), false, false, 0, now) // 15 a second from 10.3 s
 		}
 		if jumpedAt < 0 && tb.Jumped() {
 			jumpedAt = time.Duration(ms-10_000) * time.Millisecond
@@ -345,7 +373,7 @@ func TestJumpMeasuredAgainstTheTimePassed(t *testing.T) {
 	// The steady pair alone, the interval after.
 	tb.Report(at(20 * time.Second))
 	for ms := 20_000; ms <= 30_000; ms += 100 {
-		tb.ObserveTake(a, "steady", int64(1+(ms/100)%2), false, 0, at(time.Duration(ms)*time.Millisecond))
+		tb.ObserveTake(a, "steady", int64(1+(ms/100)%2), false, false, 0, at(time.Duration(ms)*time.Millisecond))
 		if tb.Jumped() {
 			t.Fatalf("a pair refused 15 a second as before jumped %v into the interval", time.Duration(ms-20_000)*time.Millisecond)
 		}
@@ -374,7 +402,7 @@ func FuzzSpaceSaving(f *testing.F) {
 			r := rs[k>>7]
 			id := "id" + strconv.Itoa(int(k&0x0f)) // 16 identities × 2 rules
 			allowed := k&0x10 == 0
-			tb.ObserveTake(r, id, w, allowed, 0, t0)
+			tb.ObserveTake(r, id, w, allowed, false, 0, t0)
 			p := pair{r.ID, id}
 			if true_[p] == nil {
 				true_[p] = &truth{}
@@ -436,7 +464,7 @@ func TestConcurrentObserveAndReport(t *testing.T) {
 		go func(w int) {
 			defer wg.Done()
 			for i := 0; i < each; i++ {
-				tb.ObserveTake(a, "k"+strconv.Itoa((i*7+w)%200), 1, i%3 != 0, 0, t0)
+				tb.ObserveTake(a, "k"+strconv.Itoa((i*7+w)%200), 1, i%3 != 0, false, 0, t0)
 			}
 		}(w)
 	}
@@ -470,17 +498,17 @@ func TestObserveTrackedDoesNotAllocate(t *testing.T) {
 	tb := newTable(t, nil)
 	a := rule("a", 10)
 	id := "key:k_123"
-	tb.ObserveTake(a, id, 1, true, 0, t0)
+	tb.ObserveTake(a, id, 1, true, false, 0, t0)
 	if n := testing.AllocsPerRun(1000, func() {
-		tb.ObserveTake(a, id, 1, true, 0, t0)
-		tb.ObserveTake(a, id, 1, false, 0, t0)
+		tb.ObserveTake(a, id, 1, true, false, 0, t0)
+		tb.ObserveTake(a, id, 1, false, false, 0, t0)
 	}); n != 0 {
 		t.Fatalf("%v allocations per tracked observe", n)
 	}
 	// After a drain the table is refilled without growing its maps.
 	tb.Report(t0.Add(time.Second))
-	tb.ObserveTake(a, id, 1, true, 0, t0)
-	if n := testing.AllocsPerRun(1000, func() { tb.ObserveTake(a, id, 1, true, 0, t0) }); n != 0 {
+	tb.ObserveTake(a, id, 1, true, false, 0, t0)
+	if n := testing.AllocsPerRun(1000, func() { tb.ObserveTake(a, id, 1, true, false, 0, t0) }); n != 0 {
 		t.Fatalf("%v allocations per tracked observe after a drain", n)
 	}
 }
@@ -490,7 +518,7 @@ func TestBoundedWhateverTheKeys(t *testing.T) {
 	tb := newTable(t, func(c *Config) { c.Capacity, c.Stripes = 256, 16 })
 	a := rule("a", 10)
 	for i := 0; i < 20000; i++ {
-		tb.ObserveTake(a, "k"+strconv.Itoa(i), 1, true, 0, t0)
+		tb.ObserveTake(a, "k"+strconv.Itoa(i), 1, true, false, 0, t0)
 	}
 	if n := tb.Len(); n > 256 {
 		t.Fatalf("Len %d above Capacity 256", n)
@@ -507,10 +535,10 @@ func TestRecentRate(t *testing.T) {
 	tb := newTable(t, nil)
 	a := rule("default", 1e6)
 	for i := range 50 { // 0–5 s: 100 tokens every 100 ms, then nothing (the traffic left)
-		tb.ObserveTake(a, "left", 100, true, 0, t0.Add(time.Duration(i)*100*time.Millisecond))
+		tb.ObserveTake(a, "left", 100, true, false, 0, t0.Add(time.Duration(i)*100*time.Millisecond))
 	}
 	for i := range 10 { // 9–10 s: 150 tokens every 100 ms, refused (it just arrived)
-		tb.ObserveTake(a, "arrived", 150, false, 0, t0.Add(9*time.Second+time.Duration(i)*100*time.Millisecond))
+		tb.ObserveTake(a, "arrived", 150, false, false, 0, t0.Add(9*time.Second+time.Duration(i)*100*time.Millisecond))
 	}
 	r := tb.Report(t0.Add(10 * time.Second))
 	got, tokens := map[string]float64{}, map[string]float64{}
@@ -537,13 +565,13 @@ func TestQuietEntry(t *testing.T) {
 	tb := newTable(t, nil)
 	a := rule("default", 1e6)
 	for i := range 10 { // 9–10 s: 100 tokens every 100 ms
-		tb.ObserveTake(a, "left", 100, true, 0, t0.Add(9*time.Second+time.Duration(i)*100*time.Millisecond))
+		tb.ObserveTake(a, "left", 100, true, false, 0, t0.Add(9*time.Second+time.Duration(i)*100*time.Millisecond))
 	}
-	tb.ObserveTake(a, "stays", 1, true, 0, t0.Add(9*time.Second))
+	tb.ObserveTake(a, "stays", 1, true, false, 0, t0.Add(9*time.Second))
 	if r := tb.Report(t0.Add(10 * time.Second)); len(r.Usage) != 2 {
 		t.Fatalf("first report: %d entries, want 2", len(r.Usage))
 	}
-	tb.ObserveTake(a, "stays", 1, true, 0, t0.Add(10*time.Second+500*time.Millisecond))
+	tb.ObserveTake(a, "stays", 1, true, false, 0, t0.Add(10*time.Second+500*time.Millisecond))
 	r := tb.Report(t0.Add(10*time.Second + 600*time.Millisecond))
 	got := byKey(r)
 	q := got["default|left"]
@@ -571,11 +599,11 @@ func TestQuietEntriesBounded(t *testing.T) {
 	tb := newTable(t, func(c *Config) { c.MaxIdentities = 3 })
 	a := rule("default", 1e6)
 	for k := range 3 {
-		tb.ObserveTake(a, fmt.Sprint("old", k), 10, true, 0, t0.Add(9500*time.Millisecond))
+		tb.ObserveTake(a, fmt.Sprint("old", k), 10, true, false, 0, t0.Add(9500*time.Millisecond))
 	}
 	tb.Report(t0.Add(10 * time.Second))
 	for k := range 2 {
-		tb.ObserveTake(a, fmt.Sprint("new", k), 10, true, 0, t0.Add(10100*time.Millisecond))
+		tb.ObserveTake(a, fmt.Sprint("new", k), 10, true, false, 0, t0.Add(10100*time.Millisecond))
 	}
 	r := tb.Report(t0.Add(10200 * time.Millisecond))
 	got := byKey(r)

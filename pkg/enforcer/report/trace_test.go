@@ -47,7 +47,7 @@ func TestReportSpans(t *testing.T) {
 	lead := startBalancer(t, true, "")
 	lead.failNext = 1
 	g := newRig(t, StaticLeader(lead.addr), func(c *ReporterConfig) { c.Tracer = tp.Tracer("test") })
-	g.tb.ObserveTake(rule("default", 10), "key:k1", 3, true, 0, t0)
+	g.tb.ObserveTake(rule("default", 10), "key:k1", 3, true, false, 0, t0)
 	g.tick(t, 10*time.Second)
 	poll.True(t, 10*time.Second, "the report's span", func() bool { return len(reportSpans(rec)) == 1 })
 	if err := g.rep.Leave(); err != nil {

@@ -460,7 +460,12 @@ type IdentityUsage struct {
 	// the balancer judges a change of rate by this Poisson count, which a rate alone does not
 	// give (two requests in the half second after a pair appeared read 4/s, as do four in a
 	// second). 0 when not measured (an older enforcer: the balancer falls back to the rate).
-	RecentTokens  float64 `protobuf:"fixed64,8,opt,name=recent_tokens,json=recentTokens,proto3" json:"recent_tokens,omitempty"`
+	RecentTokens float64 `protobuf:"fixed64,8,opt,name=recent_tokens,json=recentTokens,proto3" json:"recent_tokens,omitempty"`
+	// An admitted take this interval left the region's bucket under half its burst (a
+	// burst of at least ten tokens): the region is spending its burst. Under its limit a
+	// key so reported is read as arrived when its recent count passes the arrival test,
+	// before the region refuses anything. False from an older enforcer.
+	Draining      bool `protobuf:"varint,9,opt,name=draining,proto3" json:"draining,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -549,6 +554,13 @@ func (x *IdentityUsage) GetRecentTokens() float64 {
 		return x.RecentTokens
 	}
 	return 0
+}
+
+func (x *IdentityUsage) GetDraining() bool {
+	if x != nil {
+		return x.Draining
+	}
+	return false
 }
 
 type ReportResponse struct {
@@ -722,7 +734,7 @@ const file_allot_v1_balancer_proto_rawDesc = "" +
 	"\bidentity\x18\x03 \x01(\tR\bidentity\x12&\n" +
 	"\x0fperiod_start_ms\x18\x04 \x01(\x03R\rperiodStartMs\x12\x14\n" +
 	"\x05quota\x18\x05 \x01(\x03R\x05quota\x12\x14\n" +
-	"\x05count\x18\x06 \x01(\x03R\x05count\"\xf6\x01\n" +
+	"\x05count\x18\x06 \x01(\x03R\x05count\"\x92\x02\n" +
 	"\rIdentityUsage\x12\x12\n" +
 	"\x04rule\x18\x01 \x01(\tR\x04rule\x12\x1a\n" +
 	"\bidentity\x18\x02 \x01(\tR\bidentity\x12\x1a\n" +
@@ -732,7 +744,8 @@ const file_allot_v1_balancer_proto_rawDesc = "" +
 	"\x05error\x18\x06 \x01(\x01R\x05error\x12\x1f\n" +
 	"\vrecent_rate\x18\a \x01(\x01R\n" +
 	"recentRate\x12#\n" +
-	"\rrecent_tokens\x18\b \x01(\x01R\frecentTokens\"\xef\x02\n" +
+	"\rrecent_tokens\x18\b \x01(\x01R\frecentTokens\x12\x1a\n" +
+	"\bdraining\x18\t \x01(\bR\bdraining\"\xef\x02\n" +
 	"\x0eReportResponse\x12\x1a\n" +
 	"\baccepted\x18\x01 \x01(\bR\baccepted\x12\x1f\n" +
 	"\vleader_addr\x18\x02 \x01(\tR\n" +
