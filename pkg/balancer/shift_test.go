@@ -193,7 +193,7 @@ func TestQuietEntryTracksNothingNew(t *testing.T) {
 // version carry every region's last second, and the follow-up recompute reads the new
 // split from them (0.3/0.7) a round trip later instead of at the next interval.
 func TestPartialMoveFollowedUpFromTheAnswers(t *testing.T) {
-	g := newSwapRig(t, false)
+	g := newSwapRig(t, false, 30, 120)
 	if s, _ := g.c.Identity("default", "key:a"); math.Abs(s.Published[1]-0.7) > 0.03 {
 		t.Fatalf("before the move: %v, want eu-west ≈ 0.7 (max-min fair)", s.Published)
 	}
@@ -211,7 +211,7 @@ func TestPartialMoveFollowedUpFromTheAnswers(t *testing.T) {
 // the key stayed at the shift's 50/50 split until the next interval (10–15 s in
 // many-keys).
 func TestAContinuationKeepsTheFollowUp(t *testing.T) {
-	g := newSwapRig(t, true)
+	g := newSwapRig(t, true, 30, 120)
 	moved := g.swap()
 	g.now = g.now.Add(500 * time.Millisecond)
 	g.send("us-east", false, false) // the arrival: a shift
@@ -227,13 +227,16 @@ type swapRig struct {
 	seq    uint64
 	counts bool // reports carry recent_tokens (one second's)
 	rates  map[string]float64
+	drain  map[string]bool // its reports say the region's bucket went under half
 	last   map[string]time.Time
 }
 
-func newSwapRig(t *testing.T, counts bool) *swapRig {
+// newSwapRig is a two-region core that has heard key:a (a 100/s limit) at usEast and
+// euWest tokens a second for a minute, a report from each region every 10 s.
+func newSwapRig(t *testing.T, counts bool, usEast, euWest float64) *swapRig {
 	g := &swapRig{t: t, c: newTestCore(t, func(c *CoreConfig) { c.Regions = regions3[:2]; c.KeyTTL = time.Hour }),
-		now: t0, counts: counts, rates: map[string]float64{"us-east": 30, "eu-west": 120},
-		last: map[string]time.Time{"us-east": t0, "eu-west": t0}}
+		now: t0, counts: counts, rates: map[string]float64{"us-east": usEast, "eu-west": euWest},
+		drain: map[string]bool{}, last: map[string]time.Time{"us-east": t0, "eu-west": t0}}
 	for i := range 60 {
 		g.now = g.now.Add(time.Second)
 		if i%10 == 9 {
@@ -260,6 +263,7 @@ func (g *swapRig) send(region string, early, ack bool) {
 	if g.counts {
 		u.RecentTokens = g.rates[region]
 	}
+	u.Draining = g.drain[region]
 	r := recentReport(region, region+"-1", g.seq, g.now, g.c.Stats(g.now).Version, u)
 	r.IntervalStartMs = g.now.Add(-time.Duration(secs * float64(time.Second))).UnixMilli()
 	r.Early, r.Ack = early, ack
@@ -640,66 +644,6 @@ func TestAMoveIsSettledFromTheWindowAfterIt(t *testing.T) {
 	}
 }
 
-// shiftRig is a two-region core whose one enforcer per region reports key:a every 500 ms
-// (tokens and a one-second recent count at the rates set in rates, refused above what
-// admit allows).
-type shiftRig struct {
-	t     *testing.T
-	c     *Core
-	now   time.Time
-	seq   uint64
-	rates map[string]float64
-	admit map[string]float64 // the most a region admits, tokens/s (absent: all)
-	drain map[string]bool    // its reports say the region's bucket went under half
-	last  map[string]time.Time
-}
-
-func newShiftRig(t *testing.T, usEast, euWest float64) *shiftRig {
-	g := &shiftRig{t: t, c: newTestCore(t, func(c *CoreConfig) { c.Regions = regions3[:2]; c.KeyTTL = time.Hour }),
-		now: t0, rates: map[string]float64{"us-east": usEast, "eu-west": euWest},
-		admit: map[string]float64{}, drain: map[string]bool{}, last: map[string]time.Time{"us-east": t0, "eu-west": t0}}
-	for range 120 { // a minute
-		g.step(500*time.Millisecond, false)
-	}
-	return g
-}
-
-// send reports region's traffic since its last report, recent over that span.
-func (g *shiftRig) send(region string, early bool) {
-	g.seq++
-	span := g.now.Sub(g.last[region])
-	g.last[region] = g.now
-	rate := g.rates[region]
-	adm := rate
-	if a, ok := g.admit[region]; ok {
-		adm = min(rate, a)
-	}
-	u := useRecent("key:a", adm*span.Seconds(), (rate-adm)*span.Seconds(), rate)
-	u.RecentTokens = rate * span.Seconds()
-	u.Draining = g.drain[region]
-	r := recentReport(region, region+"-1", g.seq, g.now, g.c.Stats(g.now).Version, u)
-	r.IntervalStartMs = g.now.Add(-span).UnixMilli()
-	r.Early = early
-	if err := g.c.Ingest(g.now, r); err != nil {
-		g.t.Fatal(err)
-	}
-}
-
-// step moves on by d, both regions report (early if asked) and the core ticks.
-func (g *shiftRig) step(d time.Duration, early bool) {
-	g.now = g.now.Add(d)
-	g.send("us-east", early)
-	g.send("eu-west", early)
-	if p := g.c.Tick(g.now); p != nil {
-		g.c.Published(p, g.now)
-	}
-}
-
-func (g *shiftRig) published() []float64 {
-	s, _ := g.c.Identity("default", "key:a")
-	return s.Published
-}
-
 // A key under its limit whose traffic swaps between its regions (12 and 48 of 100/s) moves
 // on the report that shows the new region spending its burst, before anything is refused
 // there: a region above its share of an established key whose enforcer saw its bucket
@@ -710,22 +654,32 @@ func (g *shiftRig) published() []float64 {
 // 10,000 keys).
 func TestABurstSpentUnderTheLimitIsAMove(t *testing.T) {
 	for _, draining := range []bool{false, true} {
-		g := newShiftRig(t, 12, 48)
-		if p := g.published(); p[0] > 0.35 {
+		g := newSwapRig(t, true, 12, 48)
+		published := func() []float64 {
+			s, _ := g.c.Identity("default", "key:a")
+			return s.Published
+		}
+		step := func(d time.Duration) { // both regions report, the core ticks
+			g.now = g.now.Add(d)
+			g.send("us-east", false, false)
+			g.send("eu-west", false, false)
+			g.tick()
+		}
+		if p := published(); p[0] > 0.35 {
 			t.Fatalf("before the swap us-east holds %.2f, want it near its 12/s", p[0])
 		}
 		// Swap right after an interval's recompute: that recompute does not find it.
 		for r := g.c.Stats(g.now).Recomputes; g.c.Stats(g.now).Recomputes == r; {
-			g.step(500*time.Millisecond, false)
+			step(500 * time.Millisecond)
 		}
 		g.rates["us-east"], g.rates["eu-west"] = 48, 12
 		g.drain["us-east"] = draining
 		swapped := g.now
-		g.step(500*time.Millisecond, false) // us-east's report: its burst is half spent
-		for g.now.Sub(swapped) < 3*time.Second && g.published()[0] < 0.45 {
-			g.step(250*time.Millisecond, false)
+		step(500 * time.Millisecond) // us-east's report: its burst is half spent
+		for g.now.Sub(swapped) < 3*time.Second && published()[0] < 0.45 {
+			step(250 * time.Millisecond)
 		}
-		p := g.published()
+		p := published()
 		t.Logf("draining %v: %v after the swap: %.3f", draining, g.now.Sub(swapped), p)
 		if draining && p[0] < 0.45 {
 			t.Fatalf("us-east at %.2f 3 s after a swap to 48/s reported draining, want ≥ 0.45", p[0])
