@@ -64,6 +64,11 @@ type ident struct {
 	origin   int          // the region whose report added it (-1: restored), see Ingest
 	snapOf   uint64       // the Core.snapEpoch its snap values belong to (older: zero)
 	arr      []arrivalSum // per region (Core.arrivedTogether); nil until a report refused it
+	// carried is, per region, the bits (enforcerBit) of the enforcers whose own reports
+	// carried traffic of the identity in the window carriedWin [2r] and the one before
+	// [2r+1] (windows of one Interval since the Unix epoch); nil until such a report.
+	carried    []uint64
+	carriedWin int64
 }
 
 func (id *ident) published(n int) []float64 { return id.vals[:n:n] }

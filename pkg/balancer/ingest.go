@@ -5,6 +5,7 @@ import (
 	"hash/fnv"
 	"io"
 	"math"
+	"math/bits"
 	"time"
 
 	allotv1 "github.com/allot-dev/allot/proto/allot/v1"
@@ -329,14 +330,25 @@ func (c *Core) usage(now time.Time, ri int, r *allotv1.ReportRequest, secs float
 			id.lastSeen = now
 			id.evict = false
 		}
+		spread := enfs
+		if bit != 0 && !quiet {
+			spread = c.spread(now, id, ri, bit, enfs)
+		}
 		if recent == 0 {
 			continue
 		}
-		est, moved := u.RecentRate/float64(recent)*float64(enfs), false
-		if c.shifted(id, ri, u.RecentRate, u.RecentTokens, u.Refused > 0, u.Draining, recent, enfs) {
-			moved = true
-		} else if e, ok := c.arrivedTogether(now, id, ri, bit, u.RecentRate, u.RecentTokens, u.Refused > 0, enfs); ok {
-			est, moved = e, true
+		// Whether it arrived is judged over the enforcers that carry it (spread); how much
+		// arrived, and whether it left, over all the region's: a key that was small in a
+		// region and seen at one enforcer there, whose traffic then arrives over all of
+		// them, is read at its rate, not a third of it (a third cost the 10,000-key
+		// population half a version an interval in the rounds that corrected it).
+		est := u.RecentRate / float64(recent) * float64(enfs)
+		moved := c.arrived(id, ri, u.RecentRate, u.RecentTokens, u.Refused > 0, u.Draining, recent, spread) ||
+			c.left(id, ri, u.RecentRate, u.RecentTokens, recent, enfs)
+		if !moved {
+			if e, ok := c.arrivedTogether(now, id, ri, bit, u.RecentRate, u.RecentTokens, u.Refused > 0, spread); ok {
+				est, moved = e/float64(spread)*float64(enfs), true // the summed reports' mean × enfs
+			}
 		}
 		if moved {
 			id.shift, c.shiftPending = true, true
@@ -347,6 +359,59 @@ func (c *Core) usage(now time.Time, ri int, r *allotv1.ReportRequest, secs float
 			}
 		}
 	}
+}
+
+// spread is the enforcers of region r that see the identity's traffic, of its enfs live
+// ones: those whose own reports carried traffic of it in this window or the last (see
+// ident.carried), the reporting one (bit) included, which it records. The arrival tests
+// (arrived, arrivedTogether) read a region's rate from one enforcer's as that rate times
+// the enforcers that share it: times all enfs, a region whose gateways send a key's
+// traffic to one of its two enforcers (a gateway pinned to one, or hashing by key) was
+// read at twice its rate on every report, as an arrival, and a key over its limit in two
+// such regions swung between them at every round of acknowledgements
+// (TestTrafficOnOneEnforcerIsNotAMove). Where none carried it before this report (traffic
+// new to the region) it is all enfs, as before.
+//
+// Which way it errs: toward "not arrived". A key spread over every enforcer but missing
+// from some of their reports for two windows (a small key under their usage tables'
+// thresholds) is judged from fewer enforcers than carry it, so its arrival is found later;
+// bits that collide (a region of many enforcers) are counted back by linear counting and
+// are at most enfs. Once an arrival is found, how much arrived is read over all enfs (see
+// usage). Called with c.mu held; bit != 0 (an enforcer's own report).
+func (c *Core) spread(now time.Time, id *ident, r int, bit uint64, enfs int) int {
+	w := now.UnixNano() / int64(c.cfg.Interval)
+	if id.carried == nil {
+		id.carried, id.carriedWin = make([]uint64, 2*c.n), w
+	}
+	switch d := w - id.carriedWin; {
+	case d == 1:
+		for i := 0; i < len(id.carried); i += 2 {
+			id.carried[i+1], id.carried[i] = id.carried[i], 0
+		}
+		id.carriedWin = w
+	case d > 1:
+		clear(id.carried)
+		id.carriedWin = w
+	case d < 0: // a report stamped before the last (clocks differ): read, not recorded
+		return enfs
+	}
+	seen := id.carried[2*r] | id.carried[2*r+1]
+	id.carried[2*r] |= bit
+	if seen == 0 {
+		return enfs
+	}
+	return min(enfs, bitsCounted(seen|bit))
+}
+
+// bitsCounted is how many distinct enforcers set the bits of mask (each one bit of 64 by
+// a hash): the linear-counting estimate −64·ln(1 − set/64), at least the bits set, and
+// unbounded when all 64 are.
+func bitsCounted(mask uint64) int {
+	set := bits.OnesCount64(mask)
+	if set >= 64 {
+		return math.MaxInt
+	}
+	return max(set, int(math.Round(-64*math.Log1p(-float64(set)/64))))
 }
 
 // The region-level arrival test (arrivedTogether): how far apart the reports it sums may
@@ -550,6 +615,11 @@ func (c *Core) ingestMembers(now time.Time, ri int, r *allotv1.ReportRequest) er
 //   - Left: at most half the smoothed demand and below by more than a quarter dead-band,
 //     beyond that noise and floor.
 func (c *Core) shifted(id *ident, r int, rate, tokens float64, refused, draining bool, reports, enfs int) bool {
+	return c.arrived(id, r, rate, tokens, refused, draining, reports, enfs) || c.left(id, r, rate, tokens, reports, enfs)
+}
+
+// arrived is shifted's arrival test, the region's rate read as the mean rate × enfs.
+func (c *Core) arrived(id *ident, r int, rate, tokens float64, refused, draining bool, reports, enfs int) bool {
 	if !(id.rate > 0) || !count(rate) || !count(tokens) || reports < 1 {
 		return false
 	}
@@ -558,21 +628,26 @@ func (c *Core) shifted(id *ident, r int, rate, tokens float64, refused, draining
 	sm := id.smoothedAt(r)
 	n, k := float64(enfs), float64(reports)
 	est := rate / k * n
-	noise := 3*math.Sqrt(n*max(sm, 1)) + 10*n
-	db := c.cfg.Share.DeadBand
 	if tokens > 0 && rate > 0 {
 		span := recentSpan(rate, tokens) // each report's; the count is the rate over it
 		mu := max(sm, 1) / n * span * k  // the tokens the smoothed demand brings
-		if (refused || draining && id.established()) && est > sm && countArrived(rate*span, mu, 0) {
-			return c.aboveShare(id, r, est)
-		}
-	} else if est >= 2*sm+noise { // arrived, judged by the rate alone
-		return c.aboveShare(id, r, est)
+		return (refused || draining && id.established()) && est > sm && countArrived(rate*span, mu, 0) && c.aboveShare(id, r, est)
 	}
-	if est <= sm/2-noise { // left
-		return (sm-est)/id.rate >= db/4
+	noise := 3*math.Sqrt(n*max(sm, 1)) + 10*n
+	return est >= 2*sm+noise && c.aboveShare(id, r, est) // judged by the rate alone
+}
+
+// left is shifted's test of traffic that left, the region's rate read as the mean rate ×
+// enfs.
+func (c *Core) left(id *ident, r int, rate, tokens float64, reports, enfs int) bool {
+	if !(id.rate > 0) || !count(rate) || !count(tokens) || reports < 1 {
+		return false
 	}
-	return false
+	sm := id.smoothedAt(r)
+	n := float64(enfs)
+	est := rate / float64(reports) * n
+	noise := 3*math.Sqrt(n*max(sm, 1)) + 10*n
+	return est <= sm/2-noise && (sm-est)/id.rate >= c.cfg.Share.DeadBand/4
 }
 
 // established says whether id is under its limit with a demand the balancer has measured:
