@@ -421,7 +421,10 @@ func breakerDelta(t *testing.T, s *stack.Stack, before map[string]float64) map[s
 // its own), the sum would never have gone above 1 — and then hands the remainder
 // (1 − the others' − min(last, default)) to eu-west, which admits ≥ 90% of it within the
 // staleness period plus three intervals of the kill. No published vector sums above 1
-// (the watcher).
+// (the watcher). The load sends each region's traffic to one of its two enforcers (i
+// picks both), as a gateway pinned to one enforcer does: before the balancer judged an
+// arrival over the enforcers that carry a key, that read as a move at every report, and
+// the key's shares swung between the regions up to the kill.
 func drillRegionDown(t *testing.T, s *stack.Stack, sums *shareSums) {
 	eu, ap := s.Region("eu-west"), s.Region("ap-south")
 	key := fmt.Sprintf("regiondown-%d", time.Now().UnixNano())
