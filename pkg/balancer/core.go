@@ -230,6 +230,8 @@ type Core struct {
 	fullStep      bool // a recompute's targets wait for the next advance over every identity
 	shiftStep     bool // that recompute was asked for by a shift: no MinVersionGap
 	lastVersionAt time.Time
+	versionsAt    [quickSteps]time.Time // when the last quickSteps versions were made, a ring (NextTick)
+	versionsNext  int
 	shiftPending  bool // a report's recent rates showed a key's traffic moved (shifted)
 	window        uint64
 	// snapEpoch counts new versions: the reports after one make a fresh snapshot of every

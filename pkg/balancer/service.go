@@ -59,8 +59,9 @@ type ServiceConfig struct {
 	// loses leadership after it, and its writes fail from then on. Whole seconds ≥ 1s.
 	// Default 10s.
 	SessionTTL time.Duration
-	// TickEvery paces Core.Tick (acknowledged plan steps are published this fast).
-	// Default 1s.
+	// TickEvery is the longest between two ticks of Core.Tick; reports that ask for a
+	// tick (AsksForTick) and a plan's next step while the control plane is quiet
+	// (Core.NextTick) bring one sooner. Default 1s.
 	TickEvery time.Duration
 	// WriteTimeout bounds each etcd transaction and the initial read. Default 5s.
 	WriteTimeout time.Duration
@@ -414,8 +415,17 @@ func (s *Service) lead(ctx context.Context, sess *concurrency.Session, e *concur
 				}
 			}
 		}
-		t = s.cfg.Clock.NewTimer(s.cfg.TickEvery)
+		t = s.cfg.Clock.NewTimer(TickWait(core, s.cfg.Clock.Now(), s.cfg.TickEvery))
 	}
+}
+
+// TickWait is how long the leader's loop sleeps after a tick at now: TickEvery, or less
+// when the core has a step due sooner (Core.NextTick), at least a millisecond.
+func TickWait(core *Core, now time.Time, every time.Duration) time.Duration {
+	if next := core.NextTick(now); !next.IsZero() {
+		return min(every, max(next.Sub(now), time.Millisecond))
+	}
+	return every
 }
 
 // publish writes p (publisher.write) as a span (tracing.SpanBalancerPublish) linked to

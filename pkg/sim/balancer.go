@@ -30,7 +30,8 @@ import (
 //     jump wakes its virtual enforcer (world.runUntil);
 //   - the balancer is the real balancer.Core, ticked as balancer.Service ticks it: at once
 //     after an early, acknowledging or final report is ingested (the service's kick; the
-//     reports of one instant make one tick), else TickEvery after the last tick; each
+//     reports of one instant make one tick), else TickEvery after the last tick or at
+//     the core's NextTick when sooner (balancer.TickWait); each
 //     Publication it
 //     returns lands at once in the virtual etcd (the set as a Watcher would list it:
 //     the head and the entries of the newest version) and reaches every enforcer's share
@@ -232,7 +233,8 @@ func (p *balancerPlane) tickAt(t time.Duration) {
 func (p *balancerPlane) timerTick() {
 	p.tickGen++
 	p.tick()
-	p.tickAt(p.w.clk.elapsed() + TickEvery)
+	now := p.w.clk.Now()
+	p.tickAt(p.w.clk.elapsed() + balancer.TickWait(p.core, now, TickEvery))
 }
 
 // wake is the Reporter's loop at one instant: it reports while the schedule says so, then
