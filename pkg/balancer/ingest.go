@@ -342,14 +342,12 @@ func (c *Core) usage(now time.Time, ri int, r *allotv1.ReportRequest, secs float
 		// region and seen at one enforcer there, whose traffic then arrives over all of
 		// them, is read at its rate, not a third of it (a third cost the 10,000-key
 		// population half a version an interval in the rounds that corrected it).
-		est := u.RecentRate / float64(recent) * float64(enfs)
-		moved := c.arrived(id, ri, u.RecentRate, u.RecentTokens, u.Refused > 0, u.Draining, recent, spread) ||
-			c.left(id, ri, u.RecentRate, u.RecentTokens, recent, enfs)
+		mean := u.RecentRate / float64(recent)
+		moved := c.shifted(id, ri, u.RecentRate, u.RecentTokens, u.Refused > 0, u.Draining, recent, spread, enfs)
 		if !moved {
-			if e, ok := c.arrivedTogether(now, id, ri, bit, u.RecentRate, u.RecentTokens, u.Refused > 0, spread); ok {
-				est, moved = e/float64(spread)*float64(enfs), true // the summed reports' mean × enfs
-			}
+			mean, moved = c.arrivedTogether(now, id, ri, bit, u.RecentRate, u.RecentTokens, u.Refused > 0, spread)
 		}
+		est := mean * float64(enfs)
 		if moved {
 			id.shift, c.shiftPending = true, true
 			id.moved |= regionBit(ri)
@@ -445,8 +443,9 @@ const (
 // one-report test. The extra token a report answers the same bias in larger keys.
 //
 // Which way it errs: a false arrival is a little likelier than with one report's test
-// (about twice as many tests); the estimate it returns, the region's rate, is the mean of
-// the summed reports' rates, which a report from before the move pulls low (under).
+// (about twice as many tests); it returns the mean of the summed reports' rates (the
+// caller reads the region's rate as that × its enforcers), which a report from before the
+// move pulls low (under).
 // Called with c.mu held.
 func (c *Core) arrivedTogether(now time.Time, id *ident, r int, bit uint64, rate, tokens float64, refused bool, enfs int) (float64, bool) {
 	if bit == 0 || !(id.rate > 0) || !(rate > 0) || !(tokens > 0) || !count(rate) || !count(tokens) {
@@ -473,10 +472,10 @@ func (c *Core) arrivedTogether(now time.Time, id *ident, r int, bit uint64, rate
 	if a.k < 2 || !refused || a.mu < arrivalMinTokens {
 		return 0, false
 	}
-	est := a.rate / float64(a.k) * n
-	if est > sm && countArrived(a.got, a.mu, float64(a.k-1)) && c.aboveShare(id, r, est) { // a token more a report past the first
+	mean := a.rate / float64(a.k)
+	if est := mean * n; est > sm && countArrived(a.got, a.mu, float64(a.k-1)) && c.aboveShare(id, r, est) { // a token more a report past the first
 		*a = arrivalSum{}
-		return est, true
+		return mean, true
 	}
 	return 0, false
 }
@@ -587,12 +586,13 @@ func (c *Core) ingestMembers(now time.Time, ri int, r *allotv1.ReportRequest) er
 
 // shifted says whether the recent rates of an identity in reports of region r (rate, the
 // sum over `reports` reports — one, or an aggregator's merge of several — counting tokens
-// in all; enfs enforcers in the region, which see about equal parts of its traffic) show
+// in all; enfs enforcers in the region, spread of them carrying the key (Core.spread),
+// which see about equal parts of its traffic) show
 // its traffic moved. Such a report asks for a recompute at once (ShiftGap) whatever else
 // it says — an acknowledgement of a decrease carries the region's new, lower rate — and
 // that recompute reads the identity's demand from the recent rates (see recompute).
 //
-//   - Arrived: the region's rate, estimated as the mean rate × enfs, is above its
+//   - Arrived: the region's rate, estimated as the mean rate × spread, is above its
 //     smoothed demand and above its published share by more than the dead-band (traffic
 //     arrived, and is refused), and the tokens counted are more than the smoothed demand
 //     would bring in the span they were counted over by shiftSigmas standard deviations
@@ -613,12 +613,12 @@ func (c *Core) ingestMembers(now time.Time, ri int, r *allotv1.ReportRequest) er
 //   - Without a count (an older enforcer), arrived: at least doubled, beyond 3 standard
 //     deviations of the estimate (√(enfs × smoothed)) and 10 tokens a second an enforcer.
 //   - Left: at most half the smoothed demand and below by more than a quarter dead-band,
-//     beyond that noise and floor.
-func (c *Core) shifted(id *ident, r int, rate, tokens float64, refused, draining bool, reports, enfs int) bool {
-	return c.arrived(id, r, rate, tokens, refused, draining, reports, enfs) || c.left(id, r, rate, tokens, reports, enfs)
+//     beyond that noise and floor; read over all enfs (the carriers would read it lower).
+func (c *Core) shifted(id *ident, r int, rate, tokens float64, refused, draining bool, reports, spread, enfs int) bool {
+	return c.arrived(id, r, rate, tokens, refused, draining, reports, spread) || c.left(id, r, rate, tokens, reports, enfs)
 }
 
-// arrived is shifted's arrival test, the region's rate read as the mean rate × enfs.
+// arrived is shifted's arrival test, the region's rate read as the mean rate × spread.
 func (c *Core) arrived(id *ident, r int, rate, tokens float64, refused, draining bool, reports, enfs int) bool {
 	if !(id.rate > 0) || !count(rate) || !count(tokens) || reports < 1 {
 		return false

@@ -1,10 +1,8 @@
 package balancer
 
 import (
-	"fmt"
 	"math"
 	"math/rand/v2"
-	"strings"
 	"testing"
 	"time"
 
@@ -408,31 +406,31 @@ func TestArrivalJudgedByItsCount(t *testing.T) {
 		{"a steady rate's 3σ-high second", 8, 7.2, 1, 3, false},
 		{"two aggregated reports counting 36 where 9 were due", 40, 36, 2, 3, true},
 	} {
-		if got := c.shifted(id, 1, tc.rate, tc.tokens, true, false, tc.reports, tc.enfs); got != tc.want {
+		if got := c.shifted(id, 1, tc.rate, tc.tokens, true, false, tc.reports, tc.enfs, tc.enfs); got != tc.want {
 			t.Errorf("%s: shifted %v, want %v", tc.name, got, tc.want)
 		}
 	}
 	// A count the region was not refused for is no arrival, however high: over 10,000
 	// keys and a report every few hundred milliseconds a 1e-5 test still fired a few
 	// times an interval, each a recompute and a version.
-	if c.shifted(id, 1, 20, 18, false, false, 1, 3) {
+	if c.shifted(id, 1, 20, 18, false, false, 1, 3, 3) {
 		t.Error("a count with nothing refused read as an arrival")
 	}
 	// Traffic that rose within its region's share is not refused: no move needed.
 	roomy, _, _ := c.newIdent("default", "key:roomy")
 	roomy.st.Smoothed = []float64{0, 10, 0}
 	copy(roomy.published(c.n), []float64{0.05, 0.9, 0.05})
-	if c.shifted(roomy, 1, 40, 36, true, false, 1, 1) {
+	if c.shifted(roomy, 1, 40, 36, true, false, 1, 1, 1) {
 		t.Error("a rise to 40/s within a share of 45/s read as an arrival")
 	}
 	// A sparse key (3/s, never seen in the region): two requests in the half second
 	// after its pair appeared read 4/s; eight do move it.
 	sparse, _, _ := c.newIdent("default", "key:sparse")
 	sparse.rate = 3
-	if c.shifted(sparse, 1, 4, 2, true, false, 1, 3) {
+	if c.shifted(sparse, 1, 4, 2, true, false, 1, 3, 3) {
 		t.Error("a sparse pair's first two requests read as an arrival")
 	}
-	if !c.shifted(sparse, 1, 16, 8, true, false, 1, 3) {
+	if !c.shifted(sparse, 1, 16, 8, true, false, 1, 3, 3) {
 		t.Error("eight requests in half a second where one was due: not an arrival")
 	}
 	// A rare key's clump (issue 26): 0.85/s in a region of three enforcers (smoothed
@@ -444,15 +442,15 @@ func TestArrivalJudgedByItsCount(t *testing.T) {
 	rare.rate = 7
 	rare.st.Smoothed = []float64{0, 0.66, 0}
 	copy(rare.published(c.n), []float64{0.33, 0.33, 0.34})
-	if c.shifted(rare, 1, 9.86, 5, true, false, 1, 3) {
+	if c.shifted(rare, 1, 9.86, 5, true, false, 1, 3, 3) {
 		t.Error("a rare key's clump of five requests read as an arrival")
 	}
-	if !c.shifted(rare, 1, 16, 8, true, false, 1, 3) {
+	if !c.shifted(rare, 1, 16, 8, true, false, 1, 3, 3) {
 		t.Error("eight requests in half a second of a rare key: not an arrival")
 	}
 	// Nothing a report claims widens the test past what an enforcer measures: a count
 	// far above its rate (a span of minutes) is read over one second at most.
-	if c.shifted(id, 1, 6, 600, true, false, 1, 3) {
+	if c.shifted(id, 1, 6, 600, true, false, 1, 3, 3) {
 		t.Error("a forged span widened the arrival test")
 	}
 }
@@ -498,7 +496,7 @@ func TestArrivalJudgedOnTheRegionsReports(t *testing.T) {
 	three := []report{{e, 0, 15.2, 13}, {a, 540, 11.2, 10}, {b, 650, 18.7, 14}}
 	alone := fresh("key:alone", 14.3)
 	for _, r := range three {
-		if c.shifted(alone, 1, r.rate, r.tokens, true, false, 1, 3) {
+		if c.shifted(alone, 1, r.rate, r.tokens, true, false, 1, 3, 3) {
 			t.Fatalf("the report of %.0f tokens passed alone; the case is meant to need the sum", r.tokens)
 		}
 	}
@@ -689,198 +687,5 @@ func TestABurstSpentUnderTheLimitIsAMove(t *testing.T) {
 		if !draining && p[0] >= 0.45 {
 			t.Fatalf("us-east at %.2f within 3 s of a swap with nothing refused nor draining, want it held to the interval", p[0])
 		}
-	}
-}
-
-// A region whose gateways send all of a key's traffic to one of its enforcers (a
-// gateway pinned to one enforcer, or one that hashes by key) is not a move each time that
-// enforcer reports. The arrival test read the region's rate as that enforcer's rate
-// times the region's enforcers, twice the truth with two: a key over its limit at 80/s
-// in each of two regions, each region's traffic on its first enforcer, was read at 160/s
-// in whichever region reported last, and its shares swung between the regions every
-// round of acknowledgements (the region-down drill: a version every 0.7 s for a minute,
-// and a region given 0.01 as it died). The region's rate is that enforcer's rate times
-// the enforcers that carry the key.
-func TestTrafficOnOneEnforcerIsNotAMove(t *testing.T) {
-	for _, tc := range []struct {
-		name     string
-		pinned   bool
-		versions int // at most, in the two steady minutes
-	}{{"pinned", true, 2}, {"spread", false, 2}} {
-		t.Run(tc.name, func(t *testing.T) {
-			c := newTestCore(t, func(c *CoreConfig) { c.Regions = regions3[:2]; c.KeyTTL = time.Hour })
-			now := t0
-			type enf struct {
-				region, id string
-				seq        uint64
-				last, next time.Time
-				answerAt   time.Time
-			}
-			var enfs []*enf
-			for r, region := range c.cfg.Regions {
-				for i := range 2 {
-					enfs = append(enfs, &enf{region: region, id: fmt.Sprintf("%s-%d", region, i+1), last: now,
-						next: now.Add(time.Duration(r*2500+i*5000)*time.Millisecond + 10*time.Second)})
-				}
-			}
-			const offered = 80.0 // a region, of a 100/s key
-			send := func(e *enf, ack bool) {
-				secs := now.Sub(e.last).Seconds()
-				e.last = now
-				share := c.cfg.weightSplit()[c.regionIdx[e.region]]
-				if s, ok := c.Identity("default", "key:a"); ok {
-					share = s.Published[c.regionIdx[e.region]]
-				}
-				rate := offered / 2 // this enforcer's part
-				if tc.pinned {
-					rate = 0
-					if strings.HasSuffix(e.id, "-1") {
-						rate = offered
-					}
-				}
-				r := recentReport(e.region, e.id, e.seq+1, now, c.Stats(now).Version)
-				e.seq++
-				r.IntervalStartMs = now.Add(-time.Duration(secs * float64(time.Second))).UnixMilli()
-				r.Ack = ack
-				if rate > 0 {
-					adm := min(rate, 100*share*rate/offered) // the region's bucket, pro rata
-					u := useRecent("key:a", adm*secs, (rate-adm)*secs, rate)
-					u.RecentTokens = rate
-					r.Usage = append(r.Usage, u)
-				}
-				if err := c.Ingest(now, r); err != nil {
-					t.Fatal(err)
-				}
-			}
-			var steadyFrom uint64
-			lastVer := c.Stats(now).Version
-			for step := 0; step < 4*180; step++ { // three minutes, 250 ms a step
-				now = now.Add(250 * time.Millisecond)
-				if step == 4*60 {
-					steadyFrom = c.Stats(now).Version
-				}
-				for _, e := range enfs {
-					if !now.Before(e.next) {
-						send(e, false)
-						e.next = e.next.Add(10 * time.Second)
-					}
-					if !e.answerAt.IsZero() && !now.Before(e.answerAt) {
-						send(e, true)
-						e.answerAt = time.Time{}
-					}
-				}
-				if p := c.Tick(now); p != nil {
-					c.Published(p, now)
-				}
-				if v := c.Stats(now).Version; v != lastVer {
-					lastVer = v
-					for _, e := range enfs {
-						e.answerAt = now.Add(300 * time.Millisecond)
-					}
-				}
-			}
-			s, _ := c.Identity("default", "key:a")
-			got := c.Stats(now).Version - steadyFrom
-			t.Logf("%s: %d versions in the two steady minutes (%d in all), shares %.3f", tc.name, got, lastVer, s.Published)
-			if got > uint64(tc.versions) {
-				t.Errorf("%s: %d versions in two steady minutes of an unmoving key, want ≤ %d", tc.name, got, tc.versions)
-			}
-			if math.Abs(s.Published[0]-s.Published[1]) > 0.1 {
-				t.Errorf("%s: shares %.3f for equal traffic, want about equal", tc.name, s.Published)
-			}
-		})
-	}
-}
-
-// spread counts the enforcers that carried a key in this window or the last: all the
-// region's live ones before any did, then those seen, and all again once two windows
-// pass without one.
-func TestSpreadCountsTheEnforcersThatCarryAKey(t *testing.T) {
-	c := newTestCore(t, nil)
-	id := &ident{}
-	a, b := enforcerBit("eu-west-1"), enforcerBit("eu-west-2")
-	if a == b {
-		t.Fatal("the test's enforcer names collide")
-	}
-	now := t0
-	for _, st := range []struct {
-		after time.Duration
-		bit   uint64
-		want  int
-	}{
-		{0, a, 3},                  // traffic new to the region: spread over all
-		{time.Second, a, 1},        // one enforcer carries it
-		{time.Second, b, 2},        // a second one
-		{c.cfg.Interval, a, 2},     // b is still in the last window
-		{c.cfg.Interval, a, 1},     // b has left both
-		{3 * c.cfg.Interval, b, 3}, // none for two windows: new again
-	} {
-		now = now.Add(st.after)
-		if got := c.spread(now, id, 1, st.bit, 3); got != st.want {
-			t.Fatalf("at %v: spread %d, want %d", now.Sub(t0), got, st.want)
-		}
-	}
-	if got := c.spread(now, id, 0, a, 3); got != 3 {
-		t.Fatalf("another region: spread %d, want 3", got)
-	}
-	for _, tc := range []struct {
-		mask uint64
-		want int
-	}{{0, 0}, {1, 1}, {0xff, 9}, {0xffffffff, 44}, {^uint64(0), math.MaxInt}} {
-		if got := bitsCounted(tc.mask); got != tc.want {
-			t.Errorf("bitsCounted(%#x) = %d, want %d", tc.mask, got, tc.want)
-		}
-	}
-}
-
-// An acknowledgement that comes before StepGap has passed cannot release a plan's next
-// step; NextTick says when it can, so the service's loop (TickWait) ticks then rather
-// than a TickEvery later, while the control plane is quiet. Live, with acknowledgements
-// 0.3 s after each version, a move went in steps a second apart.
-func TestNextTickIsTheNextStep(t *testing.T) {
-	g := newSwapRig(t, true, 30, 120)
-	g.swap()
-	g.now = g.now.Add(500 * time.Millisecond)
-	g.send("us-east", true, false) // the arrival: a shift
-	c := g.c
-	var p *Publication
-	for range 8 { // tick as the service would: at each NextTick
-		if p = c.Tick(g.now); p != nil {
-			break
-		}
-		g.now = c.NextTick(g.now)
-	}
-	if p == nil || p.Head.Phase != "decrease" {
-		t.Fatalf("no decrease published: %+v", p)
-	}
-	c.Published(p, g.now)
-	published := g.now
-	g.now = g.now.Add(c.cfg.StepGap / 5)
-	g.send("eu-west", false, true) // eu-west applied the decrease and says so, at once
-	g.send("us-east", false, true)
-	if p := c.Tick(g.now); p != nil && p.Changed {
-		t.Fatalf("a step %v after the last version, inside StepGap %v", g.now.Sub(published), c.cfg.StepGap)
-	}
-	next := c.NextTick(g.now)
-	if want := published.Add(c.cfg.StepGap); !next.Equal(want) {
-		t.Fatalf("NextTick %v after the decrease, want StepGap %v", next.Sub(published), c.cfg.StepGap)
-	}
-	if w := TickWait(c, g.now, time.Second); w != next.Sub(g.now) {
-		t.Fatalf("TickWait %v, want %v", w, next.Sub(g.now))
-	}
-	// Busy (quickSteps versions in the last interval), the steps wait for TickEvery.
-	quiet := c.versionsAt
-	for i := range c.versionsAt {
-		c.versionsAt[i] = g.now.Add(-time.Second)
-	}
-	if busy := c.NextTick(g.now); !busy.IsZero() {
-		t.Fatalf("%d versions in the last second: NextTick %v after now, want none", quickSteps, busy.Sub(g.now))
-	}
-	if w := TickWait(c, g.now, time.Second); w != time.Second {
-		t.Fatalf("busy: TickWait %v, want TickEvery", w)
-	}
-	c.versionsAt = quiet
-	if p := c.Tick(next); p == nil || !p.Changed {
-		t.Fatalf("no step at NextTick (%v after the decrease)", next.Sub(published))
 	}
 }

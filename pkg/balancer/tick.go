@@ -130,9 +130,6 @@ func (c *Core) Tick(now time.Time) *Publication {
 	return nil
 }
 
-// answered reports whether every enforcer that may still enforce something (heard within
-// SilentAfter) has reported since the last new version: its snapshot of recent rates is
-// then complete.
 // quickSteps: while fewer versions than this were made in the last Interval, a plan's
 // next step is taken as soon as StepGap allows (NextTick).
 const quickSteps = 4
@@ -162,6 +159,9 @@ func (c *Core) NextTick(now time.Time) time.Time {
 	return time.Time{}
 }
 
+// answered reports whether every enforcer that may still enforce something (heard within
+// SilentAfter) has reported since the last new version: its snapshot of recent rates is
+// then complete.
 func (c *Core) answered(now time.Time) bool {
 	for r := range c.regions {
 		rs := &c.regions[r]
