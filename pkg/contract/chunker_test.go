@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"slices"
 	"testing"
 )
 
@@ -230,6 +231,31 @@ func TestAppendEntryIsMarshal(t *testing.T) {
 		}
 		if got := appendEntry([]byte("x"), &e); string(got) != "x"+string(want) {
 			t.Errorf("%+v: %s, want x%s", e, got, want)
+		}
+	}
+	// And a chunk of those it can encode is what json.Marshal writes for it.
+	entries = slices.DeleteFunc(entries, func(e Entry) bool { _, err := json.Marshal(&e); return err != nil })
+	for _, n := range []int{1, 3, len(entries)} {
+		body := []byte{'['}
+		for i, e := range entries[:n] {
+			if i > 0 {
+				body = append(body, ',')
+			}
+			body = appendEntry(body, &e)
+		}
+		body = append(body, ']')
+		for _, h := range []struct {
+			rev   int64
+			ver   uint64
+			index int
+		}{{0, 0, 0}, {3, 9, 1}, {-1, math.MaxUint64, 1 << 20}, {math.MaxInt64, 1, 63}} {
+			want, err := json.Marshal(rawChunk{LeaderRev: h.rev, Version: h.ver, Index: h.index, Entries: body})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := appendChunk(nil, h.rev, h.ver, h.index, body); string(got) != string(want) {
+				t.Errorf("chunk of %d entries %+v:\n%s\nwant\n%s", n, h, got, want)
+			}
 		}
 	}
 }
