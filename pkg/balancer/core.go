@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/allot-dev/allot/pkg/bucket"
 	"github.com/allot-dev/allot/pkg/contract"
 	"github.com/allot-dev/allot/pkg/share"
 )
@@ -51,6 +52,10 @@ type ident struct {
 	rate     float64
 	requests float64   // Limits.Requests
 	def      []float64 // shared, never modified
+	// global is Limits.Global as of the last recompute (or newIdent), shared, never
+	// modified: what a report's admitted count is believed up to (usage). A rule changed
+	// since is read by the next recompute; until then its old limits bound the count.
+	global   []bucket.Limit
 	st       share.State
 	vals     []float64
 	hist     []histEntry  // earlier versions some region may still apply; nil when settled
@@ -355,7 +360,7 @@ func (c *Core) Restore(head contract.Head, entries []contract.Entry) error {
 		if c.ids[key{e.Rule, e.Identity}] != nil {
 			continue
 		}
-		id, _, ok := c.newIdent(e.Rule, e.Identity)
+		id, ok := c.newIdent(e.Rule, e.Identity)
 		if !ok {
 			continue
 		}
@@ -373,12 +378,12 @@ func (c *Core) Restore(head contract.Head, entries []contract.Entry) error {
 
 // newIdent builds an identity at the default split and returns its Limits too; ok is
 // false for an unknown rule.
-func (c *Core) newIdent(rule, identity string) (*ident, Limits, bool) {
+func (c *Core) newIdent(rule, identity string) (*ident, bool) {
 	l, ok := c.cfg.Limits(rule, identity)
 	rate, def := l.Rate, l.Default
 	if !ok || !(rate > 0) || math.IsInf(rate, 0) || (def != nil && len(def) != c.n) {
 		c.stats.unknownRule++
-		return nil, Limits{}, false
+		return nil, false
 	}
 	if def == nil {
 		def = c.weights
@@ -397,11 +402,12 @@ func (c *Core) newIdent(rule, identity string) (*ident, Limits, bool) {
 		c.slab, c.slabVal = c.slab[1:], c.slabVal[valsPer*c.n:]
 	}
 	id.k, id.rate, id.requests, id.def, id.idx, id.origin = key{rule, identity}, rate, l.Requests, def, len(c.all), -1
+	id.global = l.Global
 	copy(id.published(c.n), def)
 	copy(id.target(c.n), def)
 	c.ids[id.k] = id
 	c.all = append(c.all, id)
-	return id, l, true
+	return id, true
 }
 
 // forget drops an identity (back at its default split, every region past its history).

@@ -293,8 +293,6 @@ func (c *Core) usage(now time.Time, ri int, r *allotv1.ReportRequest, secs float
 		// A quiet entry (no tokens: its traffic stopped since the enforcer's last report)
 		// says only that its recent rate fell: it tracks nothing new and keeps nothing alive.
 		quiet := u.Admitted == 0 && u.Refused == 0
-		var lim Limits
-		known := true
 		if id == nil {
 			if quiet {
 				continue
@@ -308,16 +306,18 @@ func (c *Core) usage(now time.Time, ri int, r *allotv1.ReportRequest, secs float
 				c.stats.dropped++
 				continue
 			}
-			if id, lim, known = c.newIdent(u.Rule, u.Identity); !known {
+			var ok bool
+			if id, ok = c.newIdent(u.Rule, u.Identity); !ok {
 				continue
 			}
 			id.origin = ri
 			rs.owned++
-		} else {
-			lim, known = c.cfg.Limits(u.Rule, u.Identity)
 		}
+		// Believed up to the limits the identity was last recomputed under (its rule is
+		// looked up once a recompute, not once a report: a third of a leader's ingest time
+		// at 10,000 identities).
 		admitted := u.Admitted
-		if m := lim.MaxAdmitted(secs); known && admitted > m {
+		if m := (Limits{Global: id.global}).MaxAdmitted(secs); admitted > m {
 			admitted = m
 			c.stats.clamped++
 		}

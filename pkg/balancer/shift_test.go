@@ -388,7 +388,7 @@ func TestArrivalJudgedByItsCount(t *testing.T) {
 	})
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	id, _, ok := c.newIdent("default", "key:a")
+	id, ok := c.newIdent("default", "key:a")
 	if !ok {
 		t.Fatal("no identity")
 	}
@@ -417,7 +417,7 @@ func TestArrivalJudgedByItsCount(t *testing.T) {
 		t.Error("a count with nothing refused read as an arrival")
 	}
 	// Traffic that rose within its region's share is not refused: no move needed.
-	roomy, _, _ := c.newIdent("default", "key:roomy")
+	roomy, _ := c.newIdent("default", "key:roomy")
 	roomy.st.Smoothed = []float64{0, 10, 0}
 	copy(roomy.published(c.n), []float64{0.05, 0.9, 0.05})
 	if c.shifted(roomy, 1, 40, 36, true, false, 1, 1, 1) {
@@ -425,7 +425,7 @@ func TestArrivalJudgedByItsCount(t *testing.T) {
 	}
 	// A sparse key (3/s, never seen in the region): two requests in the half second
 	// after its pair appeared read 4/s; eight do move it.
-	sparse, _, _ := c.newIdent("default", "key:sparse")
+	sparse, _ := c.newIdent("default", "key:sparse")
 	sparse.rate = 3
 	if c.shifted(sparse, 1, 4, 2, true, false, 1, 3, 3) {
 		t.Error("a sparse pair's first two requests read as an arrival")
@@ -438,7 +438,7 @@ func TestArrivalJudgedByItsCount(t *testing.T) {
 	// about once in 10 s somewhere among 10,000 keys' streams, each read as an arrival of
 	// 30/s, a shift and three versions. Under one token due, the count is judged against
 	// one: eight requests are an arrival, five are not.
-	rare, _, _ := c.newIdent("default", "key:rare")
+	rare, _ := c.newIdent("default", "key:rare")
 	rare.rate = 7
 	rare.st.Smoothed = []float64{0, 0.66, 0}
 	copy(rare.published(c.n), []float64{0.33, 0.33, 0.34})
@@ -468,7 +468,7 @@ func TestArrivalJudgedOnTheRegionsReports(t *testing.T) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	fresh := func(name string, smoothed float64) *ident {
-		id, _, ok := c.newIdent("default", name)
+		id, ok := c.newIdent("default", name)
 		if !ok {
 			t.Fatal("no identity")
 		}

@@ -250,7 +250,7 @@ func (c *Core) recompute(now time.Time, snapshot bool) {
 			if def == nil {
 				def = c.weights
 			}
-			id.rate, id.requests, id.def = l.Rate, l.Requests, def
+			id.rate, id.requests, id.def, id.global = l.Rate, l.Requests, def, l.Global
 		} else {
 			id.evict = true // the rule is gone: back to the default split, then forget it
 		}
