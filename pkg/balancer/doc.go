@@ -34,7 +34,10 @@
 // past it. mayApply_r(i) is the largest share of i for region r among the versions r may
 // still be applying: the one its enforcers acknowledged and every later one. A region
 // acknowledges version v when every enforcer of it that has not fenced itself (heard in
-// the last Stale + AckTimeout, and not gone with a final report) reports applying ≥ v (its
+// the last Stale + AckTimeout, not shown by a region-mate's report marked fenced in their
+// store naming the last report of it accepted for AckTimeout — an enforcer cut off alone
+// fences itself within a few intervals and marks itself so: fence_marks, fenceMarks — and
+// not gone with a final report) reports applying ≥ v (its
 // share_version under this leader's fencing token); only reports acknowledge, never time
 // (see acks). A fenced enforcer enforces at most min(its share, default), so its region
 // keeps its default share reserved while the enforcer is remembered (another Stale) and,

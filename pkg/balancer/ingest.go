@@ -8,6 +8,7 @@ import (
 	"math/bits"
 	"time"
 
+	"github.com/allot-dev/allot/pkg/bucket"
 	allotv1 "github.com/allot-dev/allot/proto/allot/v1"
 )
 
@@ -53,6 +54,13 @@ func (c *Core) validate(r *allotv1.ReportRequest) (int, error) {
 		return bad("omitted_tokens %g, must be finite and >= 0", r.OmittedTokens)
 	case r.FencedSeen > MaxFencedSeen:
 		return bad("fenced_seen %d, more than %d", r.FencedSeen, MaxFencedSeen)
+	case len(r.FenceMarks) > bucket.MaxFenceMarks:
+		return bad("%d fence_marks, more than %d", len(r.FenceMarks), bucket.MaxFenceMarks)
+	}
+	for i, m := range r.FenceMarks {
+		if m == nil || m.Enforcer == "" || len(m.Enforcer) > bucket.MaxSightLen {
+			return bad("fence_marks[%d]: enforcer %.64q: empty or longer than %d bytes", i, m.GetEnforcer(), bucket.MaxSightLen)
+		}
 	}
 	if err := validateQuotas(r.Quotas, c.cfg.MaxEntries); err != nil {
 		return 0, err
@@ -196,6 +204,8 @@ func (c *Core) Ingest(now time.Time, r *allotv1.ReportRequest) error {
 	}
 	e.seen(r.Seq)
 	e.lastHeard, e.appliedRev, e.appliedVer, e.restored = now, r.ShareLeaderRev, r.ShareVersion, false
+	e.markedAt = time.Time{} // heard: no mark of it before this report counts
+	c.fenceMarks(now, rs, r)
 	if e.window != c.window+1 { // window numbers are offset by one so 0 means never
 		e.window = c.window + 1
 		rs.winEnfs++
@@ -228,6 +238,33 @@ func (c *Core) Ingest(now time.Time, r *allotv1.ReportRequest) error {
 	}
 	c.usage(now, ri, r, secs, recent)
 	return nil
+}
+
+// fenceMarks notes, from a report of an enforcer of region rs, the enforcers of the region
+// that marked themselves fenced in its store naming the last report of theirs this leader
+// accepted (ReportRequest.fence_marks): such an enforcer fenced itself after that report
+// and has not rejoined since (it rejoins only once a later report of it is accepted), so
+// it enforces at most min(its share, default split), and acks stops waiting for it
+// AckTimeout after its mark was first seen. Only of enforcers silent for SilentAfter, and
+// only from an enforcer's own report (an aggregator forwards none). Called with c.mu held.
+//
+// A mark is believed as much as the report that carries it: a holder of the region's
+// certificate could as well send reports in the marked enforcer's name acknowledging
+// any version.
+func (c *Core) fenceMarks(now time.Time, rs *regionState, r *allotv1.ReportRequest) {
+	for _, m := range r.FenceMarks {
+		if m.Seq == 0 {
+			continue // a stale enforcer's mark names none: ended by a set read again, not by a report
+		}
+		for name, e := range rs.enforcers {
+			if e.restored || e.maxSeq != m.Seq || now.Sub(e.lastHeard) < c.cfg.SilentAfter || !e.markedAt.IsZero() {
+				continue
+			}
+			if bucket.SightID(name) == m.Enforcer {
+				e.markedAt = now
+			}
+		}
+	}
 }
 
 // heardRegion counts one report (reports enforcer reports merged, recent of them with
@@ -557,6 +594,7 @@ func (c *Core) ingestMembers(now time.Time, ri int, r *allotv1.ReportRequest) er
 		}
 		if e.restored || !heard.Before(e.lastHeard) { // a later word than the last: an older one never rolls it back
 			e.lastHeard, e.appliedRev, e.appliedVer, e.restored = heard, m.ShareLeaderRev, m.ShareVersion, false
+			e.markedAt = time.Time{}
 		}
 		if m.Reports > 0 {
 			if e.window != c.window+1 {

@@ -57,10 +57,12 @@ func (c *Core) acks(now time.Time) []uint64 {
 		var byReport uint64
 		any := false
 		for name, e := range rs.enforcers {
-			if now.Sub(e.lastHeard) >= fence {
-				// It has fenced itself: it enforces at most its default split. Its region
-				// keeps that reserved for another Stale (fencedUntil) and the record goes,
-				// so the table holds only enforcers that may still enforce more.
+			if now.Sub(e.lastHeard) >= fence || !e.markedAt.IsZero() && now.Sub(e.markedAt) >= c.cfg.AckTimeout {
+				// It has fenced itself (by its staleness rule, or as cut off alone, which a
+				// region-mate's report showed: fenceMarks): it enforces at most its default
+				// split. Its region keeps that reserved for another Stale past its own
+				// staleness (fencedUntil, and while reports count its mark) and the record
+				// goes, so the table holds only enforcers that may still enforce more.
 				rs.fencedUntil = later(rs.fencedUntil, e.lastHeard.Add(2*c.cfg.Stale+c.cfg.AckTimeout))
 				delete(rs.enforcers, name)
 				c.membersGen++

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/allot-dev/allot/pkg/bucket"
 	"github.com/allot-dev/allot/pkg/contract"
 	allotv1 "github.com/allot-dev/allot/proto/allot/v1"
 )
@@ -51,6 +52,13 @@ type fakeEnf struct {
 	// region's store; a cut enforcer that did not crash marks itself fenced there once
 	// stale, and its region-mates' reports count it (fenced_seen, pkg/bucket.Fences).
 	crashed bool
+	// alone: with cut, it fences itself as cut off alone (pkg/enforcer/node) at fenceAt —
+	// min(share, default) from then — and marks itself in its region's store naming its
+	// last accepted report's seq (markSeq, its seq then unless set), which its
+	// region-mates' reports list (fence_marks).
+	alone   bool
+	fenceAt time.Time
+	markSeq uint64
 }
 
 type delivery struct {
@@ -117,7 +125,7 @@ func (w *world) enforces(e *fakeEnf, k key, r int) float64 {
 		return 0
 	}
 	s := w.shareOf(e.ver, e.rev, k, r)
-	if e.cut && w.now.Sub(e.heard) >= w.c.cfg.Stale {
+	if e.cut && (w.now.Sub(e.heard) >= w.c.cfg.Stale || e.alone && !w.now.Before(e.fenceAt)) {
 		l, _ := w.c.cfg.Limits(k.rule, k.identity)
 		def := l.Default
 		if def == nil {
@@ -194,7 +202,17 @@ func (w *world) tickOnce() {
 				req.RecentWindowMs = 1000
 			}
 			for _, o := range w.enfs {
-				if o.region == e.region && o.cut && !o.crashed && !o.left && w.now.Sub(o.heard) >= c.cfg.Stale {
+				if o.region != e.region || !o.cut || o.crashed || o.left {
+					continue
+				}
+				if o.alone && !w.now.Before(o.fenceAt) {
+					seq := o.markSeq
+					if seq == 0 {
+						seq = o.seq
+					}
+					req.FencedSeen++
+					req.FenceMarks = append(req.FenceMarks, &allotv1.FenceMark{Enforcer: bucket.SightID(o.id), Seq: seq})
+				} else if w.now.Sub(o.heard) >= c.cfg.Stale {
 					req.FencedSeen++
 				}
 			}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -15,20 +16,29 @@ import (
 )
 
 // The fenced enforcers' marks count the distinct ids marked within the window, forget the
-// older ones, are bounded, and refuse a bad id or window with an error naming it: the same
-// in memory and in Redis (fence.lua).
+// older ones, are bounded, list the newest with their seqs, say how long ago another
+// enforcer was heard, and refuse a bad id or window with an error naming it: the same in
+// memory and in Redis (fence.lua).
 func runFences(t *testing.T, f bucket.Fences, clk *clock.Fake) {
 	t.Helper()
 	ctx := context.Background()
 	ttl := 30 * time.Second
-	mark := func(id string, fenced bool, want int) {
+	call := func(c bucket.FenceCall) bucket.FenceReply {
 		t.Helper()
-		n, err := f.Fence(ctx, id, fenced, ttl)
+		c.TTL = ttl
+		if c.HeardAgo == 0 {
+			c.HeardAgo = -1
+		}
+		r, err := f.Fence(ctx, c)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if n != want {
-			t.Fatalf("Fence(%q, %v) = %d, want %d", id, fenced, n, want)
+		return r
+	}
+	mark := func(id string, fenced bool, want int) {
+		t.Helper()
+		if r := call(bucket.FenceCall{ID: id, Fenced: fenced, Seq: 7}); r.Marked != want || len(r.Marks) != min(want, bucket.MaxFenceMarks) {
+			t.Fatalf("Fence(%q, %v) = %d marked, %d listed; want %d", id, fenced, r.Marked, len(r.Marks), want)
 		}
 	}
 	count := func(id string, want int) { t.Helper(); mark(id, id != "", want) }
@@ -46,9 +56,44 @@ func runFences(t *testing.T, f bucket.Fences, clk *clock.Fake) {
 	count("eu-west-3", 2)
 	mark("eu-west-1", false, 1) // heard again: it takes its mark back
 	mark("eu-west-5", false, 1) // one that never marked takes back nothing
+
+	// Each mark keeps the seq it was made with (the last one), newest first.
+	clk.Advance(time.Second)
+	call(bucket.FenceCall{ID: "eu-west-6", Fenced: true, Seq: 41})
+	clk.Advance(time.Second)
+	call(bucket.FenceCall{ID: "eu-west-6", Fenced: true, Seq: 42})
+	r := call(bucket.FenceCall{})
+	want := []bucket.FenceMark{{ID: "eu-west-6", Seq: 42}, {ID: "eu-west-3", Seq: 7}}
+	if r.Marked != 2 || !slices.Equal(r.Marks, want) {
+		t.Fatalf("marks %d %v, want 2 %v", r.Marked, r.Marks, want)
+	}
+	mark("eu-west-6", false, 1)
+	call(bucket.FenceCall{ID: "eu-west-6", Fenced: true}) // marked again, with no seq
+	if r := call(bucket.FenceCall{}); len(r.Marks) != 2 || r.Marks[0] != (bucket.FenceMark{ID: "eu-west-6"}) {
+		t.Fatalf("marks %v, want eu-west-6 with seq 0 first", r.Marks)
+	}
+
+	// Heard times: the latest of the others, within the window.
+	clk.Advance(time.Minute)
+	if r := call(bucket.FenceCall{ID: "a", HeardAgo: 2 * time.Second}); r.MateHeardAgo >= 0 {
+		t.Fatalf("alone: mate heard %v ago, want none", r.MateHeardAgo)
+	}
+	call(bucket.FenceCall{ID: "b", HeardAgo: 5 * time.Second})
+	clk.Advance(time.Second)
+	if r := call(bucket.FenceCall{ID: "c", HeardAgo: 40 * time.Second}); r.MateHeardAgo != 3*time.Second { // a's, not c's (older than the window)
+		t.Fatalf("mate heard %v ago, want 3s (a's)", r.MateHeardAgo)
+	}
+	if r := call(bucket.FenceCall{ID: "a", HeardAgo: -1}); r.MateHeardAgo != 6*time.Second { // b's: a's own is not a mate's
+		t.Fatalf("a: mate heard %v ago, want 6s (b's)", r.MateHeardAgo)
+	}
+	clk.Advance(30 * time.Second)
+	if r := call(bucket.FenceCall{ID: "c"}); r.MateHeardAgo >= 0 {
+		t.Fatalf("after the window: mate heard %v ago, want none", r.MateHeardAgo)
+	}
+
 	clk.Advance(time.Minute)
 	for i := range bucket.MaxFences + 10 {
-		if _, err := f.Fence(ctx, fmt.Sprintf("e%d", i), true, ttl); err != nil {
+		if _, err := f.Fence(ctx, bucket.FenceCall{ID: fmt.Sprintf("e%d", i), Fenced: true, TTL: ttl, HeardAgo: -1}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -58,7 +103,7 @@ func runFences(t *testing.T, f bucket.Fences, clk *clock.Fake) {
 		ttl  time.Duration
 		name string
 	}{{strings.Repeat("x", bucket.MaxSightLen+1), ttl, "fence id"}, {"a", 0, "fence ttl"}, {"a", 2 * time.Hour, "fence ttl"}} {
-		_, err := f.Fence(ctx, bad.id, true, bad.ttl)
+		_, err := f.Fence(ctx, bucket.FenceCall{ID: bad.id, Fenced: true, TTL: bad.ttl})
 		if !errors.Is(err, bucket.ErrInvalid) || !strings.Contains(err.Error(), bad.name) {
 			t.Fatalf("Fence(%.10q, %v): %v, want ErrInvalid naming %s", bad.id, bad.ttl, err, bad.name)
 		}

@@ -41,8 +41,10 @@ type Memory struct {
 	held   [memoryShards]heldShard // in-flight slots (memory_inflight.go)
 	marks  [memoryShards]markShard // settlement markers (memory_settle.go)
 	fences struct {                // fenced enforcers' marks (fence.go)
-		mu sync.Mutex
-		at map[string]int64 // id → Unix ms of its last mark
+		mu    sync.Mutex
+		at    map[string]int64  // id → Unix ms of its last mark
+		seq   map[string]uint64 // id → the seq of its last mark
+		heard map[string]int64  // id → Unix ms the balancer last accepted a report of it
 	}
 }
 

@@ -289,7 +289,8 @@ func (p *balancerPlane) report(rep *reporter, step report.Step) {
 	if rep.rc.Fences != nil {
 		// Marked and counted whether or not the report can leave: a cut-off enforcer
 		// still reaches its region's store.
-		r.FencedSeen = rep.rc.Fences(context.Background(), now)
+		f := rep.rc.Fences(context.Background(), now)
+		r.FencedSeen, r.FenceMarks = f.Seen, f.Marks
 	}
 	if p.down || p.cut(rep.region, rep.enf) {
 		return
@@ -329,7 +330,7 @@ func (p *balancerPlane) ingest(m sent) {
 	// The answer reaches the enforcer (unless it was cut off or restarted meanwhile): its
 	// share table counts staleness from the last accepted report.
 	if rep := p.reps[m.region][m.enf]; rep.gen == m.gen && !p.cut(m.region, m.enf) {
-		rep.rc.Accepted(now)
+		rep.rc.Accepted(now, m.r.Seq)
 	}
 	if balancer.AsksForTick(m.r) {
 		// A shift, or an acknowledgement a change plan may be waiting for: the service

@@ -56,11 +56,11 @@ func (s *regionStore) Take(ctx context.Context, req *bucket.Request) (bucket.Res
 // Fence keeps the region's fenced enforcers' marks (bucket.Fences) as its Redis would,
 // behind the same switch: an enforcer cut off from the control plane marks itself here,
 // and its region-mates' reports count it.
-func (s *regionStore) Fence(ctx context.Context, id string, fenced bool, ttl time.Duration) (int, error) {
+func (s *regionStore) Fence(ctx context.Context, c bucket.FenceCall) (bucket.FenceReply, error) {
 	if s.down.Load() {
-		return 0, errRedisDown
+		return bucket.FenceReply{}, errRedisDown
 	}
-	return s.mem.Fence(ctx, id, fenced, ttl)
+	return s.mem.Fence(ctx, c)
 }
 
 // region is one region of a run: its own virtual clock (every layer of its enforcers reads

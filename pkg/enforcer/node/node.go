@@ -30,8 +30,6 @@ package node
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"sync"
@@ -47,6 +45,7 @@ import (
 	"github.com/allot-dev/allot/pkg/lease"
 	"github.com/allot-dev/allot/pkg/quota"
 	"github.com/allot-dev/allot/pkg/rules"
+	allotv1 "github.com/allot-dev/allot/proto/allot/v1"
 	"github.com/hashicorp/go-hclog"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel/trace"
@@ -248,6 +247,7 @@ type Node struct {
 	// fences keeps the region's fenced enforcers' marks: Deps.Store when it is a
 	// bucket.Fences (Redis, regionsim's region store) and the node reports; else nil.
 	fences bucket.Fences
+	fst    fenceState
 
 	once     sync.Once
 	closeErr error // Close's result
@@ -388,13 +388,7 @@ func (n *Node) newShares(reg prometheus.Registerer) (*overrides.Holder, error) {
 
 // sightID is the name this enforcer sights keys under in Redis: its ID, or a digest of an
 // ID longer than bucket.MaxSightLen.
-func sightID(id string) string {
-	if len(id) <= bucket.MaxSightLen {
-		return id
-	}
-	h := sha256.Sum256([]byte(id))
-	return hex.EncodeToString(h[:16])
-}
+func sightID(id string) string { return bucket.SightID(id) }
 
 // buildLayers puts fallback → lease over deps.Store.
 func (n *Node) buildLayers(deps Deps) (err error) {
@@ -435,42 +429,107 @@ func (n *Node) regionalRate(rule *rules.Compiled, identity string) float64 {
 // applied is the reports' Shares hook: the share set the node applies.
 func (n *Node) applied() (leaderRev int64, version uint64) { return n.shares.h.Load().Applied() }
 
-// heard is the reports' Accepted hook: the balancer accepted a report at t.
-func (n *Node) heard(t time.Time) { n.shares.h.Load().Heard(t) }
+// heard is the reports' Accepted hook: the balancer accepted report seq at t.
+func (n *Node) heard(t time.Time, seq uint64) { n.shares.h.Load().HeardReport(t, seq) }
 
 // FenceTTL is how long an enforcer's mark of itself as fenced counts, in report intervals:
 // it marks itself at every report it tries to send, so a mark is renewed about every
 // interval while it stays fenced and forgotten this long after it stops (it crashed, or
-// is heard again).
+// is heard again). Its heard time in the store counts as long.
 const FenceTTL = 3
 
-// fence is the reports' Fences hook (docs/design.md §9, "An enforcer cut off for long"):
-// while the shares this node enforces are stale — the balancer has not accepted its
-// reports, or the set has not been refreshed, for the staleness period — or it has not
-// loaded its first set yet (it enforces min(default, floor), and the policy leaves a
-// region less than the floor when the regions it holds leave no room for floors), it
-// marks itself fenced in the region's store at every report it tries, and takes its mark
-// back at the first report after; it returns how many of the region's enforcers are
-// marked (within FenceTTL intervals). Its region-mates' reports carry that count, and the
-// balancer keeps the region's default share reserved while it is above zero: a fenced
-// enforcer enforces min(last, default) for as long as it serves, however long it has been
-// cut off. A store error counts none (the balancer holds the reservation a while past the
-// last count above zero; a region whose store is down is on its local limits anyway).
-func (n *Node) fence(ctx context.Context, now time.Time) uint32 {
+// CutOffAfter is how long, in report intervals, an enforcer goes without an accepted
+// report while a region-mate is heard before it fences itself as cut off alone (fence).
+const CutOffAfter = 2
+
+// fenceState is what fence keeps between calls (on the reporter's goroutine; ResetShares
+// clears it with the share table).
+type fenceState struct {
+	// markSeq: the seq the last mark of this enforcer as cut off named.
+	markSeq atomic.Uint64
+}
+
+// fence is the reports' Fences hook (docs/design.md §9, "An enforcer cut off for long" and
+// "Cut off alone"): while the shares this node enforces are stale — the balancer has not
+// accepted its reports, or the set has not been refreshed, for the staleness period — or
+// it has not loaded its first set yet (it enforces min(default, floor), and the policy
+// leaves a region less than the floor when the regions it holds leave no room for
+// floors), or it fenced itself as cut off alone, it marks itself fenced in the region's
+// store at every report it tries, and takes its mark back at the first report after; it
+// returns how many of the region's enforcers are marked (within FenceTTL intervals) and
+// the newest marks. Its region-mates' reports carry them: the balancer keeps the region's
+// default share reserved while the count is above zero (a fenced enforcer enforces
+// min(last, default) for as long as it serves, however long it has been cut off), and
+// stops waiting for an enforcer it no longer hears once a mark of it names the last
+// report it accepted of it.
+//
+// Cut off alone: no report of this enforcer accepted for CutOffAfter intervals, while
+// the store says a region-mate's was, more than an interval after this one's last (a
+// balancer or network down for the whole region is not such a case: every enforcer's
+// last accepted report falls within an interval of the others', and none fences itself
+// before Stale). It fences itself first (overrides.Holder.CutOff), then marks itself with
+// the seq of its last accepted report. It rejoins, taking its mark back first, once a
+// report sent after its last mark was accepted (the balancer then knows a later seq than
+// any of its marks names, so no mark of it in flight is believed) and the set was read
+// again since the cut. Which way it errs: under — a report or two lost while the region's
+// others get through fences it for about an interval more than it needed.
+//
+// A store error counts none and marks nothing (the balancer holds the reservation a while
+// past the last count above zero, and waits Stale for an enforcer whose mark it did not
+// see; a region whose store is down is on its local limits anyway).
+func (n *Node) fence(ctx context.Context, now time.Time) report.Fenced {
 	h := n.shares.h.Load()
-	stale := h.Stale(now) || !h.Loaded()
-	c, err := n.fences.Fence(ctx, sightID(n.cfg.ID), stale, FenceTTL*n.cfg.Usage.Interval)
+	iv := n.cfg.Usage.Interval
+	heardAt, seq := h.LastHeard()
+	cutAt, _ := h.Cut()
+	rejoin := !cutAt.IsZero() && seq > n.fst.markSeq.Load() && h.Refreshed().After(cutAt)
+	cut := !cutAt.IsZero() && !rejoin
+	fenced := h.Stale(now) || !h.Loaded() || cut
+	call := bucket.FenceCall{ID: sightID(n.cfg.ID), Fenced: fenced, TTL: FenceTTL * iv, HeardAgo: -1}
+	if cut {
+		// Only a cut-off enforcer's mark names a seq: it rejoins only after a report sent
+		// after the mark was accepted. A stale one's does not (a set read again ends its
+		// staleness with no report accepted since its mark).
+		call.Seq = seq
+		n.fst.markSeq.Store(seq) // before the call: the mark may land though the answer does not
+	}
+	if seq != 0 {
+		call.HeardAgo = max(now.Sub(heardAt), 0)
+	}
+	rep, err := n.fences.Fence(ctx, call)
 	if err != nil {
 		// It matters when this enforcer is fenced (its region-mates cannot see it); else
 		// the store's own errors are logged by the layers that take from it.
 		log := n.log.Debug
-		if stale {
+		if fenced {
 			log = n.log.Warn
 		}
-		log("could not mark or count fenced enforcers in the region's store", "fenced", stale, "error", err)
-		return 0
+		log("could not mark or count fenced enforcers in the region's store", "fenced", fenced, "error", err)
+		return report.Fenced{}
 	}
-	return uint32(c)
+	if rejoin {
+		h.Rejoin() // its mark is gone
+	}
+	if cutAt.IsZero() && seq != 0 && rep.MateHeardAgo >= 0 &&
+		now.Sub(heardAt) >= CutOffAfter*iv && now.Add(-rep.MateHeardAgo).Sub(heardAt) > iv {
+		// Cut off alone: fenced first, then marked (a second call, once a cut).
+		h.CutOff(now, seq)
+		call.Fenced, call.Seq = true, seq
+		n.fst.markSeq.Store(seq)
+		if r, err := n.fences.Fence(ctx, call); err == nil {
+			rep = r
+		} else {
+			n.log.Warn("could not mark this enforcer fenced in the region's store", "error", err)
+		}
+	}
+	f := report.Fenced{Seen: uint32(rep.Marked)}
+	if len(rep.Marks) > 0 {
+		f.Marks = make([]*allotv1.FenceMark, len(rep.Marks))
+		for i, m := range rep.Marks {
+			f.Marks[i] = &allotv1.FenceMark{Enforcer: m.ID, Seq: m.Seq}
+		}
+	}
+	return f
 }
 
 // ResetShares replaces the node's share table with a new one of the same settings: the
@@ -485,6 +544,7 @@ func (n *Node) ResetShares() error {
 		return err
 	}
 	n.shares.h.Store(h)
+	n.fst.markSeq.Store(0)
 	return nil
 }
 

@@ -163,7 +163,13 @@ type Holder struct {
 	m       *metrics
 	changed chan struct{} // one pending signal: a new set was swapped in (see Changed)
 	heard   atomic.Int64  // Unix ns of the last accepted usage report (Config.Reports)
+	seq     atomic.Uint64 // that report's seq (0: none accepted yet)
 	loaded  atomic.Bool   // a set was applied, or none is published (Config.WaitForSet)
+	// cut: the enforcer fenced itself as cut off alone (CutOff), Unix ns, 0 if not; cutSeq
+	// the seq of the last accepted report then. While cut, every identity enforces
+	// min(share, default) as when stale.
+	cut    atomic.Int64
+	cutSeq atomic.Uint64
 }
 
 // Changed receives after a new set was swapped in (a refresh of the set in force does not
@@ -325,8 +331,13 @@ func (h *Holder) Share(rule *rules.Compiled, identity string, now time.Time) flo
 	return e.share
 }
 
-// stale: s not refreshed for Stale, or (Config.Reports) no report accepted for Stale.
+// stale: s not refreshed for Stale, or (Config.Reports) no report accepted for Stale, or
+// cut off (CutOff).
 func (h *Holder) stale(s *set, now time.Time) bool {
+	return h.cut.Load() != 0 || h.staleByTime(s, now)
+}
+
+func (h *Holder) staleByTime(s *set, now time.Time) bool {
 	if !now.Before(s.fresh.Add(h.cfg.Stale)) {
 		return true
 	}
@@ -354,6 +365,61 @@ func (h *Holder) Heard(t time.Time) {
 	}
 }
 
+// HeardReport is Heard with the accepted report's seq (the reports' Accepted hook): the
+// seq a fenced enforcer's mark names (pkg/bucket.Fences). A seq lower than the one held
+// is ignored.
+func (h *Holder) HeardReport(t time.Time, seq uint64) {
+	h.Heard(t)
+	for {
+		old := h.seq.Load()
+		if seq <= old || h.seq.CompareAndSwap(old, seq) {
+			return
+		}
+	}
+}
+
+// LastHeard returns when the balancer last accepted a usage report and that report's seq
+// (the zero time and 0 before any: NewHolder's start does not count).
+func (h *Holder) LastHeard() (time.Time, uint64) {
+	seq := h.seq.Load()
+	if seq == 0 {
+		return time.Time{}, 0
+	}
+	return time.Unix(0, h.heard.Load()), seq
+}
+
+// CutOff makes every identity enforce min(its share, default) from now, as a stale set
+// does, until Rejoin: the enforcer found itself cut off from the control plane while its
+// region-mates are heard (pkg/enforcer/node), and fenced itself without waiting for Stale.
+// at and seq (the last accepted report's) are kept for Cut. A second call keeps the first.
+func (h *Holder) CutOff(at time.Time, seq uint64) {
+	if h.cut.CompareAndSwap(0, max(at.UnixNano(), 1)) {
+		h.cutSeq.Store(seq)
+		h.log.Warn("cut off from the control plane while the region's other enforcers are heard: enforcing min(share, default) until a report is accepted and a set is read again",
+			"last-accepted-seq", seq)
+	}
+}
+
+// Rejoin ends CutOff.
+func (h *Holder) Rejoin() {
+	if h.cut.Swap(0) != 0 {
+		h.log.Info("heard again with a fresh set: enforcing the shares as published")
+	}
+}
+
+// Cut returns when CutOff began and the seq it was given (the zero time when not cut off).
+func (h *Holder) Cut() (time.Time, uint64) {
+	at := h.cut.Load()
+	if at == 0 {
+		return time.Time{}, 0
+	}
+	return time.Unix(0, at), h.cutSeq.Load()
+}
+
+// Refreshed returns when the set in force was last confirmed by the balancer (the zero
+// time before any set).
+func (h *Holder) Refreshed() time.Time { return h.cur.Load().fresh }
+
 // Applied returns the fencing token and version of the set in force (0, 0 before any):
 // what usage reports say this enforcer applies.
 func (h *Holder) Applied() (leaderRev int64, version uint64) {
@@ -376,7 +442,7 @@ func (h *Holder) Age(now time.Time) time.Duration {
 // is never stale).
 func (h *Holder) Stale(now time.Time) bool {
 	s := h.cur.Load()
-	return !s.fresh.IsZero() && h.stale(s, now)
+	return !s.fresh.IsZero() && h.staleByTime(s, now)
 }
 
 // Len is the number of identities the set in force lists.

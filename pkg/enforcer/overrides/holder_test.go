@@ -198,6 +198,9 @@ func TestHolderMetrics(t *testing.T) {
 # HELP allot_shares_age_seconds Seconds since the balancer last confirmed the share set in force (since start before any set). Past the staleness period listed identities enforce min(last, default share).
 # TYPE allot_shares_age_seconds gauge
 allot_shares_age_seconds 301
+# HELP allot_shares_cut_off 1 while this enforcer fenced itself as cut off from the control plane while its region's other enforcers are heard (identities enforce min(last, default share) until a report is accepted and a set read again), else 0.
+# TYPE allot_shares_cut_off gauge
+allot_shares_cut_off 0
 # HELP allot_shares_entries Identities the share set in force lists (the rest keep the default split).
 # TYPE allot_shares_entries gauge
 allot_shares_entries 1

@@ -37,6 +37,10 @@ func newMetrics(reg prometheus.Registerer, h *Holder) (*metrics, error) {
 			Help: "1 when the share set in force is past the staleness period (identities enforce min(last, default share)), else 0.",
 		}, func() float64 { return b2f(h.Stale(h.cfg.Clock.Now())) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "allot_shares_cut_off",
+			Help: "1 while this enforcer fenced itself as cut off from the control plane while its region's other enforcers are heard (identities enforce min(last, default share) until a report is accepted and a set read again), else 0.",
+		}, func() float64 { at, _ := h.Cut(); return b2f(!at.IsZero()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "allot_shares_loaded",
 			Help: "1 once a share set was loaded (or none is published); 0 while waiting for it, when every identity enforces min(default share, floor).",
 		}, func() float64 { return b2f(h.Loaded()) }),

@@ -59,13 +59,14 @@ type ReporterConfig struct {
 	// answer came): overrides.Holder.Heard, so an enforcer the balancer has not heard from
 	// for the staleness period falls back to min(last, default) exactly when the
 	// balancer starts treating its region so.
-	Accepted func(at time.Time)
+	// seq is the accepted report's (a fenced enforcer's mark names it: pkg/bucket.Fences).
+	Accepted func(at time.Time, seq uint64)
 	// Fences, if not nil, is called once per report (before it is sent, whether or not it
 	// can be) and returns how many of the region's enforcers are marked fenced in its
-	// store (ReportRequest.fenced_seen); the node's hook also marks this enforcer while
-	// its shares are stale (pkg/bucket.Fences). It must return within its ctx (250 ms at
-	// most, SendTimeout if shorter).
-	Fences func(ctx context.Context, now time.Time) uint32
+	// store and the newest marks (ReportRequest.fenced_seen, fence_marks); the node's
+	// hook also marks this enforcer while it is fenced (pkg/bucket.Fences). It must return
+	// within its ctx (250 ms at most, SendTimeout if shorter).
+	Fences func(ctx context.Context, now time.Time) Fenced
 	// AckGap is the least time between reports that an acknowledgement may bring forward.
 	// Must be > 0. Default 250ms.
 	AckGap time.Duration
@@ -100,6 +101,12 @@ type ReporterConfig struct {
 	// MaxQuotas caps the quota counts of one report (the balancer refuses a report with
 	// more than its MaxEntries). Default 10,000.
 	MaxQuotas int
+}
+
+// Fenced is what the Fences hook read of its region's fenced enforcers.
+type Fenced struct {
+	Seen  uint32               // ReportRequest.fenced_seen
+	Marks []*allotv1.FenceMark // ReportRequest.fence_marks
 }
 
 // fencesTimeout bounds the Fences hook's store call (one script, normally under a
@@ -309,7 +316,8 @@ func (r *Reporter) report(now time.Time, early, ack bool) {
 	}
 	if r.cfg.Fences != nil {
 		fctx, cancel := context.WithTimeout(r.ctx, min(r.cfg.SendTimeout, fencesTimeout))
-		req.FencedSeen = r.cfg.Fences(fctx, now)
+		f := r.cfg.Fences(fctx, now)
+		req.FencedSeen, req.FenceMarks = f.Seen, f.Marks
 		cancel()
 		r.m.fencedSeen.Set(float64(req.FencedSeen))
 	}
@@ -333,7 +341,7 @@ func (r *Reporter) report(now time.Time, early, ack bool) {
 			}
 			if r.cfg.Accepted != nil {
 				if heard, ok := heardAt(at, resp); ok {
-					r.cfg.Accepted(heard)
+					r.cfg.Accepted(heard, req.Seq)
 				}
 			}
 			r.m.sent.Inc()

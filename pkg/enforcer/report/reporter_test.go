@@ -273,7 +273,7 @@ func TestReporterLeaderDownDrops(t *testing.T) {
 	var fences atomic.Int32
 	g := newRig(t, src, func(c *ReporterConfig) {
 		c.SendTimeout = 500 * time.Millisecond
-		c.Fences = func(context.Context, time.Time) uint32 { fences.Add(1); return 2 }
+		c.Fences = func(context.Context, time.Time) Fenced { fences.Add(1); return Fenced{Seen: 2} }
 	})
 	a := rule("default", 10)
 	for i := 1; i <= 3; i++ {

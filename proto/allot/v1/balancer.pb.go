@@ -81,7 +81,18 @@ type ReportRequest struct {
 	// plane but still serving from its region's store is seen by its region-mates (the
 	// balancer then keeps that region's default share reserved; pkg/balancer acks). An
 	// aggregator forwards the largest its members said. At most 4096.
-	FencedSeen    uint32 `protobuf:"varint,17,opt,name=fenced_seen,json=fencedSeen,proto3" json:"fenced_seen,omitempty"`
+	FencedSeen uint32 `protobuf:"varint,17,opt,name=fenced_seen,json=fencedSeen,proto3" json:"fenced_seen,omitempty"`
+	// The newest of those marks, as this enforcer last read them (at most 64): each names
+	// the marked enforcer (its enforcer_id, or a hash of one longer than 64 bytes) and the
+	// seq of the last report of it the balancer had accepted when it marked itself. An
+	// enforcer marks itself only while it enforces at most min(its share, default split):
+	// its shares went stale, it has not loaded its first set, or it fenced itself because
+	// its region-mates are heard while it is not. A leader that has stopped hearing an
+	// enforcer stops waiting for its acknowledgements AckTimeout after a region-mate's
+	// report shows its mark naming the last report of it the leader accepted (pkg/balancer
+	// acks); without one, Stale + AckTimeout after its last report. Aggregators do not
+	// forward them.
+	FenceMarks    []*FenceMark `protobuf:"bytes,18,rep,name=fence_marks,json=fenceMarks,proto3" json:"fence_marks,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -235,6 +246,70 @@ func (x *ReportRequest) GetFencedSeen() uint32 {
 	return 0
 }
 
+func (x *ReportRequest) GetFenceMarks() []*FenceMark {
+	if x != nil {
+		return x.FenceMarks
+	}
+	return nil
+}
+
+// FenceMark is one fenced enforcer's mark in its region's store (ReportRequest.fence_marks).
+type FenceMark struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The enforcer's id in the store: its enforcer_id, or for one longer than 64 bytes the
+	// hex of the first 16 bytes of its SHA-256.
+	Enforcer string `protobuf:"bytes,1,opt,name=enforcer,proto3" json:"enforcer,omitempty"`
+	// The seq of the last report of it the balancer had accepted when it marked itself; 0
+	// when none had been.
+	Seq           uint64 `protobuf:"varint,2,opt,name=seq,proto3" json:"seq,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FenceMark) Reset() {
+	*x = FenceMark{}
+	mi := &file_allot_v1_balancer_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FenceMark) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FenceMark) ProtoMessage() {}
+
+func (x *FenceMark) ProtoReflect() protoreflect.Message {
+	mi := &file_allot_v1_balancer_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FenceMark.ProtoReflect.Descriptor instead.
+func (*FenceMark) Descriptor() ([]byte, []int) {
+	return file_allot_v1_balancer_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *FenceMark) GetEnforcer() string {
+	if x != nil {
+		return x.Enforcer
+	}
+	return ""
+}
+
+func (x *FenceMark) GetSeq() uint64 {
+	if x != nil {
+		return x.Seq
+	}
+	return 0
+}
+
 // Member is one enforcer behind a report aggregator, as the aggregator last heard it.
 type Member struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -262,7 +337,7 @@ type Member struct {
 
 func (x *Member) Reset() {
 	*x = Member{}
-	mi := &file_allot_v1_balancer_proto_msgTypes[1]
+	mi := &file_allot_v1_balancer_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -274,7 +349,7 @@ func (x *Member) String() string {
 func (*Member) ProtoMessage() {}
 
 func (x *Member) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_balancer_proto_msgTypes[1]
+	mi := &file_allot_v1_balancer_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -287,7 +362,7 @@ func (x *Member) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Member.ProtoReflect.Descriptor instead.
 func (*Member) Descriptor() ([]byte, []int) {
-	return file_allot_v1_balancer_proto_rawDescGZIP(), []int{1}
+	return file_allot_v1_balancer_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *Member) GetEnforcerId() string {
@@ -366,7 +441,7 @@ type QuotaCount struct {
 
 func (x *QuotaCount) Reset() {
 	*x = QuotaCount{}
-	mi := &file_allot_v1_balancer_proto_msgTypes[2]
+	mi := &file_allot_v1_balancer_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -378,7 +453,7 @@ func (x *QuotaCount) String() string {
 func (*QuotaCount) ProtoMessage() {}
 
 func (x *QuotaCount) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_balancer_proto_msgTypes[2]
+	mi := &file_allot_v1_balancer_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -391,7 +466,7 @@ func (x *QuotaCount) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use QuotaCount.ProtoReflect.Descriptor instead.
 func (*QuotaCount) Descriptor() ([]byte, []int) {
-	return file_allot_v1_balancer_proto_rawDescGZIP(), []int{2}
+	return file_allot_v1_balancer_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *QuotaCount) GetRule() string {
@@ -472,7 +547,7 @@ type IdentityUsage struct {
 
 func (x *IdentityUsage) Reset() {
 	*x = IdentityUsage{}
-	mi := &file_allot_v1_balancer_proto_msgTypes[3]
+	mi := &file_allot_v1_balancer_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -484,7 +559,7 @@ func (x *IdentityUsage) String() string {
 func (*IdentityUsage) ProtoMessage() {}
 
 func (x *IdentityUsage) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_balancer_proto_msgTypes[3]
+	mi := &file_allot_v1_balancer_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -497,7 +572,7 @@ func (x *IdentityUsage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use IdentityUsage.ProtoReflect.Descriptor instead.
 func (*IdentityUsage) Descriptor() ([]byte, []int) {
-	return file_allot_v1_balancer_proto_rawDescGZIP(), []int{3}
+	return file_allot_v1_balancer_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *IdentityUsage) GetRule() string {
@@ -598,7 +673,7 @@ type ReportResponse struct {
 
 func (x *ReportResponse) Reset() {
 	*x = ReportResponse{}
-	mi := &file_allot_v1_balancer_proto_msgTypes[4]
+	mi := &file_allot_v1_balancer_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -610,7 +685,7 @@ func (x *ReportResponse) String() string {
 func (*ReportResponse) ProtoMessage() {}
 
 func (x *ReportResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_allot_v1_balancer_proto_msgTypes[4]
+	mi := &file_allot_v1_balancer_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -623,7 +698,7 @@ func (x *ReportResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReportResponse.ProtoReflect.Descriptor instead.
 func (*ReportResponse) Descriptor() ([]byte, []int) {
-	return file_allot_v1_balancer_proto_rawDescGZIP(), []int{4}
+	return file_allot_v1_balancer_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *ReportResponse) GetAccepted() bool {
@@ -693,7 +768,7 @@ var File_allot_v1_balancer_proto protoreflect.FileDescriptor
 
 const file_allot_v1_balancer_proto_rawDesc = "" +
 	"\n" +
-	"\x17allot/v1/balancer.proto\x12\ballot.v1\"\xe5\x04\n" +
+	"\x17allot/v1/balancer.proto\x12\ballot.v1\"\x9b\x05\n" +
 	"\rReportRequest\x12\x16\n" +
 	"\x06region\x18\x01 \x01(\tR\x06region\x12\x1f\n" +
 	"\venforcer_id\x18\x02 \x01(\tR\n" +
@@ -714,7 +789,12 @@ const file_allot_v1_balancer_proto_rawDesc = "" +
 	"\x06quotas\x18\x0f \x03(\v2\x14.allot.v1.QuotaCountR\x06quotas\x12*\n" +
 	"\amembers\x18\x10 \x03(\v2\x10.allot.v1.MemberR\amembers\x12\x1f\n" +
 	"\vfenced_seen\x18\x11 \x01(\rR\n" +
-	"fencedSeen\"\x90\x02\n" +
+	"fencedSeen\x124\n" +
+	"\vfence_marks\x18\x12 \x03(\v2\x13.allot.v1.FenceMarkR\n" +
+	"fenceMarks\"9\n" +
+	"\tFenceMark\x12\x1a\n" +
+	"\benforcer\x18\x01 \x01(\tR\benforcer\x12\x10\n" +
+	"\x03seq\x18\x02 \x01(\x04R\x03seq\"\x90\x02\n" +
 	"\x06Member\x12\x1f\n" +
 	"\venforcer_id\x18\x01 \x01(\tR\n" +
 	"enforcerId\x12(\n" +
@@ -774,26 +854,28 @@ func file_allot_v1_balancer_proto_rawDescGZIP() []byte {
 	return file_allot_v1_balancer_proto_rawDescData
 }
 
-var file_allot_v1_balancer_proto_msgTypes = make([]protoimpl.MessageInfo, 5)
+var file_allot_v1_balancer_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
 var file_allot_v1_balancer_proto_goTypes = []any{
 	(*ReportRequest)(nil),  // 0: allot.v1.ReportRequest
-	(*Member)(nil),         // 1: allot.v1.Member
-	(*QuotaCount)(nil),     // 2: allot.v1.QuotaCount
-	(*IdentityUsage)(nil),  // 3: allot.v1.IdentityUsage
-	(*ReportResponse)(nil), // 4: allot.v1.ReportResponse
+	(*FenceMark)(nil),      // 1: allot.v1.FenceMark
+	(*Member)(nil),         // 2: allot.v1.Member
+	(*QuotaCount)(nil),     // 3: allot.v1.QuotaCount
+	(*IdentityUsage)(nil),  // 4: allot.v1.IdentityUsage
+	(*ReportResponse)(nil), // 5: allot.v1.ReportResponse
 }
 var file_allot_v1_balancer_proto_depIdxs = []int32{
-	3, // 0: allot.v1.ReportRequest.usage:type_name -> allot.v1.IdentityUsage
-	2, // 1: allot.v1.ReportRequest.quotas:type_name -> allot.v1.QuotaCount
-	1, // 2: allot.v1.ReportRequest.members:type_name -> allot.v1.Member
-	2, // 3: allot.v1.ReportResponse.quota_others:type_name -> allot.v1.QuotaCount
-	0, // 4: allot.v1.Balancer.Report:input_type -> allot.v1.ReportRequest
-	4, // 5: allot.v1.Balancer.Report:output_type -> allot.v1.ReportResponse
-	5, // [5:6] is the sub-list for method output_type
-	4, // [4:5] is the sub-list for method input_type
-	4, // [4:4] is the sub-list for extension type_name
-	4, // [4:4] is the sub-list for extension extendee
-	0, // [0:4] is the sub-list for field type_name
+	4, // 0: allot.v1.ReportRequest.usage:type_name -> allot.v1.IdentityUsage
+	3, // 1: allot.v1.ReportRequest.quotas:type_name -> allot.v1.QuotaCount
+	2, // 2: allot.v1.ReportRequest.members:type_name -> allot.v1.Member
+	1, // 3: allot.v1.ReportRequest.fence_marks:type_name -> allot.v1.FenceMark
+	3, // 4: allot.v1.ReportResponse.quota_others:type_name -> allot.v1.QuotaCount
+	0, // 5: allot.v1.Balancer.Report:input_type -> allot.v1.ReportRequest
+	5, // 6: allot.v1.Balancer.Report:output_type -> allot.v1.ReportResponse
+	6, // [6:7] is the sub-list for method output_type
+	5, // [5:6] is the sub-list for method input_type
+	5, // [5:5] is the sub-list for extension type_name
+	5, // [5:5] is the sub-list for extension extendee
+	0, // [0:5] is the sub-list for field type_name
 }
 
 func init() { file_allot_v1_balancer_proto_init() }
@@ -807,7 +889,7 @@ func file_allot_v1_balancer_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_allot_v1_balancer_proto_rawDesc), len(file_allot_v1_balancer_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   5,
+			NumMessages:   6,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
