@@ -127,10 +127,9 @@ type enforcerState struct {
 	window     uint64 // the window it last reported in
 	lastEndMs  int64  // the end of its last report's interval (Ingest counts seconds from it)
 	snapOf     uint64 // the Core.snapEpoch it last reported in
-	// markedAt: when a region-mate's report first showed its mark as fenced in the
-	// region's store naming the last report of it accepted (fenceMarks); zero if none
-	// since that report.
-	markedAt time.Time
+	// markedAt, markLast: when a region-mate's report first and last showed its mark as
+	// cut off alone in the region's store (fenceMarks); zero if none since its last report.
+	markedAt, markLast time.Time
 	// restored: known only from the persisted Members (RestoreMembers), not heard in this
 	// term. It is held as if it applied nothing of ours until it reports or has fenced
 	// itself, and it is not counted among the enforcers sharing the region's traffic.

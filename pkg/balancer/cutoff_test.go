@@ -9,14 +9,18 @@ import (
 // itself as cut off alone (pkg/enforcer/node: its region-mate is heard, it is not) 40 s
 // after its last accepted report and marks itself in its region's store naming that
 // report's seq; eu-west-1's reports list the mark (fence_marks). The leader stops waiting
-// for it AckTimeout after it sees the mark, not Stale + AckTimeout after its last report,
-// and the applied shares never sum over 1 (world.check, every second). A mark naming an
+// for it once eu-west-1's reports have shown the mark for AckTimeout, not Stale +
+// AckTimeout after its last report, and the applied shares never sum over 1 (world.check, every second). A mark naming an
 // older seq (one from before a report of it the leader accepted since) releases nothing.
+//
+// Across a leader change (the new leader restored eu-west-0 from the members and never
+// heard it) a mark naming any seq releases it the same way: a report of it accepted after
+// its mark would have been accepted by the new leader, which would have heard it.
 func TestCutOffAloneReleasedByItsMark(t *testing.T) {
 	for _, tc := range []struct {
-		name  string
-		older bool
-	}{{"its last report", false}, {"an older report", true}} {
+		name          string
+		older, leader bool
+	}{{"its last report", false, false}, {"an older report", true, false}, {"a new leader", false, true}} {
 		t.Run(tc.name, func(t *testing.T) {
 			c, w, k, moved := euWestKey(t)
 			for _, e := range w.enfs {
@@ -26,6 +30,11 @@ func TestCutOffAloneReleasedByItsMark(t *testing.T) {
 						e.markSeq = e.seq - 1
 					}
 				}
+			}
+			if tc.leader {
+				w.step(10 * time.Second)
+				w.newLeader(w.last)
+				c = w.c
 			}
 			*moved = true
 			start, took := w.now, time.Duration(0)

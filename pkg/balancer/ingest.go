@@ -204,7 +204,7 @@ func (c *Core) Ingest(now time.Time, r *allotv1.ReportRequest) error {
 	}
 	e.seen(r.Seq)
 	e.lastHeard, e.appliedRev, e.appliedVer, e.restored = now, r.ShareLeaderRev, r.ShareVersion, false
-	e.markedAt = time.Time{} // heard: no mark of it before this report counts
+	e.markedAt, e.markLast = time.Time{}, time.Time{} // heard: no mark of it before this report counts
 	c.fenceMarks(now, rs, r)
 	if e.window != c.window+1 { // window numbers are offset by one so 0 means never
 		e.window = c.window + 1
@@ -241,12 +241,17 @@ func (c *Core) Ingest(now time.Time, r *allotv1.ReportRequest) error {
 }
 
 // fenceMarks notes, from a report of an enforcer of region rs, the enforcers of the region
-// that marked themselves fenced in its store naming the last report of theirs this leader
-// accepted (ReportRequest.fence_marks): such an enforcer fenced itself after that report
-// and has not rejoined since (it rejoins only once a later report of it is accepted), so
-// it enforces at most min(its share, default split), and acks stops waiting for it
-// AckTimeout after its mark was first seen. Only of enforcers silent for SilentAfter, and
-// only from an enforcer's own report (an aggregator forwards none). Called with c.mu held.
+// that marked themselves fenced in its store as cut off alone (ReportRequest.fence_marks,
+// a mark naming a seq): such an enforcer fenced itself before it marked itself and
+// rejoins only after taking its mark back, once a report of it sent after the mark has
+// been accepted. A mark is believed of an enforcer silent for SilentAfter when it names
+// the last report of it this leader accepted, or, for one this term has not heard
+// (restored from the members), any seq: a report of it accepted since its mark would
+// have been accepted by this leader, which would have heard it. acks stops waiting for it
+// once the mark has been seen for AckTimeout — in a report received AckTimeout or more
+// after the first that showed it, so the enforcer was still marked, hence fenced, then
+// (a report built before it took its mark back and delivered late is not enough). Only
+// from an enforcer's own report (an aggregator forwards none). Called with c.mu held.
 //
 // A mark is believed as much as the report that carries it: a holder of the region's
 // certificate could as well send reports in the marked enforcer's name acknowledging
@@ -257,12 +262,13 @@ func (c *Core) fenceMarks(now time.Time, rs *regionState, r *allotv1.ReportReque
 			continue // a stale enforcer's mark names none: ended by a set read again, not by a report
 		}
 		for name, e := range rs.enforcers {
-			if e.restored || e.maxSeq != m.Seq || now.Sub(e.lastHeard) < c.cfg.SilentAfter || !e.markedAt.IsZero() {
+			if !e.restored && e.maxSeq != m.Seq || now.Sub(e.lastHeard) < c.cfg.SilentAfter || bucket.SightID(name) != m.Enforcer {
 				continue
 			}
-			if bucket.SightID(name) == m.Enforcer {
+			if e.markedAt.IsZero() {
 				e.markedAt = now
 			}
+			e.markLast = now
 		}
 	}
 }
@@ -594,7 +600,7 @@ func (c *Core) ingestMembers(now time.Time, ri int, r *allotv1.ReportRequest) er
 		}
 		if e.restored || !heard.Before(e.lastHeard) { // a later word than the last: an older one never rolls it back
 			e.lastHeard, e.appliedRev, e.appliedVer, e.restored = heard, m.ShareLeaderRev, m.ShareVersion, false
-			e.markedAt = time.Time{}
+			e.markedAt, e.markLast = time.Time{}, time.Time{}
 		}
 		if m.Reports > 0 {
 			if e.window != c.window+1 {

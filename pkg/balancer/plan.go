@@ -57,7 +57,7 @@ func (c *Core) acks(now time.Time) []uint64 {
 		var byReport uint64
 		any := false
 		for name, e := range rs.enforcers {
-			if now.Sub(e.lastHeard) >= fence || !e.markedAt.IsZero() && now.Sub(e.markedAt) >= c.cfg.AckTimeout {
+			if now.Sub(e.lastHeard) >= fence || !e.markedAt.IsZero() && e.markLast.Sub(e.markedAt) >= c.cfg.AckTimeout {
 				// It has fenced itself (by its staleness rule, or as cut off alone, which a
 				// region-mate's report showed: fenceMarks): it enforces at most its default
 				// split. Its region keeps that reserved for another Stale past its own
