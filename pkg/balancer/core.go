@@ -174,6 +174,12 @@ func (e *enforcerState) seen(seq uint64) bool {
 	return false
 }
 
+// releasedEnf is an enforcer acks stopped waiting for on its mark as cut off alone.
+type releasedEnf struct {
+	ver  uint64    // the version of ours it had applied when released (mapApplied)
+	seen time.Time // when a report last listed its mark
+}
+
 type regionState struct {
 	name      string
 	enforcers map[string]*enforcerState
@@ -190,10 +196,14 @@ type regionState struct {
 	// fencedUntil: an enforcer of the region fenced itself (see acks) and may enforce up
 	// to its default split until then; the region keeps that much reserved.
 	fencedUntil time.Time
-	reports     uint64
-	lag         time.Duration
-	driftSum    float64
-	driftMax    float64
+	// released: the enforcers acks stopped waiting for on their marks as cut off alone
+	// (nil until one is): each enforces at most min(its share, default) of the versions
+	// from the one it had applied, for as long as it is marked (mayApply).
+	released map[string]*releasedEnf
+	reports  uint64
+	lag      time.Duration
+	driftSum float64
+	driftMax float64
 	// The reports since the last new version (valid while snapOf is Core.snapEpoch): how
 	// many, how many carried recent rates, and from how many enforcers.
 	snapOf      uint64
@@ -276,6 +286,11 @@ type Core struct {
 	// fenced[r]: an enforcer of region r fenced itself (silent for Stale + AckTimeout) less
 	// than Stale ago while others of r report; it enforces at most its default split.
 	fenced []bool
+	// relAck[r], relAny[r]: region r has released enforcers (regionState.released), the
+	// oldest version of ours one of them had applied.
+	relAck []uint64
+	relAny []bool
+	relBuf []float64 // mayApply's scratch
 	// rankBuf is capPublished's and capTracked's scratch (one recompute at a time).
 	rankBuf []ranked
 	// membersGen counts changes to the regions' enforcer tables (members.go); membersSent
@@ -309,6 +324,7 @@ func NewCore(cfg CoreConfig) (*Core, error) {
 		cfg: cfg, n: n, regionIdx: make(map[string]int, n), weights: cfg.weightSplit(),
 		regions: make([]regionState, n), ids: map[key]*ident{}, pending: map[*ident]struct{}{},
 		learning: true, dirty: true, mayBuf: make([]float64, n), gone: make([]bool, n), fenced: make([]bool, n),
+		relAck: make([]uint64, n), relAny: make([]bool, n), relBuf: make([]float64, n),
 		membersGen: 1, // a term's first publication writes its members, even none
 	}
 	c.quotas = newQuotaBook(c.weights, cfg.SilentAfter, cfg.MaxQuotaEntries)

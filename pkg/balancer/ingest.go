@@ -204,8 +204,9 @@ func (c *Core) Ingest(now time.Time, r *allotv1.ReportRequest) error {
 	}
 	e.seen(r.Seq)
 	e.lastHeard, e.appliedRev, e.appliedVer, e.restored = now, r.ShareLeaderRev, r.ShareVersion, false
-	e.markedAt, e.markLast = time.Time{}, time.Time{} // heard: no mark of it before this report counts
-	c.fenceMarks(now, rs, r)
+	// Heard: no mark of it before this report counts, and its acknowledgements count again.
+	e.markedAt, e.markLast = time.Time{}, time.Time{}
+	delete(rs.released, r.EnforcerId)
 	if e.window != c.window+1 { // window numbers are offset by one so 0 means never
 		e.window = c.window + 1
 		rs.winEnfs++
@@ -229,7 +230,7 @@ func (c *Core) Ingest(now time.Time, r *allotv1.ReportRequest) error {
 			rs.snapEnfs++
 		}
 	}
-	c.heardRegion(now, now, rs, r, secs, 1, recent)
+	c.heardRegion(now, now, rs, r, secs, 1, recent, c.fenceMarks(now, rs, r))
 	if r.Final {
 		// It stopped answering checks: it enforces nothing any more, so neither its
 		// acknowledgements nor its fence are waited for (see acks).
@@ -256,13 +257,27 @@ func (c *Core) Ingest(now time.Time, r *allotv1.ReportRequest) error {
 // A mark is believed as much as the report that carries it: a holder of the region's
 // certificate could as well send reports in the marked enforcer's name acknowledging
 // any version.
-func (c *Core) fenceMarks(now time.Time, rs *regionState, r *allotv1.ReportRequest) {
+//
+// It returns how many of the marks it was told of name an enforcer it accounts for
+// without the region-wide reservation: one still waited for (its acknowledgement holds
+// the region at what it may apply) or one released (its versions are reserved up to its
+// default, mayApply). The rest are held by fenced_seen (heardRegion).
+func (c *Core) fenceMarks(now time.Time, rs *regionState, r *allotv1.ReportRequest) (explained uint32) {
 	for _, m := range r.FenceMarks {
-		if m.Seq == 0 {
-			continue // a stale enforcer's mark names none: ended by a set read again, not by a report
+		found := false
+		for name, x := range rs.released {
+			if bucket.SightID(name) == m.Enforcer {
+				x.seen, found = now, true
+			}
 		}
 		for name, e := range rs.enforcers {
-			if !e.restored && e.maxSeq != m.Seq || now.Sub(e.lastHeard) < c.cfg.SilentAfter || bucket.SightID(name) != m.Enforcer {
+			if bucket.SightID(name) != m.Enforcer {
+				continue
+			}
+			found = true
+			// A stale enforcer's mark names no seq: ended by a set read again, not by a
+			// report.
+			if m.Seq == 0 || !e.restored && e.maxSeq != m.Seq || now.Sub(e.lastHeard) < c.cfg.SilentAfter {
 				continue
 			}
 			if e.markedAt.IsZero() {
@@ -270,7 +285,11 @@ func (c *Core) fenceMarks(now time.Time, rs *regionState, r *allotv1.ReportReque
 			}
 			e.markLast = now
 		}
+		if found {
+			explained++
+		}
 	}
+	return explained
 }
 
 // heardRegion counts one report (reports enforcer reports merged, recent of them with
@@ -281,7 +300,7 @@ func (c *Core) fenceMarks(now time.Time, rs *regionState, r *allotv1.ReportReque
 // report; for an aggregator's, its most recently heard member — the aggregator's forwards
 // alone never make a region whose enforcers are all silent look alive (it is held, then
 // gone, as if they had reported directly).
-func (c *Core) heardRegion(now, heard time.Time, rs *regionState, r *allotv1.ReportRequest, secs float64, reports, recent int) {
+func (c *Core) heardRegion(now, heard time.Time, rs *regionState, r *allotv1.ReportRequest, secs float64, reports, recent int, explained uint32) {
 	rs.winSecs += secs
 	if heard.After(rs.lastHeard) {
 		rs.lastHeard = heard
@@ -294,7 +313,7 @@ func (c *Core) heardRegion(now, heard time.Time, rs *regionState, r *allotv1.Rep
 		rs.snapReports += recent
 	}
 	rs.lag = now.Sub(time.UnixMilli(r.IntervalEndMs))
-	if r.FencedSeen > 0 {
+	if r.FencedSeen > explained {
 		// An enforcer of this region fenced itself and still serves from its store (it
 		// marks itself there at every report it tries; pkg/bucket.Fences): it enforces up
 		// to its default share for as long as it serves, so the region keeps that reserved
@@ -598,6 +617,8 @@ func (c *Core) ingestMembers(now time.Time, ri int, r *allotv1.ReportRequest) er
 			rs.enforcers[m.EnforcerId] = e
 			c.membersGen++
 		}
+		// Its record holds what it may apply again.
+		delete(rs.released, m.EnforcerId)
 		if e.restored || !heard.Before(e.lastHeard) { // a later word than the last: an older one never rolls it back
 			e.lastHeard, e.appliedRev, e.appliedVer, e.restored = heard, m.ShareLeaderRev, m.ShareVersion, false
 			e.markedAt, e.markLast = time.Time{}, time.Time{}
@@ -623,7 +644,7 @@ func (c *Core) ingestMembers(now time.Time, ri int, r *allotv1.ReportRequest) er
 			c.membersGen++
 		}
 	}
-	c.heardRegion(now, membersHeard(now, r), rs, r, secs, reports, recent)
+	c.heardRegion(now, membersHeard(now, r), rs, r, secs, reports, recent, 0)
 	c.usage(now, ri, r, max(secs, 0.1), recent)
 	return nil
 }

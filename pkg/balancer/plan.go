@@ -57,12 +57,24 @@ func (c *Core) acks(now time.Time) []uint64 {
 		var byReport uint64
 		any := false
 		for name, e := range rs.enforcers {
-			if now.Sub(e.lastHeard) >= fence || !e.markedAt.IsZero() && e.markLast.Sub(e.markedAt) >= c.cfg.AckTimeout {
-				// It has fenced itself (by its staleness rule, or as cut off alone, which a
-				// region-mate's report showed: fenceMarks): it enforces at most its default
-				// split. Its region keeps that reserved for another Stale past its own
-				// staleness (fencedUntil, and while reports count its mark) and the record
-				// goes, so the table holds only enforcers that may still enforce more.
+			if !e.markedAt.IsZero() && e.markLast.Sub(e.markedAt) >= c.cfg.AckTimeout && now.Sub(e.lastHeard) < fence {
+				// It fenced itself as cut off alone, and region-mates' reports have shown its
+				// mark for AckTimeout (fenceMarks): it enforces at most min(its share,
+				// default) of the versions from the one it applied, which its region keeps
+				// while its mark is listed (released, mayApply); the record goes.
+				if rs.released == nil {
+					rs.released = map[string]*releasedEnf{}
+				}
+				rs.released[name] = &releasedEnf{ver: c.mapApplied(e), seen: e.markLast}
+				delete(rs.enforcers, name)
+				c.membersGen++
+				continue
+			}
+			if now.Sub(e.lastHeard) >= fence {
+				// It has fenced itself by its staleness rule: it enforces at most its default
+				// split. Its region keeps that reserved for another Stale (fencedUntil, and
+				// while reports count its mark) and the record goes, so the table holds only
+				// enforcers that may still enforce more.
 				rs.fencedUntil = later(rs.fencedUntil, e.lastHeard.Add(2*c.cfg.Stale+c.cfg.AckTimeout))
 				delete(rs.enforcers, name)
 				c.membersGen++
@@ -80,6 +92,17 @@ func (c *Core) acks(now time.Time) []uint64 {
 		}
 		c.gone[r] = !any && now.Sub(last) >= fence
 		c.fenced[r] = any && now.Before(rs.fencedUntil)
+		c.relAny[r], c.relAck[r] = false, 0
+		for name, x := range rs.released {
+			if now.Sub(x.seen) >= c.fenceHold() {
+				delete(rs.released, name) // no longer marked: crashed, or heard again elsewhere
+				continue
+			}
+			if !c.relAny[r] || x.ver < c.relAck[r] {
+				c.relAck[r] = x.ver
+			}
+			c.relAny[r] = true
+		}
 		out[r] = byReport
 		if c.gone[r] {
 			out[r] = c.version
@@ -112,6 +135,11 @@ type plan struct {
 	// gone[r]: region r enforces at most the default split; fenced[r]: through an enforcer
 	// that fenced itself it may enforce up to it (acks, clampGone).
 	gone, fenced []bool
+	// relAny[r]: region r has enforcers released on their marks as cut off alone, which
+	// may enforce min(share, default) of any version from relAck[r] on (acks, mayApply).
+	relAny []bool
+	relAck []uint64
+	rel    []float64 // scratch, n long
 	// restored: this term began from an old leader's set at version restoredVer, whose
 	// earlier versions it does not know (mayApply).
 	restored    bool
@@ -122,8 +150,8 @@ type plan struct {
 
 // planFor is this Tick's plan, ack being what acks returned. Called with c.mu held.
 func (c *Core) planFor(ack []uint64) plan {
-	return plan{n: c.n, ack: ack, gone: c.gone, fenced: c.fenced, restored: c.restoredRev != 0,
-		restoredVer: c.restoredVer, next: c.version + 1, may: c.mayBuf}
+	return plan{n: c.n, ack: ack, gone: c.gone, fenced: c.fenced, relAny: c.relAny, relAck: c.relAck, rel: c.relBuf,
+		restored: c.restoredRev != 0, restoredVer: c.restoredVer, next: c.version + 1, may: c.mayBuf}
 }
 
 // mayApply fills dst with, per region, the largest share of id among the versions the
@@ -144,10 +172,27 @@ func (p *plan) mayApply(id *ident, dst []float64) {
 			}
 		}
 	}
+	if p.restored && len(id.def) == len(dst) && len(p.relAny) == len(dst) {
+		for r, any := range p.relAny {
+			if any && p.relAck[r] < p.restoredVer {
+				dst[r] = max(dst[r], id.def[r]) // an old leader's version: up to its default
+			}
+		}
+	}
 	if len(id.hist) == 0 {
-		return
+		return // what released enforcers may apply is at most the published shares
 	}
 	low := slices.Min(p.ack)
+	rel, relAny := p.rel, p.relAny
+	if len(rel) != len(dst) || len(relAny) != len(dst) {
+		rel, relAny = nil, nil // a plan built without them (tests): none released
+	}
+	copy(rel, id.published(p.n))
+	for r, any := range relAny {
+		if any {
+			low = min(low, p.relAck[r])
+		}
+	}
 	keep := 0
 	for i, h := range id.hist {
 		next := id.pubVer // the version that replaced h
@@ -163,6 +208,17 @@ func (p *plan) mayApply(id *ident, dst []float64) {
 			if next > p.ack[r] {
 				dst[r] = max(dst[r], h.shares[r])
 			}
+			if relAny != nil && relAny[r] && next > p.relAck[r] {
+				rel[r] = max(rel[r], h.shares[r])
+			}
+		}
+	}
+	if len(id.def) == len(dst) {
+		for r, any := range relAny {
+			if !any {
+				continue
+			}
+			dst[r] = max(dst[r], min(rel[r], id.def[r]))
 		}
 	}
 	clear(id.hist[keep:])

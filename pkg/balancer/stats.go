@@ -19,8 +19,8 @@ type RegionStats struct {
 	Silent, Stale bool
 	// Fenced: an enforcer of the region fenced itself (cut off from the control plane)
 	// and may still enforce up to its default share — remembered for Stale past its
-	// fence, or counted by its region's reports (fenced_seen) — so the region keeps that
-	// reserved (see acks).
+	// fence, or counted by its region's reports (fenced_seen), or released on its mark as
+	// cut off alone and still marked — so the region keeps that reserved (see acks).
 	Fenced             bool
 	DriftSum, DriftMax float64 // Σ and max over identities of |published − demand fraction|, last recompute
 }
@@ -77,7 +77,7 @@ func (c *Core) Stats(now time.Time) Stats {
 		s.Regions = append(s.Regions, RegionStats{
 			Region: rs.name, Reports: rs.reports, Enforcers: len(rs.enforcers), LastHeard: rs.lastHeard,
 			Lag: rs.lag, Acked: ack[r], ShareAge: age,
-			Silent: now.Sub(last) > c.cfg.SilentAfter, Stale: now.Sub(last) >= c.cfg.Stale, Fenced: c.fenced[r],
+			Silent: now.Sub(last) > c.cfg.SilentAfter, Stale: now.Sub(last) >= c.cfg.Stale, Fenced: c.fenced[r] || c.relAny[r],
 			DriftSum: rs.driftSum, DriftMax: rs.driftMax,
 		})
 	}
