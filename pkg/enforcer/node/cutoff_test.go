@@ -4,8 +4,6 @@ import (
 	"context"
 	"testing"
 
-	"github.com/allot-dev/allot/pkg/bucket"
-	"github.com/allot-dev/allot/pkg/clock"
 	"github.com/allot-dev/allot/pkg/contract"
 	"github.com/allot-dev/allot/pkg/enforcer/report"
 	allotv1 "github.com/allot-dev/allot/proto/allot/v1"
@@ -17,10 +15,7 @@ import (
 // last mark is accepted and a set is read again, taking its mark back first. A balancer
 // that hears nobody fences nobody before Stale.
 func TestCutOffAloneFencesItself(t *testing.T) {
-	clk := clock.NewFake(start)
-	st := bucket.NewMemory(clk, 0)
-	a, ta, _, holder := rigOn(t, st, clk, nil)
-	b, tb, _, _ := rigOn(t, st, clk, func(c *Config) { c.ID = "us-east-2" })
+	clk, a, ta, b, tb, holder := regionOfTwo(t)
 	ctx := context.Background()
 	rule := holder.Current().Rule("default")
 	iv := a.Config().Usage.Interval

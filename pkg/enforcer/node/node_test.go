@@ -64,6 +64,16 @@ func rigOn(t *testing.T, st bucket.Store, clk *clock.Fake, mod func(*Config)) (*
 	return n, tr, clk, holder
 }
 
+// regionOfTwo is two nodes of us-east over one store (us-east-1 and us-east-2).
+func regionOfTwo(t *testing.T) (clk *clock.Fake, a *Node, ta *fakeTransport, b *Node, tb *fakeTransport, holder *rules.Holder) {
+	t.Helper()
+	clk = clock.NewFake(start)
+	st := bucket.NewMemory(clk, 0)
+	a, ta, _, holder = rigOn(t, st, clk, nil)
+	b, tb, _, _ = rigOn(t, st, clk, func(c *Config) { c.ID = "us-east-2" })
+	return clk, a, ta, b, tb, holder
+}
+
 func TestBuildWiresTheNode(t *testing.T) {
 	n, tr, clk, holder := rig(t, nil)
 	c := n.Config()
@@ -132,10 +142,7 @@ func TestBuildWiresTheNode(t *testing.T) {
 // marks in its reports (fenced_seen): the balancer keeps the region's default share
 // reserved while it serves. Its mark is forgotten FenceTTL intervals after it stops.
 func TestFencedEnforcerIsSeenByItsRegion(t *testing.T) {
-	clk := clock.NewFake(start)
-	st := bucket.NewMemory(clk, 0)
-	a, ta, _, _ := rigOn(t, st, clk, nil)
-	b, tb, _, _ := rigOn(t, st, clk, func(c *Config) { c.ID = "us-east-2" })
+	clk, a, ta, b, tb, _ := regionOfTwo(t)
 	ctx := context.Background()
 	var seq uint64
 	next := func() uint64 { seq++; return seq }
