@@ -457,11 +457,11 @@ type fenceState struct {
 // floors), or it fenced itself as cut off alone, it marks itself fenced in the region's
 // store at every report it tries, and takes its mark back at the first report after; it
 // returns how many of the region's enforcers are marked (within FenceTTL intervals) and
-// the newest marks. Its region-mates' reports carry them: the balancer keeps the region's
-// default share reserved while the count is above zero (a fenced enforcer enforces
-// min(last, default) for as long as it serves, however long it has been cut off), and
-// stops waiting for an enforcer it no longer hears once a mark of it names the last
-// report it accepted of it.
+// the newest marks. Its region-mates' reports carry them: the balancer reserves what a
+// fenced enforcer may still enforce (min(last, default), for as long as it serves, however
+// long it has been cut off) — per identity for one it released on its mark, the region's
+// default share while it counts marks it cannot place — and stops waiting for an
+// enforcer it no longer hears once a mark of it names the last report it accepted of it.
 //
 // Cut off alone: no report of this enforcer accepted for CutOffAfter intervals, while
 // the store says a region-mate's was, more than an interval after this one's last (a
