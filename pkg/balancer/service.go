@@ -576,6 +576,7 @@ func (s *Service) report(ctx context.Context, req *allotv1.ReportRequest) (_ *al
 		}
 	}
 	resp := &allotv1.ReportResponse{Accepted: true, LeaderAddr: s.cfg.Advertise, LeaderRev: rev}
+	resp.ShareLeaderRev, resp.ShareVersion = core.Newest()
 	core.Quotas(now, req, resp)
 	return resp, "accepted", nil
 }

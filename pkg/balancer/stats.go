@@ -46,6 +46,18 @@ type Stats struct {
 	Regions         []RegionStats
 }
 
+// Newest returns the newest share set the core has made: its fencing token and version
+// (0 before the first). An enforcer that fenced itself as cut off alone rejoins only once
+// it applies that one or a newer one (ReportResponse.share_version).
+func (c *Core) Newest() (leaderRev int64, version uint64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.version == 0 {
+		return 0, 0
+	}
+	return c.cfg.LeaderRev, c.version
+}
+
 // Stats returns the counters at now.
 func (c *Core) Stats(now time.Time) Stats {
 	c.mu.Lock()

@@ -12,7 +12,8 @@ import (
 // An enforcer whose reports go unaccepted while a region-mate's are accepted fences itself
 // (min(share, default)) after CutOffAfter intervals, not after Stale, and marks itself
 // with the seq of its last accepted report; it rejoins only once a report sent after its
-// last mark is accepted and a set is read again, taking its mark back first. A balancer
+// last mark is accepted and it applies the newest set the leader had made then, taking
+// its mark back first. A balancer
 // that hears nobody fences nobody before Stale.
 func TestCutOffAloneFencesItself(t *testing.T) {
 	clk, a, ta, b, tb, holder := regionOfTwo(t)
@@ -27,6 +28,7 @@ func TestCutOffAloneFencesItself(t *testing.T) {
 		b.Shares().Apply(head, entries, clk.Now())
 	}
 	seqA, seqB := uint64(100), uint64(200)
+	leaderVer := head.Version
 	// One interval: each tries a report (its Fences hook first); accepted unless cut.
 	round := func(aHeard, bHeard bool) (fa, fb report.Fenced) {
 		t.Helper()
@@ -34,11 +36,12 @@ func TestCutOffAloneFencesItself(t *testing.T) {
 		fa, fb = ta.rc.Fences(ctx, clk.Now()), tb.rc.Fences(ctx, clk.Now())
 		seqA++
 		seqB++
+		// The leader says the newest set it has made (leaderVer).
 		if aHeard {
-			ta.rc.Accepted(clk.Now(), seqA)
+			ta.rc.Accepted(report.Acceptance{At: clk.Now(), Seq: seqA, LeaderRev: head.LeaderRev, Version: leaderVer})
 		}
 		if bHeard {
-			tb.rc.Accepted(clk.Now(), seqB)
+			tb.rc.Accepted(report.Acceptance{At: clk.Now(), Seq: seqB, LeaderRev: head.LeaderRev, Version: leaderVer})
 		}
 		return fa, fb
 	}
@@ -88,21 +91,25 @@ func TestCutOffAloneFencesItself(t *testing.T) {
 		t.Fatal("b, heard all along, cut itself off")
 	}
 
-	// a's reports get through again, but its set is not read again: still fenced, and its
-	// mark now names the seq accepted since.
+	// The leader made version 2 meanwhile (it counted a fenced and raised another region).
+	// a's reports get through again, its set still version 1: still fenced, and its mark
+	// now names the seq accepted since.
+	leaderVer = 2
 	round(true, true)
 	_, fb := round(false, true)
 	if s := a.Shares().Share(rule, "key:k", clk.Now()); s != 0.5 || len(fb.Marks) != 1 || fb.Marks[0].Seq != seqA-1 {
-		t.Fatalf("heard without a fresh set: share %v, marks %v; want 0.5 and a's mark naming seq %d", s, fb.Marks, seqA-1)
+		t.Fatalf("heard, applying version 1 where the leader made 2: share %v, marks %v; want 0.5 and a's mark naming seq %d", s, fb.Marks, seqA-1)
 	}
-	// A fresh set, but no report accepted since the last mark: still fenced.
+	// Version 1 read again (a refresh, not the newest): still fenced.
 	apply()
-	round(false, true)
-	if s := a.Shares().Share(rule, "key:k", clk.Now()); s != 0.5 {
-		t.Fatalf("a fresh set and no report accepted since the mark: share %v, want 0.5", s)
-	}
-	// A report after the mark accepted: the next call takes the mark back, then rejoins.
 	round(true, true)
+	round(true, true)
+	if s := a.Shares().Share(rule, "key:k", clk.Now()); s != 0.5 {
+		t.Fatalf("heard, version 1 refreshed where the leader made 2: share %v, want 0.5", s)
+	}
+	// Version 2 read: the next call takes the mark back, then rejoins.
+	head.Version = 2
+	apply()
 	_, fb = round(true, true)
 	if s := a.Shares().Share(rule, "key:k", clk.Now()); s != 0.9 || fb.Seen != 0 {
 		t.Fatalf("rejoined: share %v, fenced_seen %d; want 0.9 and 0", s, fb.Seen)

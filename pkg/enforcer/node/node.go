@@ -429,8 +429,10 @@ func (n *Node) regionalRate(rule *rules.Compiled, identity string) float64 {
 // applied is the reports' Shares hook: the share set the node applies.
 func (n *Node) applied() (leaderRev int64, version uint64) { return n.shares.h.Load().Applied() }
 
-// heard is the reports' Accepted hook: the balancer accepted report seq at t.
-func (n *Node) heard(t time.Time, seq uint64) { n.shares.h.Load().HeardReport(t, seq) }
+// heard is the reports' Accepted hook.
+func (n *Node) heard(a report.Acceptance) {
+	n.shares.h.Load().HeardReport(a.At, a.Seq, a.LeaderRev, a.Version)
+}
 
 // FenceTTL is how long an enforcer's mark of itself as fenced counts, in report intervals:
 // it marks itself at every report it tries to send, so a mark is renewed about every
@@ -470,9 +472,12 @@ type fenceState struct {
 // before Stale). It fences itself first (overrides.Holder.CutOff), then marks itself with
 // the seq of its last accepted report. It rejoins, taking its mark back first, once a
 // report sent after its last mark was accepted (the balancer then knows a later seq than
-// any of its marks names, so no mark of it in flight is believed) and the set was read
-// again since the cut. Which way it errs: under — a report or two lost while the region's
-// others get through fences it for about an interval more than it needed.
+// any of its marks names, so no mark of it in flight is believed) and it applies the
+// newest set the leader had made when it took that report, or a newer one (the leader
+// may have raised other regions while it counted this enforcer fenced; a leader that does
+// not say, an aggregator's answer: a set read since the cut, as then it was never
+// released). Which way it errs: under — a report or two lost while the region's others get
+// through fences it for about an interval more than it needed.
 //
 // A store error counts none and marks nothing (the balancer holds the reservation a while
 // past the last count above zero, and waits Stale for an enforcer whose mark it did not
@@ -482,7 +487,7 @@ func (n *Node) fence(ctx context.Context, now time.Time) report.Fenced {
 	iv := n.cfg.Usage.Interval
 	heardAt, seq := h.LastHeard()
 	cutAt, _ := h.Cut()
-	rejoin := !cutAt.IsZero() && seq > n.fst.markSeq.Load() && h.Refreshed().After(cutAt)
+	rejoin := !cutAt.IsZero() && seq > n.fst.markSeq.Load() && h.Current(cutAt)
 	cut := !cutAt.IsZero() && !rejoin
 	fenced := h.Stale(now) || !h.Loaded() || cut
 	call := bucket.FenceCall{ID: sightID(n.cfg.ID), Fenced: fenced, TTL: FenceTTL * iv, HeardAgo: -1}

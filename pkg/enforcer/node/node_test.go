@@ -117,7 +117,7 @@ func TestBuildWiresTheNode(t *testing.T) {
 	if s := n.Shares().Share(rule, "key:k", clk.Now()); s != 0.5 {
 		t.Fatalf("share with reports unheard for Stale: %v, want min(0.9, 0.5)", s)
 	}
-	tr.rc.Accepted(clk.Now(), 1)
+	tr.rc.Accepted(report.Acceptance{At: clk.Now(), Seq: 1})
 	if s := n.Shares().Share(rule, "key:k", clk.Now()); s != 0.9 {
 		t.Fatalf("share once a report is accepted: %v, want 0.9", s)
 	}
@@ -159,15 +159,15 @@ func TestFencedEnforcerIsSeenByItsRegion(t *testing.T) {
 	head := contract.Head{LeaderRev: 1, Version: 1, PublishedAt: clk.Now()}
 	a.Shares().Apply(head, nil, clk.Now())
 	b.Shares().MarkLoaded() // etcd listed: nothing published
-	ta.rc.Accepted(clk.Now(), next())
-	tb.rc.Accepted(clk.Now(), next())
+	ta.rc.Accepted(report.Acceptance{At: clk.Now(), Seq: next()})
+	tb.rc.Accepted(report.Acceptance{At: clk.Now(), Seq: next()})
 	if n := ta.rc.Fences(ctx, clk.Now()).Seen; n != 0 {
 		t.Fatalf("fenced_seen %d with every share table fresh, want 0", n)
 	}
 	// a is heard no more; b is (and its set is refreshed).
 	stale := a.Config().Shares.Stale
 	clk.Advance(stale - time.Second)
-	tb.rc.Accepted(clk.Now(), next())
+	tb.rc.Accepted(report.Acceptance{At: clk.Now(), Seq: next()})
 	if n := ta.rc.Fences(ctx, clk.Now()).Seen; n != 0 {
 		t.Fatalf("fenced_seen %d before a's shares are stale, want 0", n)
 	}
@@ -183,7 +183,7 @@ func TestFencedEnforcerIsSeenByItsRegion(t *testing.T) {
 		t.Fatalf("b's count: fenced_seen %d, want 1 (a)", n)
 	}
 	// a is heard again and reads a fresh set: its next report takes its mark back.
-	ta.rc.Accepted(clk.Now(), next())
+	ta.rc.Accepted(report.Acceptance{At: clk.Now(), Seq: next()})
 	head.Version, head.PublishedAt = 2, clk.Now()
 	a.Shares().Apply(head, nil, clk.Now())
 	if n := ta.rc.Fences(ctx, clk.Now()).Seen; n != 0 {
@@ -196,7 +196,7 @@ func TestFencedEnforcerIsSeenByItsRegion(t *testing.T) {
 		t.Fatalf("fenced_seen %d, want 1", n)
 	}
 	clk.Advance(FenceTTL * a.Config().Usage.Interval)
-	tb.rc.Accepted(clk.Now(), next())
+	tb.rc.Accepted(report.Acceptance{At: clk.Now(), Seq: next()})
 	if n := tb.rc.Fences(ctx, clk.Now()).Seen; n != 0 {
 		t.Fatalf("fenced_seen %d after a stopped marking, want 0", n)
 	}

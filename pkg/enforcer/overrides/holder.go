@@ -164,7 +164,9 @@ type Holder struct {
 	changed chan struct{} // one pending signal: a new set was swapped in (see Changed)
 	heard   atomic.Int64  // Unix ns of the last accepted usage report (Config.Reports)
 	seq     atomic.Uint64 // that report's seq (0: none accepted yet)
-	loaded  atomic.Bool   // a set was applied, or none is published (Config.WaitForSet)
+	// leaderSet: the newest set the leader had made when it took that report.
+	leaderSet atomic.Pointer[leaderSet]
+	loaded    atomic.Bool // a set was applied, or none is published (Config.WaitForSet)
 	// cut: the enforcer fenced itself as cut off alone (CutOff), Unix ns, 0 if not; cutSeq
 	// the seq of the last accepted report then. While cut, every identity enforces
 	// min(share, default) as when stale.
@@ -366,16 +368,41 @@ func (h *Holder) Heard(t time.Time) {
 }
 
 // HeardReport is Heard with the accepted report's seq (the reports' Accepted hook): the
-// seq a fenced enforcer's mark names (pkg/bucket.Fences). A seq lower than the one held
-// is ignored.
-func (h *Holder) HeardReport(t time.Time, seq uint64) {
+// seq a fenced enforcer's mark names (pkg/bucket.Fences), and the newest set the leader
+// had made then (leaderRev, version; 0 and 0 when it did not say), which Current compares
+// with the set in force. A seq lower than the one held is ignored.
+func (h *Holder) HeardReport(t time.Time, seq uint64, leaderRev int64, version uint64) {
 	h.Heard(t)
 	for {
 		old := h.seq.Load()
-		if seq <= old || h.seq.CompareAndSwap(old, seq) {
+		if seq <= old {
+			return
+		}
+		if h.seq.CompareAndSwap(old, seq) {
+			h.leaderSet.Store(&leaderSet{rev: leaderRev, ver: version})
 			return
 		}
 	}
+}
+
+// leaderSet is the newest set a leader had made when it took this enforcer's last
+// accepted report.
+type leaderSet struct {
+	rev int64
+	ver uint64
+}
+
+// Current reports whether the set in force is as new as the newest the leader had made
+// when it took the last accepted report (a set of a later leader, or the same leader's at
+// that version or later) — or, when the leader did not say, whether it was refreshed
+// after since.
+func (h *Holder) Current(since time.Time) bool {
+	l := h.leaderSet.Load()
+	if l == nil || l.rev == 0 {
+		return h.Refreshed().After(since)
+	}
+	s := h.cur.Load()
+	return s.leaderRev > l.rev || s.leaderRev == l.rev && s.version >= l.ver
 }
 
 // LastHeard returns when the balancer last accepted a usage report and that report's seq

@@ -454,3 +454,27 @@ func TestApplyPrepared(t *testing.T) {
 		t.Fatal("the set in force was swapped in again")
 	}
 }
+
+// Current: the set in force against the newest the leader had made when it took the last
+// accepted report — a later leader's, or the same leader's at that version or later; when
+// the leader did not say (an aggregator's answer, an older balancer), a set refreshed
+// since the time given.
+func TestCurrentAgainstTheLeadersNewest(t *testing.T) {
+	fc := clock.NewFake(t0)
+	h := newHolder(t, fc, nil)
+	h.Apply(head(7, 3, t0), nil, t0)
+	for _, tc := range []struct {
+		rev  int64
+		ver  uint64
+		want bool
+	}{{7, 3, true}, {7, 2, true}, {7, 4, false}, {6, 9, true}, {8, 1, false}} {
+		h.HeardReport(fc.Now(), h.seq.Load()+1, tc.rev, tc.ver)
+		if got := h.Current(t0); got != tc.want {
+			t.Errorf("applying (7, 3), the leader's newest (%d, %d): Current %v, want %v", tc.rev, tc.ver, got, tc.want)
+		}
+	}
+	h.HeardReport(fc.Now(), h.seq.Load()+1, 0, 0) // not said
+	if h.Current(t0) || !h.Current(t0.Add(-time.Second)) {
+		t.Error("not said: want Current only for a time before the set's refresh")
+	}
+}

@@ -59,8 +59,9 @@ type ReporterConfig struct {
 	// answer came): overrides.Holder.Heard, so an enforcer the balancer has not heard from
 	// for the staleness period falls back to min(last, default) exactly when the
 	// balancer starts treating its region so.
-	// seq is the accepted report's (a fenced enforcer's mark names it: pkg/bucket.Fences).
-	Accepted func(at time.Time, seq uint64)
+	// It is told the accepted report's seq (a fenced enforcer's mark names it:
+	// pkg/bucket.Fences) and the newest share set the leader had made.
+	Accepted func(Acceptance)
 	// Fences, if not nil, is called once per report (before it is sent, whether or not it
 	// can be) and returns how many of the region's enforcers are marked fenced in its
 	// store and the newest marks (ReportRequest.fenced_seen, fence_marks); the node's
@@ -101,6 +102,16 @@ type ReporterConfig struct {
 	// MaxQuotas caps the quota counts of one report (the balancer refuses a report with
 	// more than its MaxEntries). Default 10,000.
 	MaxQuotas int
+}
+
+// Acceptance is what the Accepted hook is told of an accepted report.
+type Acceptance struct {
+	At  time.Time // when the leader heard it (for a relayed report, as the aggregator said)
+	Seq uint64    // the report's
+	// LeaderRev and Version: the newest share set the leader had made when it took the
+	// report (ReportResponse.share_leader_rev, share_version; 0 and 0 when not said).
+	LeaderRev int64
+	Version   uint64
 }
 
 // Fenced is what the Fences hook read of its region's fenced enforcers.
@@ -341,7 +352,7 @@ func (r *Reporter) report(now time.Time, early, ack bool) {
 			}
 			if r.cfg.Accepted != nil {
 				if heard, ok := heardAt(at, resp); ok {
-					r.cfg.Accepted(heard, req.Seq)
+					r.cfg.Accepted(Acceptance{At: heard, Seq: req.Seq, LeaderRev: resp.GetShareLeaderRev(), Version: resp.GetShareVersion()})
 				}
 			}
 			r.m.sent.Inc()

@@ -665,10 +665,16 @@ type ReportResponse struct {
 	// forward the leader accepted), or -1 when it has not yet. The enforcer counts itself
 	// heard (its staleness rule, overrides.Holder.Heard) as of that moment, not the
 	// answer's, so it fences itself no later than the leader stops waiting for it.
-	Relayed       bool  `protobuf:"varint,8,opt,name=relayed,proto3" json:"relayed,omitempty"`
-	HeardAgoMs    int64 `protobuf:"varint,9,opt,name=heard_ago_ms,json=heardAgoMs,proto3" json:"heard_ago_ms,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Relayed    bool  `protobuf:"varint,8,opt,name=relayed,proto3" json:"relayed,omitempty"`
+	HeardAgoMs int64 `protobuf:"varint,9,opt,name=heard_ago_ms,json=heardAgoMs,proto3" json:"heard_ago_ms,omitempty"`
+	// The newest share set the leader had made when it took the report (its fencing token
+	// and version; 0 and 0 from an aggregator or an older balancer). An enforcer that fenced
+	// itself as cut off alone rejoins only once it applies that set or a newer one: the
+	// leader may have raised other regions while it counted the enforcer fenced.
+	ShareLeaderRev int64  `protobuf:"varint,10,opt,name=share_leader_rev,json=shareLeaderRev,proto3" json:"share_leader_rev,omitempty"`
+	ShareVersion   uint64 `protobuf:"varint,11,opt,name=share_version,json=shareVersion,proto3" json:"share_version,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *ReportResponse) Reset() {
@@ -764,6 +770,20 @@ func (x *ReportResponse) GetHeardAgoMs() int64 {
 	return 0
 }
 
+func (x *ReportResponse) GetShareLeaderRev() int64 {
+	if x != nil {
+		return x.ShareLeaderRev
+	}
+	return 0
+}
+
+func (x *ReportResponse) GetShareVersion() uint64 {
+	if x != nil {
+		return x.ShareVersion
+	}
+	return 0
+}
+
 var File_allot_v1_balancer_proto protoreflect.FileDescriptor
 
 const file_allot_v1_balancer_proto_rawDesc = "" +
@@ -825,7 +845,7 @@ const file_allot_v1_balancer_proto_rawDesc = "" +
 	"\vrecent_rate\x18\a \x01(\x01R\n" +
 	"recentRate\x12#\n" +
 	"\rrecent_tokens\x18\b \x01(\x01R\frecentTokens\x12\x1a\n" +
-	"\bdraining\x18\t \x01(\bR\bdraining\"\xef\x02\n" +
+	"\bdraining\x18\t \x01(\bR\bdraining\"\xbe\x03\n" +
 	"\x0eReportResponse\x12\x1a\n" +
 	"\baccepted\x18\x01 \x01(\bR\baccepted\x12\x1f\n" +
 	"\vleader_addr\x18\x02 \x01(\tR\n" +
@@ -838,7 +858,10 @@ const file_allot_v1_balancer_proto_rawDesc = "" +
 	"\x13quota_hold_after_ms\x18\a \x01(\x03R\x10quotaHoldAfterMs\x12\x18\n" +
 	"\arelayed\x18\b \x01(\bR\arelayed\x12 \n" +
 	"\fheard_ago_ms\x18\t \x01(\x03R\n" +
-	"heardAgoMs2G\n" +
+	"heardAgoMs\x12(\n" +
+	"\x10share_leader_rev\x18\n" +
+	" \x01(\x03R\x0eshareLeaderRev\x12#\n" +
+	"\rshare_version\x18\v \x01(\x04R\fshareVersion2G\n" +
 	"\bBalancer\x12;\n" +
 	"\x06Report\x12\x17.allot.v1.ReportRequest\x1a\x18.allot.v1.ReportResponseB3Z1github.com/allot-dev/allot/proto/allot/v1;allotv1b\x06proto3"
 
