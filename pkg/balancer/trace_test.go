@@ -148,4 +148,12 @@ func TestEtcdSpans(t *testing.T) {
 		pa[tracing.AttrVersion].AsInt64() < 2 || pa[tracing.AttrEntries].AsInt64() != 1 || pa[tracing.AttrPhase].AsString() == "" {
 		t.Errorf("publish span attributes %v", pa)
 	}
+
+	// A report's answer says the newest set the leader has made (a cut-off enforcer rejoins
+	// only once it applies it: ReportResponse.share_version).
+	resp, err = s.Report(context.Background(), report("eu-west", "e-eu-west", 2, now.Add(time.Second)))
+	if err != nil || !resp.Accepted || resp.ShareLeaderRev != rev || int64(resp.ShareVersion) < spanAttrs(publish)[tracing.AttrVersion].AsInt64() {
+		t.Errorf("answer %v, %v: want share_leader_rev %d and share_version at least the published %d",
+			resp, err, rev, spanAttrs(publish)[tracing.AttrVersion].AsInt64())
+	}
 }
