@@ -395,8 +395,7 @@ func (c *Core) Restore(head contract.Head, entries []contract.Entry) error {
 	return nil
 }
 
-// newIdent builds an identity at the default split and returns its Limits too; ok is
-// false for an unknown rule.
+// newIdent builds an identity at the default split; ok is false for an unknown rule.
 func (c *Core) newIdent(rule, identity string) (*ident, bool) {
 	l, ok := c.cfg.Limits(rule, identity)
 	rate, def := l.Rate, l.Default

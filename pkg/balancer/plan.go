@@ -172,7 +172,14 @@ func (p *plan) mayApply(id *ident, dst []float64) {
 			}
 		}
 	}
-	if p.restored && len(id.def) == len(dst) && len(p.relAny) == len(dst) {
+	released := false // some region has enforcers released on their marks (acks)
+	for _, any := range p.relAny {
+		released = released || any
+	}
+	if released && len(id.def) != len(dst) {
+		released = false // no default split to cap them at (never, for a tracked identity)
+	}
+	if released && p.restored {
 		for r, any := range p.relAny {
 			if any && p.relAck[r] < p.restoredVer {
 				dst[r] = max(dst[r], id.def[r]) // an old leader's version: up to its default
@@ -183,14 +190,13 @@ func (p *plan) mayApply(id *ident, dst []float64) {
 		return // what released enforcers may apply is at most the published shares
 	}
 	low := slices.Min(p.ack)
-	rel, relAny := p.rel, p.relAny
-	if len(rel) != len(dst) || len(relAny) != len(dst) {
-		rel, relAny = nil, nil // a plan built without them (tests): none released
-	}
-	copy(rel, id.published(p.n))
-	for r, any := range relAny {
-		if any {
-			low = min(low, p.relAck[r])
+	rel := p.rel
+	if released {
+		copy(rel, id.published(p.n))
+		for r, any := range p.relAny {
+			if any {
+				low = min(low, p.relAck[r])
+			}
 		}
 	}
 	keep := 0
@@ -208,17 +214,18 @@ func (p *plan) mayApply(id *ident, dst []float64) {
 			if next > p.ack[r] {
 				dst[r] = max(dst[r], h.shares[r])
 			}
-			if relAny != nil && relAny[r] && next > p.relAck[r] {
+			if released && p.relAny[r] && next > p.relAck[r] {
 				rel[r] = max(rel[r], h.shares[r])
 			}
 		}
 	}
-	if len(id.def) == len(dst) {
-		for r, any := range relAny {
-			if !any {
-				continue
+	if released {
+		// A released enforcer enforces at most min(share, default) of any version from the
+		// one it had applied.
+		for r, any := range p.relAny {
+			if any {
+				dst[r] = max(dst[r], min(rel[r], id.def[r]))
 			}
-			dst[r] = max(dst[r], min(rel[r], id.def[r]))
 		}
 	}
 	clear(id.hist[keep:])

@@ -87,7 +87,7 @@ func TestCutOffAloneFencesItself(t *testing.T) {
 	if s := b.Shares().Share(rule, "key:k", clk.Now()); s != 0.9 {
 		t.Fatalf("b's share: %v, want 0.9", s)
 	}
-	if at, _ := b.Shares().Cut(); !at.IsZero() {
+	if !b.Shares().Cut().IsZero() {
 		t.Fatal("b, heard all along, cut itself off")
 	}
 

@@ -247,7 +247,9 @@ type Node struct {
 	// fences keeps the region's fenced enforcers' marks: Deps.Store when it is a
 	// bucket.Fences (Redis, regionsim's region store) and the node reports; else nil.
 	fences bucket.Fences
-	fst    fenceState
+	// markSeq: the seq the last mark of this node as cut off alone named (fence, on the
+	// reporter's goroutine; ResetShares clears it with the share table).
+	markSeq atomic.Uint64
 
 	once     sync.Once
 	closeErr error // Close's result
@@ -386,10 +388,6 @@ func (n *Node) newShares(reg prometheus.Registerer) (*overrides.Holder, error) {
 	return h, nil
 }
 
-// sightID is the name this enforcer sights keys under in Redis: its ID, or a digest of an
-// ID longer than bucket.MaxSightLen.
-func sightID(id string) string { return bucket.SightID(id) }
-
 // buildLayers puts fallback → lease over deps.Store.
 func (n *Node) buildLayers(deps Deps) (err error) {
 	next := deps.Store
@@ -397,7 +395,7 @@ func (n *Node) buildLayers(deps Deps) (err error) {
 		lc := n.cfg.Lease
 		lc.Clock, lc.Peers, lc.Observer, lc.SyncRefill = n.clock, deps.Peers, deps.LeaseObserver, deps.Inline
 		if lc.ID == "" {
-			lc.ID = sightID(n.cfg.ID)
+			lc.ID = bucket.SightID(n.cfg.ID)
 		}
 		if n.lease, err = lease.New(next, lc); err != nil {
 			return fmt.Errorf("node: lease: %w", err)
@@ -444,13 +442,6 @@ const FenceTTL = 3
 // report while a region-mate is heard before it fences itself as cut off alone (fence).
 const CutOffAfter = 2
 
-// fenceState is what fence keeps between calls (on the reporter's goroutine; ResetShares
-// clears it with the share table).
-type fenceState struct {
-	// markSeq: the seq the last mark of this enforcer as cut off named.
-	markSeq atomic.Uint64
-}
-
 // fence is the reports' Fences hook (docs/design.md §9, "An enforcer cut off for long" and
 // "Cut off alone"): while the shares this node enforces are stale — the balancer has not
 // accepted its reports, or the set has not been refreshed, for the staleness period — or
@@ -486,17 +477,17 @@ func (n *Node) fence(ctx context.Context, now time.Time) report.Fenced {
 	h := n.shares.h.Load()
 	iv := n.cfg.Usage.Interval
 	heardAt, seq := h.LastHeard()
-	cutAt, _ := h.Cut()
-	rejoin := !cutAt.IsZero() && seq > n.fst.markSeq.Load() && h.Current(cutAt)
+	cutAt := h.Cut()
+	rejoin := !cutAt.IsZero() && seq > n.markSeq.Load() && h.Current(cutAt)
 	cut := !cutAt.IsZero() && !rejoin
 	fenced := h.Stale(now) || !h.Loaded() || cut
-	call := bucket.FenceCall{ID: sightID(n.cfg.ID), Fenced: fenced, TTL: FenceTTL * iv, HeardAgo: -1}
+	call := bucket.FenceCall{ID: bucket.SightID(n.cfg.ID), Fenced: fenced, TTL: FenceTTL * iv, HeardAgo: -1}
 	if cut {
 		// Only a cut-off enforcer's mark names a seq: it rejoins only after a report sent
 		// after the mark was accepted. A stale one's does not (a set read again ends its
 		// staleness with no report accepted since its mark).
 		call.Seq = seq
-		n.fst.markSeq.Store(seq) // before the call: the mark may land though the answer does not
+		n.markSeq.Store(seq) // before the call: the mark may land though the answer does not
 	}
 	if seq != 0 {
 		call.HeardAgo = max(now.Sub(heardAt), 0)
@@ -520,7 +511,7 @@ func (n *Node) fence(ctx context.Context, now time.Time) report.Fenced {
 		// Cut off alone: fenced first, then marked (a second call, once a cut).
 		h.CutOff(now, seq)
 		call.Fenced, call.Seq = true, seq
-		n.fst.markSeq.Store(seq)
+		n.markSeq.Store(seq)
 		if r, err := n.fences.Fence(ctx, call); err == nil {
 			rep = r
 		} else {
@@ -549,7 +540,7 @@ func (n *Node) ResetShares() error {
 		return err
 	}
 	n.shares.h.Store(h)
-	n.fst.markSeq.Store(0)
+	n.markSeq.Store(0)
 	return nil
 }
 

@@ -167,11 +167,9 @@ type Holder struct {
 	// leaderSet: the newest set the leader had made when it took that report.
 	leaderSet atomic.Pointer[leaderSet]
 	loaded    atomic.Bool // a set was applied, or none is published (Config.WaitForSet)
-	// cut: the enforcer fenced itself as cut off alone (CutOff), Unix ns, 0 if not; cutSeq
-	// the seq of the last accepted report then. While cut, every identity enforces
-	// min(share, default) as when stale.
-	cut    atomic.Int64
-	cutSeq atomic.Uint64
+	// cut: the enforcer fenced itself as cut off alone (CutOff), Unix ns, 0 if not. While
+	// cut, every identity enforces min(share, default) as when stale.
+	cut atomic.Int64
 }
 
 // Changed receives after a new set was swapped in (a refresh of the set in force does not
@@ -418,10 +416,10 @@ func (h *Holder) LastHeard() (time.Time, uint64) {
 // CutOff makes every identity enforce min(its share, default) from now, as a stale set
 // does, until Rejoin: the enforcer found itself cut off from the control plane while its
 // region-mates are heard (pkg/enforcer/node), and fenced itself without waiting for Stale.
-// at and seq (the last accepted report's) are kept for Cut. A second call keeps the first.
+// at is kept for Cut; seq (the last accepted report's) is logged. A second call keeps the
+// first.
 func (h *Holder) CutOff(at time.Time, seq uint64) {
 	if h.cut.CompareAndSwap(0, max(at.UnixNano(), 1)) {
-		h.cutSeq.Store(seq)
 		h.log.Warn("cut off from the control plane while the region's other enforcers are heard: enforcing min(share, default) until a report is accepted and a set is read again",
 			"last-accepted-seq", seq)
 	}
@@ -434,13 +432,13 @@ func (h *Holder) Rejoin() {
 	}
 }
 
-// Cut returns when CutOff began and the seq it was given (the zero time when not cut off).
-func (h *Holder) Cut() (time.Time, uint64) {
+// Cut returns when CutOff began (the zero time when not cut off).
+func (h *Holder) Cut() time.Time {
 	at := h.cut.Load()
 	if at == 0 {
-		return time.Time{}, 0
+		return time.Time{}
 	}
-	return time.Unix(0, at), h.cutSeq.Load()
+	return time.Unix(0, at)
 }
 
 // Refreshed returns when the set in force was last confirmed by the balancer (the zero

@@ -39,7 +39,7 @@ func newMetrics(reg prometheus.Registerer, h *Holder) (*metrics, error) {
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "allot_shares_cut_off",
 			Help: "1 while this enforcer fenced itself as cut off from the control plane while its region's other enforcers are heard (identities enforce min(last, default share) until a report is accepted and a set read again), else 0.",
-		}, func() float64 { at, _ := h.Cut(); return b2f(!at.IsZero()) }),
+		}, func() float64 { return b2f(!h.Cut().IsZero()) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "allot_shares_loaded",
 			Help: "1 once a share set was loaded (or none is published); 0 while waiting for it, when every identity enforces min(default share, floor).",
