@@ -38,8 +38,10 @@ import (
 type Fences interface {
 	// Fence marks c.ID fenced now with c.Seq, or with c.Fenced false takes its mark back,
 	// records its heard time (c.ID "" does none of it), and returns the marks within
-	// c.TTL and the latest other heard time. c.TTL in [MinFenceTTL, MaxFenceTTL]; c.ID at
-	// most MaxSightLen bytes.
+	// c.TTL and the latest other heard time within 2 × c.TTL (behind a report aggregator
+	// the balancer confirms a report up to two intervals after it was sent, so a heard
+	// time is that old when recorded). c.TTL in [MinFenceTTL, MaxFenceTTL]; c.ID at most
+	// MaxSightLen bytes.
 	Fence(ctx context.Context, c FenceCall) (FenceReply, error)
 }
 
@@ -198,7 +200,7 @@ func (m *Memory) Fence(_ context.Context, c FenceCall) (FenceReply, error) {
 		}
 	}
 	for k, at := range f.heard {
-		if at <= now-w {
+		if at <= now-2*w {
 			delete(f.heard, k)
 		}
 	}
@@ -209,7 +211,7 @@ func (m *Memory) Fence(_ context.Context, c FenceCall) (FenceReply, error) {
 		f.at[c.ID], f.seq[c.ID] = now, c.Seq
 		keepNewest(f.at, func(k string) { delete(f.seq, k) })
 	}
-	if ago := c.HeardAgo.Milliseconds(); c.ID != "" && c.HeardAgo >= 0 && ago < w {
+	if ago := c.HeardAgo.Milliseconds(); c.ID != "" && c.HeardAgo >= 0 && ago < 2*w {
 		f.heard[c.ID] = now - ago
 		keepNewest(f.heard, nil)
 	}

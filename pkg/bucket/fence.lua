@@ -6,7 +6,9 @@
 --           a report of it, as it said
 -- ARGV[1]   the calling enforcer's id ("" only reads)
 -- ARGV[2]   "1": it marks itself fenced; "0": it takes its mark back (if any)
--- ARGV[3]   how long a mark, and a heard time, counts, ms
+-- ARGV[3]   how long a mark counts, ms; a heard time counts twice as long (behind a report
+--           aggregator the balancer confirms a report up to two intervals after it was
+--           sent, so an enforcer records a heard time that old)
 -- ARGV[4]   the most ids kept in each set (bucket.MaxFences)
 -- ARGV[5]   now, Unix ms; 0 means the server's clock (TIME). Callers pass 0 unless a test
 --           injects a clock (bucket.RedisOptions.Clock).
@@ -14,7 +16,7 @@
 -- ARGV[7]   how long ago the balancer last accepted a report of it, ms; -1: never
 -- ARGV[8]   the most marks listed in the reply (bucket.MaxFenceMarks)
 --
--- Forgets the marks and heard times older than the window, adds or removes ARGV[1]'s
+-- Forgets the marks and heard times older than their windows, adds or removes ARGV[1]'s
 -- mark, records its heard time, keeps the newest ARGV[4] of each and lets the keys expire
 -- a window after their newest entry. Reply: {the ids marked within the window, how long
 -- ago the latest heard time of another id is (ms, -1: none in the window), then the newest
@@ -28,9 +30,9 @@ if now <= 0 then
   local t = redis.call('TIME')
   now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
-local old = string.format('%.0f', now - ttl)
-redis.call('ZREMRANGEBYSCORE', marks, '-inf', old)
-redis.call('ZREMRANGEBYSCORE', heard, '-inf', old)
+local hold = 2 * ttl
+redis.call('ZREMRANGEBYSCORE', marks, '-inf', string.format('%.0f', now - ttl))
+redis.call('ZREMRANGEBYSCORE', heard, '-inf', string.format('%.0f', now - hold))
 if id ~= '' and fenced == '0' then
   redis.call('ZREM', marks, id)
   redis.call('HDEL', seqs, id)
@@ -41,10 +43,10 @@ elseif id ~= '' then
   redis.call('PEXPIRE', marks, ttl)
   redis.call('PEXPIRE', seqs, ttl)
 end
-if id ~= '' and heardAgo >= 0 and heardAgo < ttl then
+if id ~= '' and heardAgo >= 0 and heardAgo < hold then
   redis.call('ZADD', heard, string.format('%.0f', now - heardAgo), id)
   redis.call('ZREMRANGEBYRANK', heard, 0, -(most + 1))
-  redis.call('PEXPIRE', heard, ttl)
+  redis.call('PEXPIRE', heard, hold)
 end
 -- The seqs of ids whose marks were forgotten: pruned once they are as many as the marks.
 if redis.call('HLEN', seqs) > most then

@@ -73,22 +73,27 @@ func runFences(t *testing.T, f bucket.Fences, clk *clock.Fake) {
 		t.Fatalf("marks %v, want eu-west-6 with seq 0 first", r.Marks)
 	}
 
-	// Heard times: the latest of the others, within the window.
+	// Heard times: the latest of the others, within twice the marks' window (behind an
+	// aggregator a heard time is up to two intervals old when recorded).
 	clk.Advance(time.Minute)
 	if r := call(bucket.FenceCall{ID: "a", HeardAgo: 2 * time.Second}); r.MateHeardAgo >= 0 {
 		t.Fatalf("alone: mate heard %v ago, want none", r.MateHeardAgo)
 	}
 	call(bucket.FenceCall{ID: "b", HeardAgo: 5 * time.Second})
 	clk.Advance(time.Second)
-	if r := call(bucket.FenceCall{ID: "c", HeardAgo: 40 * time.Second}); r.MateHeardAgo != 3*time.Second { // a's, not c's (older than the window)
+	if r := call(bucket.FenceCall{ID: "c", HeardAgo: 70 * time.Second}); r.MateHeardAgo != 3*time.Second { // a's, not c's (older than the heard window)
 		t.Fatalf("mate heard %v ago, want 3s (a's)", r.MateHeardAgo)
 	}
 	if r := call(bucket.FenceCall{ID: "a", HeardAgo: -1}); r.MateHeardAgo != 6*time.Second { // b's: a's own is not a mate's
 		t.Fatalf("a: mate heard %v ago, want 6s (b's)", r.MateHeardAgo)
 	}
 	clk.Advance(30 * time.Second)
-	if r := call(bucket.FenceCall{ID: "c"}); r.MateHeardAgo >= 0 {
-		t.Fatalf("after the window: mate heard %v ago, want none", r.MateHeardAgo)
+	if r := call(bucket.FenceCall{ID: "c", HeardAgo: -1}); r.MateHeardAgo != 33*time.Second {
+		t.Fatalf("past the marks' window: mate heard %v ago, want 33s (a's)", r.MateHeardAgo)
+	}
+	clk.Advance(30 * time.Second)
+	if r := call(bucket.FenceCall{ID: "c", HeardAgo: -1}); r.MateHeardAgo >= 0 {
+		t.Fatalf("after the heard window: mate heard %v ago, want none", r.MateHeardAgo)
 	}
 
 	clk.Advance(time.Minute)
