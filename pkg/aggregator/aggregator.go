@@ -23,7 +23,13 @@
 //     an enforcer holds its region when the leader starts counting it silent.
 //   - Fenced enforcers: a forward says the largest fenced_seen its members said since the
 //     last one (they all count the same store's marks), so the leader keeps the region's
-//     default share reserved for an enforcer cut off for long as it does directly.
+//     default share reserved for an enforcer cut off for long as it does directly, and
+//     the marks of the member report received last, with their age
+//     (fence_marks_ago_ms) and each member's highest seq (Member.seq), so the leader
+//     releases an enforcer cut off alone on its mark as it does directly. The enforcer is
+//     told which of its reports the leader confirmed (heard_seq) and the newest set the
+//     leader had made then: it marks itself with the seq of the last report the
+//     aggregator took, and rejoins once a later one is confirmed and it applies that set.
 //
 // Which way it errs: later, never over on shares — usage reaches the leader up to one
 // interval later than directly; a quota new to the region is answered one forward later,
@@ -324,6 +330,7 @@ func (a *Aggregator) report(ctx context.Context, req *allotv1.ReportRequest) (*a
 	resp := &allotv1.ReportResponse{Accepted: true, LeaderAddr: a.cfg.Advertise, LeaderRev: a.ans.rev, Relayed: true, HeardAgoMs: -1}
 	if !m.confirmed.IsZero() {
 		resp.HeardAgoMs = max(now.Sub(m.confirmed).Milliseconds(), 0)
+		resp.HeardSeq, resp.ShareLeaderRev, resp.ShareVersion = m.confirmedSeq, m.confirmedRev, m.confirmedVer
 	}
 	a.answerQuotas(now, req, resp)
 	a.mu.Unlock()
@@ -458,7 +465,7 @@ func (a *Aggregator) accepted(req *allotv1.ReportRequest, resp *allotv1.ReportRe
 	at := a.clk.Now()
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	a.merge.confirm(req, sent)
+	a.merge.confirm(req, sent, resp.GetShareLeaderRev(), resp.GetShareVersion())
 	ans := &a.ans
 	if ans.rev != resp.GetLeaderRev() || ans.others == nil {
 		ans.others = map[quotaKey]int64{} // a new term's answers only

@@ -39,7 +39,8 @@ func (u *upstream) Report(_ context.Context, r *allotv1.ReportRequest) (*allotv1
 		return &allotv1.ReportResponse{LeaderAddr: u.standby}, nil
 	}
 	u.got = append(u.got, r)
-	resp := &allotv1.ReportResponse{Accepted: true, LeaderRev: 7, QuotaAnswered: true, QuotaIsolatedFraction: 0.3, QuotaHoldAfterMs: 20_000}
+	resp := &allotv1.ReportResponse{Accepted: true, LeaderRev: 7, QuotaAnswered: true, QuotaIsolatedFraction: 0.3, QuotaHoldAfterMs: 20_000,
+		ShareLeaderRev: 7, ShareVersion: uint64(len(u.got))} // a new version each forward
 	for _, q := range r.Quotas {
 		resp.QuotaOthers = append(resp.QuotaOthers, &allotv1.QuotaCount{Rule: q.Rule, Limit: q.Limit, Identity: q.Identity,
 			PeriodStartMs: q.PeriodStartMs, Quota: q.Quota, Count: 100})
@@ -143,8 +144,9 @@ func TestForwardAckAndHeard(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if resp.HeardAgoMs != 12_000 {
-		t.Errorf("e2 told heard %d ms ago; want 12000: the leader confirmed it as of its first report", resp.HeardAgoMs)
+	if resp.HeardAgoMs != 12_000 || resp.HeardSeq != 1 || resp.ShareLeaderRev != 7 || resp.ShareVersion != 1 {
+		t.Errorf("e2 told heard %d ms ago, seq %d, newest set %d/%d; want 12000, seq 1, set 7/1: the leader confirmed its first report in the first forward",
+			resp.HeardAgoMs, resp.HeardSeq, resp.ShareLeaderRev, resp.ShareVersion)
 	}
 	poll.True(t, 10*time.Second, "the acknowledgement's forward", func() bool { return len(up.forwards()) == 2 && confirmedAt(a, "e2").Equal(t0.Add(12*time.Second)) })
 	ack := up.forwards()[1]

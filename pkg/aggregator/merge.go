@@ -8,6 +8,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/allot-dev/allot/pkg/bucket"
 	allotv1 "github.com/allot-dev/allot/proto/allot/v1"
 )
 
@@ -42,8 +43,13 @@ type member struct {
 	reports, recent uint32
 	coveredMs       int64
 	// confirmed: the latest heard of this member the leader accepted in a forward (zero:
-	// none yet). The enforcer is told it was heard then (ReportResponse.heard_ago_ms).
-	confirmed time.Time
+	// none yet), the seq the forward named (Member.seq) and the newest set the leader had
+	// made when it took it. The enforcer is told it was heard then
+	// (ReportResponse.heard_ago_ms, heard_seq, share_leader_rev, share_version).
+	confirmed    time.Time
+	confirmedSeq uint64
+	confirmedRev int64
+	confirmedVer uint64
 }
 
 // seen records seq; true when it was merged before (a retry). As balancer's enforcerState.
@@ -94,6 +100,10 @@ type merger struct {
 	omittedTokens float64
 	recentWindow  uint32
 	fencedSeen    uint32 // the largest ReportRequest.fenced_seen merged (all count one store)
+	// The fence marks of the member report received last, and when: all members read one
+	// store, so the newest list is the region's (kept across flushes until a newer one).
+	marks         []*allotv1.FenceMark
+	marksAt       time.Time
 	quotas        map[quotaKey]*allotv1.QuotaCount
 	quotasDropped uint64
 	members       map[string]*member
@@ -135,8 +145,17 @@ func (g *merger) validate(r *allotv1.ReportRequest) error {
 		return bad("omitted_tokens %g, must be finite and >= 0", r.OmittedTokens)
 	case r.FencedSeen > maxFencedSeen:
 		return bad("fenced_seen %d, more than %d", r.FencedSeen, maxFencedSeen)
+	case len(r.FenceMarks) > bucket.MaxFenceMarks:
+		return bad("%d fence_marks, more than %d", len(r.FenceMarks), bucket.MaxFenceMarks)
+	case r.FenceMarksAgoMs != 0:
+		return bad("fence_marks_ago_ms %d: an enforcer's report says none (aggregators do not chain)", r.FenceMarksAgoMs)
 	case len(r.Members) > 0:
 		return bad("%d members: an enforcer's report lists none (aggregators do not chain)", len(r.Members))
+	}
+	for i, m := range r.FenceMarks {
+		if m == nil || m.Enforcer == "" || len(m.Enforcer) > bucket.MaxSightLen {
+			return bad("fence_marks[%d]: enforcer %.64q: empty or longer than %d bytes", i, m.GetEnforcer(), bucket.MaxSightLen)
+		}
 	}
 	for i, u := range r.Usage {
 		switch {
@@ -201,6 +220,9 @@ func (g *merger) add(now time.Time, r *allotv1.ReportRequest) (m *member, dup, u
 	g.omittedIDs += r.OmittedIdentities
 	g.omittedTokens += r.OmittedTokens
 	g.fencedSeen = max(g.fencedSeen, r.FencedSeen)
+	if !now.Before(g.marksAt) {
+		g.marks, g.marksAt = r.FenceMarks, now
+	}
 	for _, u := range r.Usage {
 		k := usageKey{u.Rule, u.Identity}
 		e := g.usage[k]
@@ -259,6 +281,9 @@ func (g *merger) flush(now time.Time, forget time.Duration) *allotv1.ReportReque
 	req := &allotv1.ReportRequest{Region: g.region, IntervalStartMs: g.start.UnixMilli(), IntervalEndMs: end,
 		Early: g.early, Ack: g.ack, OmittedIdentities: g.omittedIDs, OmittedTokens: g.omittedTokens,
 		RecentWindowMs: g.recentWindow, FencedSeen: g.fencedSeen}
+	if len(g.marks) > 0 {
+		req.FenceMarks, req.FenceMarksAgoMs = g.marks, max(now.Sub(g.marksAt).Milliseconds(), 0)
+	}
 	ids := make([]string, 0, len(g.members))
 	for id := range g.members {
 		ids = append(ids, id)
@@ -268,7 +293,7 @@ func (g *merger) flush(now time.Time, forget time.Duration) *allotv1.ReportReque
 		m := g.members[id]
 		req.Members = append(req.Members, &allotv1.Member{EnforcerId: id, ShareLeaderRev: m.rev, ShareVersion: m.ver,
 			Final: m.final, HeardAgoMs: max(now.Sub(m.heard).Milliseconds(), 0), Reports: m.reports,
-			CoveredMs: m.coveredMs, RecentReports: m.recent})
+			CoveredMs: m.coveredMs, RecentReports: m.recent, Seq: m.maxSeq})
 		m.reports, m.recent, m.coveredMs = 0, 0, 0
 	}
 	req.Usage = make([]*allotv1.IdentityUsage, 0, len(g.usage))
@@ -296,10 +321,11 @@ func (g *merger) flush(now time.Time, forget time.Duration) *allotv1.ReportReque
 	return req
 }
 
-// confirm records that the leader accepted req (a flush of this merger sent at sent):
-// each member is confirmed heard as of what req said, and a member whose final report
-// the leader now knows is forgotten.
-func (g *merger) confirm(req *allotv1.ReportRequest, sent time.Time) {
+// confirm records that the leader accepted req (a flush of this merger sent at sent),
+// answering that the newest set it had made was (rev, ver): each member is confirmed
+// heard as of what req said, and a member whose final report the leader now knows is
+// forgotten.
+func (g *merger) confirm(req *allotv1.ReportRequest, sent time.Time, rev int64, ver uint64) {
 	for _, x := range req.Members {
 		m := g.members[x.EnforcerId]
 		if m == nil {
@@ -307,7 +333,7 @@ func (g *merger) confirm(req *allotv1.ReportRequest, sent time.Time) {
 		}
 		at := sent.Add(-time.Duration(x.HeardAgoMs) * time.Millisecond)
 		if at.After(m.confirmed) {
-			m.confirmed = at
+			m.confirmed, m.confirmedSeq, m.confirmedRev, m.confirmedVer = at, x.Seq, rev, ver
 		}
 		if x.Final && !m.heard.After(at) {
 			delete(g.members, x.EnforcerId)

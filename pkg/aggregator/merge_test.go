@@ -229,7 +229,7 @@ func TestMergeUrgentAndFinal(t *testing.T) {
 	if !req.Ack || len(req.Members) != 1 || !req.Members[0].Final {
 		t.Fatalf("forward %v: want ack, e1 final", req)
 	}
-	g.confirm(req, now)
+	g.confirm(req, now, 0, 0)
 	if len(g.members) != 0 {
 		t.Errorf("e1 still listed after the leader accepted its final report")
 	}
@@ -255,5 +255,62 @@ func TestMergeForwardsFencedSeen(t *testing.T) {
 	}
 	if req := g.flush(now.Add(10*time.Second), time.Hour); req.FencedSeen != 0 {
 		t.Fatalf("fenced_seen %d in the next forward, want 0", req.FencedSeen)
+	}
+}
+
+// A forward carries the fence marks of the member report received last (all members read
+// one store), dated by fence_marks_ago_ms, and each member's highest seq: the leader
+// believes a mark that names it (issue 26 §3: an enforcer cut off alone behind an
+// aggregator is released on its mark, as directly). The leader's answer confirms the seq
+// and the newest set for the enforcer (heard_seq).
+func TestMergeForwardsFenceMarks(t *testing.T) {
+	g := newMerger("us-east", 100, 100, 100, 10*time.Second, t0)
+	now := t0.Add(10 * time.Second)
+	r := rep("e1", 7, 1, use("k", 1, 0, 0, 0))
+	r.FenceMarks = []*allotv1.FenceMark{{Enforcer: "e3", Seq: 4}}
+	if _, _, _, err := g.add(now, r); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, _, err := g.add(now.Add(2*time.Second), rep("e2", 5, 1, use("k", 1, 0, 0, 0))); err != nil {
+		t.Fatal(err)
+	}
+	r = rep("e2", 6, 1, use("k", 1, 0, 0, 0))
+	r.FenceMarks = []*allotv1.FenceMark{{Enforcer: "e3", Seq: 4}, {Enforcer: "e4", Seq: 9}}
+	if _, _, _, err := g.add(now.Add(3*time.Second), r); err != nil {
+		t.Fatal(err)
+	}
+	req := g.flush(now.Add(5*time.Second), time.Hour)
+	if len(req.FenceMarks) != 2 || req.FenceMarksAgoMs != 2000 {
+		t.Fatalf("forward's marks %v, %d ms ago; want e2's last report's two, 2000 ms", req.FenceMarks, req.FenceMarksAgoMs)
+	}
+	if req.Members[0].Seq != 7 || req.Members[1].Seq != 6 {
+		t.Fatalf("members %v: want seq 7 (e1) and 6 (e2)", req.Members)
+	}
+	g.confirm(req, now.Add(5*time.Second), 3, 12)
+	if m := g.members["e2"]; m.confirmedSeq != 6 || m.confirmedRev != 3 || m.confirmedVer != 12 ||
+		!m.confirmed.Equal(now.Add(3*time.Second)) {
+		t.Fatalf("e2 confirmed %v seq %d set %d/%d; want its report of +3s, seq 6, set 3/12", m.confirmed, m.confirmedSeq, m.confirmedRev, m.confirmedVer)
+	}
+	// No report since: the same marks, older; a report without marks clears them.
+	if req := g.flush(now.Add(15*time.Second), time.Hour); len(req.FenceMarks) != 2 || req.FenceMarksAgoMs != 12000 {
+		t.Fatalf("next forward's marks %v, %d ms ago; want the same two, 12000 ms", req.FenceMarks, req.FenceMarksAgoMs)
+	}
+	if _, _, _, err := g.add(now.Add(16*time.Second), rep("e1", 8, 1)); err != nil {
+		t.Fatal(err)
+	}
+	if req := g.flush(now.Add(17*time.Second), time.Hour); len(req.FenceMarks) != 0 || req.FenceMarksAgoMs != 0 {
+		t.Fatalf("marks %v, %d ms ago after a report that listed none; want none", req.FenceMarks, req.FenceMarksAgoMs)
+	}
+	for _, bad := range []*allotv1.ReportRequest{
+		func() *allotv1.ReportRequest {
+			r := rep("e1", 9, 1)
+			r.FenceMarks = []*allotv1.FenceMark{{Seq: 1}}
+			return r
+		}(),
+		func() *allotv1.ReportRequest { r := rep("e1", 9, 1); r.FenceMarksAgoMs = 5; return r }(),
+	} {
+		if _, _, _, err := g.add(now.Add(20*time.Second), bad); !errors.Is(err, ErrInvalidReport) {
+			t.Errorf("report with marks %v, ago %d: err %v, want ErrInvalidReport", bad.FenceMarks, bad.FenceMarksAgoMs, err)
+		}
 	}
 }

@@ -330,7 +330,7 @@ func (p *balancerPlane) ingest(m sent) {
 	// The answer reaches the enforcer (unless it was cut off or restarted meanwhile): its
 	// share table counts staleness from the last accepted report.
 	if rep := p.reps[m.region][m.enf]; rep.gen == m.gen && !p.cut(m.region, m.enf) {
-		a := report.Acceptance{At: now, Seq: m.r.Seq}
+		a := report.Acceptance{At: now, Seq: m.r.Seq, Taken: m.r.Seq}
 		a.LeaderRev, a.Version = p.core.Newest()
 		rep.rc.Accepted(a)
 	}

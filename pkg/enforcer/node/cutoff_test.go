@@ -115,3 +115,72 @@ func TestCutOffAloneFencesItself(t *testing.T) {
 		t.Fatalf("rejoined: share %v, fenced_seen %d; want 0.9 and 0", s, fb.Seen)
 	}
 }
+
+// Behind an aggregator (issue 26 §3) an answer confirms an earlier report than the one
+// the aggregator takes: the one its last forward the leader accepted listed
+// (ReportResponse.heard_seq, dated by heard_ago_ms). An enforcer cut off alone marks
+// itself with the seq of the last report the aggregator took — the highest its next
+// forward lists (Member.seq), the one the leader believes a mark of — and rejoins only
+// once the leader confirmed a later one, not when the aggregator takes one.
+func TestCutOffAloneBehindAggregator(t *testing.T) {
+	clk, a, ta, b, tb, holder := regionOfTwo(t)
+	ctx := context.Background()
+	rule := holder.Current().Rule("default")
+	iv := a.Config().Usage.Interval
+	head := contract.Head{LeaderRev: 1, Version: 1, PublishedAt: clk.Now(), Entries: 1}
+	entries := []contract.Entry{{Rule: "default", Identity: "key:k", Shares: map[string]float64{"us-east": 0.9, "eu-west": 0.1}}}
+	a.Shares().Apply(head, entries, clk.Now())
+	b.Shares().Apply(head, entries, clk.Now())
+	seqA, seqB := uint64(100), uint64(200)
+	// confirmedA: the last of a's reports a forward listed that the leader accepted.
+	var confirmedA uint64
+	// One interval: each tries a report; the aggregator takes it unless cut, and answers
+	// with the report its last forward confirmed, an interval earlier; then it forwards.
+	round := func(aTaken bool) (fb report.Fenced) {
+		t.Helper()
+		clk.Advance(iv)
+		ta.rc.Fences(ctx, clk.Now())
+		fb = tb.rc.Fences(ctx, clk.Now())
+		seqA++
+		seqB++
+		at := clk.Now().Add(-iv)
+		if aTaken {
+			if confirmedA != 0 {
+				ta.rc.Accepted(report.Acceptance{At: at, Seq: confirmedA, Taken: seqA, LeaderRev: 1, Version: 1})
+			}
+			confirmedA = seqA // the forward lists it, the leader accepts
+		}
+		tb.rc.Accepted(report.Acceptance{At: at, Seq: seqB - 1, Taken: seqB, LeaderRev: 1, Version: 1})
+		return fb
+	}
+	for range 3 {
+		round(true)
+	}
+	lastTaken := seqA
+	var marked []*allotv1.FenceMark
+	for i := 1; i <= CutOffAfter+3 && len(marked) == 0; i++ {
+		marked = round(false).Marks
+	}
+	if len(marked) != 1 || marked[0].Seq != lastTaken {
+		t.Fatalf("b's reports list %v, want a's mark naming the last seq its aggregator took, %d (the leader's last of it)", marked, lastTaken)
+	}
+	if s := a.Shares().Share(rule, "key:k", clk.Now()); s != 0.5 {
+		t.Fatalf("a's share cut off: %v, want min(0.9, default 0.5)", s)
+	}
+	// a reaches its aggregator again: the answer confirms only its mark's report, so a
+	// stays fenced; at the next, the leader confirmed the later one and a rejoins.
+	fb := round(true)
+	if fb = round(true); len(fb.Marks) != 1 {
+		t.Fatalf("marks %v once a's aggregator took a report after the mark, the leader not yet: want a's", fb.Marks)
+	}
+	if s := a.Shares().Share(rule, "key:k", clk.Now()); s != 0.5 {
+		t.Fatalf("a's share with only the aggregator's word: %v, want 0.5", s)
+	}
+	round(true)
+	if fb = round(true); fb.Seen != 0 {
+		t.Fatalf("fenced_seen %d once the leader confirmed a report after the mark, want 0", fb.Seen)
+	}
+	if s := a.Shares().Share(rule, "key:k", clk.Now()); s != 0.9 {
+		t.Fatalf("a's share rejoined: %v, want 0.9", s)
+	}
+}

@@ -248,8 +248,10 @@ type Node struct {
 	// bucket.Fences (Redis, regionsim's region store) and the node reports; else nil.
 	fences bucket.Fences
 	// markSeq: the seq the last mark of this node as cut off alone named (fence, on the
-	// reporter's goroutine; ResetShares clears it with the share table).
-	markSeq atomic.Uint64
+	// reporter's goroutine; ResetShares clears it with the share table). taken: the seq of
+	// the last report the leader or its aggregator took (report.Acceptance.Taken), which
+	// a mark names.
+	markSeq, taken atomic.Uint64
 
 	once     sync.Once
 	closeErr error // Close's result
@@ -430,6 +432,10 @@ func (n *Node) applied() (leaderRev int64, version uint64) { return n.shares.h.L
 // heard is the reports' Accepted hook.
 func (n *Node) heard(a report.Acceptance) {
 	n.shares.h.Load().HeardReport(a.At, a.Seq, a.LeaderRev, a.Version)
+	if a.Taken == 0 {
+		a.Taken = a.Seq
+	}
+	n.taken.Store(a.Taken)
 }
 
 // FenceTTL is how long an enforcer's mark of itself as fenced counts, in report intervals:
@@ -461,14 +467,17 @@ const CutOffAfter = 2
 // balancer or network down for the whole region is not such a case: every enforcer's
 // last accepted report falls within an interval of the others', and none fences itself
 // before Stale). It fences itself first (overrides.Holder.CutOff), then marks itself with
-// the seq of its last accepted report. It rejoins, taking its mark back first, once a
-// report sent after its last mark was accepted (the balancer then knows a later seq than
-// any of its marks names, so no mark of it in flight is believed) and it applies the
-// newest set the leader had made when it took that report, or a newer one (the leader
-// may have raised other regions while it counted this enforcer fenced; a leader that does
-// not say, an aggregator's answer: a set read since the cut, as then it was never
-// released). Which way it errs: under — a report or two lost while the region's others get
-// through fences it for about an interval more than it needed.
+// the seq of its last accepted report — behind an aggregator, the last one the aggregator
+// took, which its next forward lists as the last of it the leader accepted (Member.seq).
+// It rejoins, taking its mark back first, once a report sent after its last mark was
+// accepted — behind an aggregator, confirmed by the leader (heard_seq) — (the balancer then
+// knows a later seq than any of its marks names, so no mark of it in flight is believed)
+// and it applies the newest set the leader had made when it took that report, or a newer
+// one (the leader may have raised other regions while it counted this enforcer fenced; a
+// leader that does not say: a set read since the cut). Which way it errs: under — a report
+// or two lost while the region's others get through fences it for about an interval more
+// than it needed; behind an aggregator whose forward of its last report was lost, the
+// leader believes none of its marks and waits Stale.
 //
 // A store error counts none and marks nothing (the balancer holds the reservation a while
 // past the last count above zero, and waits Stale for an enforcer whose mark it did not
@@ -485,9 +494,12 @@ func (n *Node) fence(ctx context.Context, now time.Time) report.Fenced {
 	if cut {
 		// Only a cut-off enforcer's mark names a seq: it rejoins only after a report sent
 		// after the mark was accepted. A stale one's does not (a set read again ends its
-		// staleness with no report accepted since its mark).
-		call.Seq = seq
-		n.markSeq.Store(seq) // before the call: the mark may land though the answer does not
+		// staleness with no report accepted since its mark). Marked again, it names the
+		// last report the leader confirmed once that is later than its mark's (directly,
+		// every accepted one): naming the last its aggregator took, always one forward
+		// ahead of the confirmations, it would never see one after its mark.
+		call.Seq = max(n.markSeq.Load(), seq)
+		n.markSeq.Store(call.Seq) // before the call: the mark may land though the answer does not
 	}
 	if seq != 0 {
 		call.HeardAgo = max(now.Sub(heardAt), 0)
@@ -508,10 +520,13 @@ func (n *Node) fence(ctx context.Context, now time.Time) report.Fenced {
 	}
 	if cutAt.IsZero() && seq != 0 && rep.MateHeardAgo >= 0 &&
 		now.Sub(heardAt) >= CutOffAfter*iv && now.Add(-rep.MateHeardAgo).Sub(heardAt) > iv {
-		// Cut off alone: fenced first, then marked (a second call, once a cut).
-		h.CutOff(now, seq)
-		call.Fenced, call.Seq = true, seq
-		n.markSeq.Store(seq)
+		// Cut off alone: fenced first, then marked (a second call, once a cut), naming the
+		// last report the leader or its aggregator took (the leader's last of it, once
+		// forwarded).
+		taken := n.taken.Load()
+		h.CutOff(now, taken)
+		call.Fenced, call.Seq = true, taken
+		n.markSeq.Store(taken)
 		if r, err := n.fences.Fence(ctx, call); err == nil {
 			rep = r
 		} else {
@@ -541,6 +556,7 @@ func (n *Node) ResetShares() error {
 	}
 	n.shares.h.Store(h)
 	n.markSeq.Store(0)
+	n.taken.Store(0)
 	return nil
 }
 

@@ -106,10 +106,15 @@ type ReporterConfig struct {
 
 // Acceptance is what the Accepted hook is told of an accepted report.
 type Acceptance struct {
-	At  time.Time // when the leader heard it (for a relayed report, as the aggregator said)
-	Seq uint64    // the report's
+	At time.Time // when the leader heard it (for a relayed report, as the aggregator said)
+	// Seq is the report the leader heard then: this one; for a relayed report the one the
+	// leader last confirmed (ReportResponse.heard_seq). Taken is this report's seq: the
+	// last the leader or its aggregator took (the leader's last report of it, once the
+	// aggregator forwards it).
+	Seq, Taken uint64
 	// LeaderRev and Version: the newest share set the leader had made when it took the
-	// report (ReportResponse.share_leader_rev, share_version; 0 and 0 when not said).
+	// report Seq names (ReportResponse.share_leader_rev, share_version; 0 and 0 when not
+	// said).
 	LeaderRev int64
 	Version   uint64
 }
@@ -351,8 +356,8 @@ func (r *Reporter) report(now time.Time, early, ack bool) {
 				r.cfg.QuotaView.Answered(at, req.Quotas, resp)
 			}
 			if r.cfg.Accepted != nil {
-				if heard, ok := heardAt(at, resp); ok {
-					r.cfg.Accepted(Acceptance{At: heard, Seq: req.Seq, LeaderRev: resp.GetShareLeaderRev(), Version: resp.GetShareVersion()})
+				if a, ok := acceptance(at, req.Seq, resp); ok {
+					r.cfg.Accepted(a)
 				}
 			}
 			r.m.sent.Inc()
@@ -395,6 +400,23 @@ func heardAt(at time.Time, resp *allotv1.ReportResponse) (time.Time, bool) {
 		return time.Time{}, false
 	}
 	return at.Add(-time.Duration(ago) * time.Millisecond), true
+}
+
+// acceptance is what an accepted answer at at to report seq tells the Accepted hook:
+// from the leader, that it heard this report then; relayed by an aggregator, that it last
+// confirmed hearing report heard_seq (heardAt), which took this one. None before the
+// leader confirmed any. An aggregator that says no heard_seq (an older one, which
+// forwards no marks either) is read as before: this report.
+func acceptance(at time.Time, seq uint64, resp *allotv1.ReportResponse) (Acceptance, bool) {
+	heard, ok := heardAt(at, resp)
+	if !ok {
+		return Acceptance{}, false
+	}
+	a := Acceptance{At: heard, Seq: seq, Taken: seq, LeaderRev: resp.GetShareLeaderRev(), Version: resp.GetShareVersion()}
+	if resp.GetRelayed() && resp.GetHeardSeq() != 0 {
+		a.Seq = resp.GetHeardSeq()
+	}
+	return a, true
 }
 
 var (

@@ -90,11 +90,16 @@ type ReportRequest struct {
 	// its region-mates are heard while it is not. A leader that has stopped hearing an
 	// enforcer stops waiting for its acknowledgements AckTimeout after a region-mate's
 	// report shows its mark naming the last report of it the leader accepted (pkg/balancer
-	// acks); without one, Stale + AckTimeout after its last report. Aggregators do not
-	// forward them.
-	FenceMarks    []*FenceMark `protobuf:"bytes,18,rep,name=fence_marks,json=fenceMarks,proto3" json:"fence_marks,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// acks); without one, Stale + AckTimeout after its last report. An aggregator forwards
+	// the list of the member report it received last, with fence_marks_ago_ms.
+	FenceMarks []*FenceMark `protobuf:"bytes,18,rep,name=fence_marks,json=fenceMarks,proto3" json:"fence_marks,omitempty"`
+	// Set only by an aggregator with fence_marks: how long before this report was sent it
+	// received the member report that carried them, milliseconds. The leader counts the
+	// marks seen then, not at the forward's arrival (AckTimeout between two sightings is
+	// what proves the enforcer was still fenced).
+	FenceMarksAgoMs int64 `protobuf:"varint,19,opt,name=fence_marks_ago_ms,json=fenceMarksAgoMs,proto3" json:"fence_marks_ago_ms,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *ReportRequest) Reset() {
@@ -253,6 +258,13 @@ func (x *ReportRequest) GetFenceMarks() []*FenceMark {
 	return nil
 }
 
+func (x *ReportRequest) GetFenceMarksAgoMs() int64 {
+	if x != nil {
+		return x.FenceMarksAgoMs
+	}
+	return 0
+}
+
 // FenceMark is one fenced enforcer's mark in its region's store (ReportRequest.fence_marks).
 type FenceMark struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -331,6 +343,10 @@ type Member struct {
 	CoveredMs int64  `protobuf:"varint,7,opt,name=covered_ms,json=coveredMs,proto3" json:"covered_ms,omitempty"`
 	// How many of those reports measured recent rates (ReportRequest.recent_window_ms > 0).
 	RecentReports uint32 `protobuf:"varint,8,opt,name=recent_reports,json=recentReports,proto3" json:"recent_reports,omitempty"`
+	// The highest seq of its reports the aggregator merged (the one heard_ago_ms dates,
+	// unless an older one was retried late): the leader takes it as the last report of it
+	// accepted, which a mark of it (FenceMark.seq) must name to be believed.
+	Seq           uint64 `protobuf:"varint,9,opt,name=seq,proto3" json:"seq,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -417,6 +433,13 @@ func (x *Member) GetCoveredMs() int64 {
 func (x *Member) GetRecentReports() uint32 {
 	if x != nil {
 		return x.RecentReports
+	}
+	return 0
+}
+
+func (x *Member) GetSeq() uint64 {
+	if x != nil {
+		return x.Seq
 	}
 	return 0
 }
@@ -668,13 +691,20 @@ type ReportResponse struct {
 	Relayed    bool  `protobuf:"varint,8,opt,name=relayed,proto3" json:"relayed,omitempty"`
 	HeardAgoMs int64 `protobuf:"varint,9,opt,name=heard_ago_ms,json=heardAgoMs,proto3" json:"heard_ago_ms,omitempty"`
 	// The newest share set the leader had made when it took the report (its fencing token
-	// and version; 0 and 0 from an aggregator or an older balancer). An enforcer that fenced
-	// itself as cut off alone rejoins only once it applies that set or a newer one: the
-	// leader may have raised other regions while it counted the enforcer fenced.
+	// and version; 0 and 0 from an older balancer). An enforcer that fenced itself as cut
+	// off alone rejoins only once it applies that set or a newer one: the leader may have
+	// raised other regions while it counted the enforcer fenced. From an aggregator
+	// (relayed): the newest the leader had made when it took the forward that confirmed
+	// heard_seq.
 	ShareLeaderRev int64  `protobuf:"varint,10,opt,name=share_leader_rev,json=shareLeaderRev,proto3" json:"share_leader_rev,omitempty"`
 	ShareVersion   uint64 `protobuf:"varint,11,opt,name=share_version,json=shareVersion,proto3" json:"share_version,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// Relayed only: the seq of this enforcer's report the leader last confirmed hearing (the
+	// report heard_ago_ms dates; Member.seq of the forward it accepted); 0 with
+	// heard_ago_ms -1. An enforcer marks itself with the seq of the last report the
+	// aggregator took, and rejoins once a later one is confirmed here.
+	HeardSeq      uint64 `protobuf:"varint,12,opt,name=heard_seq,json=heardSeq,proto3" json:"heard_seq,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ReportResponse) Reset() {
@@ -784,11 +814,18 @@ func (x *ReportResponse) GetShareVersion() uint64 {
 	return 0
 }
 
+func (x *ReportResponse) GetHeardSeq() uint64 {
+	if x != nil {
+		return x.HeardSeq
+	}
+	return 0
+}
+
 var File_allot_v1_balancer_proto protoreflect.FileDescriptor
 
 const file_allot_v1_balancer_proto_rawDesc = "" +
 	"\n" +
-	"\x17allot/v1/balancer.proto\x12\ballot.v1\"\x9b\x05\n" +
+	"\x17allot/v1/balancer.proto\x12\ballot.v1\"\xc8\x05\n" +
 	"\rReportRequest\x12\x16\n" +
 	"\x06region\x18\x01 \x01(\tR\x06region\x12\x1f\n" +
 	"\venforcer_id\x18\x02 \x01(\tR\n" +
@@ -811,10 +848,11 @@ const file_allot_v1_balancer_proto_rawDesc = "" +
 	"\vfenced_seen\x18\x11 \x01(\rR\n" +
 	"fencedSeen\x124\n" +
 	"\vfence_marks\x18\x12 \x03(\v2\x13.allot.v1.FenceMarkR\n" +
-	"fenceMarks\"9\n" +
+	"fenceMarks\x12+\n" +
+	"\x12fence_marks_ago_ms\x18\x13 \x01(\x03R\x0ffenceMarksAgoMs\"9\n" +
 	"\tFenceMark\x12\x1a\n" +
 	"\benforcer\x18\x01 \x01(\tR\benforcer\x12\x10\n" +
-	"\x03seq\x18\x02 \x01(\x04R\x03seq\"\x90\x02\n" +
+	"\x03seq\x18\x02 \x01(\x04R\x03seq\"\xa2\x02\n" +
 	"\x06Member\x12\x1f\n" +
 	"\venforcer_id\x18\x01 \x01(\tR\n" +
 	"enforcerId\x12(\n" +
@@ -826,7 +864,8 @@ const file_allot_v1_balancer_proto_rawDesc = "" +
 	"\areports\x18\x06 \x01(\rR\areports\x12\x1d\n" +
 	"\n" +
 	"covered_ms\x18\a \x01(\x03R\tcoveredMs\x12%\n" +
-	"\x0erecent_reports\x18\b \x01(\rR\rrecentReports\"\xa6\x01\n" +
+	"\x0erecent_reports\x18\b \x01(\rR\rrecentReports\x12\x10\n" +
+	"\x03seq\x18\t \x01(\x04R\x03seq\"\xa6\x01\n" +
 	"\n" +
 	"QuotaCount\x12\x12\n" +
 	"\x04rule\x18\x01 \x01(\tR\x04rule\x12\x14\n" +
@@ -845,7 +884,7 @@ const file_allot_v1_balancer_proto_rawDesc = "" +
 	"\vrecent_rate\x18\a \x01(\x01R\n" +
 	"recentRate\x12#\n" +
 	"\rrecent_tokens\x18\b \x01(\x01R\frecentTokens\x12\x1a\n" +
-	"\bdraining\x18\t \x01(\bR\bdraining\"\xbe\x03\n" +
+	"\bdraining\x18\t \x01(\bR\bdraining\"\xdb\x03\n" +
 	"\x0eReportResponse\x12\x1a\n" +
 	"\baccepted\x18\x01 \x01(\bR\baccepted\x12\x1f\n" +
 	"\vleader_addr\x18\x02 \x01(\tR\n" +
@@ -861,7 +900,8 @@ const file_allot_v1_balancer_proto_rawDesc = "" +
 	"heardAgoMs\x12(\n" +
 	"\x10share_leader_rev\x18\n" +
 	" \x01(\x03R\x0eshareLeaderRev\x12#\n" +
-	"\rshare_version\x18\v \x01(\x04R\fshareVersion2G\n" +
+	"\rshare_version\x18\v \x01(\x04R\fshareVersion\x12\x1b\n" +
+	"\theard_seq\x18\f \x01(\x04R\bheardSeq2G\n" +
 	"\bBalancer\x12;\n" +
 	"\x06Report\x12\x17.allot.v1.ReportRequest\x1a\x18.allot.v1.ReportResponseB3Z1github.com/allot-dev/allot/proto/allot/v1;allotv1b\x06proto3"
 
