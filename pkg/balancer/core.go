@@ -178,6 +178,9 @@ func (e *enforcerState) seen(seq uint64) bool {
 type releasedEnf struct {
 	ver  uint64    // the version of ours it had applied when released (mapApplied)
 	seen time.Time // when a report last listed its mark
+	// The last report of it accepted, which an aggregator's forward lists it by until it
+	// forgets it (Member.seq): a later one is a word from it again.
+	seq uint64
 }
 
 type regionState struct {

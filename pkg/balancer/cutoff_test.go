@@ -16,13 +16,24 @@ import (
 // Across a leader change (the new leader restored eu-west-0 from the members and never
 // heard it) a mark naming any seq releases it the same way: a report of it accepted after
 // its mark would have been accepted by the new leader, which would have heard it.
+//
+// Behind aggregators (issue 26 §3) the same: a forward lists the marks of the member
+// report received last, dated by fence_marks_ago_ms, and each member's highest seq, which
+// the cut-off enforcer's mark names (the last seq its aggregator took); later forwards
+// still list it, silent, and neither hold it again nor restart its mark's count.
 func TestCutOffAloneReleasedByItsMark(t *testing.T) {
 	for _, tc := range []struct {
-		name          string
-		older, leader bool
-	}{{"its last report", false, false}, {"an older report", true, false}, {"a new leader", false, true}} {
+		name               string
+		older, leader, agg bool
+	}{{"its last report", false, false, false}, {"an older report", true, false, false}, {"a new leader", false, true, false},
+		{"behind aggregators", false, false, true}, {"behind aggregators, an older report", true, false, true},
+		{"behind aggregators, a new leader", false, true, true}} {
 		t.Run(tc.name, func(t *testing.T) {
 			c, w, k, moved := euWestKey(t)
+			if tc.agg {
+				w.viaAggregators()
+				w.step(30 * time.Second)
+			}
 			for _, e := range w.enfs {
 				if e.id == "eu-west-0" {
 					e.cut, e.cutAt, e.alone, e.fenceAt = true, w.now, true, e.heard.Add(40*time.Second)
@@ -44,7 +55,17 @@ func TestCutOffAloneReleasedByItsMark(t *testing.T) {
 					took = w.now.Sub(start)
 				}
 			}
-			w.step(time.Minute) // applied everywhere, eu-west-0 still serving cut off
+			// A minute on: applied everywhere, eu-west-0 still serving cut off, and once
+			// released never waited for again (an aggregator's forwards still list it).
+			released := false
+			for range 60 {
+				w.step(time.Second)
+				rs := &w.c.regions[w.c.regionIdx["eu-west"]]
+				if released && rs.enforcers["eu-west-0"] != nil {
+					t.Fatalf("%v: eu-west-0, released on its mark, is waited for again", w.now)
+				}
+				released = released || rs.released["eu-west-0"] != nil
+			}
 			t.Logf("us-east at ≥ 0.6 of the limit %v after the move; max applied sum %.4f", took, w.maxAppl)
 			switch {
 			case took == 0:
@@ -53,6 +74,9 @@ func TestCutOffAloneReleasedByItsMark(t *testing.T) {
 				t.Fatalf("released %v after the move, want within 90 s (the mark, then AckTimeout)", took)
 			case tc.older && took < c.cfg.Stale-c.cfg.Interval:
 				t.Fatalf("released %v after the move by a mark naming an older report, want Stale + AckTimeout after its last report", took)
+			}
+			if !tc.older && !released {
+				t.Fatalf("eu-west-0 never released on its mark")
 			}
 		})
 	}

@@ -33,8 +33,13 @@ const MaxFencedSeen = 4096
 // have been accepted by this leader, which would have heard it. acks stops waiting for it
 // once the mark has been seen for AckTimeout — in a report received AckTimeout or more
 // after the first that showed it, so the enforcer was still marked, hence fenced, then
-// (a report built before it took its mark back and delivered late is not enough). Only
-// from an enforcer's own report (an aggregator forwards none). Called with c.mu held.
+// (a report built before it took its mark back and delivered late is not enough). seen
+// is when the marks were read: now for an enforcer's own report; for an aggregator's
+// forward, when it received the member report that carried them (fence_marks_ago_ms
+// before now), so a list the aggregator forwards again counts no later. Behind an
+// aggregator, the last report of an enforcer accepted is the highest seq a forward listed
+// (Member.seq), and the enforcer marks itself with the last seq the aggregator took.
+// Called with c.mu held.
 //
 // A mark is believed as much as the report that carries it: a holder of the region's
 // certificate could as well send reports in the marked enforcer's name acknowledging
@@ -44,12 +49,12 @@ const MaxFencedSeen = 4096
 // without the region-wide reservation: one still waited for (its acknowledgement holds
 // the region at what it may apply) or one released (its versions are reserved up to its
 // default, mayApply). The rest are held by fenced_seen (heardRegion).
-func (c *Core) fenceMarks(now time.Time, rs *regionState, r *allotv1.ReportRequest) (explained uint32) {
+func (c *Core) fenceMarks(seen time.Time, rs *regionState, r *allotv1.ReportRequest) (explained uint32) {
 	for _, m := range r.FenceMarks {
 		found := false
 		for name, x := range rs.released {
 			if bucket.SightID(name) == m.Enforcer {
-				x.seen, found = now, true
+				x.seen, found = later(x.seen, seen), true
 			}
 		}
 		for name, e := range rs.enforcers {
@@ -59,13 +64,13 @@ func (c *Core) fenceMarks(now time.Time, rs *regionState, r *allotv1.ReportReque
 			found = true
 			// A stale enforcer's mark names no seq: ended by a set read again, not by a
 			// report.
-			if m.Seq == 0 || !e.restored && e.maxSeq != m.Seq || now.Sub(e.lastHeard) < c.cfg.SilentAfter {
+			if m.Seq == 0 || !e.restored && e.maxSeq != m.Seq || seen.Sub(e.lastHeard) < c.cfg.SilentAfter {
 				continue
 			}
 			if e.markedAt.IsZero() {
-				e.markedAt = now
+				e.markedAt = seen
 			}
-			e.markLast = now
+			e.markLast = later(e.markLast, seen)
 		}
 		if found {
 			explained++

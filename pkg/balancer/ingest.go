@@ -44,6 +44,8 @@ func (c *Core) validate(r *allotv1.ReportRequest) (int, error) {
 		return bad("fenced_seen %d, more than %d", r.FencedSeen, MaxFencedSeen)
 	case len(r.FenceMarks) > bucket.MaxFenceMarks:
 		return bad("%d fence_marks, more than %d", len(r.FenceMarks), bucket.MaxFenceMarks)
+	case r.FenceMarksAgoMs < 0 || r.FenceMarksAgoMs > 0 && len(r.Members) == 0:
+		return bad("fence_marks_ago_ms %d: must be >= 0, and only an aggregator's report (with members) says it", r.FenceMarksAgoMs)
 	}
 	for i, m := range r.FenceMarks {
 		if m == nil || m.Enforcer == "" || len(m.Enforcer) > bucket.MaxSightLen {
@@ -550,15 +552,27 @@ func (c *Core) ingestMembers(now time.Time, ri int, r *allotv1.ReportRequest) er
 			if m.Final || now.Sub(heard) >= c.cfg.Stale+c.cfg.AckTimeout {
 				continue // gone, or fenced itself by now (acks dropped it): nothing to wait for
 			}
+			if x := rs.released[m.EnforcerId]; x != nil && m.Seq != 0 && m.Seq == x.seq {
+				continue // released on its mark, and listed by the word it was released after
+			}
 			e = &enforcerState{}
 			rs.enforcers[m.EnforcerId] = e
 			c.membersGen++
+			// Its record holds what it may apply again.
+			delete(rs.released, m.EnforcerId)
 		}
-		// Its record holds what it may apply again.
-		delete(rs.released, m.EnforcerId)
 		if e.restored || !heard.Before(e.lastHeard) { // a later word than the last: an older one never rolls it back
+			// A report of it not heard before (the same one listed again dates the same to
+			// the millisecond only up to the delays of the forwards: the seq tells):
+			// no mark of it before counts.
+			word := e.restored || m.Seq == 0 || m.Seq != e.maxSeq
 			e.lastHeard, e.appliedRev, e.appliedVer, e.restored = heard, m.ShareLeaderRev, m.ShareVersion, false
-			e.markedAt, e.markLast = time.Time{}, time.Time{}
+			if word {
+				e.markedAt, e.markLast = time.Time{}, time.Time{}
+				if m.Seq != 0 {
+					e.maxSeq, e.bits = m.Seq, 1
+				}
+			}
 		}
 		if m.Reports > 0 {
 			if e.window != c.window+1 {
@@ -581,7 +595,8 @@ func (c *Core) ingestMembers(now time.Time, ri int, r *allotv1.ReportRequest) er
 			c.membersGen++
 		}
 	}
-	c.heardRegion(now, membersHeard(now, r), rs, r, secs, reports, recent, 0)
+	marksAt := now.Add(-time.Duration(r.FenceMarksAgoMs) * time.Millisecond)
+	c.heardRegion(now, membersHeard(now, r), rs, r, secs, reports, recent, c.fenceMarks(marksAt, rs, r))
 	c.usage(now, ri, r, max(secs, 0.1), recent)
 	return nil
 }
