@@ -236,8 +236,8 @@ func (fl *scaleFleet) newEnforcer(g int) (*simEnforcer, error) {
 	uc.EarlyGap = min(uc.EarlyGap, fl.k.interval)
 	uc.MaxIdentities = fl.mix.step.ids
 	uc.Capacity = tableCapacity(fl.mix.step.ids+1, uc.Stripes)
-	uc.RegionalRate = func(rule *rules.Compiled, identity string) float64 {
-		return rule.Global[0].Rate * r.holder.Share(rule, identity, time.Now())
+	uc.RegionalRate = func(rule *rules.Compiled, identity string, now time.Time) float64 {
+		return rule.Global[0].Rate * r.holder.Share(rule, identity, now)
 	}
 	t, err := report.NewTable(uc, e.clock.Now())
 	if err != nil {

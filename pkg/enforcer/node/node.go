@@ -418,12 +418,12 @@ func (n *Node) buildLayers(deps Deps) (err error) {
 }
 
 // regionalRate is the usage table's RegionalRate: the tokens/s this node allows the
-// identity, its rule's first global limit × its share here.
-func (n *Node) regionalRate(rule *rules.Compiled, identity string) float64 {
+// identity at now, its rule's first global limit × its share here.
+func (n *Node) regionalRate(rule *rules.Compiled, identity string, now time.Time) float64 {
 	if rule == nil || len(rule.Global) == 0 {
 		return 0
 	}
-	return rule.Global[0].Rate * n.shares.Share(rule, identity, n.clock.Now())
+	return rule.Global[0].Rate * n.shares.Share(rule, identity, now)
 }
 
 // applied is the reports' Shares hook: the share set the node applies.
@@ -441,7 +441,7 @@ func (n *Node) heard(a report.Acceptance) {
 // FenceTTL is how long an enforcer's mark of itself as fenced counts, in report intervals:
 // it marks itself at every report it tries to send, so a mark is renewed about every
 // interval while it stays fenced and forgotten this long after it stops (it crashed, or
-// is heard again). Its heard time in the store counts as long.
+// is heard again). Its heard time in the store counts twice as long (bucket.Fences).
 const FenceTTL = 3
 
 // CutOffAfter is how long, in report intervals, an enforcer goes without an accepted

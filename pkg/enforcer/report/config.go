@@ -42,11 +42,12 @@ type Config struct {
 	// (0, 1]. Default 0.5.
 	PressureFraction float64
 
-	// RegionalRate returns the tokens/s this region allows the identity (the rule's first
-	// limit after this region's share). Called only by Report, once per tracked pair, never
-	// on the check path; it must be safe for concurrent use. nil means
-	// rule.Limits[0].Rate (the compiled regional rate).
-	RegionalRate func(rule *rules.Compiled, identity string) float64
+	// RegionalRate returns the tokens/s this region allows the identity at now (the rule's
+	// first limit after this region's share). Called only by Report, once per tracked pair
+	// with the report's time (one clock read a report, not one a pair), never on the check
+	// path; it must be safe for concurrent use. nil means rule.Limits[0].Rate (the compiled
+	// regional rate).
+	RegionalRate func(rule *rules.Compiled, identity string, now time.Time) float64
 
 	// EarlyGap is the least time between two reports that WantEarly allows. Default 1s.
 	EarlyGap time.Duration
@@ -101,7 +102,7 @@ func (c Config) Validate() error {
 }
 
 // defaultRegionalRate is the compiled regional rate of the rule's first limit.
-func defaultRegionalRate(rule *rules.Compiled, _ string) float64 {
+func defaultRegionalRate(rule *rules.Compiled, _ string, _ time.Time) float64 {
 	if rule == nil || len(rule.Limits) == 0 {
 		return 0
 	}

@@ -82,6 +82,7 @@ func (t *Table) Report(now time.Time) *allotv1.ReportRequest {
 		total += old.total
 		evicted += old.evicted
 		var prev map[pair]prevState
+		hint := len(last) // about as many as the last report's: no rehashing as it grows
 		for _, e := range old.heap {
 			items = append(items, drained{e: e})
 			var st prevState
@@ -96,7 +97,7 @@ func (t *Table) Report(now time.Time) *allotv1.ReportRequest {
 			}
 			if st.refused > 0 || st.first != 0 {
 				if prev == nil {
-					prev = make(map[pair]prevState)
+					prev = make(map[pair]prevState, hint)
 				}
 				prev[e.key] = st
 			}
@@ -122,7 +123,7 @@ func (t *Table) Report(now time.Time) *allotv1.ReportRequest {
 	secs := length.Seconds()
 	for i := range items {
 		d := &items[i]
-		d.rate = t.rate(d.e.rule, d.e.key.identity)
+		d.rate = t.rate(d.e.rule, d.e.key.identity, now)
 		d.pressured = d.e.refused > 0 || float64(d.e.admitted) > t.cfg.PressureFraction*d.rate*secs
 	}
 	slices.SortFunc(items, func(a, b drained) int { // a total order: pairs are unique
@@ -172,7 +173,7 @@ func (t *Table) Report(now time.Time) *allotv1.ReportRequest {
 	for i, d := range quiet[:nq] {
 		u := &slab[n+i]
 		u.Rule, u.Identity = d.e.key.rule, d.e.key.identity
-		u.RegionalRate = t.rate(d.e.rule, d.e.key.identity)
+		u.RegionalRate = t.rate(d.e.rule, d.e.key.identity, now)
 		u.RecentRate, u.RecentTokens = d.e.recent(now.UnixNano())
 		req.Usage[n+i] = u
 	}

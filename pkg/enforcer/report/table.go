@@ -26,7 +26,7 @@ type Table struct {
 	start time.Time  // the current interval's start: NewTable's start, then each Report's now
 
 	cfg     Config
-	rate    func(rule *rules.Compiled, identity string) float64
+	rate    func(rule *rules.Compiled, identity string, now time.Time) float64
 	seed    maphash.Seed
 	mask    uint64
 	stripes []stripe

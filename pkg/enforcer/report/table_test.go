@@ -102,7 +102,7 @@ func TestExactBelowCapacity(t *testing.T) {
 func TestRuleReloadSamePair(t *testing.T) {
 	var seen *rules.Compiled
 	tb := newTable(t, func(c *Config) {
-		c.RegionalRate = func(r *rules.Compiled, _ string) float64 { seen = r; return r.Limits[0].Rate }
+		c.RegionalRate = func(r *rules.Compiled, _ string, _ time.Time) float64 { seen = r; return r.Limits[0].Rate }
 	})
 	old, cur := rule("a", 10), rule("a", 20)
 	tb.ObserveTake(old, "k", 1, true, false, 0, t0)
@@ -117,7 +117,7 @@ func TestRuleReloadSamePair(t *testing.T) {
 func TestRegionalRateOnlyAtDrain(t *testing.T) {
 	calls := 0
 	tb := newTable(t, func(c *Config) {
-		c.RegionalRate = func(*rules.Compiled, string) float64 { calls++; return 5 }
+		c.RegionalRate = func(*rules.Compiled, string, time.Time) float64 { calls++; return 5 }
 	})
 	a := rule("a", 1)
 	for i := 0; i < 100; i++ {
