@@ -327,11 +327,8 @@ func (a *Aggregator) report(ctx context.Context, req *allotv1.ReportRequest) (*a
 		}
 		return nil, "invalid", status.Error(code, err.Error())
 	}
-	resp := &allotv1.ReportResponse{Accepted: true, LeaderAddr: a.cfg.Advertise, LeaderRev: a.ans.rev, Relayed: true, HeardAgoMs: -1}
-	if !m.confirmed.IsZero() {
-		resp.HeardAgoMs = max(now.Sub(m.confirmed).Milliseconds(), 0)
-		resp.HeardSeq, resp.ShareLeaderRev, resp.ShareVersion = m.confirmedSeq, m.confirmedRev, m.confirmedVer
-	}
+	resp := &allotv1.ReportResponse{Accepted: true, LeaderAddr: a.cfg.Advertise, LeaderRev: a.ans.rev}
+	m.relay(now, resp)
 	a.answerQuotas(now, req, resp)
 	a.mu.Unlock()
 	if urgent && !dup {

@@ -52,6 +52,17 @@ type member struct {
 	confirmedVer uint64
 }
 
+// relay fills resp's relayed fields at now: when the leader last confirmed hearing m,
+// which report of it that was, and the newest set the leader had made then (none yet:
+// heard_ago_ms -1).
+func (m *member) relay(now time.Time, resp *allotv1.ReportResponse) {
+	resp.Relayed, resp.HeardAgoMs = true, -1
+	if !m.confirmed.IsZero() {
+		resp.HeardAgoMs = max(now.Sub(m.confirmed).Milliseconds(), 0)
+		resp.HeardSeq, resp.ShareLeaderRev, resp.ShareVersion = m.confirmedSeq, m.confirmedRev, m.confirmedVer
+	}
+}
+
 // seen records seq; true when it was merged before (a retry). As balancer's enforcerState.
 func (m *member) seen(seq uint64) bool {
 	switch {
@@ -339,6 +350,60 @@ func (g *merger) confirm(req *allotv1.ReportRequest, sent time.Time, rev int64, 
 			delete(g.members, x.EnforcerId)
 		}
 	}
+}
+
+// Merger is an Aggregator's merge and member table without its election, RPCs and lock:
+// regionsim runs one per region on its virtual clock, so the same code merges reports,
+// forwards them and answers the enforcers. Not safe for concurrent use.
+type Merger struct {
+	g      *merger
+	forget time.Duration
+}
+
+// NewMerger returns region's merge under cfg's Interval, MaxEntries, MaxQuotas,
+// MaxMembers and Forget (a zero one takes DefaultConfig's), its first interval starting
+// at start.
+func NewMerger(region string, cfg Config, start time.Time) *Merger {
+	def := DefaultConfig()
+	pick := func(v, d int) int {
+		if v <= 0 {
+			return d
+		}
+		return v
+	}
+	if cfg.Interval <= 0 {
+		cfg.Interval = def.Interval
+	}
+	if cfg.Forget <= 0 {
+		cfg.Forget = def.Forget
+	}
+	g := newMerger(region, pick(cfg.MaxEntries, def.MaxEntries), pick(cfg.MaxQuotas, def.MaxQuotas),
+		pick(cfg.MaxMembers, def.MaxMembers), cfg.Interval, start)
+	return &Merger{g: g, forget: cfg.Forget}
+}
+
+// Add merges an enforcer's report at now as the elected aggregator's Report does, and
+// returns its answer (accepted, relayed: ReportResponse.heard_ago_ms, heard_seq and the
+// newest set as the leader last confirmed; no quota answer) and whether it asks for a
+// forward at once (an acknowledgement, an early or final report; never a retry). A report
+// the aggregator refuses returns an error wrapping ErrInvalidReport or ErrTooManyMembers.
+func (m *Merger) Add(now time.Time, r *allotv1.ReportRequest) (resp *allotv1.ReportResponse, urgent bool, err error) {
+	mem, dup, urgent, err := m.g.add(now, r)
+	if err != nil {
+		return nil, false, err
+	}
+	resp = &allotv1.ReportResponse{Accepted: true}
+	mem.relay(now, resp)
+	return resp, urgent && !dup, nil
+}
+
+// Flush returns the forward of the interval ending at now, members silent for Forget
+// dropped first; nil when no enforcer is known. The caller names it (EnforcerId, Seq).
+func (m *Merger) Flush(now time.Time) *allotv1.ReportRequest { return m.g.flush(now, m.forget) }
+
+// Confirm records that the leader accepted req (a Flush at sent) with resp.
+func (m *Merger) Confirm(req *allotv1.ReportRequest, sent time.Time, resp *allotv1.ReportResponse) {
+	m.g.confirm(req, sent, resp.GetShareLeaderRev(), resp.GetShareVersion())
 }
 
 func (g *merger) reset(now time.Time) {

@@ -27,13 +27,13 @@ func TestHeardAtRelayed(t *testing.T) {
 		if ok != c.ok || !got.Equal(c.want) {
 			t.Errorf("heardAt(%v) = %v, %v; want %v, %v", c.resp, got, ok, c.want, c.ok)
 		}
-		a, ok := acceptance(at, 9, c.resp)
+		a, ok := AcceptanceOf(at, 9, c.resp)
 		seq := uint64(9)
 		if c.resp.Relayed && c.resp.HeardSeq != 0 {
 			seq = c.resp.HeardSeq
 		}
 		if ok != c.ok || ok && (!a.At.Equal(c.want) || a.Seq != seq || a.Taken != 9 || a.LeaderRev != c.resp.ShareLeaderRev || a.Version != c.resp.ShareVersion) {
-			t.Errorf("acceptance(%v) = %+v, %v; want at %v, seq %d, taken 9, the answer's set", c.resp, a, ok, c.want, seq)
+			t.Errorf("AcceptanceOf(%v) = %+v, %v; want at %v, seq %d, taken 9, the answer's set", c.resp, a, ok, c.want, seq)
 		}
 	}
 }

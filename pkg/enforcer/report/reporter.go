@@ -356,7 +356,7 @@ func (r *Reporter) report(now time.Time, early, ack bool) {
 				r.cfg.QuotaView.Answered(at, req.Quotas, resp)
 			}
 			if r.cfg.Accepted != nil {
-				if a, ok := acceptance(at, req.Seq, resp); ok {
+				if a, ok := AcceptanceOf(at, req.Seq, resp); ok {
 					r.cfg.Accepted(a)
 				}
 			}
@@ -402,12 +402,12 @@ func heardAt(at time.Time, resp *allotv1.ReportResponse) (time.Time, bool) {
 	return at.Add(-time.Duration(ago) * time.Millisecond), true
 }
 
-// acceptance is what an accepted answer at at to report seq tells the Accepted hook:
+// AcceptanceOf is what an accepted answer at at to report seq tells the Accepted hook:
 // from the leader, that it heard this report then; relayed by an aggregator, that it last
 // confirmed hearing report heard_seq (heardAt), which took this one. None before the
 // leader confirmed any. An aggregator that says no heard_seq (an older one, which
 // forwards no marks either) is read as before: this report.
-func acceptance(at time.Time, seq uint64, resp *allotv1.ReportResponse) (Acceptance, bool) {
+func AcceptanceOf(at time.Time, seq uint64, resp *allotv1.ReportResponse) (Acceptance, bool) {
 	heard, ok := heardAt(at, resp)
 	if !ok {
 		return Acceptance{}, false
