@@ -2,7 +2,7 @@
 // whether the global limits held (pkg/sim; scenarios under configs/scenarios/).
 //
 //	regionsim run -scenario FILE [-mode virtual] [-policy balancer|static|full]
-//	              [-summary FILE] [-json] [-out DIR]
+//	              [-aggregate] [-summary FILE] [-json] [-out DIR]
 //
 //	regionsim run -scenario FILE -mode live -targets us-east=HOST:PORT,eu-west=HOST:PORT
 //	regionsim rules -scenario FILE
@@ -42,7 +42,7 @@ func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
 
 const usage = `usage:
   regionsim run -scenario FILE [-mode virtual|live] [-policy balancer|static|full]
-                [-summary FILE] [-json] [-out DIR] [-targets us-east=ADDR,...]
+                [-aggregate] [-summary FILE] [-json] [-out DIR] [-targets us-east=ADDR,...]
   regionsim rules -scenario FILE    print the rules enforcers need for a live run
   regionsim demo [-scenario FILE] [-out DIR] [-redis region=host:port|...,...]
                  a whole three-region deployment in this process, replayed in real time
@@ -84,6 +84,7 @@ func runCmd(args []string, stdout, stderr io.Writer) int {
 	file := fs.String("scenario", "", "the scenario file (YAML; see configs/scenarios/)")
 	mode := fs.String("mode", "virtual", "virtual (one process, virtual clock) or live (real time over gRPC)")
 	policy := fs.String("policy", sim.PolicyBalancer, "where shares come from: balancer, static (the default split) or full (the whole limit everywhere)")
+	aggregate := fs.Bool("aggregate", false, "virtual mode, -policy balancer: every region's enforcers report through a report aggregator (docs/design.md §12)")
 	summary := fs.String("summary", "", "write the summary JSON to this file")
 	asJSON := fs.Bool("json", false, "print the summary JSON on stdout instead of the table")
 	out := fs.String("out", "", fmt.Sprintf("write the per-second CSV (every key) and the plots (SVG, PNG; of more than %d keys, the table's %d worst) into this directory", sim.TableKeys, sim.TableKeys))
@@ -133,7 +134,7 @@ func runCmd(args []string, stdout, stderr io.Writer) int {
 			return 2
 		}
 		// Without -out nothing reads the per-second detail: keep only what the summary needs.
-		res, err = sim.Run(sc, sim.Options{Policy: *policy, SummaryOnly: *out == ""})
+		res, err = sim.Run(sc, sim.Options{Policy: *policy, SummaryOnly: *out == "", Aggregate: *aggregate})
 	case "live":
 		tg, perr := sim.ParseTargets(*targets)
 		if perr != nil {

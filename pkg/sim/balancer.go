@@ -7,6 +7,7 @@ import (
 	"math"
 	"time"
 
+	"github.com/allot-dev/allot/pkg/aggregator"
 	"github.com/allot-dev/allot/pkg/balancer"
 	"github.com/allot-dev/allot/pkg/contract"
 	"github.com/allot-dev/allot/pkg/enforcer/node"
@@ -51,6 +52,15 @@ import (
 // (node.ResetShares), cut off from the control plane until the fault ends; the old
 // processes are gone without a final report (a crash), so the balancer holds what they
 // acknowledged until their fence. Their leases and report phases stay.
+//
+// With aggregators (Options.Aggregate) every region's enforcers report to the region's
+// aggregator — the real merge, aggregator.Merger, on the coordinator's clock — which
+// forwards one report an Interval (at a phase of its own) and at most AckGap after its
+// last when a report asks for one at once, as the Aggregator's loop does; a forward
+// reaches the balancer ReportDelay later, and an enforcer counts itself heard as the
+// aggregator's answer says (report.AcceptanceOf). The aggregator is in the region: a
+// region cut off, or the balancer down, loses its forwards, not its enforcers' reports;
+// an enforcer cut off alone loses its reports.
 
 // Virtual-mode timing of the control plane.
 const (
@@ -119,9 +129,20 @@ type balancerPlane struct {
 	bytes      int64
 	layout     *contract.Chunker // which chunks each version rewrites, as the publisher does
 	recomputes uint64
+	// aggs: each region's aggregator (Options.Aggregate; nil without).
+	aggs []*simAggregator
 }
 
-func newBalancerPlane(sc *scenario.Scenario) (*balancerPlane, error) {
+// simAggregator is one region's report aggregator in virtual mode.
+type simAggregator struct {
+	m    *aggregator.Merger
+	seq  uint64
+	last time.Duration // the last forward, since Epoch
+	next time.Duration // the next one (regular, or AckGap after the last when kicked)
+	gen  uint64        // forwards so far: a scheduled forward runs only if none came since
+}
+
+func newBalancerPlane(sc *scenario.Scenario, aggregate bool) (*balancerPlane, error) {
 	p := &balancerPlane{sc: sc, layout: contract.NewChunker(0), isolated: make([]bool, len(sc.Regions)), reps: make([][]*reporter, len(sc.Regions)),
 		outbox: make([][]sent, len(sc.Regions)), restarting: make([]bool, len(sc.Regions)),
 		cutEnf: make([][]bool, len(sc.Regions))}
@@ -153,6 +174,13 @@ func newBalancerPlane(sc *scenario.Scenario) (*balancerPlane, error) {
 		return nil, fmt.Errorf("sim: %w", err)
 	}
 	p.cfg, p.core = cfg, core
+	if aggregate {
+		acfg := aggregator.DefaultConfig()
+		acfg.Interval = sc.Interval
+		for _, r := range sc.Regions {
+			p.aggs = append(p.aggs, &simAggregator{m: aggregator.NewMerger(r.Name, acfg, Epoch)})
+		}
+	}
 	return p, nil
 }
 
@@ -213,7 +241,91 @@ func (p *balancerPlane) start(w *world) {
 			w.regions[r].onJump(e, rep.rc.Table.Early(), func() { p.wake(rep) })
 		}
 	}
+	for r, a := range p.aggs {
+		// Phases of their own, between the enforcers' (an aggregator starts with the first
+		// interval).
+		a.next = p.sc.Interval * time.Duration(2*r+1) / time.Duration(2*len(p.aggs))
+		p.forwardAt(r, a.next)
+	}
 	p.tickAt(TickEvery)
+}
+
+// forwardAt schedules region r's aggregator's forward at t, unless another comes first.
+func (p *balancerPlane) forwardAt(r int, t time.Duration) {
+	if t >= p.sc.Duration {
+		return
+	}
+	a := p.aggs[r]
+	gen := a.gen
+	p.w.clk.at(t, func() {
+		if gen == a.gen {
+			p.forward(r)
+		}
+	})
+}
+
+// forward is one pass of the aggregator's loop: the merge of the interval sent to the
+// balancer (lost when the region is cut off from it or it is down), the next regular
+// forward an Interval on.
+func (p *balancerPlane) forward(r int) {
+	a := p.aggs[r]
+	a.gen++
+	el, sentAt := p.w.clk.elapsed(), p.w.clk.Now()
+	a.last, a.next = el, el+p.sc.Interval
+	p.forwardAt(r, a.next)
+	req := a.m.Flush(sentAt)
+	if req == nil {
+		return
+	}
+	a.seq++
+	req.EnforcerId, req.Seq = "aggregator-"+p.sc.Regions[r].Name, a.seq
+	if p.down || p.isolated[r] {
+		return
+	}
+	p.w.clk.at(el+ReportDelay, func() {
+		if p.down || p.isolated[r] { // went down, or the region was cut off, on the way
+			return
+		}
+		now := p.w.clk.Now()
+		if p.core.Ingest(now, req) != nil {
+			return
+		}
+		resp := &allotv1.ReportResponse{Accepted: true}
+		resp.ShareLeaderRev, resp.ShareVersion = p.core.Newest()
+		a.m.Confirm(req, sentAt, resp)
+		p.kickTick(req)
+	})
+}
+
+// relay is an enforcer's report reaching its region's aggregator: merged, answered as the
+// aggregator answers (what the leader last confirmed), and forwarded at once (AckGap
+// after the last forward at the soonest) when it asks for that.
+func (p *balancerPlane) relay(m sent) {
+	a := p.aggs[m.region]
+	now := p.w.clk.Now()
+	resp, urgent, err := a.m.Add(now, m.r)
+	if err != nil {
+		return // as a refused report (see ingest)
+	}
+	if rep := p.reps[m.region][m.enf]; rep.gen == m.gen && !p.cutFromAggregator(m.region, m.enf) {
+		if acc, ok := report.AcceptanceOf(now, m.r.Seq, resp); ok {
+			rep.rc.Accepted(acc)
+		}
+	}
+	if !urgent {
+		return
+	}
+	el := p.w.clk.elapsed()
+	if soon := max(a.last+aggregator.DefaultConfig().AckGap, el); soon < a.next {
+		a.next = soon
+		a.gen++
+		p.forwardAt(m.region, soon)
+	}
+}
+
+// cutFromAggregator: enforcer e of region r cannot reach its region's aggregator now.
+func (p *balancerPlane) cutFromAggregator(r, e int) bool {
+	return p.restarting[r] || p.cutEnf[r][e]
 }
 
 // tickAt schedules the timer's next tick at t, unless another tick comes first.
@@ -292,7 +404,7 @@ func (p *balancerPlane) report(rep *reporter, step report.Step) {
 		f := rep.rc.Fences(context.Background(), now)
 		r.FencedSeen, r.FenceMarks = f.Seen, f.Marks
 	}
-	if p.down || p.cut(rep.region, rep.enf) {
+	if p.aggs != nil && p.cutFromAggregator(rep.region, rep.enf) || p.aggs == nil && (p.down || p.cut(rep.region, rep.enf)) {
 		return
 	}
 	p.outbox[rep.region] = append(p.outbox[rep.region], sent{at: now.Add(ReportDelay).Sub(Epoch), r: r,
@@ -311,7 +423,10 @@ func (p *balancerPlane) barrier() {
 		for _, m := range box {
 			m := m
 			p.w.clk.at(m.at, func() {
-				if !p.down { // the balancer went down while the report was on its way
+				switch {
+				case p.aggs != nil:
+					p.relay(m)
+				case !p.down: // the balancer went down while the report was on its way
 					p.ingest(m)
 				}
 			})
@@ -334,14 +449,16 @@ func (p *balancerPlane) ingest(m sent) {
 		a.LeaderRev, a.Version = p.core.Newest()
 		rep.rc.Accepted(a)
 	}
-	if balancer.AsksForTick(m.r) {
-		// A shift, or an acknowledgement a change plan may be waiting for: the service
-		// ticks the core at once (balancer.Service's kick), not at the next TickEvery,
-		// after the reports that arrive at the same instant.
-		if !p.kicked {
-			p.kicked = true
-			p.w.clk.at(p.w.clk.elapsed(), func() { p.kicked = false; p.timerTick() })
-		}
+	p.kickTick(m.r)
+}
+
+// kickTick: a shift, or an acknowledgement a change plan may be waiting for, in an
+// ingested report: the service ticks the core at once (balancer.Service's kick), not at
+// the next TickEvery, after the reports that arrive at the same instant.
+func (p *balancerPlane) kickTick(r *allotv1.ReportRequest) {
+	if balancer.AsksForTick(r) && !p.kicked {
+		p.kicked = true
+		p.w.clk.at(p.w.clk.elapsed(), func() { p.kicked = false; p.timerTick() })
 	}
 }
 

@@ -47,6 +47,10 @@ type Options struct {
 	// second), not the shares and sources per second: Result.Keys is then nil, and the
 	// CSV and plots cannot be written. For populations of thousands of keys.
 	SummaryOnly bool
+	// Aggregate puts a report aggregator (pkg/aggregator's merge) in every region, with
+	// PolicyBalancer: the enforcers report to it and it forwards to the balancer
+	// (docs/design.md §12). The scenario format is the same.
+	Aggregate bool
 	// workers is the cores the regions are laid out for (lanes); 0: GOMAXPROCS. Tests set
 	// it to show every layout gives the same run.
 	workers int
@@ -75,11 +79,13 @@ func (res *Result) Cell(k, s, r int) *Cell {
 
 // Summary is the run's summary: exactly the fields of issue 9 (-summary, -json).
 type Summary struct {
-	Scenario string      `json:"scenario"`
-	Policy   string      `json:"policy"`
-	Pass     bool        `json:"pass"`
-	Failures []string    `json:"failures"`
-	Keys     []KeyResult `json:"keys"`
+	Scenario string `json:"scenario"`
+	Policy   string `json:"policy"`
+	// Aggregated: the reports went through each region's aggregator (Options.Aggregate).
+	Aggregated bool        `json:"aggregated,omitempty"`
+	Pass       bool        `json:"pass"`
+	Failures   []string    `json:"failures"`
+	Keys       []KeyResult `json:"keys"`
 	// ControlPlane is what the balancer wrote (virtual mode, -policy balancer only).
 	ControlPlane *ControlPlane `json:"control_plane,omitempty"`
 }
@@ -114,7 +120,7 @@ func Run(sc *scenario.Scenario, opt Options) (*Result, error) {
 	case PolicyStatic, PolicyFull:
 		p = newFixedPlane(sc, policy)
 	case PolicyBalancer:
-		bp, err := newBalancerPlane(sc)
+		bp, err := newBalancerPlane(sc, opt.Aggregate)
 		if err != nil {
 			return nil, err
 		}
@@ -134,6 +140,7 @@ func Run(sc *scenario.Scenario, opt Options) (*Result, error) {
 	res := w.judge()
 	if bp, ok := p.(*balancerPlane); ok {
 		res.Summary.ControlPlane = bp.writes(sc)
+		res.Summary.Aggregated = bp.aggs != nil
 	}
 	return res, nil
 }
