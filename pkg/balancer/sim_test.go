@@ -3,10 +3,10 @@ package balancer
 import (
 	"fmt"
 	"math/rand/v2"
-	"slices"
 	"testing"
 	"time"
 
+	"github.com/allot-dev/allot/pkg/aggregator"
 	"github.com/allot-dev/allot/pkg/bucket"
 	"github.com/allot-dev/allot/pkg/contract"
 	allotv1 "github.com/allot-dev/allot/proto/allot/v1"
@@ -89,43 +89,26 @@ type world struct {
 	lastPhase string
 	recent    bool
 	// aggs, when not nil: every region's enforcers report through an aggregator
-	// (pkg/aggregator's merge, as the leader sees it), which forwards every Interval.
+	// (pkg/aggregator's merge), which forwards every Interval.
 	aggs []*fakeAgg
 }
 
-// fakeAgg is a region's report aggregator: it merges its enforcers' reports and forwards
-// one per Interval listing each (Member.seq, heard_ago_ms), with the fence marks of the
-// report it received last (fence_marks_ago_ms); an enforcer counts itself heard as of
-// the forward the leader accepted.
+// fakeAgg is a region's report aggregator: pkg/aggregator's merge (Merger), forwarding
+// one report an Interval; an enforcer counts itself heard as the aggregator's answer says
+// (what the leader last confirmed).
 type fakeAgg struct {
-	next    time.Time
-	seq     uint64
-	members map[string]*fakeMember
-	usage   map[key]float64
-	seen    uint32
-	marks   []*allotv1.FenceMark
-	marksAt time.Time
-	start   time.Time
-}
-
-type fakeMember struct {
-	e              *fakeEnf
-	seq            uint64
-	heard          time.Time
-	rev            int64
-	ver            uint64
-	reports        uint32
-	coveredMs      int64
-	recentReports  uint32
-	confirmedHeard time.Time
+	m    *aggregator.Merger
+	next time.Time
+	seq  uint64
 }
 
 // viaAggregators makes every region report through an aggregator from now.
 func (w *world) viaAggregators() {
 	w.aggs = make([]*fakeAgg, len(w.c.cfg.Regions))
-	for r := range w.aggs {
-		w.aggs[r] = &fakeAgg{next: w.now.Add(time.Duration(r*3100+400) * time.Millisecond), members: map[string]*fakeMember{},
-			usage: map[key]float64{}, start: w.now}
+	for r, name := range w.c.cfg.Regions {
+		cfg := aggregator.DefaultConfig()
+		cfg.Interval = w.c.cfg.Interval
+		w.aggs[r] = &fakeAgg{m: aggregator.NewMerger(name, cfg, w.now), next: w.now.Add(time.Duration(r*3100+400) * time.Millisecond)}
 	}
 }
 
@@ -138,68 +121,34 @@ func (w *world) send(e *fakeEnf, r int, req *allotv1.ReportRequest) {
 		e.heard = w.now
 		return
 	}
-	a := w.aggs[r]
-	m := a.members[e.id]
-	if m == nil {
-		m = &fakeMember{e: e}
-		a.members[e.id] = m
+	resp, _, err := w.aggs[r].m.Add(w.now, req)
+	if err != nil {
+		w.t.Fatalf("aggregator: %v", err)
 	}
-	m.seq, m.heard, m.rev, m.ver = req.Seq, w.now, req.ShareLeaderRev, req.ShareVersion
-	m.reports++
-	m.coveredMs += req.IntervalEndMs - req.IntervalStartMs
-	if req.RecentWindowMs > 0 {
-		m.recentReports++
-	}
-	a.seen = max(a.seen, req.FencedSeen)
-	a.marks, a.marksAt = req.FenceMarks, w.now
-	for _, u := range req.Usage {
-		a.usage[key{u.Rule, u.Identity}] += u.Admitted
+	if resp.HeardAgoMs >= 0 {
+		e.heard = w.now.Add(-time.Duration(resp.HeardAgoMs) * time.Millisecond)
 	}
 }
 
 // forward sends region r's aggregator's merge when it is due.
 func (w *world) forward(r int) {
 	a := w.aggs[r]
-	if w.now.Before(a.next) || len(a.members) == 0 {
+	if w.now.Before(a.next) {
 		return
 	}
 	a.next = a.next.Add(w.c.cfg.Interval)
+	req := a.m.Flush(w.now)
+	if req == nil {
+		return
+	}
 	a.seq++
-	name := w.c.cfg.Regions[r]
-	req := &allotv1.ReportRequest{Region: name, EnforcerId: "agg-" + name, Seq: a.seq, ShareLeaderRev: w.rev,
-		IntervalStartMs: a.start.UnixMilli(), IntervalEndMs: w.now.UnixMilli(), FencedSeen: a.seen}
-	if w.recent {
-		req.RecentWindowMs = 1000
-	}
-	if len(a.marks) > 0 {
-		req.FenceMarks, req.FenceMarksAgoMs = a.marks, w.now.Sub(a.marksAt).Milliseconds()
-	}
-	ids := make([]string, 0, len(a.members))
-	for id := range a.members {
-		ids = append(ids, id)
-	}
-	slices.Sort(ids)
-	for _, id := range ids {
-		m := a.members[id]
-		req.Members = append(req.Members, &allotv1.Member{EnforcerId: id, ShareLeaderRev: m.rev, ShareVersion: m.ver,
-			HeardAgoMs: w.now.Sub(m.heard).Milliseconds(), Reports: m.reports, CoveredMs: m.coveredMs,
-			RecentReports: m.recentReports, Seq: m.seq})
-		m.reports, m.coveredMs, m.recentReports = 0, 0, 0
-	}
-	for k, v := range a.usage {
-		u := &allotv1.IdentityUsage{Rule: k.rule, Identity: k.identity, Admitted: v}
-		if w.recent {
-			u.RecentRate = v / w.c.cfg.Interval.Seconds()
-		}
-		req.Usage = append(req.Usage, u)
-	}
-	a.usage, a.seen, a.start = map[key]float64{}, 0, w.now
+	req.EnforcerId, req.Seq = "agg-"+w.c.cfg.Regions[r], a.seq
 	if err := w.c.Ingest(w.now, req); err != nil {
-		w.t.Fatalf("ingest of %s's forward: %v", name, err)
+		w.t.Fatalf("ingest of %s's forward: %v", w.c.cfg.Regions[r], err)
 	}
-	for _, m := range a.members {
-		m.e.heard = m.heard // confirmed: the enforcer counts itself heard as of its report
-	}
+	resp := &allotv1.ReportResponse{Accepted: true}
+	resp.ShareLeaderRev, resp.ShareVersion = w.c.Newest()
+	a.m.Confirm(req, w.now, resp)
 }
 
 func newWorld(t *testing.T, c *Core, perRegion int) *world {
