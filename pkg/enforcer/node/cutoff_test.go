@@ -4,10 +4,23 @@ import (
 	"context"
 	"testing"
 
+	"github.com/allot-dev/allot/pkg/clock"
 	"github.com/allot-dev/allot/pkg/contract"
 	"github.com/allot-dev/allot/pkg/enforcer/report"
+	"github.com/allot-dev/allot/pkg/rules"
 	allotv1 "github.com/allot-dev/allot/proto/allot/v1"
 )
+
+// cutOffRig is two enforcers of us-east sharing a store (regionOfTwo), the rule of
+// key:k, and a set giving us-east 0.9 of it (not applied yet).
+func cutOffRig(t *testing.T) (clk *clock.Fake, a *Node, ta *fakeTransport, b *Node, tb *fakeTransport, rule *rules.Compiled, head contract.Head, entries []contract.Entry) {
+	t.Helper()
+	clk, a, ta, b, tb, holder := regionOfTwo(t)
+	rule = holder.Current().Rule("default")
+	head = contract.Head{LeaderRev: 1, Version: 1, PublishedAt: clk.Now(), Entries: 1}
+	entries = []contract.Entry{{Rule: "default", Identity: "key:k", Shares: map[string]float64{"us-east": 0.9, "eu-west": 0.1}}}
+	return clk, a, ta, b, tb, rule, head, entries
+}
 
 // An enforcer whose reports go unaccepted while a region-mate's are accepted fences itself
 // (min(share, default)) after CutOffAfter intervals, not after Stale, and marks itself
@@ -16,12 +29,9 @@ import (
 // its mark back first. A balancer
 // that hears nobody fences nobody before Stale.
 func TestCutOffAloneFencesItself(t *testing.T) {
-	clk, a, ta, b, tb, holder := regionOfTwo(t)
+	clk, a, ta, b, tb, rule, head, entries := cutOffRig(t)
 	ctx := context.Background()
-	rule := holder.Current().Rule("default")
 	iv := a.Config().Usage.Interval
-	head := contract.Head{LeaderRev: 1, Version: 1, PublishedAt: clk.Now(), Entries: 1}
-	entries := []contract.Entry{{Rule: "default", Identity: "key:k", Shares: map[string]float64{"us-east": 0.9, "eu-west": 0.1}}}
 	apply := func() {
 		head.PublishedAt = clk.Now()
 		a.Shares().Apply(head, entries, clk.Now())
@@ -123,12 +133,9 @@ func TestCutOffAloneFencesItself(t *testing.T) {
 // forward lists (Member.seq), the one the leader believes a mark of — and rejoins only
 // once the leader confirmed a later one, not when the aggregator takes one.
 func TestCutOffAloneBehindAggregator(t *testing.T) {
-	clk, a, ta, b, tb, holder := regionOfTwo(t)
+	clk, a, ta, b, tb, rule, head, entries := cutOffRig(t)
 	ctx := context.Background()
-	rule := holder.Current().Rule("default")
 	iv := a.Config().Usage.Interval
-	head := contract.Head{LeaderRev: 1, Version: 1, PublishedAt: clk.Now(), Entries: 1}
-	entries := []contract.Entry{{Rule: "default", Identity: "key:k", Shares: map[string]float64{"us-east": 0.9, "eu-west": 0.1}}}
 	a.Shares().Apply(head, entries, clk.Now())
 	b.Shares().Apply(head, entries, clk.Now())
 	seqA, seqB := uint64(100), uint64(200)
