@@ -311,14 +311,22 @@ func (g *merger) flush(now time.Time, forget time.Duration) *allotv1.ReportReque
 	for _, u := range g.usage {
 		req.Usage = append(req.Usage, u)
 	}
+	// Pressured first (refused), then the busiest, then by name: past maxEntries the rest
+	// go to omitted, and the same merge forwards the same report whatever the maps' order
+	// (regionsim's runs through aggregators repeat exactly, as its direct ones do).
+	slices.SortFunc(req.Usage, func(a, b *allotv1.IdentityUsage) int {
+		if c := cmp.Compare(b.Refused, a.Refused); c != 0 {
+			return c
+		}
+		if c := cmp.Compare(b.Admitted+b.Refused, a.Admitted+a.Refused); c != 0 {
+			return c
+		}
+		if c := cmp.Compare(a.Rule, b.Rule); c != 0 {
+			return c
+		}
+		return cmp.Compare(a.Identity, b.Identity)
+	})
 	if len(req.Usage) > g.maxEntries {
-		// Pressured first (refused), then the busiest; the rest go to omitted.
-		slices.SortFunc(req.Usage, func(a, b *allotv1.IdentityUsage) int {
-			if c := cmp.Compare(b.Refused, a.Refused); c != 0 {
-				return c
-			}
-			return cmp.Compare(b.Admitted+b.Refused, a.Admitted+a.Refused)
-		})
 		for _, u := range req.Usage[g.maxEntries:] {
 			req.OmittedIdentities++
 			req.OmittedTokens += u.Admitted + u.Refused
@@ -328,6 +336,9 @@ func (g *merger) flush(now time.Time, forget time.Duration) *allotv1.ReportReque
 	for _, q := range g.quotas {
 		req.Quotas = append(req.Quotas, q)
 	}
+	slices.SortFunc(req.Quotas, func(a, b *allotv1.QuotaCount) int {
+		return cmp.Or(cmp.Compare(a.Rule, b.Rule), cmp.Compare(a.Limit, b.Limit), cmp.Compare(a.Identity, b.Identity), cmp.Compare(a.PeriodStartMs, b.PeriodStartMs))
+	})
 	g.reset(now)
 	return req
 }

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/protobuf/proto"
+
 	allotv1 "github.com/allot-dev/allot/proto/allot/v1"
 )
 
@@ -136,6 +138,40 @@ func TestMergeBounded(t *testing.T) {
 	}
 	if _, _, _, err := g.add(now, rep("e4", 1, 1)); !errors.Is(err, ErrTooManyMembers) {
 		t.Errorf("a fourth enforcer past MaxMembers 3: err %v, want ErrTooManyMembers", err)
+	}
+}
+
+// The same reports make the same forward, entry for entry, whatever the order of the
+// merge's maps (regionsim's runs through aggregators repeat exactly): pressured first, then
+// the busiest, then by name; quotas by name.
+func TestMergeForwardsInOrder(t *testing.T) {
+	forward := func() *allotv1.ReportRequest {
+		g := newMerger("us-east", 100, 100, 100, 10*time.Second, t0)
+		now := t0.Add(10 * time.Second)
+		var us []*allotv1.IdentityUsage
+		var qs []*allotv1.QuotaCount
+		for i := range 40 {
+			us = append(us, use(fmt.Sprintf("k%02d", i), float64(i%4), float64(i%3), 0, 0))
+			qs = append(qs, &allotv1.QuotaCount{Rule: "r", Limit: "day", Identity: fmt.Sprintf("k%02d", i), PeriodStartMs: 1, Quota: 9, Count: 1})
+		}
+		r := rep("e1", 1, 1, us...)
+		r.Quotas = qs
+		if _, _, _, err := g.add(now, r); err != nil {
+			t.Fatal(err)
+		}
+		return g.flush(now, time.Hour)
+	}
+	first := forward()
+	for range 5 {
+		if again := forward(); !proto.Equal(first, again) {
+			t.Fatalf("the same report forwarded in another order:\n%v\n%v", first, again)
+		}
+	}
+	if u := first.Usage; u[0].Identity != "k11" || u[len(u)-1].Identity != "k36" {
+		t.Errorf("forward's first %q and last %q, want k11 (refused 2, of the busiest the first name) and k36 (nothing, the last name)", u[0].Identity, u[len(u)-1].Identity)
+	}
+	if q := first.Quotas; q[0].Identity != "k00" || q[len(q)-1].Identity != "k39" {
+		t.Errorf("quotas %q … %q, want by name", q[0].Identity, q[len(q)-1].Identity)
 	}
 }
 
