@@ -140,6 +140,7 @@ type simAggregator struct {
 	last time.Duration // the last forward, since Epoch
 	next time.Duration // the next one (regular, or AckGap after the last when kicked)
 	gen  uint64        // forwards so far: a scheduled forward runs only if none came since
+	gap  time.Duration // the aggregator's AckGap: an urgent forward waits this after the last
 }
 
 func newBalancerPlane(sc *scenario.Scenario, aggregate bool) (*balancerPlane, error) {
@@ -178,7 +179,7 @@ func newBalancerPlane(sc *scenario.Scenario, aggregate bool) (*balancerPlane, er
 		acfg := aggregator.DefaultConfig()
 		acfg.Interval = sc.Interval
 		for _, r := range sc.Regions {
-			p.aggs = append(p.aggs, &simAggregator{m: aggregator.NewMerger(r.Name, acfg, Epoch)})
+			p.aggs = append(p.aggs, &simAggregator{m: aggregator.NewMerger(r.Name, acfg, Epoch), gap: acfg.AckGap})
 		}
 	}
 	return p, nil
@@ -316,7 +317,7 @@ func (p *balancerPlane) relay(m sent) {
 		return
 	}
 	el := p.w.clk.elapsed()
-	if soon := max(a.last+aggregator.DefaultConfig().AckGap, el); soon < a.next {
+	if soon := max(a.last+a.gap, el); soon < a.next {
 		a.next = soon
 		a.gen++
 		p.forwardAt(m.region, soon)
@@ -445,9 +446,11 @@ func (p *balancerPlane) ingest(m sent) {
 	// The answer reaches the enforcer (unless it was cut off or restarted meanwhile): its
 	// share table counts staleness from the last accepted report.
 	if rep := p.reps[m.region][m.enf]; rep.gen == m.gen && !p.cut(m.region, m.enf) {
-		a := report.Acceptance{At: now, Seq: m.r.Seq, Taken: m.r.Seq}
-		a.LeaderRev, a.Version = p.core.Newest()
-		rep.rc.Accepted(a)
+		resp := &allotv1.ReportResponse{Accepted: true}
+		resp.ShareLeaderRev, resp.ShareVersion = p.core.Newest()
+		if a, ok := report.AcceptanceOf(now, m.r.Seq, resp); ok {
+			rep.rc.Accepted(a)
+		}
 	}
 	p.kickTick(m.r)
 }
