@@ -344,7 +344,12 @@ func (c *Core) usage(now time.Time, ri int, r *allotv1.ReportRequest, secs float
 		// them, is read at its rate, not a third of it (a third cost the 10,000-key
 		// population half a version an interval in the rounds that corrected it).
 		mean := u.RecentRate / float64(recent)
-		moved := c.shifted(id, ri, u.RecentRate, u.RecentTokens, u.Refused > 0, u.Draining, recent, spread, enfs)
+		var moved bool
+		if len(r.Members) > 0 && recent > 1 {
+			mean, moved = c.mergeShifted(id, ri, u, recent, enfs)
+		} else {
+			moved = c.shifted(id, ri, u.RecentRate, u.RecentTokens, u.Refused > 0, u.Draining, recent, spread, enfs)
+		}
 		if !moved {
 			mean, moved = c.arrivedTogether(now, id, ri, bit, u.RecentRate, u.RecentTokens, u.Refused > 0, spread)
 		}
@@ -713,3 +718,50 @@ func (c *Core) aboveShare(id *ident, r int, est float64) bool {
 
 // regionBit is region r's bit in ident.moved; regions past 63 share the last one.
 func regionBit(r int) uint64 { return 1 << min(r, 63) }
+
+// mergeShifted is shifted for an aggregator's merge of several reports (reports > 1):
+// the test the leader runs on several enforcers' reports together (arrivedTogether), not
+// the one it runs on a report. A merge sums its reports' recent counts, and any report
+// that refused the key or saw its region draining flags the whole; tested as one report,
+// such sums passed where no report would have (a small key's few clumped requests at
+// three enforcers, one of them refused), and through aggregators the 10,000-key
+// population published four times as many versions an interval as directly (34 against
+// 9). So the sum is an arrival only where a report refused the key (draining is one
+// report's evidence, which the merge does not keep), the smoothed demand brings at least
+// arrivalMinTokens in the reports' spans, and it passes the count test by a token more a
+// report past the first; left reads the sum, as for any report. A forward of one report
+// (an acknowledgement or an early report forwarded at once, most of a move's evidence) is
+// that report, and shifted tests it as such.
+//
+// It returns the rate an enforcer sees (the merge's mean; the caller reads the region's
+// as that × its enforcers). Which way it errs: toward "not arrived", so toward a move
+// found later, never a share over: a report that would have passed alone may be diluted
+// by the others in its merge (it waits for a report forwarded alone, or the interval's
+// recompute); a merge's reports of one enforcer are summed as if of several; the reports
+// counted are all the forward's, not only those that carry the key (both raise the
+// tokens the sum must reach). Keeping the report that shows an arrival best alongside
+// the sums (fields of IdentityUsage the leader tests alone) was tried: on the 10,000-key
+// population it published 11.1 versions an interval instead of 8.3 (its rate is read
+// over all the region's enforcers, where directly only those that carry the key count)
+// and failed no fewer keys. Called with c.mu held.
+func (c *Core) mergeShifted(id *ident, r int, u *allotv1.IdentityUsage, reports, enfs int) (float64, bool) {
+	mean := u.RecentRate / float64(reports)
+	return mean, c.arrivedSum(id, r, u.RecentRate, u.RecentTokens, u.Refused > 0, reports, enfs) || c.left(id, r, u.RecentRate, u.RecentTokens, reports, enfs)
+}
+
+// arrivedSum is arrivedTogether's test on the sum of several reports' recent counts that
+// an aggregator's merge carries (mergeShifted): rate and tokens summed over reports.
+func (c *Core) arrivedSum(id *ident, r int, rate, tokens float64, refused bool, reports, enfs int) bool {
+	if !refused || !(id.rate > 0) || !(rate > 0) || !(tokens > 0) || !count(rate) || !count(tokens) {
+		return false
+	}
+	sm := id.smoothedAt(r)
+	n, k := float64(enfs), float64(reports)
+	span := recentSpan(rate, tokens)
+	mu := max(sm, 1) / n * span * k // the tokens the smoothed demand brings in their spans
+	if mu < arrivalMinTokens {
+		return false
+	}
+	est := rate / k * n
+	return est > sm && countArrived(rate*span, mu, k-1) && c.aboveShare(id, r, est)
+}

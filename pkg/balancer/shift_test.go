@@ -404,7 +404,6 @@ func TestArrivalJudgedByItsCount(t *testing.T) {
 		{"the same rate without a count", 20, 0, 1, 3, false},
 		{"doubled and more without a count", 37, 0, 1, 3, true},
 		{"a steady rate's 3σ-high second", 8, 7.2, 1, 3, false},
-		{"two aggregated reports counting 36 where 9 were due", 40, 36, 2, 3, true},
 	} {
 		if got := c.shifted(id, 1, tc.rate, tc.tokens, true, false, tc.reports, tc.enfs, tc.enfs); got != tc.want {
 			t.Errorf("%s: shifted %v, want %v", tc.name, got, tc.want)
@@ -529,6 +528,99 @@ func TestArrivalJudgedOnTheRegionsReports(t *testing.T) {
 	c.arrivedTogether(at(0), quiet, 1, a, 18, 15, false, 3)
 	if quiet.arr != nil {
 		t.Error("an identity refused nothing keeps arrival sums")
+	}
+}
+
+// An aggregator's merge of several reports is tested as the leader tests several
+// enforcers' reports together (mergeShifted, arrivedTogether), not as one report. Tested
+// as one, a small key's few clumped tokens at three enforcers passed where none of the
+// reports would have (through aggregators the 10,000-key population published four times
+// as many versions).
+func TestMergeTestedAsItsReports(t *testing.T) {
+	c := newTestCore(t, func(c *CoreConfig) {
+		c.Limits = func(string, string) (Limits, bool) { return Limits{Rate: 50}, true }
+	})
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	fresh := func(name string, smoothed ...float64) *ident {
+		id, ok := c.newIdent("default", name)
+		if !ok {
+			t.Fatal("no identity")
+		}
+		id.st.Smoothed = smoothed
+		copy(id.published(c.n), []float64{0.69, 0.30, 0.01})
+		return id
+	}
+	small := func(name string) *ident { // a key of 3/s, 1.5/s of it in the region
+		id := fresh(name, 0, 1.5, 0)
+		id.rate = 3
+		return id
+	}
+	merged := func(rate, tokens, refused float64, draining bool) *allotv1.IdentityUsage {
+		return &allotv1.IdentityUsage{Rule: "default", RecentRate: rate, RecentTokens: tokens, Refused: refused, Draining: draining}
+	}
+	for _, tc := range []struct {
+		name    string
+		id      *ident
+		u       *allotv1.IdentityUsage
+		reports int
+		want    bool
+	}{
+		// TestArrivalJudgedOnTheRegionsReports' three reports (13, 10 and 14 tokens, each
+		// under its own threshold) merged: the sum passes, as it does directly.
+		{"three reports over their sum's threshold", fresh("key:sum", 60, 14.3, 0), merged(45.1, 37, 3, false), 3, true},
+		{"two reports counting 36 where 9 were due", fresh("key:two", 60, 15, 0), merged(40, 36, 1, false), 2, true},
+		{"three reports short of a token a report past the first", fresh("key:short", 60, 14.3, 0), merged(36, 29.5, 3, false), 3, false},
+		{"the same sum, nothing refused", fresh("key:quiet", 60, 14.3, 0), merged(45.1, 37, 0, false), 3, false},
+		// Draining is one report's evidence: a merge does not say whose count it was.
+		{"the same sum, draining", fresh("key:drain", 20, 14.3, 0), merged(45.1, 37, 0, true), 3, false},
+		// A small key (3/s, 1.5/s in the region): three reports of 4 tokens, one refused.
+		// Read as one report, 12 tokens where 1.5 were due passed; directly none of the
+		// three does, and their sum is a small key's, which keeps the one-report test.
+		{"a small key's clumps at three enforcers", small("key:small"), merged(12, 12, 1, false), 3, false},
+	} {
+		rate, got := c.mergeShifted(tc.id, 1, tc.u, tc.reports, 3)
+		if got != tc.want || math.Abs(rate-tc.u.RecentRate/float64(tc.reports)) > 1e-9 {
+			t.Errorf("%s: moved %v at %.2f/s an enforcer, want %v at the merge's mean", tc.name, got, rate, tc.want)
+		}
+	}
+	// Left is read from the sum, as for any report.
+	if _, got := c.mergeShifted(fresh("key:left", 0, 400, 0), 1, merged(3, 3, 0, false), 3, 3); !got {
+		t.Error("400/s offered in a region falling to 3/s over three merged reports: not read as left")
+	}
+}
+
+// Through Ingest: a merge of three members' reports is routed to the merge's test.
+func TestMergeIngestedAsItsReports(t *testing.T) {
+	c := newTestCore(t, func(c *CoreConfig) {
+		c.Limits = func(string, string) (Limits, bool) { return Limits{Rate: 50}, true }
+	})
+	now := t0
+	members := []aggMember{{"e1", 0, 0, 1}, {"e2", 0, 0, 1}, {"e3", 0, 0, 1}}
+	forward := func(seq uint64, u *allotv1.IdentityUsage) *allotv1.ReportRequest {
+		r := aggReport("eu-west", seq, now, members, u)
+		for _, m := range r.Members {
+			m.RecentReports = 1
+		}
+		return r
+	}
+	if err := c.Ingest(now, forward(1, &allotv1.IdentityUsage{Rule: "default", Identity: "key:small", Admitted: 10})); err != nil {
+		t.Fatal(err)
+	}
+	c.mu.Lock()
+	id := c.ids[key{"default", "key:small"}]
+	id.st.Smoothed, id.rate = []float64{0, 1.5, 0}, 3 // a key of 3/s, 1.5/s of it in eu-west
+	copy(id.published(c.n), []float64{0.33, 0.33, 0.34})
+	c.shiftPending, id.shift = false, false
+	c.mu.Unlock()
+	clumps := &allotv1.IdentityUsage{Rule: "default", Identity: "key:small", Admitted: 11, Refused: 1, RecentRate: 12, RecentTokens: 12}
+	if err := c.Ingest(now, forward(2, clumps)); err != nil {
+		t.Fatal(err)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.shiftPending {
+		t.Error("three members' clumps of a small key, merged, read as an arrival")
 	}
 }
 
