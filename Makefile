@@ -110,12 +110,13 @@ clean-containers:
 	if [ -n "$$ids" ]; then docker rm -f $$ids >/dev/null && echo "clean-containers: removed $$(echo $$ids | wc -w)"; \
 	else echo "clean-containers: none"; fi
 
-# The failure drills alone (docs/drills.md): the three-region stack in containers, both drill
-# tests (TestDrills, then TestBalancerDrills with the balancer replicas), about 6 minutes on
+# The failure drills alone (docs/drills.md): the three-region stack in containers, the drill
+# tests (TestDrills; TestBalancerDrills with the balancer replicas; TestAggregatedDrills with
+# report aggregators; TestEnforcerCutDrill, one enforcer cut off alone), about 12 minutes on
 # 2 cores. `make test` runs them too.
 .PHONY: drills stack-up stack-down
 drills: images
-	$(GO) test -race -count=1 -run '^(TestDrills|TestBalancerDrills|TestAggregatedDrills)$$' -v -timeout 20m ./e2e/
+	$(GO) test -race -count=1 -run '^(TestDrills|TestBalancerDrills|TestAggregatedDrills|TestEnforcerCutDrill)$$' -v -timeout 20m ./e2e/
 
 # The same three-region stack for a user on this machine (everything on 127.0.0.1): prints
 # every address and how to point a gateway or regionsim at it, writes them to bin/stack.env,

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -25,6 +26,9 @@ type Enforcer struct {
 	ID, Region string
 	GRPC, HTTP string // 127.0.0.1:port
 	Proc       *testenv.Proc
+	// BalancerLinks are its own paths to the balancer replicas (Options.EnforcerLinks;
+	// empty otherwise: it reports over its region's).
+	BalancerLinks []*testenv.Link
 
 	mu   sync.Mutex // mu guards conn
 	conn *grpc.ClientConn
@@ -34,7 +38,7 @@ type Enforcer struct {
 // stack's addresses; every region of the stack enforces the global limits with equal
 // weight (a third each of three). refuse403 is the README's nginx setting (auth_request takes only
 // 2xx/401/403). extra is YAML merged over it.
-func enforcerConfig(t testing.TB, r *Region, regions []string, rulesFile string, cf certs.Files, refuse403 bool, opt Options) string {
+func enforcerConfig(t testing.TB, r *Region, regions []string, rulesFile string, cf certs.Files, refuse403 bool, opt Options, balancerAddrs []string) string {
 	t.Helper()
 	status := 429
 	if refuse403 {
@@ -70,10 +74,10 @@ func enforcerConfig(t testing.TB, r *Region, regions []string, rulesFile string,
 	}
 	if opt.Aggregate {
 		cfg["balancer"].(map[string]any)["via_aggregator"] = true // the region's aggregator, found in etcd
-	} else if len(r.BalancerAddrs) > 0 {
-		// This region reaches the replicas through its own links, not at the address the
-		// leader advertises in etcd.
-		cfg["balancer"].(map[string]any)["addrs"] = r.BalancerAddrs
+	} else if len(balancerAddrs) > 0 {
+		// This region (or enforcer) reaches the replicas through its own links, not at the
+		// address the leader advertises in etcd.
+		cfg["balancer"].(map[string]any)["addrs"] = balancerAddrs
 	}
 	if opt.Enforcer != "" {
 		var over map[string]any
@@ -109,9 +113,21 @@ func (s *Stack) startEnforcer(t testing.TB, r *Region, i int) *Enforcer {
 		ID: fmt.Sprintf("%s-%d", r.Name, i+1), Region: r.Name,
 		GRPC: "127.0.0.1:" + strconv.Itoa(p[0]), HTTP: "127.0.0.1:" + strconv.Itoa(p[1]),
 	}
+	config := r.config
+	if s.opt.EnforcerLinks && r != s.Regions[0] {
+		// Links of its own to every replica, in a config of its own.
+		var addrs []string
+		for j, b := range s.Balancers {
+			k := s.Links.Add(t, fmt.Sprintf("%s-balancer-%d", e.ID, j), b.GRPC, r.latency, s.opt.Jitter)
+			e.BalancerLinks = append(e.BalancerLinks, k)
+			addrs = append(addrs, k.Addr)
+		}
+		config = filepath.Join(s.Dir, e.ID+".yaml")
+		writeFile(t, config, enforcerConfig(t, r, s.names, s.RulesFile, s.Certs, false, s.opt, addrs))
+	}
 	e.Proc = testenv.Run(t, testenv.ProcOptions{
 		Kind: "enforcer", Image: s.Image,
-		Argv:  []string{"enforcer", "-config", r.config, "-id", e.ID, "-grpc-addr", e.GRPC, "-http-addr", e.HTTP},
+		Argv:  []string{"enforcer", "-config", config, "-id", e.ID, "-grpc-addr", e.GRPC, "-http-addr", e.HTTP},
 		Binds: []string{s.Dir + ":" + s.Dir + ":ro"},
 	})
 	t.Cleanup(e.closeConn)
@@ -124,7 +140,9 @@ func (s *Stack) startEnforcer(t testing.TB, r *Region, i int) *Enforcer {
 // new instance of a rolling restart. It is not added to r.Enforcers.
 func (s *Stack) StartEnforcer(t testing.TB, r *Region, n int) *Enforcer {
 	t.Helper()
-	return s.startEnforcer(t, r, n-1)
+	e := s.startEnforcer(t, r, n-1)
+	r.BalancerLinks = append(r.BalancerLinks, e.BalancerLinks...)
+	return e
 }
 
 // WaitReady polls /readyz until it answers 200.

@@ -14,7 +14,9 @@
 // leader at the address it advertises in its election key; every other region reaches
 // each balancer replica through a Link of its own (Region.BalancerLinks, the same latency
 // as its etcd links), listed in its enforcers' balancer.addrs (with Options.Aggregate, in
-// its aggregator's upstream_addrs), so a drill can cut one region's reports alone.
+// its aggregator's upstream_addrs), so a drill can cut one region's reports alone; with
+// Options.EnforcerLinks each of its enforcers has links of its own (Enforcer.BalancerLinks),
+// so a drill can cut one enforcer's.
 //
 // What it guarantees: Start returns only when every enforcer answers /readyz and counts
 // every enforcer of its region as a peer; everything is removed at the cleanup of the test
@@ -84,6 +86,11 @@ type Options struct {
 	// enforcers report through it (balancer.via_aggregator) instead of to the replicas.
 	// Needs Balancers > 0.
 	Aggregate bool
+	// EnforcerLinks gives every enforcer of a region other than the first links of its own
+	// to the balancer replicas (Enforcer.BalancerLinks, listed in its own config's
+	// balancer.addrs; Region.BalancerLinks lists them all), so a drill can cut one
+	// enforcer's reports while its region-mates' go through. Not with Aggregate.
+	EnforcerLinks bool
 	// AdminToken, if not empty, turns on the balancers' admin API (pkg/balancer/admin on
 	// their HTTP listeners) with one named token, "drill:" + AdminToken (in a tokens file
 	// under Dir; at least adminauth.MinSecretLen bytes).
@@ -147,6 +154,9 @@ type Stack struct {
 	Certs certs.Files
 
 	RulesFile string
+
+	opt   Options  // what Start was given (StartEnforcer's links and configs)
+	names []string // the regions' names, in order
 }
 
 // Region is one region's Redis Cluster and enforcers.
@@ -165,7 +175,8 @@ type Region struct {
 	BalancerLinks []*testenv.Link
 	BalancerAddrs []string
 
-	config string // the region's enforcer config file
+	config  string        // the region's enforcer config file
+	latency time.Duration // one way to the first region (its links')
 }
 
 // Start builds the stack shaped by opt and returns once it is ready (see the package
@@ -176,7 +187,10 @@ func Start(t testing.TB, opt Options) *Stack {
 	if len(opt.Regions) == 0 {
 		t.Fatal("stack: Options.Regions is empty")
 	}
-	s := &Stack{Dir: t.TempDir(), Links: testenv.NewLinks(t)}
+	if opt.EnforcerLinks && opt.Aggregate {
+		t.Fatal("stack: Options.EnforcerLinks with Aggregate: the enforcers report to their region's aggregator")
+	}
+	s := &Stack{Dir: t.TempDir(), Links: testenv.NewLinks(t), opt: opt}
 	s.Image = testenv.StackImage(t)
 	imaged := time.Since(began)
 
@@ -187,7 +201,7 @@ func Start(t testing.TB, opt Options) *Stack {
 		if ro.Enforcers < 1 {
 			t.Fatalf("stack: region %s: Enforcers = %d, want ≥ 1", ro.Name, ro.Enforcers)
 		}
-		s.Regions[i] = &Region{Name: ro.Name}
+		s.Regions[i] = &Region{Name: ro.Name, latency: ro.Latency}
 		fns = append(fns, func(tb testing.TB) {
 			s.Regions[i].Redis = testenv.RedisCluster(tb, testenv.ClusterOptions{Masters: 3, ReplicasPerMaster: ro.Replicas, NodeTimeout: 2 * time.Second})
 		})
@@ -214,7 +228,7 @@ func Start(t testing.TB, opt Options) *Stack {
 		s.Balancers[i] = newBalancer(t, i)
 	}
 	for i, r := range s.Regions {
-		if i == 0 {
+		if i == 0 || opt.EnforcerLinks { // with EnforcerLinks each enforcer's are made as it starts
 			continue
 		}
 		for j, b := range s.Balancers {
@@ -230,14 +244,14 @@ func Start(t testing.TB, opt Options) *Stack {
 	}
 	s.RulesFile = filepath.Join(s.Dir, "rules.yaml")
 	writeFile(t, s.RulesFile, rules)
-	var names []string
 	for _, r := range s.Regions {
-		names = append(names, r.Name)
+		s.names = append(s.names, r.Name)
 	}
+	names := s.names
 	s.Certs = testenv.Certs(t, filepath.Join(s.Dir, "certs"), names...)
 	for i, r := range s.Regions {
 		r.config = filepath.Join(s.Dir, r.Name+".yaml")
-		writeFile(t, r.config, enforcerConfig(t, r, names, s.RulesFile, s.Certs, i == 0 && opt.Gateway, opt))
+		writeFile(t, r.config, enforcerConfig(t, r, names, s.RulesFile, s.Certs, i == 0 && opt.Gateway, opt, r.BalancerAddrs))
 	}
 	if opt.Balancers > 0 {
 		if opt.AdminToken != "" {
@@ -271,6 +285,7 @@ func Start(t testing.TB, opt Options) *Stack {
 	Parallel(t, starts...)
 	for _, r := range s.Regions {
 		for _, e := range r.Enforcers {
+			r.BalancerLinks = append(r.BalancerLinks, e.BalancerLinks...)
 			e.WaitPeers(t, len(r.Enforcers), time.Minute)
 		}
 	}
