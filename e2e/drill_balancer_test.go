@@ -213,6 +213,18 @@ func (w *shareSums) stop() (int, float64) {
 	return w.reads, w.worst
 }
 
+// sharedAnswers is the answers that came from the region's shared counts (stack.Shared:
+// Redis, the lease, the refusal cache), not from a local fallback or a fail mode.
+func sharedAnswers(answers []stack.Answer) []stack.Answer {
+	var out []stack.Answer
+	for _, a := range answers {
+		if stack.Shared(&a) {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
 // perSecond is admitted answers per second of the run (by when they came), by region of
 // the enforcer asked.
 func perSecond(answers []stack.Answer, region map[string]string, d time.Duration) map[string][]int {
@@ -275,12 +287,7 @@ func drillTrafficShift(t *testing.T, s *stack.Stack) {
 	r5 := maxWindowRatio(answers, 5*time.Second, shiftRate, shiftBurst)
 	t.Logf("traffic shift: %d checks (%d errors), %.0f/s of one key (global limit %.0f/s) in us-east for %v, then eu-west for %v; admitted per second us-east %v, eu-west %v; max window ratio 1 s %.3f, 5 s %.3f",
 		all.Calls, all.Errors, rate, shiftRate, phase1, phase2, ps["us-east"], ps["eu-west"], r1, r5)
-	var shared []stack.Answer
-	for _, a := range answers {
-		if stack.Shared(&a) {
-			shared = append(shared, a)
-		}
-	}
+	shared := sharedAnswers(answers)
 	byFallback := stack.Count(answers, func(a *stack.Answer) bool { return a.Err == nil && !stack.Shared(a) })
 	t.Logf("traffic shift: %d answers from fallback (%d admitted); breakers opened during the drill (enforcer shard → times): %v; max window ratio of the shared answers alone (redis, lease, refusal cache) 1 s %.3f, 5 s %.3f",
 		byFallback.Calls, byFallback.Allowed, breakerDelta(t, s, opens0),
@@ -449,13 +456,8 @@ func drillRegionDown(t *testing.T, s *stack.Stack, sums *shareSums) {
 	}
 	stack.Parallel(t, kills...)
 	answers := <-done
-	var sharedAnswers []stack.Answer
-	for _, a := range answers {
-		if stack.Shared(&a) {
-			sharedAnswers = append(sharedAnswers, a)
-		}
-	}
-	ps := perSecond(sharedAnswers, regionOf(s), d)
+	sharedOnes := sharedAnswers(answers)
+	ps := perSecond(sharedOnes, regionOf(s), d)
 	t.Logf("region down: %.0f/s of one key (global %.0f/s) split eu-west/ap-south, ap-south's enforcers killed at %v, all to eu-west after; admitted per second from shared counts eu-west %v, ap-south %v; %d errors (calls in flight to the killed)",
 		rate, shiftRate, killAt, ps["eu-west"], ps["ap-south"], stack.Count(answers, nil).Errors)
 

@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"context"
 	"fmt"
 	"math"
 	"strings"
@@ -26,7 +25,7 @@ import (
 // from shared counts stay within the global limit over 1 s and 5 s windows; once the links
 // are back eu-west-1 rejoins (no longer cut off, its reports accepted).
 func TestEnforcerCutDrill(t *testing.T) {
-	began := time.Now()
+	start := time.Now()
 	opt := stack.DefaultOptions()
 	opt.Balancers = 1
 	opt.BalanceInterval = 2 * time.Second
@@ -34,7 +33,7 @@ func TestEnforcerCutDrill(t *testing.T) {
 	opt.ShareStale = 60 * time.Second
 	opt.EnforcerLinks = true
 	s := stack.Start(t, opt)
-	t.Logf("enforcer cut: stack up in %v", time.Since(began).Round(time.Millisecond))
+	t.Logf("enforcer cut: stack up in %v", time.Since(start).Round(time.Millisecond))
 	sums := watchShareSums(t, s)
 
 	us, eu := s.Region("us-east"), s.Region("eu-west")
@@ -49,43 +48,14 @@ func TestEnforcerCutDrill(t *testing.T) {
 	const euRate, usRate = 400.0, 300.0
 	const cutAt, cutFor, d = 10 * time.Second, 30 * time.Second, 60 * time.Second
 	const interval, stale = 2 * time.Second, 60 * time.Second
-	cycle := int64((euRate + usRate) / 100) // of every 7 calls, 4 to eu-west, 3 to us-east
-	done := make(chan []stack.Answer)
-	go func() {
-		done <- stack.Drive(t, context.Background(), euRate+usRate, d, 48, func(i int64, at time.Duration) *stack.Call {
-			r := eu
-			if i%cycle >= int64(euRate/100) {
-				if at < cutAt {
-					return nil
-				}
-				r = us
-			}
-			return &stack.Call{To: r.Enforcers[i%int64(len(r.Enforcers))], Req: req("drill-shift", key, ""), Class: r.Name}
-		})
-	}()
-	driveBegan := time.Now()
-	time.Sleep(time.Until(driveBegan.Add(cutAt)))
-
-	last := lastShares(sums, identity)
-	if last["eu-west"] < 0.8 {
-		t.Fatalf("eu-west's share of %s before the cut is %.2f: the shares did not settle with its traffic (want ≥ 0.8); the drill would not test anything", identity, last["eu-west"])
-	}
+	began, done := driveIntoUS(t, eu, us, key, euRate, usRate, cutAt, d)
+	time.Sleep(time.Until(began.Add(cutAt)))
+	last := settledIn(t, sums, identity, "eu-west")
 	cut := time.Now()
-	restored := false
-	restore := func() {
-		if !restored {
-			restored = true
-			for _, k := range cutOff.BalancerLinks {
-				k.Restore(t)
-			}
-		}
-	}
-	for _, k := range cutOff.BalancerLinks {
-		k.Cut(t)
-	}
+	restore := cutLinks(t, cutOff.BalancerLinks)
 	defer restore()
 	t.Logf("enforcer cut: %s's %d balancer links cut %v into the run; the key's shares before: us-east %.2f, eu-west %.2f, ap-south %.2f",
-		cutOff.ID, len(cutOff.BalancerLinks), cut.Sub(driveBegan).Round(time.Millisecond), last["us-east"], last["eu-west"], last["ap-south"])
+		cutOff.ID, len(cutOff.BalancerLinks), cut.Sub(began).Round(time.Millisecond), last["us-east"], last["eu-west"], last["ap-south"])
 
 	// While cut: when eu-west-1 fences itself (and whether it ever goes stale: it must not,
 	// well within the staleness period).
@@ -157,12 +127,7 @@ func TestEnforcerCutDrill(t *testing.T) {
 	}
 
 	// 3. Never over on what was admitted.
-	var shared []stack.Answer
-	for _, a := range answers {
-		if stack.Shared(&a) {
-			shared = append(shared, a)
-		}
-	}
+	shared := sharedAnswers(answers)
 	all := stack.Count(answers, nil)
 	s1, s5 := maxWindowRatio(shared, time.Second, shiftRate, shiftBurst), maxWindowRatio(shared, 5*time.Second, shiftRate, shiftBurst)
 	ps := perSecond(shared, regionOf(s), d)

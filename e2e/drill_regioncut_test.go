@@ -34,43 +34,14 @@ func drillRegionCut(t *testing.T, s *stack.Stack, sums *shareSums) {
 	const euRate, usRate = 400.0, 300.0
 	const cutAt, cutFor, d = 10 * time.Second, 20 * time.Second, 50 * time.Second
 	const stale, interval = 12 * time.Second, 2 * time.Second
-	cycle := int64((euRate + usRate) / 100) // of every 7 calls, 4 to eu-west, 3 to us-east
-	began := time.Now()
-	done := make(chan []stack.Answer)
-	go func() {
-		done <- stack.Drive(t, context.Background(), euRate+usRate, d, 48, func(i int64, at time.Duration) *stack.Call {
-			r := eu
-			if i%cycle >= int64(euRate/100) {
-				if at < cutAt {
-					return nil
-				}
-				r = us
-			}
-			return &stack.Call{To: r.Enforcers[i%int64(len(r.Enforcers))], Req: req("drill-shift", key, ""), Class: r.Name}
-		})
-	}()
+	began, done := driveIntoUS(t, eu, us, key, euRate, usRate, cutAt, d)
 	time.Sleep(time.Until(began.Add(cutAt)))
 
 	// What eu-west was given before the cut: the last set published for the key.
-	last := lastShares(sums, identity)
-	if last["eu-west"] < 0.8 {
-		t.Fatalf("eu-west's share of %s before the cut is %.2f: the shares did not settle with its traffic (want ≥ 0.8); the drill would not test anything", identity, last["eu-west"])
-	}
+	last := settledIn(t, sums, identity, "eu-west")
 	held := math.Min(last["eu-west"], regionShare) // what it may enforce once stale
 	cut := time.Now()
-	links := append(append([]*testenv.Link(nil), eu.EtcdLinks...), eu.BalancerLinks...)
-	for _, k := range links {
-		k.Cut(t)
-	}
-	restored := false
-	restore := func() {
-		if !restored {
-			restored = true
-			for _, k := range links {
-				k.Restore(t)
-			}
-		}
-	}
+	restore := cutLinks(t, append(append([]*testenv.Link(nil), eu.EtcdLinks...), eu.BalancerLinks...))
 	defer restore()
 	t.Logf("region cut: eu-west's %d etcd links and %d balancer links cut %v into the run; its share of %s before: %.2f (us-east %.2f, ap-south %.2f)",
 		len(eu.EtcdLinks), len(eu.BalancerLinks), cut.Sub(began).Round(time.Millisecond), identity, last["eu-west"], last["us-east"], last["ap-south"])
@@ -117,13 +88,7 @@ func drillRegionCut(t *testing.T, s *stack.Stack, sums *shareSums) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	answers := <-done
-
-	var shared []stack.Answer
-	for _, a := range answers {
-		if stack.Shared(&a) {
-			shared = append(shared, a)
-		}
-	}
+	shared := sharedAnswers(answers)
 	ps := perSecond(shared, regionOf(s), d)
 	all := stack.Count(answers, nil)
 	k0, k1 := int(cutAt/time.Second), int((cutAt+cutFor)/time.Second)
@@ -245,6 +210,57 @@ func drillRegionCut(t *testing.T, s *stack.Stack, sums *shareSums) {
 		t.Errorf("eu-west's share never rose above min(last, default) = %.2f after the restore (it offers %.0f/s): it did not rejoin", held, euRate)
 	}
 	t.Logf("region cut: eu-west admitted per second from shared counts after the restore: %v", ps["eu-west"][k1:])
+}
+
+// cutLinks cuts links and returns what restores them: once, and nothing after that (a
+// drill restores them when its fault ends and defers the same call for when it fails).
+func cutLinks(t *testing.T, links []*testenv.Link) (restore func()) {
+	for _, k := range links {
+		k.Cut(t)
+	}
+	restored := false
+	return func() {
+		if !restored {
+			restored = true
+			for _, k := range links {
+				k.Restore(t)
+			}
+		}
+	}
+}
+
+// driveIntoUS drives one key of drill-shift for d: euRate a second to eu's enforcers
+// throughout and usRate to us's from `from` on (rates in whole hundreds a second, calls
+// round robin over each region's enforcers). It returns when the load began and where its
+// answers arrive once it is done.
+func driveIntoUS(t *testing.T, eu, us *stack.Region, key string, euRate, usRate float64, from, d time.Duration) (time.Time, <-chan []stack.Answer) {
+	cycle := int64((euRate + usRate) / 100) // e.g. of every 7 calls, 4 to eu-west, 3 to us-east
+	began := time.Now()
+	done := make(chan []stack.Answer, 1)
+	go func() {
+		done <- stack.Drive(t, context.Background(), euRate+usRate, d, 48, func(i int64, at time.Duration) *stack.Call {
+			r := eu
+			if i%cycle >= int64(euRate/100) {
+				if at < from {
+					return nil
+				}
+				r = us
+			}
+			return &stack.Call{To: r.Enforcers[i%int64(len(r.Enforcers))], Req: req("drill-shift", key, ""), Class: r.Name}
+		})
+	}()
+	return began, done
+}
+
+// settledIn is identity's newest published shares; it fails t unless region holds at
+// least 0.8 of them (the key's traffic is there, so the drill has something to move).
+func settledIn(t *testing.T, sums *shareSums, identity, region string) map[string]float64 {
+	t.Helper()
+	last := lastShares(sums, identity)
+	if last[region] < 0.8 {
+		t.Fatalf("%s's share of %s is %.2f: the shares did not settle with its traffic (want ≥ 0.8); the drill would not test anything", region, identity, last[region])
+	}
+	return last
 }
 
 // lastShares is the newest published shares of identity by region (the default split
