@@ -23,14 +23,7 @@ import (
 // (cpu-ns/request: the process's user and system time, steadier than wall time on a
 // shared machine) and per simulated second.
 func BenchmarkPopulation(b *testing.B) {
-	p := population{keys: 2000, busy: 4, middle: 200, seed: 26, duration: time.Minute,
-		regions: []string{"us-east", "eu-west", "ap-south"}, enforcers: []int{3, 3, 3}}
-	var buf bytes.Buffer
-	p.write(&buf)
-	sc, err := scenario.Parse(buf.Bytes(), "population.yaml")
-	if err != nil {
-		b.Fatal(err)
-	}
+	sc := populationScenario(b, 2000, 4, 200)
 	var requests int64
 	cpu0 := cpuTime(b)
 	for b.Loop() {
@@ -58,4 +51,19 @@ func cpuTime(b *testing.B) time.Duration {
 		b.Fatal(err)
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// populationScenario is `regionsim population -keys keys -busy busy -middle middle -seed 26
+// -duration 1m0s` over three regions of three enforcers, parsed.
+func populationScenario(tb testing.TB, keys, busy, middle int) *scenario.Scenario {
+	tb.Helper()
+	p := population{keys: keys, busy: busy, middle: middle, seed: 26, duration: time.Minute,
+		regions: []string{"us-east", "eu-west", "ap-south"}, enforcers: []int{3, 3, 3}}
+	var buf bytes.Buffer
+	p.write(&buf)
+	sc, err := scenario.Parse(buf.Bytes(), "population.yaml")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return sc
 }

@@ -7,7 +7,6 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/allot-dev/allot/pkg/sim"
 	"github.com/allot-dev/allot/pkg/sim/scenario"
@@ -87,14 +86,7 @@ func TestPopulation(t *testing.T) {
 // The run through aggregators also repeats exactly (a forward lists its entries in a
 // fixed order).
 func TestAggregatedPopulationPublishesAsDirectly(t *testing.T) {
-	p := population{keys: 1000, busy: 2, middle: 100, seed: 26, duration: time.Minute,
-		regions: []string{"us-east", "eu-west", "ap-south"}, enforcers: []int{3, 3, 3}}
-	var buf bytes.Buffer
-	p.write(&buf)
-	sc, err := scenario.Parse(buf.Bytes(), "population.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
+	sc := populationScenario(t, 1000, 2, 100)
 	cp := func(aggregate bool) (*sim.ControlPlane, []byte) {
 		res, err := sim.Run(sc, sim.Options{Policy: sim.PolicyBalancer, SummaryOnly: true, Aggregate: aggregate})
 		if err != nil {

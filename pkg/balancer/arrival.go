@@ -124,11 +124,11 @@ func (c *Core) arrivedTogether(now time.Time, id *ident, r int, bit uint64, rate
 	a.rate += rate
 	a.k++
 	a.mask |= bit
-	if a.k < 2 || !refused || a.mu < arrivalMinTokens {
+	if !refused {
 		return 0, false
 	}
 	mean := a.rate / float64(a.k)
-	if est := mean * n; est > sm && countArrived(a.got, a.mu, float64(a.k-1)) && c.aboveShare(id, r, est) { // a token more a report past the first
+	if c.sumArrived(id, r, a.got, a.mu, mean, a.k, enfs) {
 		*a = arrivalSum{}
 		return mean, true
 	}
@@ -301,13 +301,20 @@ func (c *Core) arrivedSum(id *ident, r int, rate, tokens float64, refused bool, 
 	if !refused || !(id.rate > 0) || !(rate > 0) || !(tokens > 0) || !count(rate) || !count(tokens) {
 		return false
 	}
-	sm := id.smoothedAt(r)
-	n, k := float64(enfs), float64(reports)
 	span := recentSpan(rate, tokens)
-	mu := max(sm, 1) / n * span * k // the tokens the smoothed demand brings in their spans
-	if mu < arrivalMinTokens {
+	mu := max(id.smoothedAt(r), 1) / float64(enfs) * span * float64(reports) // the tokens the smoothed demand brings in their spans
+	return c.sumArrived(id, r, rate*span, mu, rate/float64(reports), reports, enfs)
+}
+
+// sumArrived is the count test on k reports' recent counts summed (arrivedTogether,
+// arrivedSum): got tokens counted where the smoothed demand brings mu, the region's rate
+// read as the reports' mean rate × enfs. Only a sum of two reports or more, to which the
+// smoothed demand brings arrivalMinTokens, with a token more of margin a report past the
+// first.
+func (c *Core) sumArrived(id *ident, r int, got, mu, mean float64, k, enfs int) bool {
+	if k < 2 || mu < arrivalMinTokens {
 		return false
 	}
-	est := rate / k * n
-	return est > sm && countArrived(rate*span, mu, k-1) && c.aboveShare(id, r, est)
+	est := mean * float64(enfs)
+	return est > id.smoothedAt(r) && countArrived(got, mu, float64(k-1)) && c.aboveShare(id, r, est)
 }
