@@ -224,7 +224,10 @@
 // Poisson noise, and at α its smoothed demand kept 0.6 of a window's deviation (0.4 now,
 // TestASmallSteadyKeysDemandWandersLess); from 100 tokens a window the weight is α. Then:
 //   - the fast path also needs |d_r − s_r| > 3·√(σ_r² + v_r) (the demand moved, not only
-//     exceeds the share);
+//     exceeds the share), where a reading under the smoothed demand has the variance its
+//     count would have at s_r (a short window's low count is no more precise than the
+//     demand it is tested against: read at its own count, a 3/s key's empty second was
+//     three deviations under 3/s, TestShortWindowsEmptySecondIsNotACollapse);
 //   - a collapse is any free region's demand moving either way by more than that and
 //     DeadBand/4 of the limit (without Noise, only a fall to half or less counts): the
 //     smoothed demand it would leave a wanting region is stale;

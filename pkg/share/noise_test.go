@@ -358,3 +358,47 @@ func TestASmallSteadyKeysDemandWandersLess(t *testing.T) {
 		t.Fatalf("six intervals after the demand doubled to 2.84/s the smoothed demand is %.2f: want within 15%%", s)
 	}
 }
+
+// A key under its limit read over short windows (the 10,000-key population recomputes
+// every second or two while its busy keys move): an empty second in one region is not
+// a collapse that hands that region's share to the others. The key is the population's
+// k00925, 12/s offered about 3/s in each of three regions; with its windows' noise read
+// at their own counts an empty second was three deviations under the smoothed demand,
+// the fast path took every region's one-second reading, and the region was given 0.01.
+// A real collapse is still read at once (TestShortWindowsCollapseIsRead).
+func TestShortWindowsEmptySecondIsNotACollapse(t *testing.T) {
+	rng := rand.New(rand.NewPCG(26, 925))
+	cfg := DefaultConfig()
+	st := State{}
+	lowest := 1.0
+	for i := range 600 {
+		d, nz := make([]float64, 3), make([]float64, 3)
+		for r := range d {
+			tok := float64(poisson(rng, 3))
+			d[r], nz[r] = tok, math.Sqrt(max(tok, 1))
+		}
+		w := WindowWeight(cfg.Alpha, 0.1)
+		st, _ = AllocateInto(State{}, cfg, st, Input{Limit: 12, Demand: d, Noise: nz,
+			Default: []float64{1. / 3, 1. / 3, 1. / 3}, Held: []float64{nan, nan, nan}, Weight: []float64{w, w, w}})
+		if i >= 30 {
+			lowest = min(lowest, slices.Min(st.Shares))
+		}
+	}
+	// Each region's demand is a quarter of the limit; its headroom asks for more.
+	if lowest < 0.2 {
+		t.Fatalf("lowest share over 570 one-second windows of steady demand %.3f: want at least 0.2 (a region's demand is 0.25)", lowest)
+	}
+}
+
+// A busy key's region empties in a one-second window while another region wants its
+// share: read as a collapse at once, as before.
+func TestShortWindowsCollapseIsRead(t *testing.T) {
+	cfg := DefaultConfig()
+	st := State{Smoothed: []float64{100, 300}, Var: []float64{30, 30}, Shares: []float64{0.25, 0.75}, Basis: []float64{100, 300}}
+	w := WindowWeight(cfg.Alpha, 0.1)
+	st, _ = AllocateInto(State{}, cfg, st, Input{Limit: 400, Demand: []float64{300, 0}, Noise: []float64{math.Sqrt(300), 1},
+		Default: []float64{0.5, 0.5}, Held: []float64{nan, nan}, Weight: []float64{w, w}})
+	if st.Smoothed[1] != 0 || st.Shares[0] < 0.7 {
+		t.Fatalf("after region 1's 300/s left for region 0 in one second: smoothed %v, shares %v; want region 1's demand 0 and region 0 given most of the limit", st.Smoothed, st.Shares)
+	}
+}
