@@ -82,21 +82,6 @@ const (
 // length T from the reading d and its noise σ (Poisson: d = N/T, σ = √N/T, so T = d/σ²;
 // 1/σ for a count of nothing), and x/T. Judged at the larger of the reading and the
 // smoothed demand, a low count is not more precise than the rate it is compared with.
-// moveNoise is the variance of reading d, of noise nz, tested against the smoothed
-// demand s for a move: the count's noise at the larger of the two (countNoise). A reading
-// below s is tested at the rate it would have if nothing had moved: a short window's low
-// count is no more precise than the demand it is tested against. Read at its own count, a
-// 3/s key's empty second (one in thirty seconds) was three deviations under its smoothed
-// demand, a collapse, and the fast path handed its share to the other regions' noisy
-// second (the 10,000-key population recomputes every second or two while its busy keys
-// move: k00925, 12/s offered 3/s in each region, was given 0.01 in one).
-func moveNoise(d, s, nz float64) float64 {
-	if nz <= 0 || math.IsNaN(s) || d >= s {
-		return nz * nz
-	}
-	return countNoise(d, nz, s)
-}
-
 func countNoise(d, nz, x float64) float64 {
 	t := 1 / nz
 	if d > 0 {
@@ -221,7 +206,15 @@ func AllocateInto(dst State, cfg Config, st State, in Input) (next State, change
 			if !math.IsNaN(held[r]) || math.IsNaN(raw[r]) {
 				continue
 			}
-			sd := 3 * math.Sqrt(moveNoise(raw[r], sm[r], noiseOf(in.Noise, r))+vr[r])
+			// The reading's variance at the larger of it and the smoothed demand, as the
+			// steady test has it: a reading under s_r is tested at the rate it would have if
+			// nothing had moved. Read at its own count, a 3/s key's empty second (one second
+			// in twenty) was three deviations under its smoothed demand, a collapse, and the
+			// fast path handed its share to the other regions' noisy seconds (the 10,000-key
+			// population recomputes every second or two while its busy keys move: k00925,
+			// 12/s offered 3/s in each region, was given 0.01 in one). With no smoothed
+			// demand sd is NaN and unused: moved holds, and no collapse is read.
+			sd := 3 * math.Sqrt(countNoise(raw[r], noiseOf(in.Noise, r), max(raw[r], sm[r]))+vr[r])
 			w := raw[r] * perLimit
 			moved := math.IsNaN(sm[r]) || math.Abs(raw[r]-sm[r]) > sd
 			fast = fast || (w > prev[r]+cfg.DeadBand && moved)

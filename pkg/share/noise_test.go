@@ -371,13 +371,13 @@ func TestShortWindowsEmptySecondIsNotACollapse(t *testing.T) {
 	cfg := DefaultConfig()
 	st := State{}
 	lowest := 1.0
+	w := WindowWeight(cfg.Alpha, 0.1) // one-second windows of a 10 s interval
 	for i := range 600 {
 		d, nz := make([]float64, 3), make([]float64, 3)
 		for r := range d {
 			tok := float64(poisson(rng, 3))
 			d[r], nz[r] = tok, math.Sqrt(max(tok, 1))
 		}
-		w := WindowWeight(cfg.Alpha, 0.1)
 		st, _ = AllocateInto(State{}, cfg, st, Input{Limit: 12, Demand: d, Noise: nz,
 			Default: []float64{1. / 3, 1. / 3, 1. / 3}, Held: []float64{nan, nan, nan}, Weight: []float64{w, w, w}})
 		if i >= 30 {
