@@ -82,6 +82,9 @@ type reporter struct {
 	regularAt   time.Time // the next regular report's event (the cadence)
 	wakeAt      time.Time // a pending wake before it (zero: none)
 	gen         int       // restarts so far (region-restart): a new process, a new id
+	// cgen is gen as the coordinator knows it: a restart counts at once for the reports
+	// arriving after it, and in the region (gen) at the end of the slice.
+	cgen int
 }
 
 func (*reporter) Close() error { return nil } // nothing runs but on the virtual clock
@@ -111,12 +114,12 @@ type balancerPlane struct {
 	// outbox holds each region's reports sent since the last barrier (written by the
 	// region's goroutine between barriers, read by the coordinator at them).
 	outbox [][]sent
-	// down, isolated, cutEnf and restarting are the control plane's faults; set only at
-	// barriers.
-	down       bool
-	isolated   []bool
-	cutEnf     [][]bool // [region][enforcer]: enforcer-isolated
-	restarting []bool
+	// down, isolated, cutEnf and restarting are the control plane's faults, as the
+	// coordinator's events set them (a fault starts and ends at a barrier's time); view
+	// is the same as the regions see them, copied at every barrier (sync).
+	faults
+	view faults
+
 	// the virtual etcd: the set as last written
 	head    contract.Head
 	entries []contract.Entry
@@ -133,6 +136,43 @@ type balancerPlane struct {
 	aggs []*simAggregator
 }
 
+// faults are the control plane's faults in force.
+type faults struct {
+	down       bool
+	isolated   []bool
+	cutEnf     [][]bool // [region][enforcer]: enforcer-isolated
+	restarting []bool
+}
+
+func newFaults(sc *scenario.Scenario) faults {
+	f := faults{isolated: make([]bool, len(sc.Regions)), restarting: make([]bool, len(sc.Regions)),
+		cutEnf: make([][]bool, len(sc.Regions))}
+	for r, reg := range sc.Regions {
+		f.cutEnf[r] = make([]bool, reg.Enforcers)
+	}
+	return f
+}
+
+// copyTo makes dst the same as f, in place.
+func (f *faults) copyTo(dst *faults) {
+	dst.down = f.down
+	copy(dst.isolated, f.isolated)
+	copy(dst.restarting, f.restarting)
+	for r := range f.cutEnf {
+		copy(dst.cutEnf[r], f.cutEnf[r])
+	}
+}
+
+// cut: enforcer e of region r is cut off from the control plane.
+func (f *faults) cut(r, e int) bool {
+	return f.isolated[r] || f.restarting[r] || f.cutEnf[r][e]
+}
+
+// cutFromAggregator: enforcer e of region r cannot reach its region's aggregator.
+func (f *faults) cutFromAggregator(r, e int) bool {
+	return f.restarting[r] || f.cutEnf[r][e]
+}
+
 // simAggregator is one region's report aggregator in virtual mode.
 type simAggregator struct {
 	m    *aggregator.Merger
@@ -144,12 +184,8 @@ type simAggregator struct {
 }
 
 func newBalancerPlane(sc *scenario.Scenario, aggregate bool) (*balancerPlane, error) {
-	p := &balancerPlane{sc: sc, layout: contract.NewChunker(0), isolated: make([]bool, len(sc.Regions)), reps: make([][]*reporter, len(sc.Regions)),
-		outbox: make([][]sent, len(sc.Regions)), restarting: make([]bool, len(sc.Regions)),
-		cutEnf: make([][]bool, len(sc.Regions))}
-	for r, reg := range sc.Regions {
-		p.cutEnf[r] = make([]bool, reg.Enforcers)
-	}
+	p := &balancerPlane{sc: sc, layout: contract.NewChunker(0), reps: make([][]*reporter, len(sc.Regions)),
+		outbox: make([][]sent, len(sc.Regions)), faults: newFaults(sc), view: newFaults(sc)}
 	def := DefaultSplit(sc)
 	idx := make(map[string]int, len(sc.Keys))
 	for k, key := range sc.Keys {
@@ -308,9 +344,9 @@ func (p *balancerPlane) relay(m sent) {
 	if err != nil {
 		return // as a refused report (see ingest)
 	}
-	if rep := p.reps[m.region][m.enf]; rep.gen == m.gen && !p.cutFromAggregator(m.region, m.enf) {
+	if rep := p.reps[m.region][m.enf]; rep.cgen == m.gen && !p.cutFromAggregator(m.region, m.enf) {
 		if acc, ok := report.AcceptanceOf(now, m.r.Seq, resp); ok {
-			rep.rc.Accepted(acc)
+			p.w.effect(func() { rep.rc.Accepted(acc) })
 		}
 	}
 	if !urgent {
@@ -322,11 +358,6 @@ func (p *balancerPlane) relay(m sent) {
 		a.gen++
 		p.forwardAt(m.region, soon)
 	}
-}
-
-// cutFromAggregator: enforcer e of region r cannot reach its region's aggregator now.
-func (p *balancerPlane) cutFromAggregator(r, e int) bool {
-	return p.restarting[r] || p.cutEnf[r][e]
 }
 
 // tickAt schedules the timer's next tick at t, unless another tick comes first.
@@ -405,20 +436,18 @@ func (p *balancerPlane) report(rep *reporter, step report.Step) {
 		f := rep.rc.Fences(context.Background(), now)
 		r.FencedSeen, r.FenceMarks = f.Seen, f.Marks
 	}
-	if p.aggs != nil && p.cutFromAggregator(rep.region, rep.enf) || p.aggs == nil && (p.down || p.cut(rep.region, rep.enf)) {
+	if v := &p.view; p.aggs != nil && v.cutFromAggregator(rep.region, rep.enf) || p.aggs == nil && (v.down || v.cut(rep.region, rep.enf)) {
 		return
 	}
 	p.outbox[rep.region] = append(p.outbox[rep.region], sent{at: now.Add(ReportDelay).Sub(Epoch), r: r,
 		region: rep.region, enf: rep.enf, gen: rep.gen})
 }
 
-// cut: enforcer e of region r is cut off from the control plane now.
-func (p *balancerPlane) cut(r, e int) bool {
-	return p.isolated[r] || p.restarting[r] || p.cutEnf[r][e]
-}
+// sync shows the regions the control plane's faults as they stand at the barrier.
+func (p *balancerPlane) sync() { p.faults.copyTo(&p.view) }
 
 // barrier hands the reports sent during the slice to the coordinator, region by region,
-// to arrive ReportDelay after they were sent (at or after this barrier).
+// to arrive ReportDelay after they were sent (after this barrier).
 func (p *balancerPlane) barrier() {
 	for q, box := range p.outbox {
 		for _, m := range box {
@@ -445,11 +474,11 @@ func (p *balancerPlane) ingest(m sent) {
 	}
 	// The answer reaches the enforcer (unless it was cut off or restarted meanwhile): its
 	// share table counts staleness from the last accepted report.
-	if rep := p.reps[m.region][m.enf]; rep.gen == m.gen && !p.cut(m.region, m.enf) {
+	if rep := p.reps[m.region][m.enf]; rep.cgen == m.gen && !p.cut(m.region, m.enf) {
 		resp := &allotv1.ReportResponse{Accepted: true}
 		resp.ShareLeaderRev, resp.ShareVersion = p.core.Newest()
 		if a, ok := report.AcceptanceOf(now, m.r.Seq, resp); ok {
-			rep.rc.Accepted(a)
+			p.w.effect(func() { rep.rc.Accepted(a) })
 		}
 	}
 	p.kickTick(m.r)
@@ -511,22 +540,25 @@ func (p *balancerPlane) deliver(r, e int) {
 			continue
 		}
 		q, n, rep := q, n, p.reps[r][q]
-		clk.at(p.w.clk.elapsed()+p.sc.Propagation, func() {
-			if p.cut(r, q) {
-				return
-			}
-			h := n.Shares()
-			if !written { // nothing published yet: the list finds none
-				h.MarkLoaded()
-				return
-			}
-			if h.ApplyPrepared(set, clk.Now()) {
-				// A new set swapped in (what Holder.Changed tells the Reporter): report early,
-				// AckGap after the last report at the soonest, so the balancer sees the version
-				// applied (what its change plan waits for before it publishes an increase).
-				rep.sched.SharesChanged()
-				p.wake(rep)
-			}
+		at := p.w.clk.elapsed() + p.sc.Propagation
+		p.w.effect(func() {
+			clk.at(at, func() {
+				if p.view.cut(r, q) {
+					return
+				}
+				h := n.Shares()
+				if !written { // nothing published yet: the list finds none
+					h.MarkLoaded()
+					return
+				}
+				if h.ApplyPrepared(set, clk.Now()) {
+					// A new set swapped in (what Holder.Changed tells the Reporter): report early,
+					// AckGap after the last report at the soonest, so the balancer sees the version
+					// applied (what its change plan waits for before it publishes an increase).
+					rep.sched.SharesChanged()
+					p.wake(rep)
+				}
+			})
 		})
 	}
 }
@@ -561,19 +593,27 @@ func (p *balancerPlane) fault(f scenario.Fault, on bool) {
 // restart replaces every enforcer process of region r (see region-restart): a new id, an
 // empty usage table, a share table that has read no set, no acknowledgement pending.
 // Their leases, their report phases and the region's store stay (Redis is not restarted).
+//
+// The coordinator counts the new processes at once (cgen: the old ones' reports still on
+// their way are dropped); the region replaces them at the end of the slice.
 func (p *balancerPlane) restart(r int) {
-	now := p.w.regions[r].clk.Now()
-	for e, rep := range p.reps[r] {
-		if err := p.w.regions[r].nodes[e].ResetShares(); err != nil {
-			continue // the config was valid at Build
-		}
-		t := rep.rc.Table
-		t.Report(now) // the old process's counts die with it
-		rep.gen++
-		rep.id = fmt.Sprintf("%s-%d-r%d", p.sc.Regions[r].Name, e, rep.gen)
-		rep.seq = 0
-		rep.sched = report.NewSchedule(t.Config(), rep.rc.AckGap, rep.regularAt.Add(-p.sc.Interval))
+	for _, rep := range p.reps[r] {
+		rep.cgen++
 	}
+	p.w.effect(func() {
+		now := p.w.regions[r].clk.Now()
+		for e, rep := range p.reps[r] {
+			if err := p.w.regions[r].nodes[e].ResetShares(); err != nil {
+				continue // the config was valid at Build
+			}
+			t := rep.rc.Table
+			t.Report(now) // the old process's counts die with it
+			rep.gen++
+			rep.id = fmt.Sprintf("%s-%d-r%d", p.sc.Regions[r].Name, e, rep.gen)
+			rep.seq = 0
+			rep.sched = report.NewSchedule(t.Config(), rep.rc.AckGap, rep.regularAt.Add(-p.sc.Interval))
+		}
+	})
 }
 
 // writes is the run's ControlPlane summary.
@@ -644,13 +684,13 @@ func (p *balancerPlane) newLeader() {
 	p.cfg, p.core = cfg, core
 }
 
-// share is the largest share any of region r's enforcers enforces for key k: they share
-// the region's store, so the region admits at most that.
-func (p *balancerPlane) share(r, k int) float64 {
+// share is the largest share any of region r's enforcers enforces for key k at now: they
+// share the region's store, so the region admits at most that.
+func (p *balancerPlane) share(r, k int, now time.Time) float64 {
 	rule := p.w.regions[r].rules.Current().Rule(p.sc.Keys[k].Name)
 	m := 0.0
 	for _, n := range p.w.regions[r].nodes {
-		m = max(m, n.Shares().Share(rule, p.w.keys[k].identity, p.w.clk.Now()))
+		m = max(m, n.Shares().Share(rule, p.w.keys[k].identity, now))
 	}
 	return m
 }

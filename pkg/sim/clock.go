@@ -20,17 +20,19 @@ var Epoch = time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
 // Safe for concurrent use (the layers may read the clock from anywhere), but only the run
 // loop advances it.
 type scheduler struct {
-	mu    sync.Mutex // mu guards events and seq
+	mu    sync.Mutex // mu guards events, seq and round
 	now   atomic.Int64
 	seq   uint64
+	round uint64 // see setRound
 	queue eventHeap
 }
 
 type event struct {
-	at  int64 // ns since Epoch
-	seq uint64
-	fn  func()
-	tm  *vtimer // a timer to fire instead of fn (no closure per timer)
+	at    int64 // ns since Epoch
+	round uint64
+	seq   uint64
+	fn    func()
+	tm    *vtimer // a timer to fire instead of fn (no closure per timer)
 }
 
 var _ clock.Clock = (*scheduler)(nil)
@@ -45,7 +47,17 @@ func (s *scheduler) elapsed() time.Duration { return time.Duration(s.now.Load())
 func (s *scheduler) at(t time.Duration, fn func()) {
 	s.mu.Lock()
 	s.seq++
-	s.queue.push(event{at: max(int64(t), s.now.Load()), seq: s.seq, fn: fn})
+	s.queue.push(event{at: max(int64(t), s.now.Load()), round: s.round, seq: s.seq, fn: fn})
+	s.mu.Unlock()
+}
+
+// setRound makes the events scheduled from now on run after those of an earlier round
+// that fall at the same instant, whenever they were scheduled. The coordinator's clock
+// numbers its rounds so that its events keep the order the sequential run gave them
+// (see world.run); a region's clock stays in round 0, ordered as scheduled.
+func (s *scheduler) setRound(r uint64) {
+	s.mu.Lock()
+	s.round = r
 	s.mu.Unlock()
 }
 
@@ -91,7 +103,7 @@ func (s *scheduler) NewTimer(d time.Duration) clock.Timer {
 	}
 	s.mu.Lock()
 	s.seq++
-	s.queue.push(event{at: s.now.Load() + int64(d), seq: s.seq, tm: t})
+	s.queue.push(event{at: s.now.Load() + int64(d), round: s.round, seq: s.seq, tm: t})
 	s.mu.Unlock()
 	return t
 }
@@ -115,11 +127,18 @@ type vtimer struct {
 func (t *vtimer) C() <-chan time.Time { return t.c }
 func (t *vtimer) Stop() bool          { return t.stopped.CompareAndSwap(false, true) }
 
-// eventHeap is a binary min-heap on (at, seq).
+// eventHeap is a binary min-heap on (at, round, seq).
 type eventHeap []event
 
 func (h eventHeap) less(i, j int) bool {
-	return h[i].at < h[j].at || h[i].at == h[j].at && h[i].seq < h[j].seq
+	a, b := &h[i], &h[j]
+	if a.at != b.at {
+		return a.at < b.at
+	}
+	if a.round != b.round {
+		return a.round < b.round
+	}
+	return a.seq < b.seq
 }
 
 func (h *eventHeap) push(e event) {

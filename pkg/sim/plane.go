@@ -19,9 +19,11 @@ const (
 )
 
 // plane is a run's control plane: it decides the share of each key every region enforces.
-// The simulator calls it from its one goroutine, at virtual times; it must schedule any
-// work of its own (reports, recomputes, publication) on the world's clock, so that a seed
-// gives one run.
+// The simulator calls it at virtual times; it must schedule any work of its own (reports,
+// recomputes, publication) on the world's clocks, so that a seed gives one run: the
+// regions' work on their clocks, the control plane's on the coordinator's (w.clk), which
+// runs beside the regions within a slice and so touches a region only through
+// world.effect.
 type plane interface {
 	// name is the policy's name, as the summary gives it.
 	name() string
@@ -39,12 +41,17 @@ type plane interface {
 	// start schedules the plane's background work: the enforcers' on their region's
 	// clock, the balancer's on the coordinator's (w.clk).
 	start(w *world)
-	// barrier is called by the coordinator at each barrier, before the events due then.
+	// barrier is called at each barrier with every region and the coordinator stopped:
+	// it hands the coordinator what the regions sent it during the slice.
 	barrier()
+	// sync is called at each barrier, before barrier, once the coordinator's effects on
+	// the regions are applied: the regions see the control plane as it stands then.
+	sync()
 	// fault starts (on) or ends a fault of the control plane (every kind but redis-down).
 	fault(f scenario.Fault, on bool)
-	// share is the share region r enforces for key k now.
-	share(r, k int) float64
+	// share is the share region r enforces for key k at now (a region's time: called at a
+	// barrier).
+	share(r, k int, now time.Time) float64
 }
 
 // fixedPlane never changes a share: static (the default split) or full (the whole limit).
@@ -86,7 +93,7 @@ func (p *fixedPlane) bind(*world) error                 { return nil }
 func (p *fixedPlane) start(*world)                      {}
 func (p *fixedPlane) fault(scenario.Fault, bool)        {}
 
-func (p *fixedPlane) share(r, k int) float64 {
+func (p *fixedPlane) share(r, k int, _ time.Time) float64 {
 	if p.shares == nil {
 		return 1
 	}
@@ -94,3 +101,4 @@ func (p *fixedPlane) share(r, k int) float64 {
 }
 
 func (p *fixedPlane) barrier() {}
+func (p *fixedPlane) sync()    {}

@@ -318,22 +318,23 @@ func balancerWorld(t *testing.T, sc *scenario.Scenario) (*balancerPlane, *world)
 	return bp, w
 }
 
-// The regions' lanes (world.run): one region a goroutine, or, for an odd number of
-// regions over two cores, one region's slice halved between the two lanes; every layout
-// is the same run, byte for byte (three regions, with faults and the balancer: one
-// goroutine a region against the halved layout on two cores).
+// The regions' lanes (world.run): one region a goroutine and the coordinator one of its
+// own, or, for an odd number of regions over two cores, one region's slice halved
+// between the two lanes and the coordinator on the second; every layout is the same run,
+// byte for byte (three regions, with faults and the balancer, directly and through
+// aggregators: one goroutine a region against the halved layout on two cores).
 func TestLanesGiveTheSameRun(t *testing.T) {
 	t.Parallel()
 	for _, c := range []struct {
 		regions, workers int
 		want             string
 	}{
-		{3, 2, "[[{2 1} {0 0}] [{1 0} {2 2}]]"},
-		{5, 2, "[[{4 1} {0 0} {1 0}] [{2 0} {3 0} {4 2}]]"},
-		{2, 2, "[[{0 0}] [{1 0}]]"},
-		{4, 2, "[[{0 0}] [{1 0}] [{2 0}] [{3 0}]]"},
-		{3, 1, "[[{0 0}] [{1 0}] [{2 0}]]"},
-		{3, 4, "[[{0 0}] [{1 0}] [{2 0}]]"},
+		{3, 2, "[[{2 1} {0 0}] [{-1 0} {1 0} {2 2}]]"},
+		{5, 2, "[[{4 1} {0 0} {1 0}] [{-1 0} {2 0} {3 0} {4 2}]]"},
+		{2, 2, "[[{0 0}] [{1 0}] [{-1 0}]]"},
+		{4, 2, "[[{0 0}] [{1 0}] [{2 0}] [{3 0}] [{-1 0}]]"},
+		{3, 1, "[[{0 0}] [{1 0}] [{2 0}] [{-1 0}]]"},
+		{3, 4, "[[{0 0}] [{1 0}] [{2 0}] [{-1 0}]]"},
 	} {
 		if got := fmt.Sprint(lanes(c.regions, c.workers)); got != c.want {
 			t.Errorf("lanes(%d regions, %d workers) = %s, want %s", c.regions, c.workers, got, c.want)
@@ -343,17 +344,19 @@ func TestLanesGiveTheSameRun(t *testing.T) {
 	if len(sc.Regions) != 3 {
 		t.Fatalf("%s has %d regions, want 3 (the halved layout)", sc.Name, len(sc.Regions))
 	}
-	var csv [2]bytes.Buffer
-	for i, workers := range []int{2, 3} {
-		res, err := Run(sc, Options{Policy: PolicyBalancer, workers: workers})
-		if err != nil {
-			t.Fatal(err)
+	for _, aggregate := range []bool{false, true} {
+		var csv [2]bytes.Buffer
+		for i, workers := range []int{2, 3} {
+			res, err := Run(sc, Options{Policy: PolicyBalancer, workers: workers, Aggregate: aggregate})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := res.WriteCSV(&csv[i]); err != nil {
+				t.Fatal(err)
+			}
 		}
-		if err := res.WriteCSV(&csv[i]); err != nil {
-			t.Fatal(err)
+		if !bytes.Equal(csv[0].Bytes(), csv[1].Bytes()) {
+			t.Fatalf("aggregate %v: the halved layout's run differs from one goroutine a region's", aggregate)
 		}
-	}
-	if !bytes.Equal(csv[0].Bytes(), csv[1].Bytes()) {
-		t.Fatal("the halved layout's run differs from one goroutine a region's")
 	}
 }

@@ -103,6 +103,9 @@ type world struct {
 	workers int // the cores the regions are laid out for (lanes)
 	// faults
 	spans []Span
+	// effects are the coordinator's changes to the regions made during a slice, applied
+	// at its end (see run).
+	effects []func()
 }
 
 // keyState is one key's request template and what it recorded.
@@ -294,13 +297,13 @@ func (w *world) close() {
 }
 
 // Slice is the virtual time between two barriers. Within a slice each region runs on its
-// own (in parallel with the others); at the barrier that ends it the coordinator runs the
-// control plane's events due by then. Reports take ReportDelay = Slice to reach the
-// balancer, so a report sent within a slice is delivered at or after its barrier: the
-// parallel run is the sequential one, event for event. Faults of the control plane
-// (balancer-down, region-isolated) start and end at the first barrier at or after their
-// time (at most Slice late); a redis-down fault is the region's own, exact to the
-// nanosecond.
+// own, and the coordinator runs the control plane's events due by its end beside them (in
+// parallel: see run); at the barrier that ends it what the coordinator did to the regions
+// takes effect. Reports take ReportDelay = Slice to reach the balancer, so a report sent
+// within a slice is delivered in the next: the parallel run is the sequential one, event
+// for event. Faults of the control plane (balancer-down, region-isolated) start and end
+// at the first barrier at or after their time (at most Slice late); a redis-down fault is
+// the region's own, exact to the nanosecond.
 const Slice = ReportDelay
 
 // barrierAt is the first barrier at or after t.
@@ -322,8 +325,8 @@ func (w *world) scheduleFaults() {
 	}
 }
 
-// sample records the shares in force at the end of second s.
-func (w *world) sample(s int) {
+// sample records the shares in force at the end of second s (now).
+func (w *world) sample(s int, now time.Time) {
 	R := len(w.regions)
 	for k := range w.keys {
 		ks := &w.keys[k]
@@ -332,7 +335,7 @@ func (w *world) sample(s int) {
 		}
 		for r := range w.regions {
 			c := &ks.cells[s*R+r]
-			c.Share = w.plane.share(r, k)
+			c.Share = w.plane.share(r, k, now)
 			c.RegionalRate = ks.rate * c.Share
 		}
 	}
@@ -390,62 +393,108 @@ func (w *world) runUntil(reg *region, b int64) {
 	reg.clk.set(b)
 }
 
-// run replays the scenario slice by slice: every region up to the barrier (see lanes),
-// then the coordinator's events due by the barrier.
+// run replays the scenario slice by slice. Within a slice the regions run their arrivals
+// and events (see lanes) and, beside them, the coordinator runs the control plane's
+// events of the same slice: its inputs were fixed a slice before (a report sent in one
+// slice arrives in the next: ReportDelay = Slice), and what it does to a region (effect)
+// waits for the end of the slice, when every region stands at the barrier, as it did when
+// the coordinator ran after the regions. So the run is the sequential one, event for
+// event, with the control plane's work off the barrier.
+//
+// Order is kept by rounds of the coordinator's clock: the reports of a slice are handed
+// to it (plane.barrier) after the events of that slice ran, but they are ordered before
+// the events those scheduled for the same instants, as when they were handed over first.
 func (w *world) run() {
 	end := w.sc.Duration
 	w.scheduleFaults()
 	w.plane.start(w)
 	for s := 1; s <= w.secs; s++ {
 		s := s
-		w.clk.at(time.Duration(s)*time.Second, func() { w.sample(s - 1) })
+		w.clk.at(time.Duration(s)*time.Second, func() {
+			now := w.clk.Now()
+			w.effect(func() { w.sample(s-1, now) })
+		})
 	}
+	w.plane.sync()
 	ls := lanes(len(w.regions), w.workers)
+	c := newCut(ls)
 	var wg, exited sync.WaitGroup
 	half := make(chan struct{}, 1) // the split region's first half is done
-	run := func(l lane, b int64) {
-		for _, st := range l {
-			to := b
-			switch st.half {
-			case 1:
-				to = b - int64(Slice)/2
-			case 2:
-				<-half
+	// run runs lane i's part of the slice [b, b+Slice): with first, every region's first
+	// instant (b); else the rest of every region's slice and the coordinator's events due
+	// by its end.
+	run := func(i int, b int64, first bool) {
+		for j, st := range ls[i] {
+			if first {
+				if st.region >= 0 && st.half != 2 {
+					w.runUntil(w.regions[st.region], b+1)
+				}
+				continue
 			}
-			w.runUntil(w.regions[st.region], to)
-			if st.half == 1 {
+			start := time.Now()
+			switch {
+			case st.region < 0:
+				w.coordinate(b + int64(Slice))
+			case st.half == 1:
+				w.runUntil(w.regions[st.region], b+c.first)
 				half <- struct{}{}
+			case st.half == 2:
+				<-half
+				start = time.Now()
+				fallthrough
+			default:
+				w.runUntil(w.regions[st.region], b+int64(Slice))
 			}
+			c.took[i][j] = float64(time.Since(start))
 		}
 	}
-	work := make([]chan int64, len(ls))
+	type step struct {
+		b     int64
+		first bool
+	}
+	work := make([]chan step, len(ls))
 	for i := 1; i < len(ls); i++ {
-		work[i] = make(chan int64)
+		work[i] = make(chan step)
 		exited.Add(1)
-		go func(l lane, c chan int64) {
+		go func(i int, c chan step) {
 			defer exited.Done()
-			for b := range c {
-				run(l, b)
+			for s := range c {
+				run(i, s.b, s.first)
 				wg.Done()
 			}
-		}(ls[i], work[i])
+		}(i, work[i])
 	}
-	for b := Slice; b <= end; b += Slice {
+	all := func(b int64, first bool) {
 		wg.Add(len(ls) - 1)
 		for i := 1; i < len(ls); i++ {
-			work[i] <- int64(b)
+			work[i] <- step{b, first}
 		}
-		run(ls[0], int64(b))
+		run(0, b, first)
 		wg.Wait()
+	}
+	// Slice n is [b, b+Slice) for the regions and (b, b+Slice] for the coordinator; the
+	// reports the regions send in it arrive in (b+Slice, b+2·Slice), except those sent at
+	// b, which arrive at b+Slice, in the coordinator's slice. So the regions' first
+	// instant runs on its own, its reports handed over before the rest of the slice runs.
+	// Round 2n is the slice's reports, 2n+1 what the coordinator's events of the slice
+	// schedule.
+	var round uint64
+	for b := time.Duration(0); b < end; b += Slice {
+		round += 2
+		all(int64(b), true)
+		w.clk.setRound(round)
 		w.plane.barrier()
-		for {
-			at, ok := w.clk.peek()
-			if !ok || at > int64(b) {
-				break
-			}
-			w.clk.runNext()
+		w.clk.setRound(round + 1)
+		all(int64(b), false)
+		c.update(ls)
+		w.clk.setRound(round)
+		w.plane.barrier()
+		for i, fn := range w.effects {
+			fn()
+			w.effects[i] = nil
 		}
-		w.clk.set(int64(b))
+		w.effects = w.effects[:0]
+		w.plane.sync()
 	}
 	for i := 1; i < len(ls); i++ {
 		close(work[i])
@@ -453,35 +502,108 @@ func (w *world) run() {
 	exited.Wait()
 }
 
-// lane is the regions one goroutine runs to each barrier, in order; a step with half 1
-// runs its region to the middle of the slice, one with half 2 from there to the barrier
-// once the first half is done (on the other lane).
+// coordinate runs the coordinator's events due by b (ns since Epoch), then sets its clock
+// to b.
+func (w *world) coordinate(b int64) {
+	for {
+		at, ok := w.clk.peek()
+		if !ok || at > b {
+			break
+		}
+		w.clk.runNext()
+	}
+	w.clk.set(b)
+}
+
+// effect defers fn, something the coordinator does to a region (an answer reaching an
+// enforcer, a set on its way, a restart, a sample of the shares in force), to the end
+// of the slice: effects run in the order they were made, every region at the barrier,
+// before the next slice (see run).
+func (w *world) effect(fn func()) { w.effects = append(w.effects, fn) }
+
+// cut is where the halved region's slice is cut between the two lanes (see lanes): the
+// part of the slice its first half runs, chosen so that both lanes take as long, from
+// what each step took in the slices before (a moving average: the coordinator's work
+// comes in bursts, at ticks and as reports arrive). Where a region's slice is cut
+// changes no event, only which core runs it.
+type cut struct {
+	first int64       // ns of the slice the first half runs
+	took  [][]float64 // [lane][step]: wall ns in the last slice (the second half's after its wait)
+	avg   [][]float64 // [lane][step]: their moving average
+}
+
+func newCut(ls []lane) *cut {
+	c := &cut{first: int64(Slice) / 2}
+	for _, l := range ls {
+		c.took = append(c.took, make([]float64, len(l)))
+		c.avg = append(c.avg, make([]float64, len(l)))
+	}
+	return c
+}
+
+// update moves the cut after a slice: the halved region's time t is split so that lane
+// 0 (its first half and whole regions a) takes as long as lane 1 (whole regions and the
+// coordinator b, its second half): f·t + a = b + (1−f)·t.
+func (c *cut) update(ls []lane) {
+	if len(ls) != 2 {
+		return
+	}
+	var a, b, t float64
+	for i, l := range ls {
+		for j, st := range l {
+			c.avg[i][j] += (c.took[i][j] - c.avg[i][j]) / 16
+			switch {
+			case st.half != 0:
+				t += c.avg[i][j]
+			case i == 0:
+				a += c.avg[i][j]
+			default:
+				b += c.avg[i][j]
+			}
+		}
+	}
+	if t <= 0 {
+		return
+	}
+	f := min(max((b+t-a)/(2*t), 0.05), 0.95)
+	c.first = int64(f * float64(Slice))
+}
+
+// lane is the steps one goroutine runs to each barrier, in order: a region's slice, or
+// the coordinator's (region −1); a step with half 1 runs its region to the cut (see cut),
+// one with half 2 from there to the barrier once the first half is done (on the other
+// lane).
 type lane []laneStep
 
 type laneStep struct{ region, half int }
 
-// lanes lays R regions out on the goroutines that run them between barriers, for
-// workers cores. Regions never touch each other between barriers, so the lanes are the
-// same run, byte for byte, however they are laid out.
+// coordinator is the coordinator's step in a lane.
+var coordinator = laneStep{region: -1}
+
+// lanes lays R regions and the coordinator out on the goroutines that run them between
+// barriers, for workers cores. Regions never touch each other nor the coordinator
+// between barriers, so the lanes are the same run, byte for byte, however they are laid
+// out.
 //
-// One region a goroutine, except for an odd number of regions over two cores: there one
-// region's slice is halved, its first half on one lane before that lane's whole regions
-// and its second half on the other after them. Three regions on two cores, a region a
-// goroutine, left one core idle a third of each slice (a slice is a few milliseconds of
-// work, under the Go scheduler's time slice, so the third region waited for a core);
-// halved, both cores work to every barrier, and only the halved region changes cores
-// (cutting every region's slice into steps that any core takes switched all of them
-// between cores and lost more to cold caches than the idle third: 11% more CPU).
+// One region a goroutine and the coordinator one of its own, except for an odd number of
+// regions over two cores: there one region's slice is halved, its first half on one lane
+// before that lane's whole regions and its second half on the other after the
+// coordinator and its whole regions. Three regions on two cores, a region a goroutine,
+// left one core idle a third of each slice (a slice is a few milliseconds of work, under
+// the Go scheduler's time slice, so the third region waited for a core); halved, both
+// cores work to every barrier, and only the halved region changes cores (cutting every
+// region's slice into steps that any core takes switched all of them between cores and
+// lost more to cold caches than the idle third: 11% more CPU).
 func lanes(regions, workers int) []lane {
 	if workers != 2 || regions < 3 || regions%2 == 0 {
-		ls := make([]lane, regions)
+		ls := make([]lane, regions, regions+1)
 		for r := range ls {
 			ls[r] = lane{{region: r}}
 		}
-		return ls
+		return append(ls, lane{coordinator})
 	}
 	split := regions - 1
-	a, b := lane{{region: split, half: 1}}, lane{}
+	a, b := lane{{region: split, half: 1}}, lane{coordinator}
 	for r := range split {
 		if r < split/2 {
 			a = append(a, laneStep{region: r})
