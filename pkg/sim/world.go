@@ -417,35 +417,31 @@ func (w *world) run() {
 	}
 	w.plane.sync()
 	ls := lanes(len(w.regions), w.workers)
-	c := newCut(ls)
 	var wg, exited sync.WaitGroup
 	half := make(chan struct{}, 1) // the split region's first half is done
 	// run runs lane i's part of the slice [b, b+Slice): with first, every region's first
 	// instant (b); else the rest of every region's slice and the coordinator's events due
 	// by its end.
 	run := func(i int, b int64, first bool) {
-		for j, st := range ls[i] {
+		for _, st := range ls[i] {
 			if first {
 				if st.region >= 0 && st.half != 2 {
 					w.runUntil(w.regions[st.region], b+1)
 				}
 				continue
 			}
-			start := time.Now()
 			switch {
 			case st.region < 0:
 				w.coordinate(b + int64(Slice))
 			case st.half == 1:
-				w.runUntil(w.regions[st.region], b+c.first)
+				w.runUntil(w.regions[st.region], b+int64(Slice)/2)
 				half <- struct{}{}
 			case st.half == 2:
 				<-half
-				start = time.Now()
 				fallthrough
 			default:
 				w.runUntil(w.regions[st.region], b+int64(Slice))
 			}
-			c.took[i][j] = float64(time.Since(start))
 		}
 	}
 	type step struct {
@@ -486,7 +482,6 @@ func (w *world) run() {
 		w.plane.barrier()
 		w.clk.setRound(round + 1)
 		all(int64(b), false)
-		c.update(ls)
 		w.clk.setRound(round)
 		w.plane.barrier()
 		for i, fn := range w.effects {
@@ -521,58 +516,10 @@ func (w *world) coordinate(b int64) {
 // before the next slice (see run).
 func (w *world) effect(fn func()) { w.effects = append(w.effects, fn) }
 
-// cut is where the halved region's slice is cut between the two lanes (see lanes): the
-// part of the slice its first half runs, chosen so that both lanes take as long, from
-// what each step took in the slices before (a moving average: the coordinator's work
-// comes in bursts, at ticks and as reports arrive). Where a region's slice is cut
-// changes no event, only which core runs it.
-type cut struct {
-	first int64       // ns of the slice the first half runs
-	took  [][]float64 // [lane][step]: wall ns in the last slice (the second half's after its wait)
-	avg   [][]float64 // [lane][step]: their moving average
-}
-
-func newCut(ls []lane) *cut {
-	c := &cut{first: int64(Slice) / 2}
-	for _, l := range ls {
-		c.took = append(c.took, make([]float64, len(l)))
-		c.avg = append(c.avg, make([]float64, len(l)))
-	}
-	return c
-}
-
-// update moves the cut after a slice: the halved region's time t is split so that lane
-// 0 (its first half and whole regions a) takes as long as lane 1 (whole regions and the
-// coordinator b, its second half): f·t + a = b + (1−f)·t.
-func (c *cut) update(ls []lane) {
-	if len(ls) != 2 {
-		return
-	}
-	var a, b, t float64
-	for i, l := range ls {
-		for j, st := range l {
-			c.avg[i][j] += (c.took[i][j] - c.avg[i][j]) / 16
-			switch {
-			case st.half != 0:
-				t += c.avg[i][j]
-			case i == 0:
-				a += c.avg[i][j]
-			default:
-				b += c.avg[i][j]
-			}
-		}
-	}
-	if t <= 0 {
-		return
-	}
-	f := min(max((b+t-a)/(2*t), 0.05), 0.95)
-	c.first = int64(f * float64(Slice))
-}
-
 // lane is the steps one goroutine runs to each barrier, in order: a region's slice, or
-// the coordinator's (region −1); a step with half 1 runs its region to the cut (see cut),
-// one with half 2 from there to the barrier once the first half is done (on the other
-// lane).
+// the coordinator's (region −1); a step with half 1 runs its region to the middle of the
+// slice, one with half 2 from there to the barrier once the first half is done (on the
+// other lane).
 type lane []laneStep
 
 type laneStep struct{ region, half int }
@@ -585,15 +532,21 @@ var coordinator = laneStep{region: -1}
 // between barriers, so the lanes are the same run, byte for byte, however they are laid
 // out.
 //
-// One region a goroutine and the coordinator one of its own, except for an odd number of
-// regions over two cores: there one region's slice is halved, its first half on one lane
-// before that lane's whole regions and its second half on the other after the
-// coordinator and its whole regions. Three regions on two cores, a region a goroutine,
-// left one core idle a third of each slice (a slice is a few milliseconds of work, under
-// the Go scheduler's time slice, so the third region waited for a core); halved, both
-// cores work to every barrier, and only the halved region changes cores (cutting every
-// region's slice into steps that any core takes switched all of them between cores and
-// lost more to cold caches than the idle third: 11% more CPU).
+// One region a goroutine, except for an odd number of regions over two cores: there one
+// region's slice is halved, its first half on one lane before that lane's whole regions
+// and its second half on the other after them. Three regions on two cores, a region a
+// goroutine, left one core idle a third of each slice (a slice is a few milliseconds of
+// work, under the Go scheduler's time slice, so the third region waited for a core);
+// halved, both cores work to every barrier, and only the halved region changes cores
+// (cutting every region's slice into steps that any core takes switched all of them
+// between cores and lost more to cold caches than the idle third: 11% more CPU).
+//
+// The coordinator has a goroutine of its own, which the Go scheduler fits between the
+// regions' lanes: its work comes in bursts (a tick's recompute, a report of thousands of
+// identities) that no cut fixed in advance evens out. Placed in a lane, with the halved
+// region's cut moved each slice to even the lanes out by their average times, the
+// 10,000-key population ran no faster than with the coordinator alone at the barrier; on
+// a goroutine of its own, 2–5% faster (BENCHMARKS.md, "Time").
 func lanes(regions, workers int) []lane {
 	if workers != 2 || regions < 3 || regions%2 == 0 {
 		ls := make([]lane, regions, regions+1)
@@ -603,7 +556,7 @@ func lanes(regions, workers int) []lane {
 		return append(ls, lane{coordinator})
 	}
 	split := regions - 1
-	a, b := lane{{region: split, half: 1}}, lane{coordinator}
+	a, b := lane{{region: split, half: 1}}, lane{}
 	for r := range split {
 		if r < split/2 {
 			a = append(a, laneStep{region: r})
@@ -611,5 +564,5 @@ func lanes(regions, workers int) []lane {
 			b = append(b, laneStep{region: r})
 		}
 	}
-	return []lane{a, append(b, laneStep{region: split, half: 2})}
+	return []lane{a, append(b, laneStep{region: split, half: 2}), {coordinator}}
 }
