@@ -132,13 +132,7 @@ type eventHeap []event
 
 func (h eventHeap) less(i, j int) bool {
 	a, b := &h[i], &h[j]
-	if a.at != b.at {
-		return a.at < b.at
-	}
-	if a.round != b.round {
-		return a.round < b.round
-	}
-	return a.seq < b.seq
+	return a.at < b.at || a.at == b.at && (a.round < b.round || a.round == b.round && a.seq < b.seq)
 }
 
 func (h *eventHeap) push(e event) {
