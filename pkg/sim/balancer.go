@@ -540,26 +540,25 @@ func (p *balancerPlane) deliver(r, e int) {
 			continue
 		}
 		q, n, rep := q, n, p.reps[r][q]
+		apply := func() {
+			if p.view.cut(r, q) {
+				return
+			}
+			h := n.Shares()
+			if !written { // nothing published yet: the list finds none
+				h.MarkLoaded()
+				return
+			}
+			if h.ApplyPrepared(set, clk.Now()) {
+				// A new set swapped in (what Holder.Changed tells the Reporter): report early,
+				// AckGap after the last report at the soonest, so the balancer sees the version
+				// applied (what its change plan waits for before it publishes an increase).
+				rep.sched.SharesChanged()
+				p.wake(rep)
+			}
+		}
 		at := p.w.clk.elapsed() + p.sc.Propagation
-		p.w.effect(func() {
-			clk.at(at, func() {
-				if p.view.cut(r, q) {
-					return
-				}
-				h := n.Shares()
-				if !written { // nothing published yet: the list finds none
-					h.MarkLoaded()
-					return
-				}
-				if h.ApplyPrepared(set, clk.Now()) {
-					// A new set swapped in (what Holder.Changed tells the Reporter): report early,
-					// AckGap after the last report at the soonest, so the balancer sees the version
-					// applied (what its change plan waits for before it publishes an increase).
-					rep.sched.SharesChanged()
-					p.wake(rep)
-				}
-			})
-		})
+		p.w.effect(func() { clk.at(at, apply) })
 	}
 }
 

@@ -41,11 +41,12 @@ type plane interface {
 	// start schedules the plane's background work: the enforcers' on their region's
 	// clock, the balancer's on the coordinator's (w.clk).
 	start(w *world)
-	// barrier is called at each barrier with every region and the coordinator stopped:
-	// it hands the coordinator what the regions sent it during the slice.
+	// barrier hands the coordinator what the regions sent it since the last call, with
+	// every region and the coordinator stopped: after the regions' first instant of a
+	// slice and again at its end (see world.run).
 	barrier()
-	// sync is called at each barrier, before barrier, once the coordinator's effects on
-	// the regions are applied: the regions see the control plane as it stands then.
+	// sync is called at the end of each slice, once the coordinator's effects on the
+	// regions are applied: the regions see the control plane as it stands then.
 	sync()
 	// fault starts (on) or ends a fault of the control plane (every kind but redis-down).
 	fault(f scenario.Fault, on bool)
