@@ -546,7 +546,7 @@ var coordinator = laneStep{region: -1}
 // identities) that no cut fixed in advance evens out. Placed in a lane, with the halved
 // region's cut moved each slice to even the lanes out by their average times, the
 // 10,000-key population ran no faster than with the coordinator alone at the barrier; on
-// a goroutine of its own, 2–5% faster (BENCHMARKS.md, "Time").
+// a goroutine of its own, 2–5% faster.
 func lanes(regions, workers int) []lane {
 	if workers != 2 || regions < 3 || regions%2 == 0 {
 		ls := make([]lane, regions, regions+1)
