@@ -37,17 +37,36 @@ func printShares(w io.Writer, r admin.SharesResponse) {
 	}
 	fmt.Fprintln(w, ")")
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintf(tw, "RULE\tREGION\tSHARE\tDEFAULT\tTARGET\tDEMAND/s\n")
+	fmt.Fprintf(tw, "RULE\tREGION\tSHARE\tDEFAULT\tTARGET\tDEMAND/s\tREFUSED\n")
 	for _, e := range r.Entries {
 		for _, region := range r.Regions {
 			note := ""
 			if e.Default {
 				note = " (default split)"
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%.3f%s\t%s\t%s\t%s\n", e.Rule, region, e.Shares[region], note, num(e.DefaultSplit, region), num(e.Target, region), num(e.Demand, region))
+			fmt.Fprintf(tw, "%s\t%s\t%.3f%s\t%s\t%s\t%s\t%s\n", e.Rule, region, e.Shares[region], note, num(e.DefaultSplit, region), num(e.Target, region), num(e.Demand, region), percent(e.Refused, region))
 		}
 	}
 	tw.Flush()
+	for _, e := range r.Entries {
+		if a := e.BurstAdvice; a != nil {
+			fmt.Fprintf(w, "%s: the burst of %s (%g), cut between the regions, refuses over %.0f%% of a region's demand under its rate; ",
+				e.Rule, a.Limit, a.Now, 100*admin.BurstShortAbove)
+			if a.Burst > 0 {
+				fmt.Fprintf(w, "a burst of %g would serve every region at these shares and demands\n", a.Burst)
+			} else {
+				fmt.Fprintf(w, "no burst up to 64 times it would serve every region: the rate is short\n")
+			}
+		}
+	}
+}
+
+// percent is m[k] as a percentage, or "-".
+func percent(m map[string]float64, k string) string {
+	if v, ok := m[k]; ok {
+		return strconv.FormatFloat(100*v, 'f', 1, 64) + "%"
+	}
+	return "-"
 }
 
 func num(m map[string]float64, k string) string {

@@ -188,7 +188,7 @@ func (c *Compiled) Refuses() bool { return NoTokens(c.Global) }
 // to it: 3 × 1/3 of a burst of 1).
 func (c *Compiled) LimitsFor(share float64, dst []bucket.Limit) []bucket.Limit {
 	for _, g := range c.Global {
-		dst = append(dst, scaleLimit(g, share, c.maxCost))
+		dst = append(dst, ScaleLimit(g, share, c.maxCost))
 	}
 	return dst
 }
@@ -222,7 +222,10 @@ const FractionBelow = 20
 // burstEpsilon absorbs float error in global burst × share (3 × 1/3 is 0.999…).
 const burstEpsilon = 1e-9
 
-func scaleLimit(g bucket.Limit, share, maxCost float64) bucket.Limit {
+// ScaleLimit is one limit of LimitsFor: the global limit g at share for a rule whose
+// largest cost is maxCost (Compiled.MaxCost). Exported for tools that ask what another
+// burst or share would give (the balancer's admin API).
+func ScaleLimit(g bucket.Limit, share, maxCost float64) bucket.Limit {
 	if g.Burst == 0 {
 		return bucket.Limit{Name: g.Name} // a refuse rule's limit of nothing, at any share
 	}
@@ -396,7 +399,7 @@ func compileRule(r *Rule, order int, opt CompileOptions, cr *crule) {
 			burst = l.Rate
 		}
 		g := bucket.Limit{Name: r.ID + "/" + l.Name, Rate: l.Rate / l.Per.Seconds(), Burst: burst}
-		cr.c.Global = append(cr.c.Global, scaleLimit(g, 1, cr.c.maxCost)) // Validate keeps share 1 unclamped
+		cr.c.Global = append(cr.c.Global, ScaleLimit(g, 1, cr.c.maxCost)) // Validate keeps share 1 unclamped
 	}
 	cr.c.Limits = cr.c.LimitsFor(share, make([]bucket.Limit, 0, len(r.Limits)))
 }

@@ -36,7 +36,7 @@ func (f fakeLeader) LeaderIdentity(rule, identity string) (balancer.IdentityStat
 		return balancer.IdentityState{}, false, false
 	}
 	if rule == "default" && identity == "key:busy" {
-		return balancer.IdentityState{Rate: 20, Default: []float64{0.5, 0.5}, Published: []float64{0.8, 0.2}, Target: []float64{0.8, 0.2}}, true, true
+		return balancer.IdentityState{Rate: 20, Default: []float64{0.5, 0.5}, Published: []float64{0.8, 0.2}, Target: []float64{0.8, 0.2}, Smoothed: []float64{8, 3.5}}, true, true
 	}
 	return balancer.IdentityState{}, false, true
 }
@@ -305,6 +305,11 @@ func TestShares(t *testing.T) {
 		s, err := r.cli.Shares(context.Background(), "busy")
 		if err != nil || s.Source != "core" || len(s.Entries) != 1 || s.Entries[0].Shares["us-east"] != 0.8 || s.Entries[0].DefaultSplit["eu-west"] != 0.5 {
 			t.Fatalf("%+v %v", s, err)
+		}
+		// eu-west holds 4 of the burst of 20 at 4/s, offered 3.5/s: its cut of the burst,
+		// not its rate, refuses about a twelfth of it; us-east, 16 at 16/s offered 8/s, none.
+		if e := s.Entries[0]; !(e.Refused["eu-west"] > 0.05 && e.Refused["us-east"] < 0.001) || e.BurstAdvice == nil || !(e.BurstAdvice.Burst > 20) {
+			t.Fatalf("refused %v, advice %+v: want eu-west's burst named short", e.Refused, e.BurstAdvice)
 		}
 		s, err = r.cli.Shares(context.Background(), "quiet")
 		if err != nil || len(s.Entries) != 1 || !s.Entries[0].Default || s.Entries[0].Shares["us-east"] != 0.5 {

@@ -28,6 +28,13 @@ type SharesEntry struct {
 	Target  map[string]float64 `json:"target,omitempty"`
 	Demand  map[string]float64 `json:"demand,omitempty"`
 	Pending bool               `json:"pending,omitempty"`
+	// Refused is, by region with demand (leading only), the fraction of its demand its
+	// bucket refuses at the published share were the demand Poisson: what the share's
+	// rate and burst cost the identity (see burstCost). BurstAdvice, when a region refuses
+	// more than BurstShortAbove of a demand under its rate (its cut of the burst is short,
+	// not its rate), is the burst that would serve every region.
+	Refused     map[string]float64 `json:"refused,omitempty"`
+	BurstAdvice *BurstAdvice       `json:"burst_advice,omitempty"`
 }
 
 // SharesResponse answers GET /v1/admin/shares/{key}.
@@ -84,9 +91,11 @@ func (s *Server) shares(_ http.ResponseWriter, r *http.Request, _ string) (any, 
 			break
 		}
 		if tracked {
-			resp.Entries = append(resp.Entries, SharesEntry{Rule: c.ID, Shares: byRegion(regions, st.Published),
+			e := SharesEntry{Rule: c.ID, Shares: byRegion(regions, st.Published),
 				DefaultSplit: byRegion(regions, st.Default), GlobalRate: st.Rate, Target: byRegion(regions, st.Target),
-				Demand: byRegion(regions, st.Smoothed), Pending: st.Pending})
+				Demand: byRegion(regions, st.Smoothed), Pending: st.Pending}
+			e.Refused, e.BurstAdvice = burstCost(c, regions, st.Published, st.Smoothed)
+			resp.Entries = append(resp.Entries, e)
 		}
 	}
 	if !leading {
