@@ -9,6 +9,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/allot-dev/allot/pkg/balancer"
 	"github.com/allot-dev/allot/pkg/balancer/admin"
 )
 
@@ -50,8 +51,8 @@ func printShares(w io.Writer, r admin.SharesResponse) {
 	tw.Flush()
 	for _, e := range r.Entries {
 		if a := e.BurstAdvice; a != nil {
-			fmt.Fprintf(w, "%s: the burst of %s (%g), cut between the regions, refuses over %.0f%% of a region's demand under its rate; ",
-				e.Rule, a.Limit, a.Now, 100*admin.BurstShortAbove)
+			fmt.Fprintf(w, "%s: the burst of %s (%g), cut between the regions, refuses over %.0f%% more of a region's demand under its rate than one bucket of the limit would; ",
+				e.Rule, a.Limit, a.Now, 100*balancer.BurstShortAbove)
 			if a.Burst > 0 {
 				fmt.Fprintf(w, "a burst of %g would serve every region at these shares and demands\n", a.Burst)
 			} else {

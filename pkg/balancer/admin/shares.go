@@ -3,10 +3,12 @@ package admin
 import (
 	"context"
 	"fmt"
+	"math"
 	"net/http"
 	"strings"
 	"time"
 
+	"github.com/allot-dev/allot/pkg/balancer"
 	"github.com/allot-dev/allot/pkg/contract"
 	"github.com/allot-dev/allot/pkg/rules"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -30,11 +32,11 @@ type SharesEntry struct {
 	Pending bool               `json:"pending,omitempty"`
 	// Refused is, by region with demand (leading only), the fraction of its demand its
 	// bucket refuses at the published share were the demand Poisson: what the share's
-	// rate and burst cost the identity (see burstCost). BurstAdvice, when a region refuses
-	// more than BurstShortAbove of a demand under its rate (its cut of the burst is short,
-	// not its rate), is the burst that would serve every region.
-	Refused     map[string]float64 `json:"refused,omitempty"`
-	BurstAdvice *BurstAdvice       `json:"burst_advice,omitempty"`
+	// rate and burst cost the identity (balancer.BurstCost). BurstAdvice, when a region refuses
+	// more than balancer.BurstShortAbove of a demand under its rate (its cut of the burst
+	// is short, not its rate), is the burst that would serve every region.
+	Refused     map[string]float64    `json:"refused,omitempty"`
+	BurstAdvice *balancer.BurstAdvice `json:"burst_advice,omitempty"`
 }
 
 // SharesResponse answers GET /v1/admin/shares/{key}.
@@ -94,7 +96,16 @@ func (s *Server) shares(_ http.ResponseWriter, r *http.Request, _ string) (any, 
 			e := SharesEntry{Rule: c.ID, Shares: byRegion(regions, st.Published),
 				DefaultSplit: byRegion(regions, st.Default), GlobalRate: st.Rate, Target: byRegion(regions, st.Target),
 				Demand: byRegion(regions, st.Smoothed), Pending: st.Pending}
-			e.Refused, e.BurstAdvice = burstCost(c, regions, st.Published, st.Smoothed)
+			if len(st.Published) == len(regions) && len(st.Smoothed) == len(regions) {
+				var refused []float64
+				refused, e.BurstAdvice = balancer.BurstCost(c.Global, c.MaxCost(), st.Published, st.Smoothed)
+				e.Refused = map[string]float64{}
+				for i, r := range regions {
+					if !math.IsNaN(refused[i]) {
+						e.Refused[r] = refused[i]
+					}
+				}
+			}
 			resp.Entries = append(resp.Entries, e)
 		}
 	}
