@@ -47,6 +47,14 @@ long-tail:
 	$(GO) build -o bin/regionsim ./cmd/regionsim
 	bash -c 'time bin/regionsim run -scenario configs/scenarios/long-tail.yaml -summary bin/long-tail.json'
 
+# The same population with the bursts `balancer shares` advises (regionsim population
+# -burst advised): what raising a small key's burst does for the keys long-tail fails.
+.PHONY: long-tail-advised
+long-tail-advised:
+	$(GO) build -o bin/regionsim ./cmd/regionsim
+	bin/regionsim population -burst advised > bin/long-tail-advised.yaml
+	bash -c 'time bin/regionsim run -scenario bin/long-tail-advised.yaml -summary bin/long-tail-advised.json'
+
 # The enforcer load benchmark (issues 4, 8): one enforcer process vs a 3-master Redis Cluster
 # over Envoy RLS gRPC, side by side with a null RLS server in the same run. Prints one table,
 # writes it as JSON to bin/bench-load.json, fails on any fallback answer. Not part of `make

@@ -47,7 +47,7 @@ const usage = `usage:
   regionsim demo [-scenario FILE] [-out DIR] [-redis region=host:port|...,...]
                  a whole three-region deployment in this process, replayed in real time
   regionsim population [-keys 10000] [-busy 20] [-middle 1000] [-seed 26] [-duration 10m]
-                 [-regions us-east=3,eu-west=3,ap-south=3]
+                 [-regions us-east=3,eu-west=3,ap-south=3] [-burst rate|advised]
                  write a scenario of a realistic key population (configs/scenarios/long-tail.yaml)
   regionsim -version
                  print the version, the commit and the Go version

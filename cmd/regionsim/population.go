@@ -12,6 +12,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/allot-dev/allot/pkg/balancer"
+	"github.com/allot-dev/allot/pkg/bucket"
 	"github.com/allot-dev/allot/pkg/sim/scenario"
 )
 
@@ -32,6 +34,7 @@ func populationCmd(args []string, stdout, stderr io.Writer) int {
 	fs.Int64Var(&p.seed, "seed", 26, "the seed of the population (and of the scenario's arrivals)")
 	fs.DurationVar(&p.duration, "duration", 10*time.Minute, "the scenario's duration")
 	regions := fs.String("regions", "us-east=3,eu-west=3,ap-south=3", "region=enforcers, comma-separated")
+	burst := fs.String("burst", "rate", "each key's burst: rate (the default, a second of its rate) or advised (what `balancer shares` advises for the key at its traffic's split, where that is more)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -40,6 +43,14 @@ func populationCmd(args []string, stdout, stderr io.Writer) int {
 	}
 	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "regionsim population: unexpected arguments %q\n", fs.Args())
+		return 2
+	}
+	switch *burst {
+	case "rate":
+	case "advised":
+		p.advised = true
+	default:
+		fmt.Fprintf(stderr, "regionsim population: -burst %q: want rate or advised\n", *burst)
 		return 2
 	}
 	for _, kv := range strings.Split(*regions, ",") {
@@ -81,23 +92,35 @@ type population struct {
 	duration           time.Duration
 	regions            []string
 	enforcers          []int
+	// advised: a middle or tail key's burst is the one the balancer advises for it
+	// (balancer.BurstCost) with its shares in proportion to its traffic, where that is
+	// more than its rate's second.
+	advised bool
 }
 
 func (p *population) write(w io.Writer) {
 	rng := rand.New(rand.NewPCG(uint64(p.seed), 26))
+	flags, bursts := "", ""
+	if p.advised {
+		flags = " -burst advised"
+		bursts = `
+# Bursts: where a key's burst of a second of its rate, cut between its regions in
+# proportion to its traffic, would refuse more than 3% of a region's Poisson arrivals, the
+# burst the balancer advises for it (balancer shares; docs/design.md §9).`
+	}
 	fmt.Fprintf(w, `# A population of %d keys over %d regions for %v (issue 26): %d busy keys over their
 # limits whose traffic moves between regions, %d keys in the middle (10–100/s, under their
 # limits, from one to three regions) and a long tail of small keys (2–10/s limits, offered
 # about half of them, most from one region). Every key must get its limit wherever its
-# traffic is: steady_ratio ≥ 0.97, recovery ≤ 15 s, never over. Generated, not edited:
+# traffic is: steady_ratio ≥ 0.97, recovery ≤ 15 s, never over.%s Generated, not edited:
 #
-#   regionsim population -keys %d -busy %d -middle %d -seed %d -duration %v -regions %s
+#   regionsim population -keys %d -busy %d -middle %d -seed %d -duration %v -regions %s%s
 name: long-tail
 duration: %ds
 seed: %d
 regions:
-`, p.keys, len(p.regions), p.duration, p.busy, p.middle, p.keys, p.busy, p.middle, p.seed, p.duration,
-		p.regionsFlag(), int(p.duration.Seconds()), p.seed)
+`, p.keys, len(p.regions), p.duration, p.busy, p.middle, bursts, p.keys, p.busy, p.middle, p.seed, p.duration,
+		p.regionsFlag(), flags, int(p.duration.Seconds()), p.seed)
 	for i, r := range p.regions {
 		fmt.Fprintf(w, "  %s: {enforcers: %d}\n", r, p.enforcers[i])
 	}
@@ -130,14 +153,12 @@ regions:
 			rank := float64(k-p.busy+1) / float64(p.middle)
 			rate := math.Round(100 * math.Pow(0.1, rank))
 			offered := rate * (0.5 + 0.4*rng.Float64())
-			fmt.Fprintf(w, "  - {name: %s, limit: {rate: %s, per: 1s}, phases: [{at: 0s, offered: {%s}}]}\n",
-				name, num(rate), p.spreadText(rng, offered, p.regionCount(rng)))
+			p.steadyKey(w, name, rate, p.spreadParts(rng, offered, p.regionCount(rng)))
 		default:
 			// The tail: 2–10/s, offered about half (40–60%), mostly from one region.
 			rate := float64(2 + rng.IntN(9))
 			offered := rate * (0.4 + 0.2*rng.Float64())
-			fmt.Fprintf(w, "  - {name: %s, limit: {rate: %s, per: 1s}, phases: [{at: 0s, offered: {%s}}]}\n",
-				name, num(rate), p.spreadText(rng, offered, p.regionCount(rng)))
+			p.steadyKey(w, name, rate, p.spreadParts(rng, offered, p.regionCount(rng)))
 		}
 	}
 }
@@ -158,26 +179,73 @@ func (p *population) regionCount(rng *rand.Rand) int {
 // offered map's text, and the set of regions it names (bit r for region r; MaxRegions is
 // 64).
 func (p *population) spread(rng *rand.Rand, total float64, n int) (text string, set uint64) {
-	idx := rng.Perm(len(p.regions))[:n]
-	for _, r := range idx {
-		set |= 1 << r
+	parts := p.spreadParts(rng, total, n)
+	for _, pt := range parts {
+		set |= 1 << pt.region
 	}
+	return p.offeredText(parts), set
+}
+
+// part is one region's offered rate, as written (rounded to hundredths).
+type part struct {
+	region  int
+	offered float64
+}
+
+// spreadParts is spread's parts, in the order written.
+func (p *population) spreadParts(rng *rand.Rand, total float64, n int) []part {
+	idx := rng.Perm(len(p.regions))[:n]
 	weights := make([]float64, n)
 	sum := 0.0
 	for i := range weights {
 		weights[i] = 1 + 2*rng.Float64()
 		sum += weights[i]
 	}
-	parts := make([]string, n)
+	parts := make([]part, n)
 	for i, r := range idx {
-		parts[i] = p.regions[r] + ": " + num(math.Round(100*total*weights[i]/sum)/100)
+		parts[i] = part{r, math.Round(100*total*weights[i]/sum) / 100}
 	}
-	return strings.Join(parts, ", "), set
+	return parts
 }
 
-func (p *population) spreadText(rng *rand.Rand, total float64, n int) string {
-	text, _ := p.spread(rng, total, n)
-	return text
+func (p *population) offeredText(parts []part) string {
+	text := make([]string, len(parts))
+	for i, pt := range parts {
+		text[i] = p.regions[pt.region] + ": " + num(pt.offered)
+	}
+	return strings.Join(text, ", ")
+}
+
+// steadyKey writes a key of one phase from 0 s: its limit (with the advised burst, when
+// p.advised and that is more than the rate's second) and its offered parts.
+func (p *population) steadyKey(w io.Writer, name string, rate float64, parts []part) {
+	limit := "rate: " + num(rate) + ", per: 1s"
+	if b := p.burstFor(rate, parts); b > rate {
+		limit += ", burst: " + num(b)
+	}
+	fmt.Fprintf(w, "  - {name: %s, limit: {%s}, phases: [{at: 0s, offered: {%s}}]}\n", name, limit, p.offeredText(parts))
+}
+
+// burstFor is the burst the balancer advises for a key of rate/s (burst the rate) offered
+// parts, its shares in proportion to them (balancer.BurstCost); the rate when !p.advised,
+// when nothing is advised, or when no burst within the advice's bound would do.
+func (p *population) burstFor(rate float64, parts []part) float64 {
+	if !p.advised {
+		return rate
+	}
+	total := 0.0
+	for _, pt := range parts {
+		total += pt.offered
+	}
+	shares, demand := make([]float64, len(p.regions)), make([]float64, len(p.regions))
+	for _, pt := range parts {
+		shares[pt.region], demand[pt.region] = pt.offered/total, pt.offered
+	}
+	_, advice := balancer.BurstCost([]bucket.Limit{{Name: "limit", Rate: rate, Burst: rate}}, 1, shares, demand)
+	if advice == nil || advice.Burst == 0 {
+		return rate
+	}
+	return advice.Burst
 }
 
 func (p *population) regionsFlag() string {
