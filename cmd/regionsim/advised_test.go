@@ -32,16 +32,6 @@ func generate(t *testing.T, args ...string) (*scenario.Scenario, []byte) {
 	return sc, out.Bytes()
 }
 
-func regionsOf(k scenario.Key) int {
-	n := 0
-	for _, o := range k.Phases[0].Offered {
-		if o > 0 {
-			n++
-		}
-	}
-	return n
-}
-
 // The shipped long-tail.yaml is the generator's output with its defaults, and -burst
 // advised changes nothing but the bursts of the keys whose burst, cut in proportion to
 // their traffic, refuses a region more than balancer.BurstShortAbove over one bucket of
@@ -70,8 +60,8 @@ func TestPopulationBurstAdvised(t *testing.T) {
 			continue
 		}
 		raised++
-		if i < 20 || regionsOf(k) < 2 || k.Limit.Burst < d.Limit.Burst {
-			t.Fatalf("%s (%d regions): burst %g → %g: only keys of several regions are raised", k.Name, regionsOf(k), d.Limit.Burst, k.Limit.Burst)
+		if i < 20 || k.Phases[0].Regions() < 2 || k.Limit.Burst < d.Limit.Burst {
+			t.Fatalf("%s (%d regions): burst %g → %g: only keys of several regions are raised", k.Name, k.Phases[0].Regions(), d.Limit.Burst, k.Limit.Burst)
 		}
 		total := 0.0
 		for _, o := range k.Phases[0].Offered {
@@ -112,7 +102,7 @@ func TestAdvisedBurstsServeTheTail(t *testing.T) {
 	t.Parallel()
 	pick := func(sc *scenario.Scenario) *scenario.Scenario {
 		sc.Keys = slices.DeleteFunc(sc.Keys, func(k scenario.Key) bool {
-			return k.Name < "k03000" || k.Name >= "k04000" || len(k.Phases) != 1 || regionsOf(k) < 2
+			return k.Name < "k03000" || k.Name >= "k04000" || len(k.Phases) != 1 || k.Phases[0].Regions() < 2
 		})
 		return sc
 	}

@@ -123,6 +123,17 @@ type Phase struct {
 	Offered []float64
 }
 
+// Regions is how many regions the phase offers traffic in.
+func (p Phase) Regions() int {
+	n := 0
+	for _, o := range p.Offered {
+		if o > 0 {
+			n++
+		}
+	}
+	return n
+}
+
 // Fault is one fault from At for For. Region is the region's index, or -1 for
 // balancer-down and leader-change; Enforcer is the enforcer's index within it for
 // enforcer-isolated (0 otherwise).
