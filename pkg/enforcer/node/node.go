@@ -476,8 +476,9 @@ const CutOffAfter = 2
 // one (the leader may have raised other regions while it counted this enforcer fenced; a
 // leader that does not say: a set read since the cut). Which way it errs: under — a report
 // or two lost while the region's others get through fences it for about an interval more
-// than it needed; behind an aggregator whose forward of its last report was lost, the
-// leader believes none of its marks and waits Stale.
+// than it needed; behind an aggregator whose forward of its last report was lost, or
+// directly when the cut drops the answer to a report the leader accepted (its marks then
+// name the report before it), the leader believes none of its marks and waits Stale.
 //
 // A store error counts none and marks nothing (the balancer holds the reservation a while
 // past the last count above zero, and waits Stale for an enforcer whose mark it did not
