@@ -56,7 +56,7 @@ func printShares(w io.Writer, r admin.SharesResponse) {
 			if a.Burst > 0 {
 				fmt.Fprintf(w, "a burst of %g would serve every region at these shares and demands\n", a.Burst)
 			} else {
-				fmt.Fprintf(w, "no burst up to 64 times it would serve every region: the rate is short\n")
+				fmt.Fprintf(w, "no burst up to %d times it would serve every region: the rate is short\n", balancer.MaxAdvisedFactor)
 			}
 		}
 	}

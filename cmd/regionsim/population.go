@@ -105,8 +105,9 @@ func (p *population) write(w io.Writer) {
 		flags = " -burst advised"
 		bursts = `
 # Bursts: where a key's burst of a second of its rate, cut between its regions in
-# proportion to its traffic, would refuse more than 3% of a region's Poisson arrivals, the
-# burst the balancer advises for it (balancer shares; docs/design.md §9).`
+# proportion to its traffic, would refuse 3 points more of a region's Poisson arrivals
+# than one bucket of the limit, the burst the balancer advises for it (balancer shares;
+# docs/design.md §9).`
 	}
 	fmt.Fprintf(w, `# A population of %d keys over %d regions for %v (issue 26): %d busy keys over their
 # limits whose traffic moves between regions, %d keys in the middle (10–100/s, under their

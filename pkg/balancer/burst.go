@@ -26,9 +26,9 @@ import (
 // cut of the burst is named short: the 3% regionsim's steady_ratio 0.97 allows.
 const BurstShortAbove = 0.03
 
-// maxAdvisedFactor bounds the burst advice: a burst more than this many times the
+// MaxAdvisedFactor bounds the burst advice: a burst more than this many times the
 // rule's is not advised (BurstAdvice.Burst 0).
-const maxAdvisedFactor = 64
+const MaxAdvisedFactor = 64
 
 // BurstAdvice names, for one of the rule's limits, the smallest burst at which no region
 // under its rate refuses more than BurstShortAbove over what one bucket of the limit at
@@ -36,7 +36,7 @@ const maxAdvisedFactor = 64
 type BurstAdvice struct {
 	Limit string  `json:"limit"`
 	Now   float64 `json:"now"`   // the limit's global burst
-	Burst float64 `json:"burst"` // advised; 0 when none up to 64 times Now would do
+	Burst float64 `json:"burst"` // advised; 0 when none up to MaxAdvisedFactor × Now would do
 }
 
 // underRate: demand is under the region's share of g's rate, so what its bucket refuses
@@ -69,19 +69,31 @@ func BurstCost(global []bucket.Limit, maxCost float64, shares, demand []float64)
 		l := rules.ScaleLimit(g, 1, maxCost)
 		return bucket.PoissonRefused(l.Rate, l.Burst, total) + BurstShortAbove
 	}
+	// refusedAt is what region i's bucket refuses of its demand at its share of g.
+	refusedAt := func(g bucket.Limit, i int) float64 {
+		l := rules.ScaleLimit(g, shares[i], maxCost)
+		return bucket.PoissonRefused(l.Rate, l.Burst, demand[i])
+	}
+	// short is the regions under their rate whose refusals of g pass bound.
+	short := func(g bucket.Limit, i int, p, bound float64) bool {
+		return demand[i] > 0 && underRate(g, shares[i], demand[i]) && p > bound
+	}
 	refused := make([]float64, len(shares))
+	for i := range refused {
+		if !(demand[i] > 0) {
+			refused[i] = math.NaN()
+		}
+	}
 	worst, worstLimit := 0.0, -1
 	for j, g := range global {
 		bound := allowed(g)
 		for i := range shares {
 			if !(demand[i] > 0) {
-				refused[i] = math.NaN()
 				continue
 			}
-			l := rules.ScaleLimit(g, shares[i], maxCost)
-			p := bucket.PoissonRefused(l.Rate, l.Burst, demand[i])
+			p := refusedAt(g, i)
 			refused[i] = max(refused[i], p)
-			if underRate(g, shares[i], demand[i]) && p > bound && p-bound > worst {
+			if short(g, i, p, bound) && p-bound > worst {
 				worst, worstLimit = p-bound, j
 			}
 		}
@@ -99,11 +111,7 @@ func BurstCost(global []bucket.Limit, maxCost float64, shares, demand []float64)
 		h.Burst = burst
 		bound := allowed(h)
 		for i := range shares {
-			if !(demand[i] > 0) || !underRate(g, shares[i], demand[i]) {
-				continue
-			}
-			l := rules.ScaleLimit(h, shares[i], maxCost)
-			if bucket.PoissonRefused(l.Rate, l.Burst, demand[i]) > bound {
+			if demand[i] > 0 && short(g, i, refusedAt(h, i), bound) {
 				return false
 			}
 		}
@@ -117,7 +125,7 @@ func BurstCost(global []bucket.Limit, maxCost float64, shares, demand []float64)
 	lo, hi := g.Burst, g.Burst
 	for !served(hi) {
 		lo, hi = hi, hi*2
-		if hi > g.Burst*maxAdvisedFactor {
+		if hi > g.Burst*MaxAdvisedFactor {
 			return refused, advice
 		}
 	}

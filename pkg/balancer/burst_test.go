@@ -93,6 +93,6 @@ func TestBurstCostBoundsTheAdvice(t *testing.T) {
 	}
 	_, advice = cost(c, []float64{0.05, 0.95, 0}, []float64{0.199, 0, 0})
 	if advice == nil || advice.Burst != 0 {
-		t.Fatalf("advice %+v, want none within %d times the burst", advice, maxAdvisedFactor)
+		t.Fatalf("advice %+v, want none within %d times the burst", advice, MaxAdvisedFactor)
 	}
 }

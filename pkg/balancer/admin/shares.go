@@ -32,9 +32,10 @@ type SharesEntry struct {
 	Pending bool               `json:"pending,omitempty"`
 	// Refused is, by region with demand (leading only), the fraction of its demand its
 	// bucket refuses at the published share were the demand Poisson: what the share's
-	// rate and burst cost the identity (balancer.BurstCost). BurstAdvice, when a region refuses
-	// more than balancer.BurstShortAbove of a demand under its rate (its cut of the burst
-	// is short, not its rate), is the burst that would serve every region.
+	// rate and burst cost the identity (balancer.BurstCost). BurstAdvice, when a region
+	// under its rate refuses more than balancer.BurstShortAbove over what one bucket of
+	// the limit refuses of the whole demand (its cut of the burst is short), is the burst
+	// that would serve every region.
 	Refused     map[string]float64    `json:"refused,omitempty"`
 	BurstAdvice *balancer.BurstAdvice `json:"burst_advice,omitempty"`
 }
