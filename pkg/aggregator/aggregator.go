@@ -28,8 +28,8 @@
 //     (fence_marks_ago_ms) and each member's highest seq (Member.seq), so the leader
 //     releases an enforcer cut off alone on its mark as it does directly. The enforcer is
 //     told which of its reports the leader confirmed (heard_seq) and the newest set the
-//     leader had made then: it marks itself with the seq of the last report the
-//     aggregator took, and rejoins once a later one is confirmed and it applies that set.
+//     leader had made then: it marks itself with the seq of the last report it sent, and
+//     rejoins once a later one is confirmed and it applies that set.
 //
 // Which way it errs: later, never over on shares — usage reaches the leader up to one
 // interval later than directly; a quota new to the region is answered one forward later,

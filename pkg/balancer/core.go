@@ -129,7 +129,9 @@ type enforcerState struct {
 	snapOf     uint64 // the Core.snapEpoch it last reported in
 	// markedAt, markLast: when a region-mate's report first and last showed its mark as
 	// cut off alone in the region's store (fenceMarks); zero if none since its last report.
+	// markSeq: the highest seq those marks named (the last report it had sent then).
 	markedAt, markLast time.Time
+	markSeq            uint64
 	// restored: known only from the persisted Members (RestoreMembers), not heard in this
 	// term. It is held as if it applied nothing of ours until it reports or has fenced
 	// itself, and it is not counted among the enforcers sharing the region's traffic.
@@ -178,8 +180,9 @@ func (e *enforcerState) seen(seq uint64) bool {
 type releasedEnf struct {
 	ver  uint64    // the version of ours it had applied when released (mapApplied)
 	seen time.Time // when a report last listed its mark
-	// The last report of it accepted, which an aggregator's forward lists it by until it
-	// forgets it (Member.seq): a later one is a word from it again.
+	// The seq its mark named (the last report it had sent when it fenced itself): an
+	// aggregator's forward lists it by an earlier or the same one until it forgets it
+	// (Member.seq); a later one is a word from it again.
 	seq uint64
 }
 

@@ -7,11 +7,14 @@ import (
 
 // TestCutOffAloneReleasedByItsMark: as TestOneEnforcerCutOffNeverOver, but eu-west-0 fences
 // itself as cut off alone (pkg/enforcer/node: its region-mate is heard, it is not) 40 s
-// after its last accepted report and marks itself in its region's store naming that
-// report's seq; eu-west-1's reports list the mark (fence_marks). The leader stops waiting
-// for it once eu-west-1's reports have shown the mark for AckTimeout, not Stale +
-// AckTimeout after its last report, and the applied shares never sum over 1 (world.check, every second). A mark naming an
-// older seq (one from before a report of it the leader accepted since) releases nothing.
+// after its last accepted report and marks itself in its region's store naming the last
+// report it sent; eu-west-1's reports list the mark (fence_marks). The leader stops
+// waiting for it once eu-west-1's reports have shown the mark for AckTimeout, not Stale +
+// AckTimeout after its last report, and the applied shares never sum over 1 (world.check,
+// every second). A mark naming a later seq than the last the leader accepted (reports
+// sent since, lost or unanswered: a cut that drops an answer) releases it the same way; a
+// mark naming an older seq (one from before a report of it the leader accepted since)
+// releases nothing.
 //
 // Across a leader change (the new leader restored eu-west-0 from the members and never
 // heard it) a mark naming any seq releases it the same way: a report of it accepted after
@@ -23,11 +26,12 @@ import (
 // still list it, silent, and neither hold it again nor restart its mark's count.
 func TestCutOffAloneReleasedByItsMark(t *testing.T) {
 	for _, tc := range []struct {
-		name               string
-		older, leader, agg bool
-	}{{"its last report", false, false, false}, {"an older report", true, false, false}, {"a new leader", false, true, false},
-		{"behind aggregators", false, false, true}, {"behind aggregators, an older report", true, false, true},
-		{"behind aggregators, a new leader", false, true, true}} {
+		name                      string
+		older, later, leader, agg bool
+	}{{"its last report", false, false, false, false}, {"an older report", true, false, false, false},
+		{"a later report", false, true, false, false}, {"a new leader", false, false, true, false},
+		{"behind aggregators", false, false, false, true}, {"behind aggregators, an older report", true, false, false, true},
+		{"behind aggregators, a later report", false, true, false, true}, {"behind aggregators, a new leader", false, false, true, true}} {
 		t.Run(tc.name, func(t *testing.T) {
 			c, w, k, moved := euWestKey(t)
 			if tc.agg {
@@ -37,8 +41,11 @@ func TestCutOffAloneReleasedByItsMark(t *testing.T) {
 			for _, e := range w.enfs {
 				if e.id == "eu-west-0" {
 					e.cut, e.cutAt, e.alone, e.fenceAt = true, w.now, true, e.heard.Add(40*time.Second)
-					if tc.older {
+					switch {
+					case tc.older:
 						e.markSeq = e.seq - 1
+					case tc.later:
+						e.markSeq = e.seq + 2 // two more sent, neither answered
 					}
 				}
 			}

@@ -25,12 +25,14 @@ const MaxFencedSeen = 4096
 
 // fenceMarks notes, from a report of an enforcer of region rs, the enforcers of the region
 // that marked themselves fenced in its store as cut off alone (ReportRequest.fence_marks,
-// a mark naming a seq): such an enforcer fenced itself before it marked itself and
-// rejoins only after taking its mark back, once a report of it sent after the mark has
-// been accepted. A mark is believed of an enforcer silent for SilentAfter when it names
-// the last report of it this leader accepted, or, for one this term has not heard
-// (restored from the members), any seq: a report of it accepted since its mark would
-// have been accepted by this leader, which would have heard it. acks stops waiting for it
+// a mark naming a seq, the last report it had sent when it marked itself): such an
+// enforcer fenced itself before it marked itself and rejoins only after taking its mark
+// back, once a report of it sent after the mark has been accepted. A mark is believed of
+// an enforcer silent for SilentAfter when no report of it this leader accepted is later
+// than the one it names — so every report the leader took was sent before the fence,
+// whether or not its answer got back (the cut fell between) — or, for one this term has
+// not heard (restored from the members), any seq: a report of it accepted since its mark
+// would have been accepted by this leader, which would have heard it. acks stops waiting for it
 // once the mark has been seen for AckTimeout — in a report received AckTimeout or more
 // after the first that showed it, so the enforcer was still marked, hence fenced, then
 // (a report built before it took its mark back and delivered late is not enough). seen
@@ -38,7 +40,7 @@ const MaxFencedSeen = 4096
 // forward, when it received the member report that carried them (fence_marks_ago_ms
 // before now), so a list the aggregator forwards again counts no later. Behind an
 // aggregator, the last report of an enforcer accepted is the highest seq a forward listed
-// (Member.seq), and the enforcer marks itself with the last seq the aggregator took.
+// (Member.seq), and the enforcer marks itself with the last seq it sent the aggregator.
 // Called with c.mu held.
 //
 // A mark is believed as much as the report that carries it: a holder of the region's
@@ -64,13 +66,14 @@ func (c *Core) fenceMarks(seen time.Time, rs *regionState, r *allotv1.ReportRequ
 			found = true
 			// A stale enforcer's mark names no seq: ended by a set read again, not by a
 			// report.
-			if m.Seq == 0 || !e.restored && e.maxSeq != m.Seq || seen.Sub(e.lastHeard) < c.cfg.SilentAfter {
+			if m.Seq == 0 || !e.restored && e.maxSeq > m.Seq || seen.Sub(e.lastHeard) < c.cfg.SilentAfter {
 				continue
 			}
 			if e.markedAt.IsZero() {
 				e.markedAt = seen
 			}
 			e.markLast = later(e.markLast, seen)
+			e.markSeq = max(e.markSeq, m.Seq)
 		}
 		if found {
 			explained++

@@ -111,8 +111,8 @@ func (c *Core) ingestMembers(now time.Time, ri int, r *allotv1.ReportRequest) er
 			if m.Final || now.Sub(heard) >= c.cfg.Stale+c.cfg.AckTimeout {
 				continue // gone, or fenced itself by now (acks dropped it): nothing to wait for
 			}
-			if x := rs.released[m.EnforcerId]; x != nil && m.Seq != 0 && m.Seq == x.seq {
-				continue // released on its mark, and listed by the word it was released after
+			if x := rs.released[m.EnforcerId]; x != nil && m.Seq != 0 && m.Seq <= x.seq {
+				continue // released on its mark, and listed by a report it sent before the mark
 			}
 			e = &enforcerState{}
 			rs.enforcers[m.EnforcerId] = e
@@ -127,7 +127,7 @@ func (c *Core) ingestMembers(now time.Time, ri int, r *allotv1.ReportRequest) er
 			word := e.restored || m.Seq == 0 || m.Seq != e.maxSeq
 			e.lastHeard, e.appliedRev, e.appliedVer, e.restored = heard, m.ShareLeaderRev, m.ShareVersion, false
 			if word {
-				e.markedAt, e.markLast = time.Time{}, time.Time{}
+				e.markedAt, e.markLast, e.markSeq = time.Time{}, time.Time{}, 0
 				if m.Seq != 0 {
 					e.maxSeq, e.bits = m.Seq, 1
 				}

@@ -140,7 +140,7 @@ func (c *Core) Ingest(now time.Time, r *allotv1.ReportRequest) error {
 	e.seen(r.Seq)
 	e.lastHeard, e.appliedRev, e.appliedVer, e.restored = now, r.ShareLeaderRev, r.ShareVersion, false
 	// Heard: no mark of it before this report counts, and its acknowledgements count again.
-	e.markedAt, e.markLast = time.Time{}, time.Time{}
+	e.markedAt, e.markLast, e.markSeq = time.Time{}, time.Time{}, 0
 	delete(rs.released, r.EnforcerId)
 	if e.window != c.window+1 { // window numbers are offset by one so 0 means never
 		e.window = c.window + 1

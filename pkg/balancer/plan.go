@@ -65,7 +65,7 @@ func (c *Core) acks(now time.Time) []uint64 {
 				if rs.released == nil {
 					rs.released = map[string]*releasedEnf{}
 				}
-				rs.released[name] = &releasedEnf{ver: c.mapApplied(e), seen: e.markLast, seq: e.maxSeq}
+				rs.released[name] = &releasedEnf{ver: c.mapApplied(e), seen: e.markLast, seq: max(e.markSeq, e.maxSeq)}
 				delete(rs.enforcers, name)
 				c.membersGen++
 				continue

@@ -49,9 +49,9 @@ type Fences interface {
 type FenceCall struct {
 	ID     string // the calling enforcer's id (SightID of its name); "": only read
 	Fenced bool   // mark it fenced (with Seq), or take its mark back
-	// Seq is the seq of the last report of it the balancer accepted (0: none), kept with
-	// its mark: the balancer believes a mark of an enforcer it has stopped hearing only if
-	// it names the last report it accepted of it.
+	// Seq is the seq of the last report it had sent when it fenced itself (0: none), kept
+	// with its mark: the balancer believes a mark of an enforcer it has stopped hearing only
+	// if it took no report of it later than that (pkg/enforcer/node.fence).
 	Seq uint64
 	// HeardAgo is how long ago the balancer last accepted a report of it; negative: never
 	// (nothing is recorded).

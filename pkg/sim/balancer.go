@@ -132,6 +132,9 @@ type balancerPlane struct {
 	bytes      int64
 	layout     *contract.Chunker // which chunks each version rewrites, as the publisher does
 	recomputes uint64
+	// answersLost: reports the balancer (or an aggregator) took whose answer a fault
+	// dropped on its way back (ControlPlane.AnswersLost).
+	answersLost int
 	// aggs: each region's aggregator (Options.Aggregate; nil without).
 	aggs []*simAggregator
 }
@@ -348,6 +351,8 @@ func (p *balancerPlane) relay(m sent) {
 		if acc, ok := report.AcceptanceOf(now, m.r.Seq, resp); ok {
 			p.w.effect(func() { rep.rc.Accepted(acc) })
 		}
+	} else if rep.cgen == m.gen {
+		p.answersLost++
 	}
 	if !urgent {
 		return
@@ -433,7 +438,7 @@ func (p *balancerPlane) report(rep *reporter, step report.Step) {
 	if rep.rc.Fences != nil {
 		// Marked and counted whether or not the report can leave: a cut-off enforcer
 		// still reaches its region's store.
-		f := rep.rc.Fences(context.Background(), now)
+		f := rep.rc.Fences(context.Background(), now, r.Seq)
 		r.FencedSeen, r.FenceMarks = f.Seen, f.Marks
 	}
 	if v := &p.view; p.aggs != nil && v.cutFromAggregator(rep.region, rep.enf) || p.aggs == nil && (v.down || v.cut(rep.region, rep.enf)) {
@@ -480,6 +485,8 @@ func (p *balancerPlane) ingest(m sent) {
 		if a, ok := report.AcceptanceOf(now, m.r.Seq, resp); ok {
 			p.w.effect(func() { rep.rc.Accepted(a) })
 		}
+	} else if rep.cgen == m.gen {
+		p.answersLost++ // taken, and the cut began on the way: the enforcer never hears it
 	}
 	p.kickTick(m.r)
 }
@@ -658,7 +665,8 @@ func (p *balancerPlane) writes(sc *scenario.Scenario) *ControlPlane {
 		Versions: len(p.versionsAt), VersionsPerInterval: r6(float64(len(p.versionsAt)) / intervals),
 		SteadySeconds: nSteady,
 		BytesWritten:  p.bytes, BytesPerInterval: r6(float64(p.bytes) / intervals),
-		Recomputes: p.recomputes + p.core.Stats(p.w.clk.Now()).Recomputes,
+		Recomputes:  p.recomputes + p.core.Stats(p.w.clk.Now()).Recomputes,
+		AnswersLost: p.answersLost,
 	}
 	if nSteady > 0 {
 		cp.SteadyVersionsPerInterval = r6(float64(vSteady) / (float64(nSteady) / sc.Interval.Seconds()))

@@ -76,6 +76,9 @@ func (res *Result) WriteTable(w io.Writer) error {
 	if cp := res.Summary.ControlPlane; cp != nil {
 		fmt.Fprintf(bw, "\ncontrol plane: %d versions (%.2f per interval; %.2f over %d steady seconds), %d bytes written to etcd (%.0f per interval), %d recomputes\n",
 			cp.Versions, cp.VersionsPerInterval, cp.SteadyVersionsPerInterval, cp.SteadySeconds, cp.BytesWritten, cp.BytesPerInterval, cp.Recomputes)
+		if cp.AnswersLost > 0 {
+			fmt.Fprintf(bw, "answers lost: %d (reports taken whose answer a fault dropped)\n", cp.AnswersLost)
+		}
 	}
 	if len(res.Summary.Failures) > 0 {
 		fmt.Fprintln(bw, "\nfailures:")

@@ -106,6 +106,10 @@ type ControlPlane struct {
 	BytesWritten              int64   `json:"bytes_written"`
 	BytesPerInterval          float64 `json:"bytes_per_interval"`
 	Recomputes                uint64  `json:"recomputes"`
+	// AnswersLost counts the reports the balancer (or a region's aggregator) took whose
+	// answer a fault began in time to drop: the enforcer does not know it was heard
+	// (configs/scenarios/enforcer-isolated-answer-lost.yaml).
+	AnswersLost int `json:"answers_lost,omitempty"`
 }
 
 // Run replays sc in virtual mode and judges it. It returns an error only for a bad

@@ -71,8 +71,8 @@ func TestShippedScenarios(t *testing.T) {
 // enforcer-isolated falls to 0.803, isolated-across-leaders to 0.766), a region cut off, a
 // leader change in the middle of a move, enforcers cut off in turn.
 func TestAggregatedScenarios(t *testing.T) {
-	for _, name := range []string{"enforcer-isolated.yaml", "isolated-across-leaders.yaml", "enforcers-cut-in-turn.yaml",
-		"region-isolated.yaml", "leader-change-mid-plan.yaml", "shift-eu-to-us.yaml"} {
+	for _, name := range []string{"enforcer-isolated.yaml", "enforcer-isolated-answer-lost.yaml", "isolated-across-leaders.yaml",
+		"enforcers-cut-in-turn.yaml", "region-isolated.yaml", "leader-change-mid-plan.yaml", "shift-eu-to-us.yaml"} {
 		t.Run(strings.TrimSuffix(name, ".yaml"), func(t *testing.T) {
 			t.Parallel()
 			sc := load(t, name)
@@ -90,6 +90,25 @@ func TestAggregatedScenarios(t *testing.T) {
 				t.Logf("%s: steady_ratio %.3f, max_window_ratio %.3f, recovery %v", k.Key, k.SteadyRatio, k.MaxWindowRatio, k.RecoveryS)
 			}
 		})
+	}
+}
+
+// enforcer-isolated-answer-lost.yaml is what its name says only while its cut falls
+// between a report's acceptance and its answer's arrival: the balancer took a report of
+// the cut-off enforcer that the enforcer never heard was taken (its mark then names a
+// later report than the balancer's last, not an earlier one). If the enforcers' report
+// schedule moves, move the fault with it.
+func TestAnswerLostScenarioLosesAnAnswer(t *testing.T) {
+	t.Parallel()
+	sc := load(t, "enforcer-isolated-answer-lost.yaml")
+	for _, agg := range []bool{false, true} {
+		res, err := Run(sc, Options{Policy: PolicyBalancer, Aggregate: agg, SummaryOnly: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if cp := res.Summary.ControlPlane; cp == nil || cp.AnswersLost < 1 {
+			t.Fatalf("aggregated %v: control plane %+v, want a report taken whose answer the cut dropped", agg, cp)
+		}
 	}
 }
 

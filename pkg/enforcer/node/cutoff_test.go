@@ -24,9 +24,9 @@ func cutOffRig(t *testing.T) (clk *clock.Fake, a *Node, ta *fakeTransport, b *No
 
 // An enforcer whose reports go unaccepted while a region-mate's are accepted fences itself
 // (min(share, default)) after CutOffAfter intervals, not after Stale, and marks itself
-// with the seq of its last accepted report; it rejoins only once a report sent after its
-// last mark is accepted and it applies the newest set the leader had made then, taking
-// its mark back first. A balancer
+// with the seq of the last report it sent (the leader may have accepted it, the answer
+// lost); it rejoins only once a report sent after its last mark is accepted and it
+// applies the newest set the leader had made then, taking its mark back first. A balancer
 // that hears nobody fences nobody before Stale.
 func TestCutOffAloneFencesItself(t *testing.T) {
 	clk, a, ta, b, tb, rule, head, entries := cutOffRig(t)
@@ -43,7 +43,7 @@ func TestCutOffAloneFencesItself(t *testing.T) {
 	round := func(aHeard, bHeard bool) (fa, fb report.Fenced) {
 		t.Helper()
 		clk.Advance(iv)
-		fa, fb = ta.rc.Fences(ctx, clk.Now()), tb.rc.Fences(ctx, clk.Now())
+		fa, fb = ta.rc.Fences(ctx, clk.Now(), seqA+1), tb.rc.Fences(ctx, clk.Now(), seqB+1)
 		seqA++
 		seqB++
 		// The leader says the newest set it has made (leaderVer).
@@ -78,7 +78,9 @@ func TestCutOffAloneFencesItself(t *testing.T) {
 	// a cut off alone: b is heard, a is not. Fenced within CutOffAfter + 2 intervals (b
 	// records when it was heard at its next report, after a's in each round here).
 	var marked []*allotv1.FenceMark
+	var sentA uint64 // the last report a sent before the round that marked it
 	for i := 1; i <= CutOffAfter+3; i++ {
+		sentA = seqA
 		_, fb := round(false, true)
 		if len(fb.Marks) > 0 {
 			marked = fb.Marks
@@ -88,8 +90,10 @@ func TestCutOffAloneFencesItself(t *testing.T) {
 			break
 		}
 	}
-	if len(marked) != 1 || marked[0].Enforcer != "us-east-1" || marked[0].Seq != lastA {
-		t.Fatalf("b's reports list %v, want a's mark naming its last accepted seq %d", marked, lastA)
+	// Its reports since lastA were sent, not answered: the leader may have taken some (a
+	// cut that drops the answer), so the mark names the last it sent.
+	if len(marked) != 1 || marked[0].Enforcer != "us-east-1" || marked[0].Seq != sentA || sentA <= lastA {
+		t.Fatalf("b's reports list %v, want a's mark naming the last report it sent, %d (its last accepted: %d)", marked, sentA, lastA)
 	}
 	if s := a.Shares().Share(rule, "key:k", clk.Now()); s != 0.5 {
 		t.Fatalf("a's share cut off: %v, want min(0.9, default 0.5)", s)
@@ -129,8 +133,8 @@ func TestCutOffAloneFencesItself(t *testing.T) {
 // Behind an aggregator (issue 26 §3) an answer confirms an earlier report than the one
 // the aggregator takes: the one its last forward the leader accepted listed
 // (ReportResponse.heard_seq, dated by heard_ago_ms). An enforcer cut off alone marks
-// itself with the seq of the last report the aggregator took — the highest its next
-// forward lists (Member.seq), the one the leader believes a mark of — and rejoins only
+// itself with the seq of the last report it sent — no earlier than the highest its
+// aggregator's forwards list (Member.seq), so the leader believes it — and rejoins only
 // once the leader confirmed a later one, not when the aggregator takes one.
 func TestCutOffAloneBehindAggregator(t *testing.T) {
 	clk, a, ta, b, tb, rule, head, entries := cutOffRig(t)
@@ -146,18 +150,18 @@ func TestCutOffAloneBehindAggregator(t *testing.T) {
 	round := func(aTaken bool) (fb report.Fenced) {
 		t.Helper()
 		clk.Advance(iv)
-		ta.rc.Fences(ctx, clk.Now())
-		fb = tb.rc.Fences(ctx, clk.Now())
+		ta.rc.Fences(ctx, clk.Now(), seqA+1)
+		fb = tb.rc.Fences(ctx, clk.Now(), seqB+1)
 		seqA++
 		seqB++
 		at := clk.Now().Add(-iv)
 		if aTaken {
 			if confirmedA != 0 {
-				ta.rc.Accepted(report.Acceptance{At: at, Seq: confirmedA, Taken: seqA, LeaderRev: 1, Version: 1})
+				ta.rc.Accepted(report.Acceptance{At: at, Seq: confirmedA, LeaderRev: 1, Version: 1})
 			}
 			confirmedA = seqA // the forward lists it, the leader accepts
 		}
-		tb.rc.Accepted(report.Acceptance{At: at, Seq: seqB - 1, Taken: seqB, LeaderRev: 1, Version: 1})
+		tb.rc.Accepted(report.Acceptance{At: at, Seq: seqB - 1, LeaderRev: 1, Version: 1})
 		return fb
 	}
 	for range 3 {
@@ -165,11 +169,13 @@ func TestCutOffAloneBehindAggregator(t *testing.T) {
 	}
 	lastTaken := seqA
 	var marked []*allotv1.FenceMark
+	var sentA uint64
 	for i := 1; i <= CutOffAfter+3 && len(marked) == 0; i++ {
+		sentA = seqA
 		marked = round(false).Marks
 	}
-	if len(marked) != 1 || marked[0].Seq != lastTaken {
-		t.Fatalf("b's reports list %v, want a's mark naming the last seq its aggregator took, %d (the leader's last of it)", marked, lastTaken)
+	if len(marked) != 1 || marked[0].Seq != sentA || sentA < lastTaken {
+		t.Fatalf("b's reports list %v, want a's mark naming the last seq it sent, %d (its aggregator took up to %d, the leader's last of it)", marked, sentA, lastTaken)
 	}
 	if s := a.Shares().Share(rule, "key:k", clk.Now()); s != 0.5 {
 		t.Fatalf("a's share cut off: %v, want min(0.9, default 0.5)", s)

@@ -247,11 +247,10 @@ type Node struct {
 	// fences keeps the region's fenced enforcers' marks: Deps.Store when it is a
 	// bucket.Fences (Redis, regionsim's region store) and the node reports; else nil.
 	fences bucket.Fences
-	// markSeq: the seq the last mark of this node as cut off alone named (fence, on the
-	// reporter's goroutine; ResetShares clears it with the share table). taken: the seq of
-	// the last report the leader or its aggregator took (report.Acceptance.Taken), which
-	// a mark names.
-	markSeq, taken atomic.Uint64
+	// markSeq: the seq the last mark of this node as cut off alone named, the last report
+	// it had sent when it marked itself (fence, on the reporter's goroutine; ResetShares
+	// clears it with the share table).
+	markSeq atomic.Uint64
 
 	once     sync.Once
 	closeErr error // Close's result
@@ -432,10 +431,6 @@ func (n *Node) applied() (leaderRev int64, version uint64) { return n.shares.h.L
 // heard is the reports' Accepted hook.
 func (n *Node) heard(a report.Acceptance) {
 	n.shares.h.Load().HeardReport(a.At, a.Seq, a.LeaderRev, a.Version)
-	if a.Taken == 0 {
-		a.Taken = a.Seq
-	}
-	n.taken.Store(a.Taken)
 }
 
 // FenceTTL is how long an enforcer's mark of itself as fenced counts, in report intervals:
@@ -460,49 +455,58 @@ const CutOffAfter = 2
 // fenced enforcer may still enforce (min(last, default), for as long as it serves, however
 // long it has been cut off) — per identity for one it released on its mark, the region's
 // default share while it counts marks it cannot place — and stops waiting for an
-// enforcer it no longer hears once a mark of it names the last report it accepted of it.
+// enforcer it no longer hears once a mark of it names no report before the last of it
+// the balancer accepted.
 //
 // Cut off alone: no report of this enforcer accepted for CutOffAfter intervals, while
 // the store says a region-mate's was, more than an interval after this one's last (a
 // balancer or network down for the whole region is not such a case: every enforcer's
 // last accepted report falls within an interval of the others', and none fences itself
 // before Stale). It fences itself first (overrides.Holder.CutOff), then marks itself with
-// the seq of its last accepted report — behind an aggregator, the last one the aggregator
-// took, which its next forward lists as the last of it the leader accepted (Member.seq).
-// It rejoins, taking its mark back first, once a report sent after its last mark was
-// accepted — behind an aggregator, confirmed by the leader (heard_seq) — (the balancer then
-// knows a later seq than any of its marks names, so no mark of it in flight is believed)
-// and it applies the newest set the leader had made when it took that report, or a newer
-// one (the leader may have raised other regions while it counted this enforcer fenced; a
-// leader that does not say: a set read since the cut). Which way it errs: under — a report
-// or two lost while the region's others get through fences it for about an interval more
-// than it needed; behind an aggregator whose forward of its last report was lost, or
-// directly when the cut drops the answer to a report the leader accepted (its marks then
-// name the report before it), the leader believes none of its marks and waits Stale.
+// the seq of the last report it had sent (seq-1: the report being built leaves after the
+// mark), directly or to its aggregator. The balancer believes a mark of an enforcer whose
+// reports it has accepted none later than the mark names: every report it took was sent
+// before the enforcer fenced itself, whether or not the answer got back (a cut that falls
+// between the leader's acceptance and the answer's arrival, or an aggregator's forward
+// lost). It rejoins, taking its mark back first, once the leader confirmed a report sent
+// after its last mark — directly, its answer; behind an aggregator, the leader's heard_seq
+// — (the balancer then knows a later seq than any of its marks names, so no mark of it in
+// flight is believed) and it applies the newest set the leader had made when it took that
+// report, or a newer one (the leader may have raised other regions while it counted this
+// enforcer fenced; a leader that does not say: a set read since the cut). Heard again but
+// not yet applying that set, it marks itself again naming the last report it sent, so the
+// report the leader confirmed is not later than its mark. Which way it errs: under — a
+// report or two lost while the region's others get through fences it for about an
+// interval more than it needed, and a report sent before the mark but delivered after the
+// leader released it makes the leader wait for it again.
 //
 // A store error counts none and marks nothing (the balancer holds the reservation a while
 // past the last count above zero, and waits Stale for an enforcer whose mark it did not
 // see; a region whose store is down is on its local limits anyway).
-func (n *Node) fence(ctx context.Context, now time.Time) report.Fenced {
+func (n *Node) fence(ctx context.Context, now time.Time, seq uint64) report.Fenced {
 	h := n.shares.h.Load()
 	iv := n.cfg.Usage.Interval
-	heardAt, seq := h.LastHeard()
+	heardAt, heard := h.LastHeard()
 	cutAt := h.Cut()
-	rejoin := !cutAt.IsZero() && seq > n.markSeq.Load() && h.Current(cutAt)
+	sent := heard // the last report sent before this call (the hook's seq - 1; none said: the last heard)
+	if seq > 0 {
+		sent = seq - 1
+	}
+	rejoin := !cutAt.IsZero() && heard > n.markSeq.Load() && h.Current(cutAt)
 	cut := !cutAt.IsZero() && !rejoin
 	fenced := h.Stale(now) || !h.Loaded() || cut
 	call := bucket.FenceCall{ID: bucket.SightID(n.cfg.ID), Fenced: fenced, TTL: FenceTTL * iv, HeardAgo: -1}
 	if cut {
 		// Only a cut-off enforcer's mark names a seq: it rejoins only after a report sent
 		// after the mark was accepted. A stale one's does not (a set read again ends its
-		// staleness with no report accepted since its mark). Marked again, it names the
-		// last report the leader confirmed once that is later than its mark's (directly,
-		// every accepted one): naming the last its aggregator took, always one forward
-		// ahead of the confirmations, it would never see one after its mark.
-		call.Seq = max(n.markSeq.Load(), seq)
-		n.markSeq.Store(call.Seq) // before the call: the mark may land though the answer does not
+		// staleness with no report accepted since its mark). Heard since its mark but not
+		// yet applying the leader's set, it names the last report sent now.
+		if heard > n.markSeq.Load() {
+			n.markSeq.Store(sent) // before the call: the mark may land though the answer does not
+		}
+		call.Seq = n.markSeq.Load()
 	}
-	if seq != 0 {
+	if heard != 0 {
 		call.HeardAgo = max(now.Sub(heardAt), 0)
 	}
 	rep, err := n.fences.Fence(ctx, call)
@@ -519,15 +523,13 @@ func (n *Node) fence(ctx context.Context, now time.Time) report.Fenced {
 	if rejoin {
 		h.Rejoin() // its mark is gone
 	}
-	if cutAt.IsZero() && seq != 0 && rep.MateHeardAgo >= 0 &&
+	if cutAt.IsZero() && heard != 0 && rep.MateHeardAgo >= 0 &&
 		now.Sub(heardAt) >= CutOffAfter*iv && now.Add(-rep.MateHeardAgo).Sub(heardAt) > iv {
 		// Cut off alone: fenced first, then marked (a second call, once a cut), naming the
-		// last report the leader or its aggregator took (the leader's last of it, once
-		// forwarded).
-		taken := n.taken.Load()
-		h.CutOff(now, taken)
-		call.Fenced, call.Seq = true, taken
-		n.markSeq.Store(taken)
+		// last report sent: any the leader took, answered or not, came before the fence.
+		h.CutOff(now, heard)
+		call.Fenced, call.Seq = true, sent
+		n.markSeq.Store(sent)
 		if r, err := n.fences.Fence(ctx, call); err == nil {
 			rep = r
 		} else {
@@ -557,7 +559,6 @@ func (n *Node) ResetShares() error {
 	}
 	n.shares.h.Store(h)
 	n.markSeq.Store(0)
-	n.taken.Store(0)
 	return nil
 }
 

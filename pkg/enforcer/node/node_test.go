@@ -153,7 +153,7 @@ func TestFencedEnforcerIsSeenByItsRegion(t *testing.T) {
 	// min(default, floor) and marks itself too: the balancer may have left its region less
 	// than the floor (when the regions it holds leave no room for floors), never more than
 	// its default share beside it.
-	if n := ta.rc.Fences(ctx, clk.Now()).Seen; n != 1 {
+	if n := ta.rc.Fences(ctx, clk.Now(), 0).Seen; n != 1 {
 		t.Fatalf("fenced_seen %d before any set is loaded, want 1 (itself)", n)
 	}
 	head := contract.Head{LeaderRev: 1, Version: 1, PublishedAt: clk.Now()}
@@ -161,43 +161,43 @@ func TestFencedEnforcerIsSeenByItsRegion(t *testing.T) {
 	b.Shares().MarkLoaded() // etcd listed: nothing published
 	ta.rc.Accepted(report.Acceptance{At: clk.Now(), Seq: next()})
 	tb.rc.Accepted(report.Acceptance{At: clk.Now(), Seq: next()})
-	if n := ta.rc.Fences(ctx, clk.Now()).Seen; n != 0 {
+	if n := ta.rc.Fences(ctx, clk.Now(), 0).Seen; n != 0 {
 		t.Fatalf("fenced_seen %d with every share table fresh, want 0", n)
 	}
 	// a is heard no more; b is (and its set is refreshed).
 	stale := a.Config().Shares.Stale
 	clk.Advance(stale - time.Second)
 	tb.rc.Accepted(report.Acceptance{At: clk.Now(), Seq: next()})
-	if n := ta.rc.Fences(ctx, clk.Now()).Seen; n != 0 {
+	if n := ta.rc.Fences(ctx, clk.Now(), 0).Seen; n != 0 {
 		t.Fatalf("fenced_seen %d before a's shares are stale, want 0", n)
 	}
 	clk.Advance(time.Second)
 	if !a.Shares().Stale(clk.Now()) {
 		t.Fatal("a's shares are not stale after Stale unheard")
 	}
-	if n := ta.rc.Fences(ctx, clk.Now()).Seen; n != 1 {
+	if n := ta.rc.Fences(ctx, clk.Now(), 0).Seen; n != 1 {
 		t.Fatalf("a's own count: fenced_seen %d, want 1 (itself)", n)
 	}
 	clk.Advance(5 * time.Second)
-	if n := tb.rc.Fences(ctx, clk.Now()).Seen; n != 1 {
+	if n := tb.rc.Fences(ctx, clk.Now(), 0).Seen; n != 1 {
 		t.Fatalf("b's count: fenced_seen %d, want 1 (a)", n)
 	}
 	// a is heard again and reads a fresh set: its next report takes its mark back.
 	ta.rc.Accepted(report.Acceptance{At: clk.Now(), Seq: next()})
 	head.Version, head.PublishedAt = 2, clk.Now()
 	a.Shares().Apply(head, nil, clk.Now())
-	if n := ta.rc.Fences(ctx, clk.Now()).Seen; n != 0 {
+	if n := ta.rc.Fences(ctx, clk.Now(), 0).Seen; n != 0 {
 		t.Fatalf("fenced_seen %d once a is heard again, want 0", n)
 	}
 	// Cut off again; then it crashes: it marks nothing more, and FenceTTL intervals later
 	// b counts none.
 	clk.Advance(stale)
-	if n := ta.rc.Fences(ctx, clk.Now()).Seen; n != 1 {
+	if n := ta.rc.Fences(ctx, clk.Now(), 0).Seen; n != 1 {
 		t.Fatalf("fenced_seen %d, want 1", n)
 	}
 	clk.Advance(FenceTTL * a.Config().Usage.Interval)
 	tb.rc.Accepted(report.Acceptance{At: clk.Now(), Seq: next()})
-	if n := tb.rc.Fences(ctx, clk.Now()).Seen; n != 0 {
+	if n := tb.rc.Fences(ctx, clk.Now(), 0).Seen; n != 0 {
 		t.Fatalf("fenced_seen %d after a stopped marking, want 0", n)
 	}
 }

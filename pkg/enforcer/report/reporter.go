@@ -59,15 +59,18 @@ type ReporterConfig struct {
 	// answer came): overrides.Holder.Heard, so an enforcer the balancer has not heard from
 	// for the staleness period falls back to min(last, default) exactly when the
 	// balancer starts treating its region so.
-	// It is told the accepted report's seq (a fenced enforcer's mark names it:
-	// pkg/bucket.Fences) and the newest share set the leader had made.
+	// It is told the accepted report's seq (a cut-off enforcer rejoins once it hears of
+	// one later than its mark: pkg/enforcer/node) and the newest share set the leader had
+	// made.
 	Accepted func(Acceptance)
 	// Fences, if not nil, is called once per report (before it is sent, whether or not it
 	// can be) and returns how many of the region's enforcers are marked fenced in its
 	// store and the newest marks (ReportRequest.fenced_seen, fence_marks); the node's
 	// hook also marks this enforcer while it is fenced (pkg/bucket.Fences). It must return
-	// within its ctx (250 ms at most, SendTimeout if shorter).
-	Fences func(ctx context.Context, now time.Time) Fenced
+	// within its ctx (250 ms at most, SendTimeout if shorter). seq is the report's: every
+	// report of this Reporter with a lower seq was sent before the call, every one with a
+	// higher seq will be sent after it (a cut-off enforcer's mark names seq-1).
+	Fences func(ctx context.Context, now time.Time, seq uint64) Fenced
 	// AckGap is the least time between reports that an acknowledgement may bring forward.
 	// Must be > 0. Default 250ms.
 	AckGap time.Duration
@@ -108,10 +111,8 @@ type ReporterConfig struct {
 type Acceptance struct {
 	At time.Time // when the leader heard it (for a relayed report, as the aggregator said)
 	// Seq is the report the leader heard then: this one; for a relayed report the one the
-	// leader last confirmed (ReportResponse.heard_seq). Taken is this report's seq: the
-	// last the leader or its aggregator took (the leader's last report of it, once the
-	// aggregator forwards it).
-	Seq, Taken uint64
+	// leader last confirmed (ReportResponse.heard_seq).
+	Seq uint64
 	// LeaderRev and Version: the newest share set the leader had made when it took the
 	// report Seq names (ReportResponse.share_leader_rev, share_version; 0 and 0 when not
 	// said).
@@ -332,7 +333,7 @@ func (r *Reporter) report(now time.Time, early, ack bool) {
 	}
 	if r.cfg.Fences != nil {
 		fctx, cancel := context.WithTimeout(r.ctx, min(r.cfg.SendTimeout, fencesTimeout))
-		f := r.cfg.Fences(fctx, now)
+		f := r.cfg.Fences(fctx, now, req.Seq)
 		req.FencedSeen, req.FenceMarks = f.Seen, f.Marks
 		cancel()
 		r.m.fencedSeen.Set(float64(req.FencedSeen))
@@ -412,7 +413,7 @@ func AcceptanceOf(at time.Time, seq uint64, resp *allotv1.ReportResponse) (Accep
 	if !ok {
 		return Acceptance{}, false
 	}
-	a := Acceptance{At: heard, Seq: seq, Taken: seq, LeaderRev: resp.GetShareLeaderRev(), Version: resp.GetShareVersion()}
+	a := Acceptance{At: heard, Seq: seq, LeaderRev: resp.GetShareLeaderRev(), Version: resp.GetShareVersion()}
 	if resp.GetRelayed() && resp.GetHeardSeq() != 0 {
 		a.Seq = resp.GetHeardSeq()
 	}

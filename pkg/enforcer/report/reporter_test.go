@@ -269,11 +269,19 @@ func TestReporterLeaderDownDrops(t *testing.T) {
 	_ = lis.Close() // nothing listens there now: connection refused
 	src := &movingLeader{addr: dead}
 	// The Fences hook runs at every report, sent or not: a cut-off enforcer marks itself
-	// fenced in its region's store even when no report leaves.
+	// fenced in its region's store even when no report leaves. It is told each report's
+	// seq, one more at each (a mark names the one before: every report up to it was sent).
 	var fences atomic.Int32
+	var lastSeq, badSeq atomic.Uint64
 	g := newRig(t, src, func(c *ReporterConfig) {
 		c.SendTimeout = 500 * time.Millisecond
-		c.Fences = func(context.Context, time.Time) Fenced { fences.Add(1); return Fenced{Seen: 2} }
+		c.Fences = func(_ context.Context, _ time.Time, seq uint64) Fenced {
+			if last := lastSeq.Swap(seq); last != 0 && seq != last+1 {
+				badSeq.Store(seq)
+			}
+			fences.Add(1)
+			return Fenced{Seen: 2}
+		}
 	})
 	a := rule("default", 10)
 	for i := 1; i <= 3; i++ {
@@ -307,6 +315,9 @@ func TestReporterLeaderDownDrops(t *testing.T) {
 	}
 	if r.FencedSeen != 2 || fences.Load() != 4 {
 		t.Fatalf("fenced_seen %d after %d Fences calls, want 2 after 4 (one a report)", r.FencedSeen, fences.Load())
+	}
+	if b := badSeq.Load(); b != 0 || lastSeq.Load() != r.Seq {
+		t.Fatalf("Fences told seq %d out of turn, last %d; want each report's, the last %d", b, lastSeq.Load(), r.Seq)
 	}
 }
 

@@ -84,14 +84,15 @@ type ReportRequest struct {
 	FencedSeen uint32 `protobuf:"varint,17,opt,name=fenced_seen,json=fencedSeen,proto3" json:"fenced_seen,omitempty"`
 	// The newest of those marks, as this enforcer last read them (at most 64): each names
 	// the marked enforcer (its enforcer_id, or a hash of one longer than 64 bytes) and the
-	// seq of the last report of it the balancer had accepted when it marked itself. An
+	// seq of the last report it had sent when it marked itself. An
 	// enforcer marks itself only while it enforces at most min(its share, default split):
 	// its shares went stale, it has not loaded its first set, or it fenced itself because
 	// its region-mates are heard while it is not. A leader that has stopped hearing an
 	// enforcer stops waiting for its acknowledgements AckTimeout after a region-mate's
-	// report shows its mark naming the last report of it the leader accepted (pkg/balancer
-	// acks); without one, Stale + AckTimeout after its last report. An aggregator forwards
-	// the list of the member report it received last, with fence_marks_ago_ms.
+	// report shows its mark naming no report before the last of it the leader accepted
+	// (pkg/balancer acks); without one, Stale + AckTimeout after its last report. An
+	// aggregator forwards the list of the member report it received last, with
+	// fence_marks_ago_ms.
 	FenceMarks []*FenceMark `protobuf:"bytes,18,rep,name=fence_marks,json=fenceMarks,proto3" json:"fence_marks,omitempty"`
 	// Set only by an aggregator with fence_marks: how long before this report was sent it
 	// received the member report that carried them, milliseconds. The leader counts the
@@ -271,8 +272,9 @@ type FenceMark struct {
 	// The enforcer's id in the store: its enforcer_id, or for one longer than 64 bytes the
 	// hex of the first 16 bytes of its SHA-256.
 	Enforcer string `protobuf:"bytes,1,opt,name=enforcer,proto3" json:"enforcer,omitempty"`
-	// The seq of the last report of it the balancer had accepted when it marked itself; 0
-	// when none had been.
+	// The seq of the last report it had sent (directly or to its aggregator) when it marked
+	// itself, so every report of it the balancer took was sent before it fenced itself
+	// while the balancer's last is no later; 0 when it names none (its shares went stale).
 	Seq           uint64 `protobuf:"varint,2,opt,name=seq,proto3" json:"seq,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -345,7 +347,7 @@ type Member struct {
 	RecentReports uint32 `protobuf:"varint,8,opt,name=recent_reports,json=recentReports,proto3" json:"recent_reports,omitempty"`
 	// The highest seq of its reports the aggregator merged (the one heard_ago_ms dates,
 	// unless an older one was retried late): the leader takes it as the last report of it
-	// accepted, which a mark of it (FenceMark.seq) must name to be believed.
+	// accepted, which a mark of it (FenceMark.seq) must not precede to be believed.
 	Seq           uint64 `protobuf:"varint,9,opt,name=seq,proto3" json:"seq,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
