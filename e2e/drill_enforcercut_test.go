@@ -46,11 +46,14 @@ func TestEnforcerCutDrill(t *testing.T) {
 	// eu-west offers 400/s throughout (half to each enforcer), us-east 300/s from the cut
 	// on; the global limit is 300/s.
 	const euRate, usRate = 400.0, 300.0
-	const cutAt, cutFor, d = 10 * time.Second, 30 * time.Second, 60 * time.Second
+	// The cut comes once the key has settled in eu-west, 10 to 30 s in; the load goes on
+	// for 50 s after it.
+	const cutFor, after = 30 * time.Second, 50 * time.Second
 	const interval, stale = 2 * time.Second, 60 * time.Second
-	began, done := driveIntoUS(t, eu, us, key, euRate, usRate, cutAt, d)
-	time.Sleep(time.Until(began.Add(cutAt)))
-	last := settledIn(t, sums, identity, "eu-west")
+	load := driveIntoUS(t, eu, us, key, euRate, usRate, 30*time.Second+after)
+	began := load.began
+	cutAt, last := load.cutWhenSettled(t, sums, identity, "eu-west", 10*time.Second, 30*time.Second)
+	d := cutAt + after
 	cut := time.Now()
 	restore := cutLinks(t, cutOff.BalancerLinks)
 	defer restore()
@@ -81,7 +84,7 @@ func TestEnforcerCutDrill(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	answers := <-done
+	answers := load.end(d)
 	n, worstSum := sums.stop()
 
 	// 1. Fenced within a few intervals (CutOffAfter unaccepted while a region-mate was

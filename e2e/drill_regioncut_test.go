@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -32,13 +33,15 @@ func drillRegionCut(t *testing.T, s *stack.Stack, sums *shareSums) {
 	// eu-west offers 400/s throughout, us-east 300/s from the cut on (the global limit is
 	// 300/s).
 	const euRate, usRate = 400.0, 300.0
-	const cutAt, cutFor, d = 10 * time.Second, 20 * time.Second, 50 * time.Second
+	// The cut comes once the key has settled in eu-west, 10 to 30 s in; the load goes on
+	// for 40 s after it.
+	const cutFor, tail = 20 * time.Second, 40 * time.Second
 	const stale, interval = 12 * time.Second, 2 * time.Second
-	began, done := driveIntoUS(t, eu, us, key, euRate, usRate, cutAt, d)
-	time.Sleep(time.Until(began.Add(cutAt)))
-
+	load := driveIntoUS(t, eu, us, key, euRate, usRate, 30*time.Second+tail)
+	began := load.began
 	// What eu-west was given before the cut: the last set published for the key.
-	last := settledIn(t, sums, identity, "eu-west")
+	cutAt, last := load.cutWhenSettled(t, sums, identity, "eu-west", 10*time.Second, 30*time.Second)
+	d := cutAt + tail
 	held := math.Min(last["eu-west"], regionShare) // what it may enforce once stale
 	cut := time.Now()
 	restore := cutLinks(t, append(append([]*testenv.Link(nil), eu.EtcdLinks...), eu.BalancerLinks...))
@@ -87,7 +90,7 @@ func drillRegionCut(t *testing.T, s *stack.Stack, sums *shareSums) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	answers := <-done
+	answers := load.end(d)
 	shared := sharedAnswers(answers)
 	ps := perSecond(shared, regionOf(s), d)
 	all := stack.Count(answers, nil)
@@ -229,19 +232,30 @@ func cutLinks(t *testing.T, links []*testenv.Link) (restore func()) {
 	}
 }
 
-// driveIntoUS drives one key of drill-shift for d: euRate a second to eu's enforcers
-// throughout and usRate to us's from `from` on (rates in whole hundreds a second, calls
-// round robin over each region's enforcers). It returns when the load began and where its
-// answers arrive once it is done.
-func driveIntoUS(t *testing.T, eu, us *stack.Region, key string, euRate, usRate float64, from, d time.Duration) (time.Time, <-chan []stack.Answer) {
+// shiftLoad is one key of drill-shift driven by driveIntoUS: eu's rate throughout, us's
+// from the moment the drill cuts (cutWhenSettled) until it ends (end).
+type shiftLoad struct {
+	began time.Time
+	from  atomic.Int64 // us's traffic starts this long after began (ns); none until set
+	done  <-chan []stack.Answer
+	stop  context.CancelFunc
+}
+
+// driveIntoUS drives one key of drill-shift for at most most: euRate a second to eu's
+// enforcers throughout and usRate to us's once cutWhenSettled says (rates in whole hundreds
+// a second, calls round robin over each region's enforcers).
+func driveIntoUS(t *testing.T, eu, us *stack.Region, key string, euRate, usRate float64, most time.Duration) *shiftLoad {
 	cycle := int64((euRate + usRate) / 100) // e.g. of every 7 calls, 4 to eu-west, 3 to us-east
-	began := time.Now()
+	ctx, stop := context.WithCancel(context.Background())
+	l := &shiftLoad{began: time.Now(), stop: stop}
+	l.from.Store(math.MaxInt64)
 	done := make(chan []stack.Answer, 1)
+	l.done = done
 	go func() {
-		done <- stack.Drive(t, context.Background(), euRate+usRate, d, 48, func(i int64, at time.Duration) *stack.Call {
+		done <- stack.Drive(t, ctx, euRate+usRate, most, 48, func(i int64, at time.Duration) *stack.Call {
 			r := eu
 			if i%cycle >= int64(euRate/100) {
-				if at < from {
+				if at < time.Duration(l.from.Load()) {
 					return nil
 				}
 				r = us
@@ -249,7 +263,32 @@ func driveIntoUS(t *testing.T, eu, us *stack.Region, key string, euRate, usRate 
 			return &stack.Call{To: r.Enforcers[i%int64(len(r.Enforcers))], Req: req("drill-shift", key, ""), Class: r.Name}
 		})
 	}()
-	return began, done
+	t.Cleanup(stop)
+	return l
+}
+
+// cutWhenSettled waits until identity's newest shares give region at least 0.8 (the key's
+// traffic is there, so the drill has something to move) — from least after the load
+// began, failing t after most — and starts us's traffic then: the moment the drill cuts.
+// It returns that moment, from the load's start, and the shares. A fixed wait failed the
+// drill now and then on a slow machine (eu-west at 0.62 after 10 s).
+func (l *shiftLoad) cutWhenSettled(t *testing.T, sums *shareSums, identity, region string, least, most time.Duration) (time.Duration, map[string]float64) {
+	t.Helper()
+	time.Sleep(time.Until(l.began.Add(least)))
+	for lastShares(sums, identity)[region] < 0.8 && time.Since(l.began) < most {
+		time.Sleep(100 * time.Millisecond)
+	}
+	last := settledIn(t, sums, identity, region)
+	at := time.Since(l.began)
+	l.from.Store(int64(at))
+	return at, last
+}
+
+// end stops the load at d from its start and returns its answers.
+func (l *shiftLoad) end(d time.Duration) []stack.Answer {
+	time.Sleep(time.Until(l.began.Add(d)))
+	l.stop()
+	return <-l.done
 }
 
 // settledIn is identity's newest published shares; it fails t unless region holds at
