@@ -56,6 +56,15 @@ long-tail-advised:
 	bin/regionsim population -burst advised > bin/long-tail-advised.yaml
 	bash -c 'time bin/regionsim run -scenario bin/long-tail-advised.yaml -summary bin/long-tail-advised.json'
 
+# The same advised population with its middle and tail keys arriving over the first minute
+# (regionsim population -arrive 60s): keys new to a balancer that has run a while, the
+# case a key's first minutes in a region meet in production. Exits 1 while any key fails.
+.PHONY: long-tail-arriving
+long-tail-arriving:
+	$(GO) build -o bin/regionsim ./cmd/regionsim
+	bin/regionsim population -arrive 60s -burst advised > bin/long-tail-arriving.yaml
+	bash -c 'time bin/regionsim run -scenario bin/long-tail-arriving.yaml -summary bin/long-tail-arriving.json'
+
 # The enforcer load benchmark (issues 4, 8): one enforcer process vs a 3-master Redis Cluster
 # over Envoy RLS gRPC, side by side with a null RLS server in the same run. Prints one table,
 # writes it as JSON to bin/bench-load.json, fails on any fallback answer. Not part of `make

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/allot-dev/allot/pkg/balancer"
 	"github.com/allot-dev/allot/pkg/bucket"
@@ -128,5 +129,38 @@ func TestAdvisedBurstsServeTheTail(t *testing.T) {
 	t.Logf("412 keys: failing steady_ratio %d with their bursts as written, %d as advised; over %d, %d", s0, s1, o0, o1)
 	if o0+o1 > 0 || s0 < 150 || s1 > 8 {
 		t.Errorf("failing steady_ratio %d as written (want 150 or more), %d as advised (want at most 8); over %d and %d (want none)", s0, s1, o0, o1)
+	}
+}
+
+// -arrive spreads the middle and tail keys' first phases over its first seconds and
+// changes nothing else: the busy keys, every key's limit and traffic are the default's.
+func TestPopulationArrive(t *testing.T) {
+	def, _ := generate(t, "-keys", "2000", "-busy", "4", "-middle", "200")
+	arr, text := generate(t, "-keys", "2000", "-busy", "4", "-middle", "200", "-arrive", "60s")
+	if !strings.Contains(string(text), " -arrive 1m0s\n") {
+		t.Fatal("the header does not name -arrive")
+	}
+	late := 0
+	for i, k := range arr.Keys {
+		d := def.Keys[i]
+		if k.Name != d.Name || k.Limit != d.Limit || len(k.Phases) != len(d.Phases) || !slices.Equal(k.Phases[0].Offered, d.Phases[0].Offered) {
+			t.Fatalf("%s: more than its arrival changed", k.Name)
+		}
+		at := k.Phases[0].At
+		switch {
+		case i < 4 && at != 0:
+			t.Fatalf("busy key %s arrives at %v, want 0 s", k.Name, at)
+		case at < 0 || at >= time.Minute || at%time.Second != 0:
+			t.Fatalf("%s arrives at %v, want a whole second of the first minute", k.Name, at)
+		case at > 0:
+			late++
+		}
+	}
+	if late < 1900 {
+		t.Fatalf("%d of 1,996 keys arrive after 0 s, want nearly all", late)
+	}
+	var errb bytes.Buffer
+	if rc := run([]string{"population", "-arrive", "10m"}, &bytes.Buffer{}, &errb); rc != 2 || !strings.Contains(errb.String(), "-arrive 10m0s") {
+		t.Fatalf("-arrive as long as the run: rc %d, %q", rc, errb.String())
 	}
 }

@@ -34,6 +34,7 @@ func populationCmd(args []string, stdout, stderr io.Writer) int {
 	fs.Int64Var(&p.seed, "seed", 26, "the seed of the population (and of the scenario's arrivals)")
 	fs.DurationVar(&p.duration, "duration", 10*time.Minute, "the scenario's duration")
 	regions := fs.String("regions", "us-east=3,eu-west=3,ap-south=3", "region=enforcers, comma-separated")
+	fs.DurationVar(&p.arrive, "arrive", 0, "spread the middle and tail keys' arrivals over the first ARRIVE of the run (whole seconds; 0: all at 0 s, the balancer as new as they are)")
 	burst := fs.String("burst", "rate", "each key's burst: rate (the default, a second of its rate) or advised (what `balancer shares` advises for the key at its traffic's split, where that is more)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -73,6 +74,9 @@ func populationCmd(args []string, stdout, stderr io.Writer) int {
 	case p.duration < time.Minute || p.duration > scenario.MaxDuration:
 		fmt.Fprintf(stderr, "regionsim population: -duration %v: want 1m–%v\n", p.duration, scenario.MaxDuration)
 		return 2
+	case p.arrive < 0 || p.arrive >= p.duration-time.Minute:
+		fmt.Fprintf(stderr, "regionsim population: -arrive %v: want ≥ 0 and at least a minute before -duration %v\n", p.arrive, p.duration)
+		return 2
 	case len(p.regions) < 2:
 		fmt.Fprintln(stderr, "regionsim population: -regions: want at least two")
 		return 2
@@ -96,14 +100,26 @@ type population struct {
 	// (balancer.BurstCost) with its shares in proportion to its traffic, where that is
 	// more than its rate's second.
 	advised bool
+	// arrive: a middle or tail key's traffic starts at a whole second drawn from [0,
+	// arrive) (arrivals, its own generator, so the population is the same), none before
+	// it: keys new to a balancer that has run a while.
+	arrive   time.Duration
+	arrivals *rand.Rand
 }
 
 func (p *population) write(w io.Writer) {
 	rng := rand.New(rand.NewPCG(uint64(p.seed), 26))
+	p.arrivals = rand.New(rand.NewPCG(uint64(p.seed), 27))
 	flags, bursts := "", ""
-	if p.advised {
-		flags = " -burst advised"
+	if p.arrive > 0 {
+		flags = " -arrive " + p.arrive.String()
 		bursts = `
+# Arrivals: each middle and tail key's traffic starts at a whole second of the first
+# ` + p.arrive.String() + `, none before it: keys new to a balancer that has run a while.`
+	}
+	if p.advised {
+		flags += " -burst advised"
+		bursts += `
 # Bursts: where a key's burst of a second of its rate, cut between its regions in
 # proportion to its traffic, would refuse 3 points more of a region's Poisson arrivals
 # than one bucket of the limit, the burst the balancer advises for it (balancer shares;
@@ -217,14 +233,18 @@ func (p *population) offeredText(parts []part) string {
 	return strings.Join(text, ", ")
 }
 
-// steadyKey writes a key of one phase from 0 s: its limit (with the advised burst, when
+// steadyKey writes a key of one phase from 0 s (from its arrival, with -arrive): its limit (with the advised burst, when
 // p.advised and that is more than the rate's second) and its offered parts.
 func (p *population) steadyKey(w io.Writer, name string, rate float64, parts []part) {
 	limit := "rate: " + num(rate) + ", per: 1s"
 	if b := p.burstFor(rate, parts); b > rate {
 		limit += ", burst: " + num(b)
 	}
-	fmt.Fprintf(w, "  - {name: %s, limit: {%s}, phases: [{at: 0s, offered: {%s}}]}\n", name, limit, p.offeredText(parts))
+	at := 0
+	if p.arrive > 0 {
+		at = p.arrivals.IntN(int(p.arrive.Seconds()))
+	}
+	fmt.Fprintf(w, "  - {name: %s, limit: {%s}, phases: [{at: %ds, offered: {%s}}]}\n", name, limit, at, p.offeredText(parts))
 }
 
 // burstFor is the burst the balancer advises for a key of rate/s (burst the rate) offered
