@@ -67,6 +67,8 @@ type ident struct {
 	moved    uint64       // the regions whose reports showed it (bit min(r, 63))
 	estSet   uint64       // the regions whose moveEst is set this window (bit r; r < 64)
 	origin   int          // the region whose report added it (-1: restored), see Ingest
+	born     time.Time    // when a report added it in this term (zero: restored); see unseenCover.hold
+	absent   uint64       // the regions (bit r, r < 64) hold has read as without it: not held again
 	snapOf   uint64       // the Core.snapEpoch its snap values belong to (older: zero)
 	arr      []arrivalSum // per region (Core.arrivedTogether); nil until a report refused it
 	// carried is, per region, the bits (enforcerBit) of the enforcers whose own reports
@@ -426,6 +428,7 @@ func (c *Core) newIdent(rule, identity string) (*ident, bool) {
 		c.slab, c.slabVal = c.slab[1:], c.slabVal[valsPer*c.n:]
 	}
 	id.k, id.rate, id.requests, id.def, id.idx, id.origin = key{rule, identity}, rate, l.Requests, def, len(c.all), -1
+	id.born, id.absent = time.Time{}, 0
 	id.global = l.Global
 	copy(id.published(c.n), def)
 	copy(id.target(c.n), def)

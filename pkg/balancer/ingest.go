@@ -256,7 +256,7 @@ func (c *Core) usage(now time.Time, ri int, r *allotv1.ReportRequest, secs float
 			if id, ok = c.newIdent(u.Rule, u.Identity); !ok {
 				continue
 			}
-			id.origin = ri
+			id.origin, id.born = ri, now
 			rs.owned++
 		}
 		// Believed up to the limits the identity was last recomputed under (its rule is

@@ -16,6 +16,14 @@ func recentReport(region, enf string, seq uint64, end time.Time, ver uint64, u .
 	return r
 }
 
+// tickPublished ticks c at now and confirms the write of what it publishes, as the
+// service does once etcd took it.
+func tickPublished(c *Core, now time.Time) {
+	if p := c.Tick(now); p != nil {
+		c.Published(p, now)
+	}
+}
+
 func useRecent(identity string, admitted, refused, recent float64) *allotv1.IdentityUsage {
 	u := use(identity, admitted, refused)
 	u.RecentRate = recent
@@ -64,11 +72,7 @@ func moveOnce(t *testing.T, tickEvery time.Duration) (time.Duration, []time.Time
 			t.Fatal(err)
 		}
 	}
-	tick := func() {
-		if p := c.Tick(now); p != nil {
-			c.Published(p, now)
-		}
-	}
+	tick := func() { tickPublished(c, now) }
 	// A minute of all traffic in eu-west (150/s against 100/s).
 	for i := range 60 {
 		now = now.Add(time.Second)
@@ -447,11 +451,7 @@ func TestAMoveIsSettledFromTheWindowAfterIt(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	tick := func() {
-		if p := c.Tick(now); p != nil {
-			c.Published(p, now)
-		}
-	}
+	tick := func() { tickPublished(c, now) }
 	// A minute of 120/s in eu-west and 30/s in us-east, a report every 500 ms.
 	for range 120 {
 		now = now.Add(500 * time.Millisecond)

@@ -242,6 +242,7 @@ func (c *Core) recompute(now time.Time, snapshot bool) {
 	demand := make([]float64, n)
 	noise := make([]float64, n)
 	held := make([]float64, n)
+	unseen := c.coverSince(now)
 	nonDefault := 0
 	for _, id := range c.all {
 		tok := id.tokens(n)
@@ -275,8 +276,13 @@ func (c *Core) recompute(now time.Time, snapshot bool) {
 		// increases back until that is acknowledged), after Stale at min(last, default).
 		pub := id.published(n)
 		rec := id.recent(n)
+		most := 0.0 // the busiest region's demand, read or smoothed (unseenCover.hold)
 		for r := range n {
 			demand[r] = tok[r] / perEnf[r] // NaN when not heard
+			if d := demand[r]; d > most {  // NaN compares false
+				most = d
+			}
+			most = max(most, id.smoothedAt(r))
 			// The window's tokens are Poisson counts: the rate's standard deviation (the
 			// policy carries it through the smoothing; a region not heard keeps both).
 			noise[r] = math.Sqrt(max(tok[r], 1)) / perEnf[r]
@@ -309,6 +315,9 @@ func (c *Core) recompute(now time.Time, snapshot bool) {
 					held[r] = min(pub[r], id.def[r])
 				}
 			}
+		}
+		if !id.born.IsZero() && now.Sub(id.born) < YoungFor {
+			unseen.hold(id, most, demand, perEnf, held, pub)
 		}
 		var fast bool
 		if snapshot {
@@ -521,4 +530,86 @@ func (c *Core) materialize(now time.Time, changed bool) *Publication {
 	})
 	p.Head.Entries = len(p.Entries)
 	return p
+}
+
+// YoungFor is how long after a report first named an identity (in this term) a region
+// whose reports have not named it may be held for it (unseenCover.hold).
+const YoungFor = 20 * time.Second
+
+// UnseenRequests is how many requests a region's reports since an identity appeared
+// would have shown, arriving there at its busiest region's rate, before the region is
+// read as without it (P(none) = e^-3, 5%).
+const UnseenRequests = 3
+
+// unseenCover is, per region, when each of its live enforcers was last heard (seconds
+// since the core started, ascending) and the sums of those times from each position on:
+// the enforcer-seconds of the region's reports since any instant, in a binary search.
+type unseenCover struct {
+	start time.Time
+	at    [][]float64
+	tail  [][]float64 // tail[r][i] = Σ at[r][i:]
+}
+
+// coverSince gathers unseenCover at now.
+func (c *Core) coverSince(now time.Time) unseenCover {
+	u := unseenCover{start: c.start, at: make([][]float64, c.n), tail: make([][]float64, c.n)}
+	for r := range c.regions {
+		var at []float64
+		for _, e := range c.regions[r].enforcers {
+			if e.live(now, c.cfg.SilentAfter) {
+				at = append(at, e.lastHeard.Sub(c.start).Seconds())
+			}
+		}
+		slices.Sort(at)
+		tail := make([]float64, len(at)+1)
+		for i := len(at) - 1; i >= 0; i-- {
+			tail[i] = tail[i+1] + at[i]
+		}
+		u.at[r], u.tail[r] = at, tail
+	}
+	return u
+}
+
+// hold holds, at its published share, each free region whose demand for id reads zero
+// while its reports since id appeared cover too little to say so: a key new to the
+// balancer is first named by the region that reports first, and a recompute then (a
+// shift's, or one asked for by another key) read the regions that had not reported
+// since as without it and gave them nothing, so every request there was refused until
+// their reports and the next recomputes gave some back (a key of 4/s offered about
+// 0.6/s in each of three regions, appearing in a running 10,000-key population: ap-south
+// at 0 and refused for 33 s). A region is read as without it once, had id arrived there
+// at its busiest region's rate, the region's reports since would have shown
+// UnseenRequests: rate × Σ_e (heard_e − born) ÷ live enforcers ≥ UnseenRequests. Which
+// way it errs: under — for up to YoungFor a key used from one region is held to what
+// the regions it does not use leave it (its default split until they have reported
+// enough: a 1.5/s key over three regions of three enforcers, about 7 s). Regions past
+// the 64th are never held.
+func (u unseenCover) hold(id *ident, most float64, demand, perEnf, held, pub []float64) {
+	if most <= 0 {
+		return
+	}
+	born := id.born.Sub(u.start).Seconds()
+	for r, d := range demand {
+		at := u.at[r]
+		// Zero or NaN (not heard this window), and never read above zero.
+		if d > 0 || id.smoothedAt(r) > 0 || !math.IsNaN(held[r]) || len(at) == 0 || r >= 64 || id.absent&(1<<r) != 0 {
+			continue
+		}
+		i, _ := slices.BinarySearch(at, born)
+		for i < len(at) && at[i] <= born {
+			i++
+		}
+		// The region-seconds its reports cover: since id appeared, or this window's when
+		// longer (a key named by a report of a long window was there before the report:
+		// the window's average reads both regions over the same seconds).
+		cover := (u.tail[r][i] - float64(len(at)-i)*born) / float64(len(at))
+		if w := perEnf[r]; w > cover { // NaN compares false
+			cover = w
+		}
+		if most*cover < UnseenRequests {
+			held[r] = pub[r]
+		} else {
+			id.absent |= 1 << r // read as without it once: a later window that shows nothing does not hold it again
+		}
+	}
 }

@@ -1,0 +1,142 @@
+package balancer
+
+import (
+	"math"
+	"testing"
+	"time"
+
+	allotv1 "github.com/allot-dev/allot/proto/allot/v1"
+)
+
+// A key new to the balancer, named so far only by us-east's reports, is not read as
+// absent from a region until that region's reports since it appeared would have shown
+// UnseenRequests at us-east's rate (holdUnseen): until then the region keeps its
+// published share. A region that named it once, or that reads it now, is never held; a
+// window long enough to have shown it counts as well as the time since it appeared.
+func TestHoldUnseen(t *testing.T) {
+	c := newTestCore(t, nil)
+	c.begin(t0)
+	born := t0.Add(time.Minute)
+	heard := func(r int, after ...time.Duration) {
+		rs := &c.regions[r]
+		rs.enforcers = map[string]*enforcerState{}
+		for i, d := range after {
+			rs.enforcers[string(rune('a'+i))] = &enforcerState{lastHeard: born.Add(d)}
+		}
+	}
+	nan := math.NaN()
+	for _, tc := range []struct {
+		name   string
+		after  []time.Duration // eu-west's enforcers heard this long after the key appeared
+		window float64         // eu-west's window, region-seconds (perEnf)
+		sm     float64         // eu-west's smoothed demand
+		held   bool            // eu-west held; ap-south (not heard this window, never read) too, but for the last case
+	}{
+		{"eu-west heard 0.5, 1 and 2 s after: 1.2 region-seconds, 1.75 requests at 1.5/s", []time.Duration{500 * time.Millisecond, time.Second, 2 * time.Second}, 0.5, nan, true},
+		{"heard 3, 5 and 7 s after: 5 region-seconds, 7.5 requests", []time.Duration{3 * time.Second, 5 * time.Second, 7 * time.Second}, 0.5, nan, false},
+		{"heard before it appeared only", []time.Duration{-time.Second, -2 * time.Second, -3 * time.Second}, 0.5, nan, true},
+		{"a 10 s window: 15 requests", []time.Duration{time.Second, time.Second, time.Second}, 10, nan, false},
+		{"eu-west read it before", []time.Duration{time.Second, time.Second, time.Second}, 0.5, 0.4, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			heard(0, 0)
+			heard(1, tc.after...)
+			heard(2, tc.after...)
+			now := born.Add(8 * time.Second)
+			id := &ident{born: born}
+			id.st.Smoothed = []float64{1.5, tc.sm, nan}
+			demand := []float64{1.5, 0, nan} // ap-south not heard this window
+			held := []float64{nan, nan, nan}
+			pub := []float64{1.0 / 3, 1.0 / 3, 1.0 / 3}
+			c.coverSince(now).hold(id, 1.5, demand, []float64{0.5, tc.window, tc.window}, held, pub)
+			if got := !math.IsNaN(held[1]); got != tc.held {
+				t.Fatalf("eu-west held %v (%v), want %v", got, held[1], tc.held)
+			}
+			if !math.IsNaN(held[0]) {
+				t.Fatalf("us-east, which reads it, held at %v", held[0])
+			}
+			if want := tc.held || tc.sm > 0; math.IsNaN(held[2]) == want {
+				t.Fatalf("ap-south (not heard this window, never read) held %v, want %v", held[2], want)
+			}
+		})
+	}
+}
+
+// On a core: a key new to the balancer (4/s, a burst of 12) first named by us-east's
+// early report, which a move of a busy key brought, half a second after a round of
+// reports that did not name it. The recompute the move asks for must not hand eu-west's
+// and ap-south's thirds to us-east — their reports have not said a word since the key
+// appeared (it was 0.00 in both before holdUnseen, and every request there refused until
+// their reports and the recomputes after gave some back). Once their next reports come
+// without it, us-east, where it is offered 6/s, gets more.
+func TestNewKeyNotTakenFromRegionsNotHeardSince(t *testing.T) {
+	c := newTestCore(t, func(c *CoreConfig) {
+		c.KeyTTL = time.Hour
+		c.Limits = func(rule, identity string) (Limits, bool) {
+			if identity == "key:new" {
+				return Limits{Rate: 4, Requests: 12}, true
+			}
+			return equalSplit(rule, identity)
+		}
+	})
+	now := t0
+	seq := uint64(0)
+	send := func(region string, early bool, u ...*allotv1.IdentityUsage) {
+		seq++
+		r := recentReport(region, region+"-1", seq, now, c.Stats(now).Version, u...)
+		r.Early = early
+		if err := c.Ingest(now, r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tick := func() { tickPublished(c, now) }
+	round := func(busyIn string, u ...*allotv1.IdentityUsage) {
+		for _, r := range regions3 {
+			if r == busyIn {
+				send(r, false, append([]*allotv1.IdentityUsage{useRecent("key:busy", 500, 250, 150)}, u...)...)
+			} else {
+				send(r, false)
+			}
+		}
+	}
+	for i := range 60 {
+		now = now.Add(time.Second)
+		if i%5 == 0 {
+			round("eu-west")
+		}
+		tick()
+	}
+	// A round, then the busy key moves to us-east and the new key appears there: us-east
+	// reports early 0.5 s later.
+	round("eu-west")
+	tick()
+	now = now.Add(500 * time.Millisecond)
+	send("us-east", true, useRecent("key:busy", 1, 74, 150), useRecent("key:new", 3, 0, 6))
+	for range 8 { // 2 s of ticks, every version acknowledged at once by every region
+		now = now.Add(250 * time.Millisecond)
+		tick()
+	}
+	s, ok := c.Identity("default", "key:new")
+	if !ok {
+		t.Fatal("key:new not tracked")
+	}
+	t.Logf("2 s after key:new appeared: target %v, published %v", s.Target, s.Published)
+	for r := 1; r <= 2; r++ {
+		if s.Target[r] < 1.0/3-1e-9 {
+			t.Fatalf("%s's target %v for a key its reports have not had a chance to name, want its third kept", regions3[r], s.Target)
+		}
+	}
+	// eu-west's and ap-south's next reports (5 s later) do not name it either; us-east's
+	// reads it at 6/s, over its third of 4/s.
+	now = now.Add(3 * time.Second)
+	round("us-east", useRecent("key:new", 20, 10, 6))
+	for range 40 { // to the interval's recompute, and its plan
+		now = now.Add(250 * time.Millisecond)
+		tick()
+	}
+	if s, _ := c.Identity("default", "key:new"); s.Target[0] <= 1.0/3+1e-9 {
+		t.Fatalf("after eu-west and ap-south reported 5 s without it: target %v, want us-east above its third", s.Target)
+	} else {
+		t.Logf("after their reports: target %v", s.Target)
+	}
+}
