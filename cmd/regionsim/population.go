@@ -233,8 +233,9 @@ func (p *population) offeredText(parts []part) string {
 	return strings.Join(text, ", ")
 }
 
-// steadyKey writes a key of one phase from 0 s (from its arrival, with -arrive): its limit (with the advised burst, when
-// p.advised and that is more than the rate's second) and its offered parts.
+// steadyKey writes a key of one phase from 0 s (from its arrival, with -arrive): its
+// limit (with the advised burst, when p.advised and that is more than the rate's second)
+// and its offered parts.
 func (p *population) steadyKey(w io.Writer, name string, rate float64, parts []part) {
 	limit := "rate: " + num(rate) + ", per: 1s"
 	if b := p.burstFor(rate, parts); b > rate {

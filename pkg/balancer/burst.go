@@ -74,9 +74,9 @@ func BurstCost(global []bucket.Limit, maxCost float64, shares, demand []float64)
 		l := rules.ScaleLimit(g, shares[i], maxCost)
 		return bucket.PoissonRefused(l.Rate, l.Burst, demand[i])
 	}
-	// short is the regions under their rate whose refusals of g pass bound.
+	// short: region i, with demand under its rate of g, refuses p, past bound.
 	short := func(g bucket.Limit, i int, p, bound float64) bool {
-		return demand[i] > 0 && underRate(g, shares[i], demand[i]) && p > bound
+		return underRate(g, shares[i], demand[i]) && p > bound
 	}
 	refused := make([]float64, len(shares))
 	for i := range refused {

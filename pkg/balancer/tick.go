@@ -595,10 +595,7 @@ func (u unseenCover) hold(id *ident, most float64, demand, perEnf, held, pub []f
 		if d > 0 || id.smoothedAt(r) > 0 || !math.IsNaN(held[r]) || len(at) == 0 || r >= 64 || id.absent&(1<<r) != 0 {
 			continue
 		}
-		i, _ := slices.BinarySearch(at, born)
-		for i < len(at) && at[i] <= born {
-			i++
-		}
+		i, _ := slices.BinarySearch(at, born) // those heard at born add nothing
 		// The region-seconds its reports cover: since id appeared, or this window's when
 		// longer (a key named by a report of a long window was there before the report:
 		// the window's average reads both regions over the same seconds).

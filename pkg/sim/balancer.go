@@ -139,53 +139,6 @@ type balancerPlane struct {
 	aggs []*simAggregator
 }
 
-// faults are the control plane's faults in force.
-type faults struct {
-	down       bool
-	isolated   []bool
-	cutEnf     [][]bool // [region][enforcer]: enforcer-isolated
-	restarting []bool
-}
-
-func newFaults(sc *scenario.Scenario) faults {
-	f := faults{isolated: make([]bool, len(sc.Regions)), restarting: make([]bool, len(sc.Regions)),
-		cutEnf: make([][]bool, len(sc.Regions))}
-	for r, reg := range sc.Regions {
-		f.cutEnf[r] = make([]bool, reg.Enforcers)
-	}
-	return f
-}
-
-// copyTo makes dst the same as f, in place.
-func (f *faults) copyTo(dst *faults) {
-	dst.down = f.down
-	copy(dst.isolated, f.isolated)
-	copy(dst.restarting, f.restarting)
-	for r := range f.cutEnf {
-		copy(dst.cutEnf[r], f.cutEnf[r])
-	}
-}
-
-// cut: enforcer e of region r is cut off from the control plane.
-func (f *faults) cut(r, e int) bool {
-	return f.isolated[r] || f.restarting[r] || f.cutEnf[r][e]
-}
-
-// cutFromAggregator: enforcer e of region r cannot reach its region's aggregator.
-func (f *faults) cutFromAggregator(r, e int) bool {
-	return f.restarting[r] || f.cutEnf[r][e]
-}
-
-// simAggregator is one region's report aggregator in virtual mode.
-type simAggregator struct {
-	m    *aggregator.Merger
-	seq  uint64
-	last time.Duration // the last forward, since Epoch
-	next time.Duration // the next one (regular, or AckGap after the last when kicked)
-	gen  uint64        // forwards so far: a scheduled forward runs only if none came since
-	gap  time.Duration // the aggregator's AckGap: an urgent forward waits this after the last
-}
-
 func newBalancerPlane(sc *scenario.Scenario, aggregate bool) (*balancerPlane, error) {
 	p := &balancerPlane{sc: sc, layout: contract.NewChunker(0), reps: make([][]*reporter, len(sc.Regions)),
 		outbox: make([][]sent, len(sc.Regions)), faults: newFaults(sc), view: newFaults(sc)}
@@ -288,81 +241,6 @@ func (p *balancerPlane) start(w *world) {
 		p.forwardAt(r, a.next)
 	}
 	p.tickAt(TickEvery)
-}
-
-// forwardAt schedules region r's aggregator's forward at t, unless another comes first.
-func (p *balancerPlane) forwardAt(r int, t time.Duration) {
-	if t >= p.sc.Duration {
-		return
-	}
-	a := p.aggs[r]
-	gen := a.gen
-	p.w.clk.at(t, func() {
-		if gen == a.gen {
-			p.forward(r)
-		}
-	})
-}
-
-// forward is one pass of the aggregator's loop: the merge of the interval sent to the
-// balancer (lost when the region is cut off from it or it is down), the next regular
-// forward an Interval on.
-func (p *balancerPlane) forward(r int) {
-	a := p.aggs[r]
-	a.gen++
-	el, sentAt := p.w.clk.elapsed(), p.w.clk.Now()
-	a.last, a.next = el, el+p.sc.Interval
-	p.forwardAt(r, a.next)
-	req := a.m.Flush(sentAt)
-	if req == nil {
-		return
-	}
-	a.seq++
-	req.EnforcerId, req.Seq = "aggregator-"+p.sc.Regions[r].Name, a.seq
-	if p.down || p.isolated[r] {
-		return
-	}
-	p.w.clk.at(el+ReportDelay, func() {
-		if p.down || p.isolated[r] { // went down, or the region was cut off, on the way
-			return
-		}
-		now := p.w.clk.Now()
-		if p.core.Ingest(now, req) != nil {
-			return
-		}
-		resp := &allotv1.ReportResponse{Accepted: true}
-		resp.ShareLeaderRev, resp.ShareVersion = p.core.Newest()
-		a.m.Confirm(req, sentAt, resp)
-		p.kickTick(req)
-	})
-}
-
-// relay is an enforcer's report reaching its region's aggregator: merged, answered as the
-// aggregator answers (what the leader last confirmed), and forwarded at once (AckGap
-// after the last forward at the soonest) when it asks for that.
-func (p *balancerPlane) relay(m sent) {
-	a := p.aggs[m.region]
-	now := p.w.clk.Now()
-	resp, urgent, err := a.m.Add(now, m.r)
-	if err != nil {
-		return // as a refused report (see ingest)
-	}
-	if rep := p.reps[m.region][m.enf]; rep.cgen == m.gen && !p.cutFromAggregator(m.region, m.enf) {
-		if acc, ok := report.AcceptanceOf(now, m.r.Seq, resp); ok {
-			p.w.effect(func() { rep.rc.Accepted(acc) })
-		}
-	} else if rep.cgen == m.gen {
-		p.answersLost++
-	}
-	if !urgent {
-		return
-	}
-	el := p.w.clk.elapsed()
-	if soon := max(a.last+a.gap, el); soon < a.next {
-		a.next = soon
-		a.gen++
-		p.forwardAt(m.region, soon)
-	}
 }
 
 // tickAt schedules the timer's next tick at t, unless another tick comes first.
