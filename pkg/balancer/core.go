@@ -67,7 +67,7 @@ type ident struct {
 	moved    uint64       // the regions whose reports showed it (bit min(r, 63))
 	estSet   uint64       // the regions whose moveEst is set this window (bit r; r < 64)
 	origin   int          // the region whose report added it (-1: restored), see Ingest
-	born     time.Time    // when a report added it in this term (zero: restored); see unseenCover.hold
+	born     time.Time    // when it began to arrive, read from the report that added it in this term (firstAge; zero: restored); see unseenCover.hold
 	absent   uint64       // the regions (bit r, r < 64) hold has read as without it: not held again
 	snapOf   uint64       // the Core.snapEpoch its snap values belong to (older: zero)
 	arr      []arrivalSum // per region (Core.arrivedTogether); nil until a report refused it

@@ -156,6 +156,6 @@ func (c *Core) ingestMembers(now time.Time, ri int, r *allotv1.ReportRequest) er
 	}
 	marksAt := now.Add(-time.Duration(r.FenceMarksAgoMs) * time.Millisecond)
 	c.heardRegion(now, membersHeard(now, r), rs, r, secs, reports, recent, c.fenceMarks(marksAt, rs, r))
-	c.usage(now, ri, r, max(secs, 0.1), recent)
+	c.usage(now, ri, r, max(secs, 0.1), reports, recent)
 	return nil
 }

@@ -172,7 +172,7 @@ func (c *Core) Ingest(now time.Time, r *allotv1.ReportRequest) error {
 		delete(rs.enforcers, r.EnforcerId)
 		c.membersGen++
 	}
-	c.usage(now, ri, r, secs, recent)
+	c.usage(now, ri, r, secs, 1, recent)
 	return nil
 }
 
@@ -214,9 +214,10 @@ func (c *Core) heardRegion(now, heard time.Time, rs *regionState, r *allotv1.Rep
 }
 
 // usage adds a report's usage entries to the window's demand: secs is the enforcer-seconds
-// they cover (the bound on what may have been admitted), recent the reports whose recent
-// rates they sum (a shift is judged on their mean). Called with c.mu held.
-func (c *Core) usage(now time.Time, ri int, r *allotv1.ReportRequest, secs float64, recent int) {
+// they cover (the bound on what may have been admitted), reports the enforcer reports they
+// merge, recent those of them with recent rates (a shift is judged on their mean). Called
+// with c.mu held.
+func (c *Core) usage(now time.Time, ri int, r *allotv1.ReportRequest, secs float64, reports, recent int) {
 	rs := &c.regions[ri]
 	hardCap := c.cfg.MaxIdentities + c.cfg.MaxIdentities/8
 	// The enforcers that share the region's traffic now: those heard within SilentAfter
@@ -256,7 +257,7 @@ func (c *Core) usage(now time.Time, ri int, r *allotv1.ReportRequest, secs float
 			if id, ok = c.newIdent(u.Rule, u.Identity); !ok {
 				continue
 			}
-			id.origin, id.born = ri, now
+			id.origin, id.born = ri, now.Add(-firstAge(u, secs, reports, recent))
 			rs.owned++
 		}
 		// Believed up to the limits the identity was last recomputed under (its rule is
@@ -308,4 +309,23 @@ func (c *Core) usage(now time.Time, ri int, r *allotv1.ReportRequest, secs float
 			}
 		}
 	}
+}
+
+// firstAge is how long the identity had been arriving when the report that first names it
+// was sent: the window's tokens at the recent rate, at most the window. A key that
+// appeared late in a long window — every key at a new deployment's start, whose
+// enforcers' first windows are mostly the time before it — has a recent rate well above
+// its window's average, and its age is the part of the window it was there for; without
+// a recent rate it is taken to have been there the whole window. unseenCover.hold counts
+// the other regions' reports from then: the part of their windows before it proves
+// nothing (their first windows, read as without it, held a 3/s key used from two regions
+// at nothing in one of them for 16 s). Which way it errs: a recent second that happened
+// to be busy makes a key look younger, and the other regions are held a report longer.
+func firstAge(u *allotv1.IdentityUsage, secs float64, reports, recent int) time.Duration {
+	win := secs / float64(max(reports, 1))
+	age := win
+	if recent > 0 && u.RecentRate > 0 {
+		age = min(age, (u.Admitted+u.Refused)/float64(max(reports, 1))/(u.RecentRate/float64(recent)))
+	}
+	return time.Duration(max(age, 0) * float64(time.Second))
 }

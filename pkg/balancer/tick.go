@@ -317,7 +317,7 @@ func (c *Core) recompute(now time.Time, snapshot bool) {
 			}
 		}
 		if !id.born.IsZero() && now.Sub(id.born) < YoungFor {
-			unseen.hold(id, most, demand, perEnf, held, pub)
+			unseen.hold(id, most, demand, held, pub)
 		}
 		var fast bool
 		if snapshot {
@@ -584,7 +584,7 @@ func (c *Core) coverSince(now time.Time) unseenCover {
 // the regions it does not use leave it (its default split until they have reported
 // enough: a 1.5/s key over three regions of three enforcers, about 7 s). Regions past
 // the 64th are never held.
-func (u unseenCover) hold(id *ident, most float64, demand, perEnf, held, pub []float64) {
+func (u unseenCover) hold(id *ident, most float64, demand, held, pub []float64) {
 	if most <= 0 {
 		return
 	}
@@ -596,13 +596,9 @@ func (u unseenCover) hold(id *ident, most float64, demand, perEnf, held, pub []f
 			continue
 		}
 		i, _ := slices.BinarySearch(at, born) // those heard at born add nothing
-		// The region-seconds its reports cover: since id appeared, or this window's when
-		// longer (a key named by a report of a long window was there before the report:
-		// the window's average reads both regions over the same seconds).
+		// The region-seconds its reports cover since id appeared (born is when it began to
+		// arrive, as read from its first report: firstAge).
 		cover := (u.tail[r][i] - float64(len(at)-i)*born) / float64(len(at))
-		if w := perEnf[r]; w > cover { // NaN compares false
-			cover = w
-		}
 		if most*cover < UnseenRequests {
 			held[r] = pub[r]
 		} else {

@@ -11,8 +11,8 @@ import (
 // A key new to the balancer, named so far only by us-east's reports, is not read as
 // absent from a region until that region's reports since it appeared would have shown
 // UnseenRequests at us-east's rate (holdUnseen): until then the region keeps its
-// published share. A region that named it once, or that reads it now, is never held; a
-// window long enough to have shown it counts as well as the time since it appeared.
+// published share. A region that named it once, or that reads it now, is never held; the
+// part of a window before it appeared counts for nothing.
 func TestHoldUnseen(t *testing.T) {
 	c := newTestCore(t, nil)
 	c.begin(t0)
@@ -26,17 +26,16 @@ func TestHoldUnseen(t *testing.T) {
 	}
 	nan := math.NaN()
 	for _, tc := range []struct {
-		name   string
-		after  []time.Duration // eu-west's enforcers heard this long after the key appeared
-		window float64         // eu-west's window, region-seconds (perEnf)
-		sm     float64         // eu-west's smoothed demand
-		held   bool            // eu-west held; ap-south (not heard this window, never read) too, but for the last case
+		name  string
+		after []time.Duration // eu-west's enforcers heard this long after the key appeared
+		sm    float64         // eu-west's smoothed demand
+		held  bool            // eu-west held; ap-south (not heard this window, never read) too, but for the last case
 	}{
-		{"eu-west heard 0.5, 1 and 2 s after: 1.2 region-seconds, 1.75 requests at 1.5/s", []time.Duration{500 * time.Millisecond, time.Second, 2 * time.Second}, 0.5, nan, true},
-		{"heard 3, 5 and 7 s after: 5 region-seconds, 7.5 requests", []time.Duration{3 * time.Second, 5 * time.Second, 7 * time.Second}, 0.5, nan, false},
-		{"heard before it appeared only", []time.Duration{-time.Second, -2 * time.Second, -3 * time.Second}, 0.5, nan, true},
-		{"a 10 s window: 15 requests", []time.Duration{time.Second, time.Second, time.Second}, 10, nan, false},
-		{"eu-west read it before", []time.Duration{time.Second, time.Second, time.Second}, 0.5, 0.4, false},
+		{"eu-west heard 0.5, 1 and 2 s after: 1.2 region-seconds, 1.75 requests at 1.5/s", []time.Duration{500 * time.Millisecond, time.Second, 2 * time.Second}, nan, true},
+		{"heard 3, 5 and 7 s after: 5 region-seconds, 7.5 requests", []time.Duration{3 * time.Second, 5 * time.Second, 7 * time.Second}, nan, false},
+		{"heard before it appeared only", []time.Duration{-time.Second, -2 * time.Second, -3 * time.Second}, nan, true},
+		{"heard 1 s after, windows of 10 s: 1.5 requests (the 9 s before it appeared count nothing)", []time.Duration{time.Second, time.Second, time.Second}, nan, true},
+		{"eu-west read it before", []time.Duration{time.Second, time.Second, time.Second}, 0.4, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			heard(0, 0)
@@ -48,7 +47,7 @@ func TestHoldUnseen(t *testing.T) {
 			demand := []float64{1.5, 0, nan} // ap-south not heard this window
 			held := []float64{nan, nan, nan}
 			pub := []float64{1.0 / 3, 1.0 / 3, 1.0 / 3}
-			c.coverSince(now).hold(id, 1.5, demand, []float64{0.5, tc.window, tc.window}, held, pub)
+			c.coverSince(now).hold(id, 1.5, demand, held, pub)
 			if got := !math.IsNaN(held[1]); got != tc.held {
 				t.Fatalf("eu-west held %v (%v), want %v", got, held[1], tc.held)
 			}
@@ -138,5 +137,78 @@ func TestNewKeyNotTakenFromRegionsNotHeardSince(t *testing.T) {
 		t.Fatalf("after eu-west and ap-south reported 5 s without it: target %v, want us-east above its third", s.Target)
 	} else {
 		t.Logf("after their reports: target %v", s.Target)
+	}
+}
+
+// A new deployment: every key starts at once, and the enforcers' first windows are mostly
+// the time before (regionsim's cold start, and a region's first reports of any key that
+// appears late in an interval). ap-south's early report, 0.6 s in, names a 3/s key it was
+// offered 4 times in those 0.6 s (recent rate 6.7/s); eu-west's report a moment later
+// covers ten seconds of which the key was there for 0.6. The key was read as absent there
+// and eu-west, offered 0.56/s, was refused everything for 16 s (k01056 of the population
+// with advised bursts). Its age is read from its first report (firstAge): the 9.4 s
+// before it count nothing, and eu-west keeps its third until its reports since say more.
+func TestNewKeysFirstWindowsCountFromItsStart(t *testing.T) {
+	c := newTestCore(t, func(c *CoreConfig) {
+		c.KeyTTL = time.Hour
+		c.Limits = func(rule, identity string) (Limits, bool) {
+			if identity == "key:new" {
+				return Limits{Rate: 3, Requests: 10}, true
+			}
+			return equalSplit(rule, identity)
+		}
+	})
+	start := t0
+	now := start
+	tickPublished(c, now)
+	seq := uint64(0)
+	send := func(region string, early bool, u ...*allotv1.IdentityUsage) {
+		seq++
+		r := recentReport(region, region+"-1", seq, now, c.Stats(now).Version, u...)
+		r.Early = early
+		if err := c.Ingest(now, r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	now = start.Add(600 * time.Millisecond)
+	send("ap-south", true, useRecent("key:new", 3, 1, 4/0.6))
+	now = now.Add(100 * time.Millisecond)
+	send("eu-west", false)
+	send("us-east", false)
+	for range 8 {
+		now = now.Add(250 * time.Millisecond)
+		tickPublished(c, now)
+	}
+	s, ok := c.Identity("default", "key:new")
+	if !ok {
+		t.Fatal("key:new not tracked")
+	}
+	t.Logf("2 s in: target %v, published %v", s.Target, s.Published)
+	for r := range 2 {
+		if s.Target[r] < 1.0/3-1e-9 {
+			t.Fatalf("%s's target %v: a window of which the key was there for 0.6 s read as without it", regions3[r], s.Target)
+		}
+	}
+}
+
+func TestFirstAge(t *testing.T) {
+	for _, tc := range []struct {
+		name            string
+		u               *allotv1.IdentityUsage
+		secs            float64
+		reports, recent int
+		want            time.Duration
+	}{
+		{"15 tokens at 10/s: there for the last 1.5 s of 10", useRecent("k", 12, 3, 10), 10, 1, 1, 1500 * time.Millisecond},
+		{"at its window's rate: the whole window", useRecent("k", 100, 0, 10), 10, 1, 1, 10 * time.Second},
+		{"no recent rate: the whole window", use("k", 15, 0), 10, 1, 0, 10 * time.Second},
+		{"a recent rate under the window's: at most the window", useRecent("k", 100, 0, 5), 10, 1, 1, 10 * time.Second},
+		{"an aggregator's 3 reports of 10 s, 10 tokens each at 10/s: 1 s", useRecent("k", 30, 0, 30), 30, 3, 3, time.Second},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := firstAge(tc.u, tc.secs, tc.reports, tc.recent); (got - tc.want).Abs() > time.Millisecond {
+				t.Fatalf("firstAge = %v, want %v", got, tc.want)
+			}
+		})
 	}
 }
