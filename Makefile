@@ -49,7 +49,7 @@ long-tail:
 
 # The same population with the bursts `balancer shares` advises (regionsim population
 # -burst advised): what raising a small key's burst does for the keys long-tail fails.
-# Exits 1 while any key fails, as long-tail does (24 first phases recover in over 15 s).
+# Exits 1 while any key fails, as long-tail does (19 first phases recover in over 15 s).
 .PHONY: long-tail-advised
 long-tail-advised:
 	$(GO) build -o bin/regionsim ./cmd/regionsim

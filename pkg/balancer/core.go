@@ -69,6 +69,7 @@ type ident struct {
 	origin   int          // the region whose report added it (-1: restored), see Ingest
 	born     time.Time    // when it began to arrive, read from the report that added it in this term (firstAge; zero: restored); see unseenCover.hold
 	absent   uint64       // the regions (bit r, r < 64) hold has read as without it: not held again
+	lifeOff  bool         // its windows read other than its life while young (Core.lifeMoved): life is not read
 	snapOf   uint64       // the Core.snapEpoch its snap values belong to (older: zero)
 	arr      []arrivalSum // per region (Core.arrivedTogether); nil until a report refused it
 	// carried is, per region, the bits (enforcerBit) of the enforcers whose own reports
@@ -117,8 +118,13 @@ func (id *ident) snap(n int, epoch uint64) []float64 {
 // at 21.8, and held 11 s at a 50/50 split).
 func (id *ident) moveEst(n int) []float64 { return id.vals[5*n : 6*n : 6*n] }
 
+// life is, per region, the tokens of the reports since the identity appeared, while it
+// is young (YoungFor): its demand is read from all of them, not from the window since the
+// last recompute (see recompute).
+func (id *ident) life(n int) []float64 { return id.vals[6*n : 7*n : 7*n] }
+
 // valsPer is the float64s of vals per region.
-const valsPer = 6
+const valsPer = 7
 
 type enforcerState struct {
 	maxSeq     uint64
@@ -428,7 +434,8 @@ func (c *Core) newIdent(rule, identity string) (*ident, bool) {
 		c.slab, c.slabVal = c.slab[1:], c.slabVal[valsPer*c.n:]
 	}
 	id.k, id.rate, id.requests, id.def, id.idx, id.origin = key{rule, identity}, rate, l.Requests, def, len(c.all), -1
-	id.born, id.absent = time.Time{}, 0
+	id.born, id.absent, id.lifeOff = time.Time{}, 0, false
+	clear(id.life(c.n))
 	id.global = l.Global
 	copy(id.published(c.n), def)
 	copy(id.target(c.n), def)

@@ -26,7 +26,11 @@
 // which is exact when the enforcers of a region report over equal intervals (they do: same
 // period) and errs under by the part of an enforcer that did not report in the window. A
 // region with no report in the window has demand NaN (share.Input: not heard; its smoothed
-// demand stands); an identity absent from a region's reports has demand 0 there.
+// demand stands); an identity absent from a region's reports has demand 0 there. An
+// identity first named less than YoungFor ago, whose traffic has not moved, is read over
+// its life instead: its tokens since it appeared (dated from the report that first named
+// it, firstAge) over the seconds its regions' reports cover since then (docs/design.md §9,
+// "A key before the balancer knows it").
 //
 // # The change plan
 //

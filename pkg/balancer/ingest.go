@@ -269,6 +269,9 @@ func (c *Core) usage(now time.Time, ri int, r *allotv1.ReportRequest, secs float
 			c.stats.clamped++
 		}
 		id.tokens(c.n)[ri] += admitted + u.Refused
+		if id.young(now) && !id.lifeOff {
+			id.life(c.n)[ri] += admitted + u.Refused
+		}
 		id.recent(c.n)[ri] += u.RecentRate
 		if recent > 0 {
 			id.snap(c.n, c.snapEpoch)[ri] += u.RecentRate

@@ -243,6 +243,7 @@ func (c *Core) recompute(now time.Time, snapshot bool) {
 	noise := make([]float64, n)
 	held := make([]float64, n)
 	unseen := c.coverSince(now)
+	wy := make([]float64, n) // a young identity's weights (its demand is read since it appeared)
 	nonDefault := 0
 	for _, id := range c.all {
 		tok := id.tokens(n)
@@ -277,15 +278,45 @@ func (c *Core) recompute(now time.Time, snapshot bool) {
 		pub := id.published(n)
 		rec := id.recent(n)
 		most := 0.0 // the busiest region's demand, read or smoothed (unseenCover.hold)
+		young := id.young(now)
+		// A young key that has not moved is read from every report since it appeared: its
+		// windows since the last recompute are a second or less when recomputes come
+		// often, and a count of two read as 4/s of a 0.5/s key gave its region the whole
+		// limit. Once its traffic moves the window's reading is the newer one.
+		lifelong := young && !snapshot && !id.shift && id.moved == 0 && !id.lifeOff
+		life := id.life(n)
+		if lifelong && c.lifeMoved(id, unseen, tok, perEnf, life) {
+			// Its window reads, somewhere, other than its life so far: it moved (a shift
+			// the recent rates did not show). The windows are the newer reading from now on.
+			lifelong, id.lifeOff = false, true
+		}
+		wgt, bornAt := weight, id.born.Sub(c.start).Seconds()
+		if lifelong {
+			copy(wy, weight)
+			wgt = wy
+		}
 		for r := range n {
 			demand[r] = tok[r] / perEnf[r] // NaN when not heard
-			if d := demand[r]; d > most {  // NaN compares false
-				most = d
-			}
-			most = max(most, id.smoothedAt(r))
 			// The window's tokens are Poisson counts: the rate's standard deviation (the
 			// policy carries it through the smoothing; a region not heard keeps both).
 			noise[r] = math.Sqrt(max(tok[r], 1)) / perEnf[r]
+			if lifelong {
+				if cover := unseen.since(r, bornAt); cover > 0 {
+					demand[r] = life[r] / cover
+					noise[r] = math.Sqrt(max(life[r], 1)) / cover
+					wy[r] = 1 // the life's reading replaces the smoothed demand
+				}
+				// The busiest region's rate two deviations low: a clump of a new key's
+				// first second is not the rate its other regions are tested at (hold).
+				if d := demand[r] - 2*noise[r]; d > most {
+					most = d
+				}
+			} else {
+				if d := demand[r]; d > most { // NaN compares false
+					most = d
+				}
+				most = max(most, id.smoothedAt(r))
+			}
 			if r < 64 && id.estSet&(1<<r) != 0 && !snapshot {
 				// The report that showed the move: one enforcer's second, times the
 				// region's enforcers (its noise, √(enforcers × rate)).
@@ -316,7 +347,7 @@ func (c *Core) recompute(now time.Time, snapshot bool) {
 				}
 			}
 		}
-		if !id.born.IsZero() && now.Sub(id.born) < YoungFor {
+		if young {
 			unseen.hold(id, most, demand, held, pub)
 		}
 		var fast bool
@@ -344,7 +375,7 @@ func (c *Core) recompute(now time.Time, snapshot bool) {
 		}
 		id.shift = false
 		// In place: id.st is this identity's alone, and its Shares are copied out below.
-		id.st, _ = share.AllocateInto(id.st, c.cfg.Share, id.st, share.Input{Limit: id.rate, Demand: demand, Default: id.def, Held: held, Noise: noise, Weight: weight, Fast: fast})
+		id.st, _ = share.AllocateInto(id.st, c.cfg.Share, id.st, share.Input{Limit: id.rate, Demand: demand, Default: id.def, Held: held, Noise: noise, Weight: wgt, Fast: fast})
 		copy(tgt, id.st.Shares)
 		if id.requests > 0 && id.requests < SmallBurst {
 			quantise(tgt, held, id.st.Smoothed, pub, id.requests)
@@ -550,6 +581,41 @@ type unseenCover struct {
 	tail  [][]float64 // tail[r][i] = Σ at[r][i:]
 }
 
+// since is the seconds per live enforcer that region r's reports cover since born
+// (seconds since the core started): those heard before it add nothing.
+func (u unseenCover) since(r int, born float64) float64 {
+	at := u.at[r]
+	if len(at) == 0 {
+		return 0
+	}
+	i, _ := slices.BinarySearch(at, born)
+	return (u.tail[r][i] - float64(len(at)-i)*born) / float64(len(at))
+}
+
+// lifeMoved is whether, in some region heard this window, the window's reading of id
+// and the reading of its life so far differ by more than three deviations of the
+// difference (Poisson counts: √tokens over their seconds).
+func (c *Core) lifeMoved(id *ident, unseen unseenCover, tok, perEnf, life []float64) bool {
+	born := id.born.Sub(c.start).Seconds()
+	for r := range tok {
+		cover := unseen.since(r, born)
+		if !(perEnf[r] > 0) || cover <= 0 {
+			continue
+		}
+		w, l := tok[r]/perEnf[r], life[r]/cover
+		vw, vl := max(tok[r], 1)/(perEnf[r]*perEnf[r]), max(life[r], 1)/(cover*cover)
+		if math.Abs(w-l) > 3*math.Sqrt(vw+vl) {
+			return true
+		}
+	}
+	return false
+}
+
+// young is whether id appeared less than YoungFor before now (in this term).
+func (id *ident) young(now time.Time) bool {
+	return !id.born.IsZero() && now.Sub(id.born) < YoungFor
+}
+
 // coverSince gathers unseenCover at now.
 func (c *Core) coverSince(now time.Time) unseenCover {
 	u := unseenCover{start: c.start, at: make([][]float64, c.n), tail: make([][]float64, c.n)}
@@ -585,8 +651,8 @@ func (c *Core) coverSince(now time.Time) unseenCover {
 // enough: a 1.5/s key over three regions of three enforcers, about 7 s). Regions past
 // the 64th are never held.
 func (u unseenCover) hold(id *ident, most float64, demand, held, pub []float64) {
-	if most <= 0 {
-		return
+	if !slices.ContainsFunc(demand, func(d float64) bool { return d > 0 }) {
+		return // read nowhere this window: nothing to take a region's share for
 	}
 	born := id.born.Sub(u.start).Seconds()
 	for r, d := range demand {
@@ -595,11 +661,9 @@ func (u unseenCover) hold(id *ident, most float64, demand, held, pub []float64) 
 		if d > 0 || id.smoothedAt(r) > 0 || !math.IsNaN(held[r]) || len(at) == 0 || r >= 64 || id.absent&(1<<r) != 0 {
 			continue
 		}
-		i, _ := slices.BinarySearch(at, born) // those heard at born add nothing
 		// The region-seconds its reports cover since id appeared (born is when it began to
 		// arrive, as read from its first report: firstAge).
-		cover := (u.tail[r][i] - float64(len(at)-i)*born) / float64(len(at))
-		if most*cover < UnseenRequests {
+		if most*u.since(r, born) < UnseenRequests {
 			held[r] = pub[r]
 		} else {
 			id.absent |= 1 << r // read as without it once: a later window that shows nothing does not hold it again

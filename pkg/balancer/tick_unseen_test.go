@@ -212,3 +212,112 @@ func TestFirstAge(t *testing.T) {
 		})
 	}
 }
+
+// A new key of 2/s (a burst of 7) offered 0.58/s in eu-west and 0.51/s in ap-south,
+// recomputed every half second (a busy population recomputes every second or less while
+// its keys move). Read from each half second's reports, eu-west's two requests in one
+// of them were 4/s, over the limit: it was given 0.98 and ap-south 0.01 (k01262 of the
+// population's seed 28). A young key is read from every report since it appeared.
+func TestYoungKeyReadOverItsLife(t *testing.T) {
+	c := newTestCore(t, func(c *CoreConfig) {
+		c.KeyTTL = time.Hour
+		c.Interval = 500 * time.Millisecond
+		c.Learning = 500 * time.Millisecond
+		c.Limits = func(rule, identity string) (Limits, bool) {
+			return Limits{Rate: 2, Requests: 7}, true
+		}
+	})
+	start := t0
+	now := start
+	tickPublished(c, now)
+	arrivals := map[string][]float64{ // seconds after the start
+		"eu-west":  {0.3, 1.4, 2.1, 2.3, 3.2, 4.6, 6.1, 7.0},
+		"ap-south": {0.8, 1.9, 2.4, 3.9, 4.4, 5.5, 6.8, 7.9},
+	}
+	count := func(region string, from, to float64) (n float64) {
+		for _, a := range arrivals[region] {
+			if a >= from && a < to {
+				n++
+			}
+		}
+		return n
+	}
+	seq := uint64(0)
+	for step := 1; step <= 16; step++ {
+		now = start.Add(time.Duration(step) * 500 * time.Millisecond)
+		at := float64(step) / 2
+		for _, r := range regions3 {
+			seq++
+			var u []*allotv1.IdentityUsage
+			if n := count(r, at-0.5, at); n > 0 {
+				u = append(u, useRecent("key:new", n, 0, count(r, at-1, at)))
+			}
+			rq := recentReport(r, r+"-1", seq, now, c.Stats(now).Version, u...)
+			if step > 1 {
+				rq.IntervalStartMs = now.Add(-500 * time.Millisecond).UnixMilli()
+			}
+			if err := c.Ingest(now, rq); err != nil {
+				t.Fatal(err)
+			}
+		}
+		tickPublished(c, now)
+		s, ok := c.Identity("default", "key:new")
+		if !ok {
+			continue
+		}
+		if s.Target[1] > 0.8 || s.Target[2] > 0.8 || s.Target[1] < 0.2 || s.Target[2] < 0.2 {
+			t.Fatalf("%.1f s in: target %v, want eu-west and ap-south, at 0.58/s and 0.51/s of 2/s, both between 0.2 and 0.8", at, s.Target)
+		}
+	}
+	s, _ := c.Identity("default", "key:new")
+	t.Logf("8 s in: target %v, published %v", s.Target, s.Published)
+}
+
+// A young key whose traffic moves, reported by enforcers that send no recent rates (so no
+// shift is read from them): its life so far still holds the region it left, and read
+// over its life it would follow the move only as the old traffic's weight in that life
+// fell. Its window reading three deviations away from its life says it moved
+// (Core.lifeMoved); from then on its windows are read.
+func TestYoungKeyThatMovesIsReadFromItsWindows(t *testing.T) {
+	c := newTestCore(t, func(c *CoreConfig) {
+		c.KeyTTL = time.Hour
+		c.Interval = time.Second
+		c.Learning = time.Second
+	})
+	start := t0
+	now := start
+	tickPublished(c, now)
+	seq := uint64(0)
+	hot := 0
+	moved := time.Duration(0)
+	for step := 1; step <= 15; step++ {
+		now = start.Add(time.Duration(step) * time.Second)
+		if step == 5 {
+			hot = 2
+		}
+		for r, name := range regions3 {
+			seq++
+			ver := c.Stats(now).Version
+			var u []*allotv1.IdentityUsage
+			if r == hot {
+				u = append(u, use("key:a", 95, 0)) // of a limit of 100, over the last second
+			}
+			rq := report(name, "e-"+name, seq, now, u...)
+			rq.IntervalStartMs = now.Add(-time.Second).UnixMilli()
+			rq.ShareLeaderRev, rq.ShareVersion = 7, ver
+			if err := c.Ingest(now, rq); err != nil {
+				t.Fatal(err)
+			}
+		}
+		tickPublished(c, now)
+		s, _ := c.Identity("default", "key:a")
+		if step >= 5 && moved == 0 && s.Published[2] >= 0.9 {
+			moved = time.Duration(step-4) * time.Second
+		}
+	}
+	if moved == 0 || moved > 4*time.Second {
+		s, _ := c.Identity("default", "key:a")
+		t.Fatalf("ap-south at ≥ 0.9 %v after the move (0: not in 10 s; published %v), want within 4 s", moved, s.Published)
+	}
+	t.Logf("ap-south at ≥ 0.9 %v after the move", moved)
+}
