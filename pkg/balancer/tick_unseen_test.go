@@ -69,25 +69,9 @@ func TestHoldUnseen(t *testing.T) {
 // their reports and the recomputes after gave some back). Once their next reports come
 // without it, us-east, where it is offered 6/s, gets more.
 func TestNewKeyNotTakenFromRegionsNotHeardSince(t *testing.T) {
-	c := newTestCore(t, func(c *CoreConfig) {
-		c.KeyTTL = time.Hour
-		c.Limits = func(rule, identity string) (Limits, bool) {
-			if identity == "key:new" {
-				return Limits{Rate: 4, Requests: 12}, true
-			}
-			return equalSplit(rule, identity)
-		}
-	})
+	c := newKeyCore(t, Limits{Rate: 4, Requests: 12}, nil)
 	now := t0
-	seq := uint64(0)
-	send := func(region string, early bool, u ...*allotv1.IdentityUsage) {
-		seq++
-		r := recentReport(region, region+"-1", seq, now, c.Stats(now).Version, u...)
-		r.Early = early
-		if err := c.Ingest(now, r); err != nil {
-			t.Fatal(err)
-		}
-	}
+	send := reportsTo(t, c, &now)
 	tick := func() { tickPublished(c, now) }
 	round := func(busyIn string, u ...*allotv1.IdentityUsage) {
 		for _, r := range regions3 {
@@ -149,27 +133,11 @@ func TestNewKeyNotTakenFromRegionsNotHeardSince(t *testing.T) {
 // with advised bursts). Its age is read from its first report (firstAge): the 9.4 s
 // before it count nothing, and eu-west keeps its third until its reports since say more.
 func TestNewKeysFirstWindowsCountFromItsStart(t *testing.T) {
-	c := newTestCore(t, func(c *CoreConfig) {
-		c.KeyTTL = time.Hour
-		c.Limits = func(rule, identity string) (Limits, bool) {
-			if identity == "key:new" {
-				return Limits{Rate: 3, Requests: 10}, true
-			}
-			return equalSplit(rule, identity)
-		}
-	})
+	c := newKeyCore(t, Limits{Rate: 3, Requests: 10}, nil)
 	start := t0
 	now := start
 	tickPublished(c, now)
-	seq := uint64(0)
-	send := func(region string, early bool, u ...*allotv1.IdentityUsage) {
-		seq++
-		r := recentReport(region, region+"-1", seq, now, c.Stats(now).Version, u...)
-		r.Early = early
-		if err := c.Ingest(now, r); err != nil {
-			t.Fatal(err)
-		}
-	}
+	send := reportsTo(t, c, &now)
 	now = start.Add(600 * time.Millisecond)
 	send("ap-south", true, useRecent("key:new", 3, 1, 4/0.6))
 	now = now.Add(100 * time.Millisecond)
@@ -219,13 +187,9 @@ func TestFirstAge(t *testing.T) {
 // of them were 4/s, over the limit: it was given 0.98 and ap-south 0.01 (k01262 of the
 // population's seed 28). A young key is read from every report since it appeared.
 func TestYoungKeyReadOverItsLife(t *testing.T) {
-	c := newTestCore(t, func(c *CoreConfig) {
-		c.KeyTTL = time.Hour
+	c := newKeyCore(t, Limits{Rate: 2, Requests: 7}, func(c *CoreConfig) {
 		c.Interval = 500 * time.Millisecond
 		c.Learning = 500 * time.Millisecond
-		c.Limits = func(rule, identity string) (Limits, bool) {
-			return Limits{Rate: 2, Requests: 7}, true
-		}
 	})
 	start := t0
 	now := start
@@ -320,4 +284,35 @@ func TestYoungKeyThatMovesIsReadFromItsWindows(t *testing.T) {
 		t.Fatalf("ap-south at ≥ 0.9 %v after the move (0: not in 10 s; published %v), want within 4 s", moved, s.Published)
 	}
 	t.Logf("ap-south at ≥ 0.9 %v after the move", moved)
+}
+
+// newKeyCore is a test core on which "key:new" has the limits lim and every other
+// identity equalSplit's, its identities kept for an hour, and mod applied.
+func newKeyCore(t *testing.T, lim Limits, mod func(*CoreConfig)) *Core {
+	return newTestCore(t, func(c *CoreConfig) {
+		c.KeyTTL = time.Hour
+		c.Limits = func(rule, identity string) (Limits, bool) {
+			if identity == "key:new" {
+				return lim, true
+			}
+			return equalSplit(rule, identity)
+		}
+		if mod != nil {
+			mod(c)
+		}
+	})
+}
+
+// reportsTo sends c a report of region's one enforcer at *now, with recent rates, flagged
+// early when asked, its seqs counting up.
+func reportsTo(t *testing.T, c *Core, now *time.Time) func(region string, early bool, u ...*allotv1.IdentityUsage) {
+	seq := uint64(0)
+	return func(region string, early bool, u ...*allotv1.IdentityUsage) {
+		seq++
+		r := recentReport(region, region+"-1", seq, *now, c.Stats(*now).Version, u...)
+		r.Early = early
+		if err := c.Ingest(*now, r); err != nil {
+			t.Fatal(err)
+		}
+	}
 }
