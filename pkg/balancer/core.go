@@ -69,7 +69,7 @@ type ident struct {
 	origin   int          // the region whose report added it (-1: restored), see Ingest
 	born     time.Time    // when it began to arrive, read from the report that added it in this term (firstAge; zero: restored); see unseenCover.hold
 	absent   uint64       // the regions (bit r, r < 64) hold has read as without it: not held again
-	lifeOff  bool         // its windows read other than its life while young (Core.lifeMoved): life is not read
+	lifeOff  bool         // its windows read other than its life while young (lifeMoved): life is not read
 	snapOf   uint64       // the Core.snapEpoch its snap values belong to (older: zero)
 	arr      []arrivalSum // per region (Core.arrivedTogether); nil until a report refused it
 	// carried is, per region, the bits (enforcerBit) of the enforcers whose own reports

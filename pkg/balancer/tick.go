@@ -243,7 +243,8 @@ func (c *Core) recompute(now time.Time, snapshot bool) {
 	noise := make([]float64, n)
 	held := make([]float64, n)
 	unseen := c.coverSince(now)
-	wy := make([]float64, n) // a young identity's weights (its demand is read since it appeared)
+	wy := make([]float64, n)    // a young identity's weights (its demand is read since it appeared)
+	cover := make([]float64, n) // a young identity's seconds per enforcer of each region's reports since it appeared
 	nonDefault := 0
 	for _, id := range c.all {
 		tok := id.tokens(n)
@@ -277,20 +278,25 @@ func (c *Core) recompute(now time.Time, snapshot bool) {
 		// increases back until that is acknowledged), after Stale at min(last, default).
 		pub := id.published(n)
 		rec := id.recent(n)
-		most := 0.0 // the busiest region's demand, read or smoothed (unseenCover.hold)
+		most := 0.0 // the busiest region's demand, read or smoothed, or its life's two deviations low (unseenCover.hold)
 		young := id.young(now)
 		// A young key that has not moved is read from every report since it appeared: its
 		// windows since the last recompute are a second or less when recomputes come
 		// often, and a count of two read as 4/s of a 0.5/s key gave its region the whole
 		// limit. Once its traffic moves the window's reading is the newer one.
 		lifelong := young && !snapshot && !id.shift && id.moved == 0 && !id.lifeOff
-		life := id.life(n)
-		if lifelong && c.lifeMoved(id, unseen, tok, perEnf, life) {
+		life, bornAt := id.life(n), id.born.Sub(c.start).Seconds()
+		if lifelong {
+			for r := range n {
+				cover[r] = unseen.since(r, bornAt)
+			}
+		}
+		if lifelong && lifeMoved(tok, perEnf, life, cover) {
 			// Its window reads, somewhere, other than its life so far: it moved (a shift
 			// the recent rates did not show). The windows are the newer reading from now on.
 			lifelong, id.lifeOff = false, true
 		}
-		wgt, bornAt := weight, id.born.Sub(c.start).Seconds()
+		wgt := weight
 		if lifelong {
 			copy(wy, weight)
 			wgt = wy
@@ -301,9 +307,9 @@ func (c *Core) recompute(now time.Time, snapshot bool) {
 			// policy carries it through the smoothing; a region not heard keeps both).
 			noise[r] = math.Sqrt(max(tok[r], 1)) / perEnf[r]
 			if lifelong {
-				if cover := unseen.since(r, bornAt); cover > 0 {
-					demand[r] = life[r] / cover
-					noise[r] = math.Sqrt(max(life[r], 1)) / cover
+				if cover[r] > 0 {
+					demand[r] = life[r] / cover[r]
+					noise[r] = math.Sqrt(max(life[r], 1)) / cover[r]
 					wy[r] = 1 // the life's reading replaces the smoothed demand
 				}
 				// The busiest region's rate two deviations low: a clump of a new key's
@@ -592,18 +598,17 @@ func (u unseenCover) since(r int, born float64) float64 {
 	return (u.tail[r][i] - float64(len(at)-i)*born) / float64(len(at))
 }
 
-// lifeMoved is whether, in some region heard this window, the window's reading of id
-// and the reading of its life so far differ by more than three deviations of the
-// difference (Poisson counts: √tokens over their seconds).
-func (c *Core) lifeMoved(id *ident, unseen unseenCover, tok, perEnf, life []float64) bool {
-	born := id.born.Sub(c.start).Seconds()
+// lifeMoved is whether, in some region heard this window, the window's reading of an
+// identity (tok over perEnf) and the reading of its life so far (life over cover) differ
+// by more than three deviations of the difference (Poisson counts: √tokens over their
+// seconds).
+func lifeMoved(tok, perEnf, life, cover []float64) bool {
 	for r := range tok {
-		cover := unseen.since(r, born)
-		if !(perEnf[r] > 0) || cover <= 0 {
+		if !(perEnf[r] > 0) || cover[r] <= 0 {
 			continue
 		}
-		w, l := tok[r]/perEnf[r], life[r]/cover
-		vw, vl := max(tok[r], 1)/(perEnf[r]*perEnf[r]), max(life[r], 1)/(cover*cover)
+		w, l := tok[r]/perEnf[r], life[r]/cover[r]
+		vw, vl := max(tok[r], 1)/(perEnf[r]*perEnf[r]), max(life[r], 1)/(cover[r]*cover[r])
 		if math.Abs(w-l) > 3*math.Sqrt(vw+vl) {
 			return true
 		}

@@ -241,7 +241,7 @@ func TestYoungKeyReadOverItsLife(t *testing.T) {
 // shift is read from them): its life so far still holds the region it left, and read
 // over its life it would follow the move only as the old traffic's weight in that life
 // fell. Its window reading three deviations away from its life says it moved
-// (Core.lifeMoved); from then on its windows are read.
+// (lifeMoved); from then on its windows are read.
 func TestYoungKeyThatMovesIsReadFromItsWindows(t *testing.T) {
 	c := newTestCore(t, func(c *CoreConfig) {
 		c.KeyTTL = time.Hour
